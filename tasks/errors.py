@@ -1,0 +1,29 @@
+"""Error types shared across stages; each carries the CLI exit code it maps to."""
+
+from __future__ import annotations
+
+
+class RetrainerError(RuntimeError):
+    """A stage failed for a reason the user should read; `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class InvalidInputError(RetrainerError):
+    """Bad input (file, manifest, argument): the message names the culprit."""
+
+    exit_code = 2
+
+
+class PlanDoesNotFitError(RetrainerError):
+    """The preflight plan says the launch cannot work."""
+
+    exit_code = 3
+
+
+class TrainingFailedError(RetrainerError):
+    """Training stopped (non-finite loss, crashed rank, hang); nothing may be published."""
+
+
+class LockHeldError(RetrainerError):
+    """Another run of the same experiment holds the lock."""

@@ -1,0 +1,63 @@
+"""Shared fixtures: real PostgreSQL and a real S3 HTTP endpoint, started once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.services import IN_CI, PgCluster, S3Endpoint, require  # noqa: E402
+
+# Keep torch from oversubscribing 2 cores when several ranks run at once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
+    require(PgCluster.available(), "PostgreSQL server binaries (initdb, pg_ctl)")
+    cluster = PgCluster.create(tmp_path_factory.mktemp("pg"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> str:
+    """A fresh, empty PostgreSQL database for one test."""
+    return pg_cluster.create_database()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'registry.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each registry test runs against both backends."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Endpoint]:
+    endpoint = S3Endpoint.start()
+    yield endpoint
+    endpoint.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3: S3Endpoint) -> str:
+    """A fresh bucket for one test; returns its name."""
+    return s3.create_bucket()
+
+
+@pytest.fixture(scope="session")
+def in_ci() -> bool:
+    return IN_CI

@@ -1,0 +1,157 @@
+"""Real services for tests and benchmarks: a throwaway PostgreSQL cluster and an S3 endpoint.
+
+No mocks: the PostgreSQL server is the real binary started on a private port and
+socket directory, and S3 is moto's HTTP server (spoken to over HTTP by s3fs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip locally when a dependency is missing; fail under CI=true (a skip would hide it)."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"missing test dependency under CI: {what}")
+    pytest.skip(f"missing test dependency: {what}")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    require(path is not None, f"binary {name!r} not on PATH")
+    assert path is not None
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin(name: str) -> str | None:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return found[-1] if found else shutil.which(name)
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    """initdb refuses root: run the server binaries as the postgres user when we are root."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return cmd
+
+
+@dataclass
+class PgCluster:
+    """A private PostgreSQL cluster (trust auth, fsync off) on its own port."""
+
+    datadir: Path
+    port: int
+
+    @classmethod
+    def available(cls) -> bool:
+        return _pg_bin("initdb") is not None and _pg_bin("pg_ctl") is not None
+
+    @classmethod
+    def create(cls, root: Path) -> PgCluster:
+        root.mkdir(parents=True, exist_ok=True)
+        # Parents must be traversable by the postgres user.
+        for parent in [root, *root.parents]:
+            if str(parent) in ("/", ""):
+                break
+            with contextlib.suppress(PermissionError):
+                parent.chmod(parent.stat().st_mode | 0o755)
+        datadir = root / "pgdata"
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres", "postgres")
+        subprocess.run(
+            _as_postgres([_pg_bin("initdb") or "initdb", "-D", str(datadir), "--auth=trust", "--no-sync",
+                          "-U", "postgres", "-E", "UTF8"]),
+            check=True, capture_output=True,
+        )
+        cluster = cls(datadir=datadir, port=free_port())
+        cluster.start()
+        return cluster
+
+    def _ctl(self, *args: str) -> None:
+        opts = (f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c max_connections=200 -c synchronous_commit=off")
+        subprocess.run(
+            _as_postgres([_pg_bin("pg_ctl") or "pg_ctl", "-D", str(self.datadir), "-w", "-t", "60",
+                          "-l", str(self.datadir / "server.log"), "-o", opts, *args]),
+            check=True, capture_output=True,
+        )
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def stop(self) -> None:
+        self._ctl("stop", "-m", "fast")
+
+    def restart(self) -> None:
+        self._ctl("restart", "-m", "fast")
+
+    def url(self, database: str = "postgres", driver: str = "postgresql+psycopg") -> str:
+        return f"{driver}://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str | None = None) -> str:
+        """Create a fresh database and return its SQLAlchemy URL."""
+        import psycopg
+
+        name = name or f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+
+@dataclass
+class S3Endpoint:
+    """moto's S3 HTTP server on a private port."""
+
+    server: Any
+    endpoint_url: str
+    key: str = "testing-key"
+    secret: str = "testing-secret"
+
+    @classmethod
+    def start(cls) -> S3Endpoint:
+        from moto.server import ThreadedMotoServer
+
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        return cls(server=server, endpoint_url=f"http://127.0.0.1:{port}")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec/s3fs options (no region: these endpoints do not want one)."""
+        return {"key": self.key, "secret": self.secret, "client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+    def filesystem(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.storage_options, skip_instance_cache=True)
+
+    def create_bucket(self, name: str | None = None) -> str:
+        name = name or f"b-{uuid.uuid4().hex[:12]}"
+        self.filesystem().mkdir(name)
+        return name
