@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "tasks.evaluate",
     "tasks.registry.cli",
     "tasks.lifecycle",
+    "tasks.demo",
 ]
 
 

@@ -1,0 +1,112 @@
+"""retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
+
+plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish.
+The config folder is $RETRAINER_CONFIG_DIR, else the project's configs/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+
+from tasks import lifecycle
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
+MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
+
+
+def log_failure_reason(context) -> None:
+    """One line saying why the task failed, for whoever reads the run at 3am."""
+    ti = context["ti"]
+    log.error("retrainer: %s.%s failed: %s", ti.dag_id, ti.task_id, context.get("exception"))
+
+
+def build_retrain_dag(config_path: Path):
+    cfg = lifecycle.resolve_config(config_path)
+
+    @dag(
+        dag_id=f"retrain_{cfg.name}",
+        schedule=cfg.schedule,
+        catchup=False,
+        max_active_runs=1,
+        tags=["retrainer"],
+        doc_md=__doc__,
+        default_args={"on_failure_callback": log_failure_reason},
+        params={
+            "steps": Param(cfg.train.steps, type="integer", minimum=1, maximum=10_000_000,
+                           description="training steps"),
+            "tp": Param(None, type=["null", "integer"], minimum=1, maximum=64, description="tensor parallel"),
+            "pp": Param(None, type=["null", "integer"], minimum=1, maximum=64, description="pipeline stages"),
+            "dp": Param(None, type=["null", "integer"], minimum=1, maximum=4096, description="data parallel"),
+            "micro_batches": Param(None, type=["null", "integer"], minimum=1, maximum=4096,
+                                   description="gradient accumulation / pipeline micro-batches"),
+            "alias": Param(cfg.publish.alias, type="string", minLength=1, maxLength=200,
+                           pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="alias to move on publish"),
+            "dry_run": Param(False, type="boolean", description="plan and warm only"),
+            "force": Param(False, type="boolean", description="launch even if the plan says it cannot fit"),
+        },
+    )
+    def retrain():
+        def job():
+            params = get_current_context()["params"]
+            return lifecycle.resolve_config(config_path, lifecycle.overrides_from_params(params))
+
+        @task(execution_timeout=timedelta(minutes=10))
+        def plan() -> dict:
+            return lifecycle.stage_plan(job(), force=bool(get_current_context()["params"]["force"]))
+
+        @task(execution_timeout=timedelta(hours=6), retries=3, retry_delay=timedelta(seconds=5),
+              retry_exponential_backoff=True, outlets=[Asset(f"dataset://{cfg.name}")])
+        def warm(_plan: dict) -> dict:
+            return lifecycle.stage_warm(job())
+
+        @task.short_circuit
+        def not_dry_run(_warm: dict) -> bool:
+            return not get_current_context()["params"]["dry_run"]
+
+        @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
+              retry_exponential_backoff=True)
+        def train(warm_out: dict) -> dict:
+            ti = get_current_context()["ti"]
+            holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
+            return lifecycle.stage_train(job(), warm_out, holder=holder)
+
+        @task(execution_timeout=timedelta(hours=2), retries=1)
+        def evaluate(summary: dict, warm_out: dict) -> dict:
+            return lifecycle.stage_evaluate(job(), summary, warm_out)
+
+        @task.short_circuit(execution_timeout=timedelta(hours=1))
+        def gate(metrics: dict, warm_out: dict) -> bool:
+            return lifecycle.stage_gate(job(), metrics, warm_out)["publish"]
+
+        @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
+              outlets=[MODEL_EVENTS])
+        def publish(summary: dict, metrics: dict, warm_out: dict, *, outlet_events=None) -> dict:
+            ti = get_current_context()["ti"]
+            result = lifecycle.stage_publish(job(), summary, metrics, warm_out,
+                                             actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
+            outlet_events[MODEL_EVENTS].add(Asset(f"model://{result['model']}/{result['alias']}"),
+                                            extra={"version": result["version"]})
+            return result
+
+        planned = plan()
+        warmed = warm(planned)
+        go = not_dry_run(warmed)
+        summary = train(warmed)
+        go >> summary
+        metrics = evaluate(summary, warmed)
+        publish_ok = gate(metrics, warmed)
+        published = publish(summary, metrics, warmed)
+        publish_ok >> published
+
+    return retrain()
+
+
+for _name, _path in lifecycle.known_configs(CONFIG_DIR).items():
+    globals()[f"retrain_{_name}"] = build_retrain_dag(_path)

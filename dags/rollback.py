@@ -1,0 +1,54 @@
+"""rollback_model: move a model's alias back to the version that was live before (or to a chosen one).
+
+Thin wiring over tasks.lifecycle.stage_rollback; the switch is audited in the registry's history and
+emits an Asset event model://<name>/<alias> so a deploy DAG can react.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+
+from tasks import lifecycle
+
+CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
+MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
+CONFIGS = lifecycle.known_configs(CONFIG_DIR)
+
+
+@dag(
+    dag_id="rollback_model",
+    schedule=None,
+    catchup=False,
+    tags=["retrainer"],
+    doc_md=__doc__,
+    params={
+        "model": Param(next(iter(CONFIGS), ""), type="string", enum=sorted(CONFIGS) or [""],
+                       description="job name whose published model to roll back"),
+        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200,
+                       description="alias to move (default: the config's publish.alias)"),
+        "to_version": Param(None, type=["null", "integer"], minimum=1,
+                            description="target version (default: the one live before the current)"),
+        "reason": Param("rollback", type="string", minLength=1, maxLength=500, description="audit note"),
+    },
+)
+def rollback_model():
+    @task(outlets=[MODEL_EVENTS])
+    def rollback(*, outlet_events=None) -> dict:
+        ctx = get_current_context()
+        params = ctx["params"]
+        cfg = lifecycle.resolve_config(CONFIGS[params["model"]])
+        result = lifecycle.stage_rollback(
+            cfg, alias=params["alias"], to_version=params["to_version"],
+            actor=f"airflow {ctx['ti'].dag_id}/{ctx['ti'].run_id}", reason=params["reason"],
+        )
+        outlet_events[MODEL_EVENTS].add(Asset(f"model://{result['model']}/{result['alias']}"),
+                                        extra={"version": result["to_version"]})
+        return result
+
+    rollback()
+
+
+rollback_model()

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The second README command: set up (Python deps + the system packages the tests drive), then lint
+# and run the whole test suite. Tests start their own services (PostgreSQL cluster, S3 server, ...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/system-deps.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+.venv/bin/ruff check .
+exec .venv/bin/pytest "$@"
