@@ -1,0 +1,29 @@
+"""Preflight planner: memory and communication budget of a launch, verdict, layout search.
+
+`plan(cfg)` refuses doomed launches before any data is warmed or GPU is held;
+`search(cfg, gpus)` ranks layouts that fit; `serving_estimate` sizes the published
+model for serving. `register` wires `retrainer plan` into the CLI.
+"""
+
+from __future__ import annotations
+
+from tasks.plan.budget import Memory, Plan, Step, plan, resolve_precision, validate_layout
+from tasks.plan.cli import register
+from tasks.plan.search import search
+from tasks.plan.serving import serving_estimate
+from tasks.plan.shapes import param_counts, pipeline_stages, total_params
+
+__all__ = [
+    "Memory",
+    "Plan",
+    "Step",
+    "param_counts",
+    "pipeline_stages",
+    "plan",
+    "register",
+    "resolve_precision",
+    "search",
+    "serving_estimate",
+    "total_params",
+    "validate_layout",
+]

@@ -1,0 +1,406 @@
+"""The preflight budget: memory per GPU and time/communication per step, and the verdict.
+
+Pure arithmetic on a `JobConfig`; no torch, no DeepSpeed. Every formula states its
+source in the docstring or the `assumptions` list so a reader can check it by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+from tasks.plan.shapes import Stage, param_counts, pipeline_stages, total_params
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+Precision = Literal["fp32", "bf16"]
+
+# DeepSpeed defaults (elements): ZeRO reduce/allgather buckets and the ZeRO-0 all-reduce bucket.
+DS_BUCKET_ELEMENTS = 500_000_000
+COMM_WARN_SHARE = 0.20
+BUBBLE_WARN = 0.25
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Bytes per parameter for one precision recipe."""
+
+    weight: int
+    grad: int
+    activation: int
+
+
+PRECISION_BYTES: dict[str, Bytes] = {
+    "bf16": Bytes(weight=2, grad=2, activation=2),
+    "fp32": Bytes(weight=4, grad=4, activation=4),
+}
+
+
+def resolve_precision(cfg: JobConfig, device: str | None = None) -> Precision:
+    """`auto` means bf16 on GPU and fp32 on CPU, as the trainer does."""
+    p = cfg.train.precision
+    if p != "auto":
+        return p
+    if device is None:
+        import torch  # local: only needed to resolve "auto" without a hint
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "bf16" if device in ("cuda", "gpu") else "fp32"
+
+
+@dataclass
+class Memory:
+    """Bytes held by the most loaded rank."""
+
+    weights: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    activations_without_recompute: int
+    activations_with_recompute: int
+    comm_buffers: int
+    total: int
+    capacity: int
+    headroom: int
+
+
+@dataclass
+class Step:
+    """Per-step work and communication for one rank."""
+
+    tokens_per_step: int
+    flops_total: float
+    flops_per_gpu: float
+    compute_s: float
+    dp_grad_payload_bytes: int  # gradient bytes handed to the DP reduction collectives
+    dp_param_allgather_payload_bytes: int  # ZeRO: updated parameter shards gathered back
+    dp_ring_bytes: int  # bytes each rank sends: ring all-reduce 2(N-1)/N x payload
+    tp_collective_bytes: int  # per step, ring bytes each rank sends for TP all-reduces
+    pp_p2p_bytes: int  # activations + their gradients sent by the busiest stage
+    dp_comm_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    comm_s: float
+    bubble_fraction: float
+    bubble_s: float
+    step_s: float
+    comm_share: float
+
+
+@dataclass
+class Plan:
+    """The preflight verdict and everything it was computed from."""
+
+    config_name: str
+    layout: dict[str, int]
+    precision: str
+    world_size: int
+    params_total: int
+    params_per_rank: int
+    busiest_rank: str
+    stages: list[dict[str, Any]]
+    memory: Memory
+    step: Step
+    fits: bool
+    verdict: Literal["fits", "does_not_fit", "fits_with_warnings"]
+    overflow: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -> tuple[int, int]:
+    """(gradient payload, parameter all-gather payload) per rank per step.
+
+    ZeRO-0/1 reduce the accumulated gradients once per step; ZeRO-2/3 reduce
+    every micro-batch (gradients are partitioned as they are produced). ZeRO-1/2
+    then all-gather the updated shards; ZeRO-3 gathers parameters in forward and backward.
+    """
+    if dp == 1:
+        return 0, 0
+    grads = params * b.grad * (micro_batches if zero >= 2 else 1)
+    if zero == 0:
+        gather = 0
+    elif zero in (1, 2):
+        gather = params * b.weight
+    else:
+        gather = 2 * micro_batches * params * b.weight
+    return grads, gather
+
+
+def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int) -> int:
+    """Activation bytes one block keeps for backward, per micro-batch (Korthikanti et al. 2022, generalised).
+
+    Outside the TP region (replicated): LN1 input, LN2 input, QKV input, MLP input
+    (4 x e x s b h) plus two dropout masks (1 byte each, only when dropout > 0).
+    Inside (divided by tp): Q, K, V (e x s b (n_heads + 2 kv_heads) hd), softmax
+    output (e x a s^2 b), attention-dropout mask and output (a s^2 b (1 + e)),
+    out-proj input (e x s b h), fc1 output and GELU output (2 e x s b ffn).
+    With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula.
+    """
+    m, b = cfg.model, cfg.train.micro_batch_size
+    s, h, a = m.seq_len, m.d_model, m.n_heads
+    sb = s * b
+    drop = m.dropout > 0
+    outside = 4 * e * sb * h + (2 * sb * h if drop else 0)
+    inside = (
+        e * sb * (m.n_heads + 2 * m.kv_heads) * m.head_dim
+        + e * a * s * s * b
+        + (a * s * s * b * (1 + e) if drop else 0)
+        + e * sb * h
+        + 2 * e * sb * m.ffn
+    )
+    return outside + inside // tp
+
+
+def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool) -> int:
+    """Activation bytes of one stage at its peak (1F1B: min(m, p - stage) micro-batches in flight)."""
+    m, p = cfg.model, cfg.parallel
+    b, s, h = cfg.train.micro_batch_size, m.seq_len, m.d_model
+    per_layer = _activation_bytes_per_layer(cfg, e, p.tp)
+    in_flight = min(p.micro_batches, p.pp - stage.index) if p.pp > 1 else 1
+    # With recomputation keep only each block's input, and rebuild one block at a time in backward.
+    kept = e * s * b * h if recompute else per_layer
+    stored = in_flight * stage.blocks * kept + (per_layer if recompute else 0)
+    if stage.has_embedding:
+        stored += in_flight * e * s * b * h
+    if stage.has_head:
+        # Final LN input/output, logits, and the fp32 softmax inside cross-entropy.
+        stored += 2 * e * s * b * h + e * s * b * m.vocab_size + 4 * s * b * m.vocab_size
+    return stored
+
+
+def _bandwidth(cfg: JobConfig, span: int) -> float:
+    """Bytes/s per GPU for a group spanning `span` consecutive ranks (TP innermost, then DP, then PP)."""
+    c = cfg.cluster
+    if span <= c.gpus_per_node:
+        return c.intra_node_gbps * 1e9
+    return c.inter_node_gbps * 1e9 / c.gpus_per_node
+
+
+def validate_layout(cfg: JobConfig, world_size: int | None) -> None:
+    """Refuse layouts the arithmetic (and DeepSpeed) cannot run; the message names the field."""
+    m, p = cfg.model, cfg.parallel
+    if m.n_heads % p.tp or m.kv_heads % p.tp:
+        raise InvalidInputError(f"parallel.tp ({p.tp}) must divide model.n_heads ({m.n_heads}) and kv heads")
+    if m.ffn % p.tp:
+        raise InvalidInputError(f"parallel.tp ({p.tp}) must divide model.d_ff ({m.ffn})")
+    if p.pp > m.n_layers:
+        raise InvalidInputError(f"parallel.pp ({p.pp}) cannot exceed model.n_layers ({m.n_layers})")
+    if p.pp > 1 and p.zero_stage > 1:
+        raise InvalidInputError("parallel.zero_stage must be 0 or 1 with pipeline parallelism (pp > 1)")
+    if world_size is not None:
+        if world_size <= 0:
+            raise InvalidInputError(f"--gpus must be positive, got {world_size}")
+        if p.world_size != world_size:
+            raise InvalidInputError(
+                f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {p.world_size} "
+                f"does not match the GPU count {world_size}"
+            )
+
+
+def plan(
+    cfg: JobConfig,
+    *,
+    world_size: int | None = None,
+    device: str | None = None,
+    reserve_gb: float = 0.0,
+    comm_warn_share: float = COMM_WARN_SHARE,
+    bubble_warn: float = BUBBLE_WARN,
+) -> Plan:
+    """Budget one launch of `cfg` and say whether it can work.
+
+    world_size: GPU count the layout must match (tp x pp x dp); None trusts the config.
+    device: "cuda"/"gpu" or "cpu" to resolve precision "auto" (None: ask torch).
+    reserve_gb: memory kept back per GPU (CUDA context, allocator slack).
+    """
+    validate_layout(cfg, world_size)
+    m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
+    precision = resolve_precision(cfg, device)
+    b = PRECISION_BYTES[precision]
+    counts = param_counts(m, p.tp)
+    stages = pipeline_stages(m.n_layers, p.pp)
+    dp, zero = p.dp, p.zero_stage
+
+    def stage_memory(st: Stage) -> dict[str, int]:
+        n = st.params(counts)
+        shard = -(-n // dp)  # ZeRO pads partitions to equal size
+        weights = n * b.weight if zero < 3 else shard * b.weight
+        # ZeRO-0/1 hold full gradients; ZeRO-2/3 keep only their shard (plus the bucket, below).
+        grads = n * b.grad if zero < 2 else shard * b.grad
+        if zero >= 1:
+            grads += shard * 4  # fp32 gradient of the optimizer's partition, built at step time
+        # Plain Adam: two fp32 moments (+ fp32 master in mixed precision). ZeRO keeps an fp32
+        # partition copy even in fp32 runs, so 12 B per parameter of its shard.
+        optim = n * (8 + (4 if precision == "bf16" else 0)) if zero == 0 else shard * 12
+        act_no = _stage_activations(cfg, st, b.activation, recompute=False)
+        act_re = _stage_activations(cfg, st, b.activation, recompute=True)
+        act = act_re if t.activation_checkpointing else act_no
+        bucket = min(DS_BUCKET_ELEMENTS, n) * b.grad if dp > 1 else 0
+        p2p = 2 * b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.pp > 1 else 0
+        tp_buf = b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.tp > 1 else 0
+        comm = bucket + p2p + tp_buf
+        return {
+            "stage": st.index,
+            "blocks": st.blocks,
+            "has_embedding": st.has_embedding,
+            "has_head": st.has_head,
+            "params": n,
+            "weights": weights,
+            "gradients": grads,
+            "optimizer_states": optim,
+            "activations": act,
+            "activations_without_recompute": act_no,
+            "activations_with_recompute": act_re,
+            "comm_buffers": comm,
+            "total": weights + grads + optim + act + comm,
+        }
+
+    per_stage = [stage_memory(st) for st in stages]
+    busiest = max(per_stage, key=lambda s: (s["total"], -s["stage"]))
+    capacity = int(c.gpu_memory_gb * GIB - reserve_gb * GIB)
+    mem = Memory(
+        weights=busiest["weights"],
+        gradients=busiest["gradients"],
+        optimizer_states=busiest["optimizer_states"],
+        activations=busiest["activations"],
+        activations_without_recompute=busiest["activations_without_recompute"],
+        activations_with_recompute=busiest["activations_with_recompute"],
+        comm_buffers=busiest["comm_buffers"],
+        total=busiest["total"],
+        capacity=capacity,
+        headroom=capacity - busiest["total"],
+    )
+
+    step = _step(cfg, per_stage, busiest, b)
+    n_total = total_params(m)
+
+    fits = mem.total <= capacity
+    overflow = None
+    warnings: list[str] = []
+    if not fits:
+        names = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers")
+        terms = {k: getattr(mem, k) for k in names}
+        worst = max(terms, key=terms.__getitem__)
+        overflow = {
+            "term": worst,
+            "term_bytes": terms[worst],
+            "by_bytes": mem.total - capacity,
+            "total_bytes": mem.total,
+            "capacity_bytes": capacity,
+            "stage": busiest["stage"],
+        }
+    if step.comm_share > comm_warn_share:
+        warnings.append(
+            f"communication is {step.comm_share:.0%} of the step (> {comm_warn_share:.0%}): "
+            "prefer a layout with less data/tensor parallelism across slow links"
+        )
+    if step.bubble_fraction > bubble_warn:
+        warnings.append(
+            f"pipeline bubble is {step.bubble_fraction:.0%} (> {bubble_warn:.0%}): "
+            f"raise parallel.micro_batches above {p.micro_batches} or lower pp"
+        )
+    if not t.activation_checkpointing and not fits and mem.activations_with_recompute < mem.activations:
+        saved = mem.activations - mem.activations_with_recompute
+        if mem.total - saved <= capacity:
+            warnings.append("would fit with train.activation_checkpointing: true")
+    verdict: Literal["fits", "does_not_fit", "fits_with_warnings"] = (
+        "does_not_fit" if not fits else ("fits_with_warnings" if warnings else "fits")
+    )
+    tp_note = "TP rank 0 (all TP ranks hold the same bytes)" if p.tp > 1 else "the only TP rank"
+    plan_ = Plan(
+        config_name=cfg.name,
+        layout={"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": zero, "micro_batches": p.micro_batches,
+                "micro_batch_size": t.micro_batch_size},
+        precision=precision,
+        world_size=p.world_size,
+        params_total=n_total,
+        params_per_rank=busiest["params"],
+        busiest_rank=f"pipeline stage {busiest['stage']}, {tp_note}, any DP rank",
+        stages=per_stage,
+        memory=mem,
+        step=step,
+        fits=fits,
+        verdict=verdict,
+        overflow=overflow,
+        warnings=warnings,
+        assumptions=_assumptions(precision, c.assumed_mfu, capacity),
+    )
+    log.debug("plan %s: %s, %d B of %d B", cfg.name, verdict, mem.total, capacity)
+    return plan_
+
+
+def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, int], b: Bytes) -> Step:
+    m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
+    s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
+    tokens = mb * p.micro_batches * p.dp * s
+    n = total_params(m)
+    # 6 N per token (fwd + bwd) + attention scores 12 L s h per token; +2 N (one more forward) with recomputation.
+    per_token = 6 * n + 12 * m.n_layers * s * h + (2 * n if t.activation_checkpointing else 0)
+    flops = float(per_token * tokens)
+    flops_gpu = flops / p.world_size
+    compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
+
+    grads_payload, gather_payload = _dp_payload(busiest["params"], b, p.zero_stage, p.micro_batches, p.dp)
+    ring = (p.dp - 1) / p.dp
+    # all-reduce: 2(N-1)/N x payload; reduce-scatter + all-gather: (N-1)/N of each.
+    dp_ring = int(2 * ring * grads_payload) if p.zero_stage == 0 else int(ring * (grads_payload + gather_payload))
+
+    # TP: two all-reduces of (s b h) per block in forward and two in backward (+2 when recomputing).
+    tp_ring = 0
+    if p.tp > 1:
+        per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * s * mb * h
+        tp_ring = int(2 * (p.tp - 1) / p.tp * per_block * busiest["blocks"] * p.micro_batches)
+    # PP: each stage boundary sends the activation forward and its gradient back per micro-batch.
+    pp_bytes = 2 * b.activation * s * mb * h * p.micro_batches if p.pp > 1 else 0
+
+    dp_s = dp_ring / _bandwidth(cfg, p.tp * p.dp)
+    tp_s = tp_ring / _bandwidth(cfg, p.tp)
+    pp_s = pp_bytes / _bandwidth(cfg, p.world_size)
+    comm_s = dp_s + tp_s + pp_s
+    bubble = (p.pp - 1) / (p.micro_batches + p.pp - 1)
+    bubble_s = compute_s * bubble / (1 - bubble)
+    step_s = compute_s + bubble_s + comm_s
+    return Step(
+        tokens_per_step=tokens,
+        flops_total=flops,
+        flops_per_gpu=flops_gpu,
+        compute_s=compute_s,
+        dp_grad_payload_bytes=grads_payload,
+        dp_param_allgather_payload_bytes=gather_payload,
+        dp_ring_bytes=dp_ring,
+        tp_collective_bytes=tp_ring,
+        pp_p2p_bytes=pp_bytes,
+        dp_comm_s=dp_s,
+        tp_comm_s=tp_s,
+        pp_comm_s=pp_s,
+        comm_s=comm_s,
+        bubble_fraction=bubble,
+        bubble_s=bubble_s,
+        step_s=step_s,
+        comm_share=comm_s / step_s if step_s else 0.0,
+    )
+
+
+def _assumptions(precision: str, mfu: float, capacity: int) -> list[str]:
+    return [
+        f"precision {precision}: weights/grads {PRECISION_BYTES[precision].weight} B/param; optimizer is "
+        "Adam (2 fp32 moments) + fp32 master copy (bf16, or any ZeRO stage: DeepSpeed keeps an fp32 partition)",
+        "ZeRO-1 divides optimizer states by dp, ZeRO-2 also gradients, ZeRO-3 also weights; "
+        "ZeRO>=1 adds the fp32 gradient of the optimizer partition at step time",
+        "layout order: TP innermost, then DP, then PP (DeepSpeed PipeModelDataParallelTopology)",
+        "pipeline stages split blocks like DeepSpeed partition_method='type:TransformerBlock'; "
+        "embeddings on stage 0, final LN + head on the last; 1F1B keeps min(m, p - stage) micro-batches in flight",
+        "activations: Korthikanti et al. 2022 per-layer terms, attention scores materialised (no flash attention)",
+        f"compute at {mfu:.0%} MFU of peak; FLOPs = (6N + 12 L s h) per token (+2N with recomputation)",
+        "communication not overlapped with compute (conservative); a group within gpus_per_node uses "
+        "intra_node_gbps, otherwise inter_node_gbps / gpus_per_node",
+        f"capacity {capacity} B = gpu_memory_gb GiB minus reserve; comm buffers = DeepSpeed bucket "
+        f"(min({DS_BUCKET_ELEMENTS} elements, params)) + p2p/TP staging",
+    ]

@@ -1,0 +1,53 @@
+"""Rank the (tp, pp, dp, micro-batch) layouts that fit a GPU count."""
+
+from __future__ import annotations
+
+import logging
+
+from tasks.config import ConfigError, JobConfig
+from tasks.errors import InvalidInputError
+from tasks.plan.budget import Plan, plan
+
+log = logging.getLogger(__name__)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gb: float = 0.0,
+           include_infeasible: bool = False) -> list[Plan]:
+    """Every valid layout for `gpus`, keeping the global batch (micro_batch_size x micro_batches x dp).
+
+    For each (tp, pp, dp) with tp*pp*dp == gpus, try the micro-batch sizes that
+    keep the global batch whole (with the config's ZeRO stage, capped at 1 under
+    pipelining). Ranked: fitting plans first, then warnings-free, then the
+    shortest estimated step, then the most memory headroom.
+    """
+    if gpus <= 0:
+        raise InvalidInputError(f"--search GPU count must be positive, got {gpus}")
+    p, t = cfg.parallel, cfg.train
+    global_samples = t.micro_batch_size * p.micro_batches * p.dp
+    plans: list[Plan] = []
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if global_samples % dp:
+                continue
+            per_dp = global_samples // dp
+            for mbs in _divisors(per_dp):
+                overrides = {
+                    "parallel.tp": tp, "parallel.pp": pp, "parallel.dp": dp,
+                    "parallel.micro_batches": per_dp // mbs, "train.micro_batch_size": mbs,
+                    "parallel.zero_stage": min(p.zero_stage, 1) if pp > 1 else p.zero_stage,
+                }
+                try:
+                    candidate = cfg.with_overrides(overrides)
+                    result = plan(candidate, world_size=gpus, device=device, reserve_gb=reserve_gb)
+                except (ConfigError, InvalidInputError) as exc:
+                    log.debug("layout %s refused: %s", overrides, exc)
+                    continue
+                if result.fits or include_infeasible:
+                    plans.append(result)
+    plans.sort(key=lambda r: (not r.fits, bool(r.warnings), r.step.step_s, -r.memory.headroom))
+    return plans
