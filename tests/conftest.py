@@ -17,6 +17,18 @@ from tests.services import IN_CI, PgCluster, S3Endpoint, require  # noqa: E402
 # Keep torch from oversubscribing 2 cores when several ranks run at once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# One private Airflow home for the whole test session, set before anything imports airflow
+# (Airflow reads its configuration once, at import). Tests never touch the user's ~/airflow.
+if "RETRAINER_TEST_AIRFLOW_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["RETRAINER_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="retrainer-airflow-")
+os.environ["AIRFLOW_HOME"] = os.environ["RETRAINER_TEST_AIRFLOW_HOME"]
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
+os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
+
 
 @pytest.fixture(scope="session")
 def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
@@ -56,6 +68,16 @@ def s3() -> Iterator[S3Endpoint]:
 def s3_bucket(s3: S3Endpoint) -> str:
     """A fresh bucket for one test; returns its name."""
     return s3.create_bucket()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """A migrated Airflow metadata DB (SQLite in the session's AIRFLOW_HOME); returns AIRFLOW_HOME."""
+    import subprocess
+
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], check=True, capture_output=True, timeout=600)
+    return os.environ["AIRFLOW_HOME"]
 
 
 @pytest.fixture(scope="session")
