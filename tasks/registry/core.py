@@ -1,0 +1,369 @@
+"""The registry: immutable versions and audited alias pointers in one SQL database.
+
+Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
+- version numbers: the model row is locked (`FOR NO KEY UPDATE`, which does not
+  block foreign-key checks of other writers) and the next number is max + 1, so
+  numbers are unique and gap-free; a failed publish commits nothing.
+- pointer switch: one transaction that locks the alias row (`FOR UPDATE`),
+  checks the optional compare-and-swap expectation, moves the pointer and appends
+  one history row, so the history is a single chain.
+SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from tasks.errors import InvalidInputError
+from tasks.registry import schema as t
+from tasks.registry.db import make_engine
+from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError
+from tasks.registry.names import check_digest, check_name, check_text, check_version
+from tasks.registry.records import Lineage, SwitchRecord, VersionRecord
+from tasks.registry.store import ArtifactRef
+
+log = logging.getLogger(__name__)
+
+ANY: Literal["ANY"] = "ANY"
+Expect = int | None | Literal["ANY"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite returns naive datetimes; we only ever store UTC
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat()
+
+
+def _check_metrics(metrics: Any) -> dict[str, Any]:
+    if not isinstance(metrics, dict):
+        raise InvalidInputError(f"metrics: must be a JSON object, got {type(metrics).__name__}")
+
+    def finite(x: Any, where: str) -> None:
+        if isinstance(x, float) and not math.isfinite(x):
+            raise InvalidInputError(f"metrics.{where}: non-finite value {x!r} cannot be published")
+        if isinstance(x, dict):
+            for k, v in x.items():
+                finite(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                finite(v, f"{where}[{i}]")
+
+    finite(metrics, "")
+    try:
+        text = json.dumps(metrics, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"metrics: not JSON-serializable: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidInputError("metrics: contains a NUL character")
+    return json.loads(text)
+
+
+def _check_expect(expect: Any) -> Expect:
+    if expect is None or expect == ANY:
+        return expect
+    return check_version(expect, "expect")
+
+
+class Registry:
+    """Python API over the registry database; one instance per process is enough (it pools connections)."""
+
+    def __init__(self, db_url: str, *, engine: sa.Engine | None = None) -> None:
+        self.db_url = db_url
+        self.engine = engine or make_engine(db_url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers ------------------------------------------------------------
+    def _insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> None:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        conn.execute(dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
+
+    def _model_id(self, conn: sa.Connection, model: str, *, lock: bool = False) -> int:
+        q = sa.select(t.models.c.id).where(t.models.c.name == model)
+        if lock:
+            q = q.with_for_update(key_share=True)  # FOR NO KEY UPDATE: FK checks of others still pass
+        mid = conn.execute(q).scalar()
+        if mid is None:
+            raise NotFoundError(f"model {model!r} is not in the registry")
+        return int(mid)
+
+    @staticmethod
+    def _version(row: sa.Row[Any], model: str, created: bool = False) -> VersionRecord:
+        m = row._mapping
+        return VersionRecord(
+            model=model, version=m["version"], artifact_digest=m["artifact_digest"],
+            artifact_url=m["artifact_url"], size_bytes=m["size_bytes"], config_hash=m["config_hash"],
+            data_manifest_hash=m["data_manifest_hash"], code_revision=m["code_revision"],
+            checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
+            created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", created=created,
+        )
+
+    @staticmethod
+    def _switch(row: sa.Row[Any], model: str, changed: bool = True) -> SwitchRecord:
+        m = row._mapping
+        return SwitchRecord(
+            model=model, alias=m["alias"], seq=m["seq"], action=m["action"], from_version=m["from_version"],
+            to_version=m["to_version"], actor=m["actor"], reason=m["reason"], at=_iso(m["at"]) or "",
+            changed=changed,
+        )
+
+    def _get_version(self, conn: sa.Connection, model_id: int, model: str, version: int) -> VersionRecord:
+        row = conn.execute(
+            sa.select(t.versions).where(t.versions.c.model_id == model_id, t.versions.c.version == version)
+        ).first()
+        if row is None:
+            raise NotFoundError(f"model {model!r} has no version {version}")
+        return self._version(row, model)
+
+    # -- publishing ---------------------------------------------------------
+    def publish_version(
+        self, model: str, artifact: ArtifactRef, lineage: Lineage, metrics: dict[str, Any], created_by: str
+    ) -> VersionRecord:
+        """Insert an immutable version with the next number; idempotent on the artifact digest."""
+        check_name(model, "model")
+        check_name(created_by, "created_by")
+        check_digest(artifact.digest, "artifact.digest")
+        for field in ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag"):
+            check_name(getattr(lineage, field), f"lineage.{field}")
+        if not isinstance(artifact.size, int) or artifact.size < 0:
+            raise InvalidInputError(f"artifact.size: must be a non-negative integer, got {artifact.size!r}")
+        if lineage.serving_bytes is not None and (
+            not isinstance(lineage.serving_bytes, int) or lineage.serving_bytes < 0
+        ):
+            raise InvalidInputError("lineage.serving_bytes: must be a non-negative integer or None")
+        check_text(artifact.url, "artifact.url", max_len=4096)
+        metrics = _check_metrics(metrics)
+        now = _now()
+        with self.engine.begin() as conn:
+            self._insert_ignore(conn, t.models, {"name": model, "created_at": now}, ["name"])
+            model_id = self._model_id(conn, model, lock=True)
+            existing = conn.execute(
+                sa.select(t.versions).where(
+                    t.versions.c.model_id == model_id, t.versions.c.artifact_digest == artifact.digest
+                )
+            ).first()
+            if existing is not None:
+                log.info("model %r: artifact %s is already version %d", model, artifact.digest[:12],
+                         existing._mapping["version"])
+                return self._version(existing, model, created=False)
+            last = conn.execute(
+                sa.select(sa.func.max(t.versions.c.version)).where(t.versions.c.model_id == model_id)
+            ).scalar()
+            number = int(last or 0) + 1
+            values = {
+                "model_id": model_id, "version": number, "artifact_digest": artifact.digest,
+                "artifact_url": artifact.url, "size_bytes": artifact.size, "config_hash": lineage.config_hash,
+                "data_manifest_hash": lineage.data_manifest_hash, "code_revision": lineage.code_revision,
+                "checkpoint_tag": lineage.checkpoint_tag, "metrics": metrics,
+                "serving_bytes": lineage.serving_bytes, "created_by": created_by, "created_at": now,
+            }
+            conn.execute(sa.insert(t.versions).values(**values))
+        log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])
+        return VersionRecord(model=model, created=True, created_at=_iso(now) or "",
+                             **{k: v for k, v in values.items() if k not in ("model_id", "created_at")})
+
+    # -- pointer switching ----------------------------------------------------
+    def switch_alias(
+        self, model: str, alias: str, to_version: int, *, expect: Expect = ANY, actor: str, reason: str = "",
+        action: str = "promote",
+    ) -> SwitchRecord:
+        """Point `alias` at `to_version` in one transaction; with `expect`, only if it still points there."""
+        check_name(model, "model")
+        check_name(alias, "alias")
+        check_version(to_version, "to_version")
+        check_name(actor, "actor")
+        check_text(reason, "reason")
+        expect = _check_expect(expect)
+        if action not in ("promote", "publish", "rollback"):
+            raise InvalidInputError(f"action: unknown switch action {action!r}")
+        with self.engine.begin() as conn:
+            model_id = self._model_id(conn, model)
+            self._insert_ignore(conn, t.aliases, {"model_id": model_id, "name": alias, "version": None,
+                                                  "generation": 0}, ["model_id", "name"])
+            current = self._lock_alias(conn, model_id, alias)
+            return self._move(conn, model_id, model, alias, current, to_version, expect, actor, reason, action)
+
+    def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> int | Literal[False] | None:
+        """Lock the alias row; return its version (None if empty) or False if the alias does not exist."""
+        row = conn.execute(
+            sa.select(t.aliases.c.version)
+            .where(t.aliases.c.model_id == model_id, t.aliases.c.name == alias)
+            .with_for_update()
+        ).first()
+        return False if row is None else row[0]
+
+    def _move(
+        self, conn: sa.Connection, model_id: int, model: str, alias: str, current: int | None, to_version: int,
+        expect: Expect, actor: str, reason: str, action: str,
+    ) -> SwitchRecord:
+        if expect != ANY and expect != current:
+            want = "no version" if expect is None else f"version {expect}"
+            have = "no version" if current is None else f"version {current}"
+            raise ConflictError(
+                f"model {model!r} alias {alias!r}: expected {want} but it points to {have} "
+                "(someone else moved it first); nothing changed"
+            )
+        self._get_version(conn, model_id, model, to_version)  # refuses missing / other model's versions
+        last = conn.execute(
+            sa.select(t.history)
+            .where(t.history.c.model_id == model_id, t.history.c.alias == alias)
+            .order_by(t.history.c.seq.desc())
+            .limit(1)
+        ).first()
+        if current == to_version:
+            log.info("model %r alias %r already at version %d; nothing to switch", model, alias, to_version)
+            if last is not None:
+                return self._switch(last, model, changed=False)
+            raise ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
+        now = _now()
+        seq = (last._mapping["seq"] if last is not None else 0) + 1
+        conn.execute(
+            sa.update(t.aliases)
+            .where(t.aliases.c.model_id == model_id, t.aliases.c.name == alias)
+            .values(version=to_version, generation=t.aliases.c.generation + 1, updated_by=actor, updated_at=now)
+        )
+        row = {"model_id": model_id, "alias": alias, "seq": seq, "action": action, "from_version": current,
+               "to_version": to_version, "actor": actor, "reason": reason, "at": now}
+        conn.execute(sa.insert(t.history).values(**row))
+        log.info("model %r alias %r: %s -> %d (%s by %s)", model, alias, current, to_version, action, actor)
+        return SwitchRecord(model=model, alias=alias, seq=seq, action=action, from_version=current,
+                            to_version=to_version, actor=actor, reason=reason, at=_iso(now) or "")
+
+    def rollback(
+        self, model: str, alias: str, *, to: int | None = None, expect: Expect = ANY, actor: str,
+        reason: str = "rollback",
+    ) -> SwitchRecord:
+        """Move `alias` back: to `to`, or to the version live before the current one (per the history)."""
+        check_name(model, "model")
+        check_name(alias, "alias")
+        check_name(actor, "actor")
+        check_text(reason, "reason")
+        expect = _check_expect(expect)
+        if to is not None:
+            check_version(to, "to")
+        with self.engine.begin() as conn:
+            model_id = self._model_id(conn, model)
+            current = self._lock_alias(conn, model_id, alias)
+            if current is False or current is None:
+                raise NothingToRollBackError(f"model {model!r} alias {alias!r} points to nothing; nothing to roll back")
+            if to is None:
+                last = conn.execute(
+                    sa.select(t.history.c.from_version)
+                    .where(t.history.c.model_id == model_id, t.history.c.alias == alias)
+                    .order_by(t.history.c.seq.desc())
+                    .limit(1)
+                ).first()
+                if last is None or last[0] is None:
+                    raise NothingToRollBackError(
+                        f"model {model!r} alias {alias!r}: version {current} is the first version it ever "
+                        "pointed to; nothing to roll back to (use --to VERSION)"
+                    )
+                to = int(last[0])
+            elif to == current:
+                raise NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
+            return self._move(conn, model_id, model, alias, current, to, expect, actor, reason, "rollback")
+
+    # -- reading ------------------------------------------------------------
+    def live_version(self, model: str, alias: str) -> VersionRecord | None:
+        """The version an alias points to, or None (unknown model/alias or empty pointer)."""
+        check_name(model, "model")
+        check_name(alias, "alias")
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.versions)
+                .select_from(t.aliases.join(t.models, t.models.c.id == t.aliases.c.model_id).join(
+                    t.versions,
+                    sa.and_(t.versions.c.model_id == t.aliases.c.model_id,
+                            t.versions.c.version == t.aliases.c.version)))
+                .where(t.models.c.name == model, t.aliases.c.name == alias)
+            ).first()
+        return None if row is None else self._version(row, model)
+
+    def get_version(self, model: str, version: int) -> VersionRecord:
+        check_name(model, "model")
+        check_version(version)
+        with self.engine.connect() as conn:
+            return self._get_version(conn, self._model_id(conn, model), model, version)
+
+    def list_versions(self, model: str) -> list[VersionRecord]:
+        check_name(model, "model")
+        with self.engine.connect() as conn:
+            mid = self._model_id(conn, model)
+            rows = conn.execute(
+                sa.select(t.versions).where(t.versions.c.model_id == mid).order_by(t.versions.c.version)
+            ).all()
+        return [self._version(r, model) for r in rows]
+
+    def history(self, model: str, alias: str | None = None) -> list[SwitchRecord]:
+        """Alias moves, oldest first (per alias, by sequence number)."""
+        check_name(model, "model")
+        q = sa.select(t.history)
+        if alias is not None:
+            check_name(alias, "alias")
+            q = q.where(t.history.c.alias == alias)
+        with self.engine.connect() as conn:
+            mid = self._model_id(conn, model)
+            rows = conn.execute(
+                q.where(t.history.c.model_id == mid).order_by(t.history.c.alias, t.history.c.seq)
+            ).all()
+        return [self._switch(r, model) for r in rows]
+
+    def aliases(self, model: str) -> dict[str, dict[str, Any]]:
+        check_name(model, "model")
+        with self.engine.connect() as conn:
+            mid = self._model_id(conn, model)
+            rows = conn.execute(
+                sa.select(t.aliases).where(t.aliases.c.model_id == mid).order_by(t.aliases.c.name)
+            ).all()
+        return {
+            r._mapping["name"]: {"version": r._mapping["version"], "updated_by": r._mapping["updated_by"],
+                                 "updated_at": _iso(r._mapping["updated_at"])}
+            for r in rows
+        }
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model with its version count and alias pointers."""
+        with self.engine.connect() as conn:
+            counts = dict(conn.execute(
+                sa.select(t.models.c.name, sa.func.count(t.versions.c.version))
+                .select_from(t.models.outerjoin(t.versions, t.versions.c.model_id == t.models.c.id))
+                .group_by(t.models.c.name)
+            ).all())
+            pointers = conn.execute(
+                sa.select(t.models.c.name, t.aliases.c.name, t.aliases.c.version)
+                .select_from(t.aliases.join(t.models, t.models.c.id == t.aliases.c.model_id))
+            ).all()
+        out: dict[str, dict[str, Any]] = {
+            name: {"model": name, "versions": int(n), "aliases": {}} for name, n in counts.items()
+        }
+        for model, alias, version in pointers:
+            out[model]["aliases"][alias] = version
+        return [out[k] for k in sorted(out)]
+
+    def show(self, model: str) -> dict[str, Any]:
+        """JSON-able view of one model: its alias pointers and all versions."""
+        return {
+            "model": model,
+            "aliases": self.aliases(model),
+            "versions": [v.to_dict() for v in self.list_versions(model)],
+        }

@@ -1,0 +1,25 @@
+"""Registry error types; each maps to a CLI exit code through its base class."""
+
+from __future__ import annotations
+
+from tasks.errors import InvalidInputError, RetrainerError
+
+
+class NotFoundError(InvalidInputError):
+    """A model, version or alias named by the caller does not exist."""
+
+
+class InvalidNameError(InvalidInputError):
+    """A model/alias/actor name is empty, too long or contains control characters."""
+
+
+class ConflictError(RetrainerError):
+    """Compare-and-swap lost: the pointer was moved by someone else first."""
+
+
+class NothingToRollBackError(RetrainerError):
+    """The alias has no earlier version to go back to."""
+
+
+class CorruptArtifactError(RetrainerError):
+    """An artifact's bytes do not match its content address."""

@@ -1,0 +1,69 @@
+"""Table definitions the registry code queries (SQLAlchemy Core).
+
+The DDL that creates them lives in the migrations under `sql/versions/`, which
+are frozen snapshots; this module mirrors the latest schema. Table names carry a
+`registry_` prefix because the registry may share a database with Airflow.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+models = sa.Table(
+    "registry_models",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+versions = sa.Table(
+    "registry_versions",
+    metadata,
+    sa.Column("model_id", sa.Integer, sa.ForeignKey("registry_models.id"), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("artifact_digest", sa.String(64), nullable=False),
+    sa.Column("artifact_url", sa.Text, nullable=False),
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("config_hash", sa.String(200), nullable=False),
+    sa.Column("data_manifest_hash", sa.String(200), nullable=False),
+    sa.Column("code_revision", sa.String(200), nullable=False),
+    sa.Column("checkpoint_tag", sa.String(200), nullable=False),
+    sa.Column("metrics", sa.JSON, nullable=False),
+    sa.Column("serving_bytes", sa.BigInteger, nullable=True),
+    sa.Column("created_by", sa.String(200), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("model_id", "artifact_digest"),
+)
+
+aliases = sa.Table(
+    "registry_aliases",
+    metadata,
+    sa.Column("model_id", sa.Integer, sa.ForeignKey("registry_models.id"), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("version", sa.Integer, nullable=True),
+    sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("updated_by", sa.String(200), nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(["model_id", "version"], ["registry_versions.model_id", "registry_versions.version"]),
+)
+
+history = sa.Table(
+    "registry_alias_history",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("model_id", sa.Integer, nullable=False),
+    sa.Column("alias", sa.String(200), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("from_version", sa.Integer, nullable=True),
+    sa.Column("to_version", sa.Integer, nullable=False),
+    sa.Column("actor", sa.String(200), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("model_id", "alias", "seq"),
+)
+
+IMMUTABLE_TABLES = ("registry_versions", "registry_alias_history")
