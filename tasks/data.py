@@ -1,0 +1,339 @@
+"""Datasets: the manifest format, `make-data` (a seeded synthetic corpus) and `manifest URL`.
+
+A dataset is `manifest.json` plus token shards under one fsspec prefix. Shards are
+flat little-endian uint16 token arrays; splits are key prefixes (`train/`,
+`heldout/`). The manifest lists every object with its size and sha256, so a warm
+can verify every byte; the *manifest hash* (sha256 of the manifest file's bytes as
+stored) names the dataset in the cache and in a published version's lineage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from tasks.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "retrainer-dataset/1"
+MANIFEST_KEY = "manifest.json"
+SPLITS = ("train/", "heldout/")
+
+
+def validate_key(key: str) -> str:
+    """Refuse object keys that could escape a cache root or collide: `..`, absolute, NUL, empty segments."""
+    if not key:
+        raise ValueError("key is empty")
+    if "\x00" in key:
+        raise ValueError(f"key {key!r} contains NUL")
+    if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
+        raise ValueError(f"key {key!r} is absolute or uses backslashes")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"key {key!r} has an empty, '.' or '..' segment")
+    if key == MANIFEST_KEY:
+        raise ValueError(f"key {key!r} is reserved for the manifest itself")
+    return key
+
+
+class ManifestFile(BaseModel):
+    """One object of a dataset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        return validate_key(v)
+
+
+class Manifest(BaseModel):
+    """The dataset manifest (`retrainer-dataset/1`). Parse with `Manifest.parse` to keep its hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["retrainer-dataset/1"] = FORMAT
+    name: str = Field(min_length=1)
+    dtype: Literal["uint16"] = "uint16"
+    vocab_size: int = Field(256, gt=0, le=65536)
+    files: list[ManifestFile]
+
+    _raw: bytes | None = PrivateAttr(default=None)
+
+    @field_validator("files")
+    @classmethod
+    def _unique(cls, files: list[ManifestFile]) -> list[ManifestFile]:
+        seen: set[str] = set()
+        for f in files:
+            if f.key in seen:
+                raise ValueError(f"duplicate key {f.key!r}")
+            seen.add(f.key)
+        # A key may not be both a file and a directory of another key.
+        dirs = {"/".join(f.key.split("/")[:i]) for f in files for i in range(1, f.key.count("/") + 1)}
+        clash = seen & dirs
+        if clash:
+            raise ValueError(f"key {sorted(clash)[0]!r} is both a file and a directory")
+        return files
+
+    @classmethod
+    def parse(cls, raw: bytes, source: str) -> Manifest:
+        """Validate manifest bytes; errors name `source` and the offending field."""
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"{source}: manifest is not valid JSON: {exc}") from None
+        try:
+            manifest = cls.model_validate(data)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+                problems.append(f"{loc}: {err['msg']}")
+            raise InvalidInputError(f"{source}: invalid manifest:\n  " + "\n  ".join(problems)) from None
+        manifest._raw = bytes(raw)
+        return manifest
+
+    def to_bytes(self) -> bytes:
+        """Canonical stored form (the bytes the manifest hash is taken over when we write one)."""
+        if self._raw is not None:
+            return self._raw
+        return (json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n").encode()
+
+    @property
+    def hash(self) -> str:
+        return manifest_hash(self.to_bytes())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def split(self, name: str) -> list[ManifestFile]:
+        """Files of one split (`train` or `heldout`), in key order."""
+        prefix = name.rstrip("/") + "/"
+        return sorted((f for f in self.files if f.key.startswith(prefix)), key=lambda f: f.key)
+
+
+def manifest_hash(raw: bytes) -> str:
+    """The dataset's identity: sha256 of the manifest file's bytes as stored."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def _join(root: str, key: str) -> str:
+    return f"{root.rstrip('/')}/{key}" if root else key
+
+
+def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+    """Read and validate a manifest. `url` is the manifest object, or a dataset prefix (then `manifest.json`)."""
+    if not url.rstrip("/").endswith(".json"):
+        url = url.rstrip("/") + "/" + MANIFEST_KEY
+    fs, path = _fs(url, storage_options)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{url}: manifest not found") from None
+    return Manifest.parse(raw, source=url)
+
+
+# ---------------------------------------------------------------- synthetic text
+
+_SUBJECTS = ["the model", "a small robot", "the old sailor", "my neighbour", "the river", "a curious cat",
+             "the teacher", "every student", "the baker", "a quiet engineer", "the city", "our team"]
+_VERBS = ["builds", "finds", "remembers", "carries", "watches", "paints", "learns", "counts", "follows",
+          "answers", "opens", "repairs"]
+_OBJECTS = ["a red boat", "the morning light", "three green apples", "the long road", "a broken clock",
+            "the secret map", "warm bread", "the tall tower", "a new song", "the heavy door", "small stones"]
+_PLACES = ["near the harbour", "in the garden", "after the rain", "before dawn", "under the bridge",
+           "at the market", "on the hill", "inside the library"]
+_LINKS = ["and then", "because", "while", "so", "but"]
+
+
+def _sentence(rng: random.Random) -> str:
+    s = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+    if rng.random() < 0.6:
+        s += f" {rng.choice(_PLACES)}"
+    if rng.random() < 0.35:
+        s += f", {rng.choice(_LINKS)} {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+    return s[0].upper() + s[1:] + rng.choice([".", ".", ".", "!", "?"])
+
+
+def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
+    """English-like sentences from a seeded word grammar: learnable structure for a tiny byte-level GPT."""
+    parts: list[str] = []
+    size = 0
+    while size < n_bytes:
+        para = " ".join(_sentence(rng) for _ in range(rng.randint(2, 6))) + "\n"
+        parts.append(para)
+        size += len(para)
+    return "".join(parts).encode("ascii")[:n_bytes]
+
+
+def _tokens(data: bytes) -> bytes:
+    return np.frombuffer(data, dtype=np.uint8).astype("<u2").tobytes()
+
+
+def make_data(
+    dest_url: str,
+    *,
+    name: str,
+    n_train_shards: int = 4,
+    n_heldout_shards: int = 1,
+    tokens_per_shard: int = 65536,
+    seed: int = 1234,
+    text_files: list[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """Write token shards and `manifest.json` under `dest_url`; the same seed gives the same bytes.
+
+    With `text_files`, their bytes (concatenated, byte-level tokens) are cut into the
+    shards (held-out shards from the end); otherwise a seeded synthetic corpus is used.
+    The manifest is written last, so a reader never sees a manifest naming a missing shard.
+    """
+    if n_train_shards < 1 or n_heldout_shards < 0 or tokens_per_shard < 1:
+        raise InvalidInputError("make-data: need >= 1 train shard, >= 0 heldout shards, >= 1 token per shard")
+    n_total = n_train_shards + n_heldout_shards
+    if text_files:
+        corpus = b""
+        for tf in text_files:
+            try:
+                corpus += Path(tf).read_bytes()
+            except OSError as exc:
+                raise InvalidInputError(f"{tf}: cannot read text file: {exc.strerror}") from None
+        if not corpus:
+            raise InvalidInputError(f"{', '.join(text_files)}: text files are empty")
+        tokens_per_shard = min(tokens_per_shard, len(corpus) // n_total)
+        if tokens_per_shard < 1:
+            raise InvalidInputError(f"{', '.join(text_files)}: too little text for {n_total} shards")
+        chunks = [corpus[i * tokens_per_shard:(i + 1) * tokens_per_shard] for i in range(n_total)]
+    else:
+        chunks = [synthetic_text(tokens_per_shard, random.Random(f"{seed}:{i}")) for i in range(n_total)]
+
+    fs, root = _fs(dest_url, storage_options)
+    files: list[ManifestFile] = []
+    for i, chunk in enumerate(chunks):
+        split, idx = ("train", i) if i < n_train_shards else ("heldout", i - n_train_shards)
+        key = f"{split}/shard-{idx:05d}.bin"
+        blob = _tokens(chunk)
+        _put(fs, _join(root, key), blob)
+        files.append(ManifestFile(key=key, size=len(blob), sha256=hashlib.sha256(blob).hexdigest()))
+    manifest = Manifest(name=name, vocab_size=256, files=files)
+    _put(fs, _join(root, MANIFEST_KEY), manifest.to_bytes())
+    log.info("make-data: %d shards (%d tokens each) + manifest %s under %s",
+             len(files), tokens_per_shard, manifest.hash[:16], dest_url)
+    return manifest
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write one object; on a local filesystem atomically (temp + fsync + rename)."""
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        from tasks.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(path, data)
+    else:
+        fs.pipe_file(path, data)
+
+
+def build_manifest(
+    prefix_url: str,
+    *,
+    output_key: str = MANIFEST_KEY,
+    name: str | None = None,
+    vocab_size: int = 256,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """List every object under a prefix, hash it, and write the manifest at `output_key` under the prefix."""
+    if output_key != MANIFEST_KEY:
+        try:
+            validate_key(output_key)
+        except ValueError as exc:
+            raise InvalidInputError(f"--output: {exc}") from None
+    fs, root = _fs(prefix_url, storage_options)
+    root = root.rstrip("/")
+    try:
+        listing = fs.find(root, detail=True)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{prefix_url}: prefix not found") from None
+    files: list[ManifestFile] = []
+    for path, info in sorted(listing.items()):
+        if info.get("type") == "directory":
+            continue
+        key = path[len(root) + 1:] if root else path
+        if key in (output_key, MANIFEST_KEY):
+            continue
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+        try:
+            files.append(ManifestFile(key=key, size=int(info["size"]), sha256=h.hexdigest()))
+        except ValidationError as exc:
+            raise InvalidInputError(f"{prefix_url}: object {key!r} cannot be in a manifest: "
+                                    f"{exc.errors()[0]['msg']}") from None
+    if not files:
+        raise InvalidInputError(f"{prefix_url}: no objects under this prefix")
+    manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    _put(fs, _join(root, output_key), manifest.to_bytes())
+    log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
+    return manifest
+
+
+# ---------------------------------------------------------------- CLI
+
+def _cmd_make_data(args: argparse.Namespace) -> int:
+    from tasks.config import load_config
+
+    cfg = load_config(args.config)
+    dest = args.dest or cfg.data.source_url
+    manifest = make_data(
+        dest, name=cfg.name, n_train_shards=args.shards, n_heldout_shards=args.heldout_shards,
+        tokens_per_shard=args.tokens_per_shard, seed=args.seed if args.seed is not None else cfg.train.seed,
+        text_files=args.text, storage_options=cfg.data.storage_options,
+    )
+    print(json.dumps({"dest": dest, "files": len(manifest.files), "bytes": manifest.total_bytes,
+                      "manifest_hash": manifest.hash}, indent=2))
+    return 0
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    manifest = build_manifest(args.url, output_key=args.output, name=args.name, storage_options=opts)
+    print(json.dumps({"url": args.url, "files": len(manifest.files), "bytes": manifest.total_bytes,
+                      "manifest_hash": manifest.hash}, indent=2))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("make-data", help="write a deterministic synthetic (or given-text) token dataset")
+    p.add_argument("config")
+    p.add_argument("--dest", help="dataset URL (default: the config's data.source_url)")
+    p.add_argument("--shards", type=int, default=4, help="train shards (default 4)")
+    p.add_argument("--heldout-shards", type=int, default=1)
+    p.add_argument("--tokens-per-shard", type=int, default=65536)
+    p.add_argument("--seed", type=int, default=None, help="default: the config's train.seed")
+    p.add_argument("--text", nargs="+", metavar="FILE", help="byte-tokenize these local text files instead")
+    p.set_defaults(handler=_cmd_make_data)
+
+    m = subparsers.add_parser("manifest", help="hash every object under a prefix and write its manifest")
+    m.add_argument("url")
+    m.add_argument("--output", default=MANIFEST_KEY, help="manifest key under the prefix")
+    m.add_argument("--name", help="dataset name (default: last prefix segment)")
+    m.add_argument("--storage-options", help="fsspec storage options as JSON")
+    m.set_defaults(handler=_cmd_manifest)

@@ -1,0 +1,198 @@
+"""`warm()`: make a verified local copy of a dataset from any fsspec URL into a cache root.
+
+Steps, under the dataset's warm lock (a second warm of the same dataset waits, then
+finds every file already verified and fetches nothing):
+1. read + validate the manifest (its hash names the dataset dir);
+2. hold the dataset in use, check the disk budget and evict LRU datasets if needed
+   (a dataset bigger than the budget fails here, before any download);
+3. skip files recorded as verified (size + mtime unchanged), re-hash present but
+   unrecorded files locally (after a crash) or all files with `verify=True`;
+4. fetch the rest (fetch.py), record each as it lands, then fsync directories,
+   write the manifest copy and the compacted record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.data import MANIFEST_KEY, Manifest, ManifestFile
+from tasks.errors import InvalidInputError
+from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
+from tasks.warm.cache import CacheLayout, make_room, use_lock
+from tasks.warm.fetch import Fetcher
+from tasks.warm.report import Progress, WarmReport, WarmResult
+from tasks.warm.state import VerifiedRecord
+
+if TYPE_CHECKING:
+    from tasks.config import JobConfig
+
+log = logging.getLogger("tasks.warm")
+
+DEFAULT_WORKERS = 32
+
+
+def _filesystem(source_url: str, storage_options: dict[str, Any] | None, max_workers: int) -> tuple[Any, str]:
+    import fsspec
+
+    opts = dict(storage_options or {})
+    protocol = fsspec.core.split_protocol(source_url)[0]
+    if protocol in ("s3", "s3a"):
+        # aiobotocore's pool (10) would cap requests in flight below our semaphore.
+        cfg = dict(opts.get("config_kwargs") or {})
+        cfg.setdefault("max_pool_connections", max_workers)
+        opts["config_kwargs"] = cfg
+    fs, root = fsspec.core.url_to_fs(source_url, **opts)
+    fs.invalidate_cache()
+    return fs, root
+
+
+def _local_target(dataset_dir: Path, key: str) -> Path:
+    """Map a key to its path; refuse anything that would land outside the dataset dir."""
+    base = os.path.normpath(dataset_dir)
+    target = os.path.normpath(os.path.join(base, key))
+    if not target.startswith(base + os.sep) or "\x00" in key:
+        raise InvalidInputError(f"manifest key {key!r} escapes the cache directory; refused")
+    return Path(target)
+
+
+def warm(
+    source_url: str,
+    cache_root: str | os.PathLike[str],
+    *,
+    manifest_key: str = MANIFEST_KEY,
+    storage_options: dict[str, Any] | None = None,
+    disk_budget_bytes: int | None = None,
+    verify: bool = False,
+    max_workers: int | None = None,
+    progress: bool = True,
+) -> WarmResult:
+    """Warm the dataset at `source_url` into `<cache_root>/datasets/<manifest_hash[:16]>/`."""
+    t0 = time.monotonic()
+    workers = max_workers or DEFAULT_WORKERS
+    fs, root = _filesystem(source_url, storage_options, workers)
+    root = root.rstrip("/")
+    manifest_src = f"{root}/{manifest_key}" if root else manifest_key
+    try:
+        raw = fs.cat_file(manifest_src)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
+    manifest = Manifest.parse(raw, source=f"{source_url.rstrip('/')}/{manifest_key}")
+    mhash = manifest.hash
+    layout = CacheLayout(Path(cache_root).resolve())
+    layout.ensure()
+    dsid = layout.dataset_id(mhash)
+    dataset_dir = layout.dataset_dir(dsid)
+    targets = {f.key: _local_target(dataset_dir, f.key) for f in manifest.files}
+    report = WarmReport(files_total=len(manifest.files), bytes_total=manifest.total_bytes)
+
+    with use_lock(layout, dsid):
+        lock = layout.warm_lock(dsid)
+        if not lock.acquire(blocking=False):
+            log.info("warm: dataset %s is being warmed by another process; waiting for its lock", dsid)
+            lock.acquire()
+        try:
+            if disk_budget_bytes is not None:
+                report.evicted = make_room(layout, dsid, manifest.total_bytes, disk_budget_bytes)
+            dataset_dir.mkdir(parents=True, exist_ok=True)
+            layout.touch_used(dsid)
+            partial = layout.partial_dir(dsid)
+            shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
+            record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), mhash).load()
+            try:
+                to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
+                _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress)
+                for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
+                    fsync_dir(d)
+                atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
+                record.compact({f.key for f in manifest.files})
+            finally:
+                record.close()
+            shutil.rmtree(partial, ignore_errors=True)
+            layout.touch_used(dsid)
+        finally:
+            lock.release()
+
+    report.seconds = time.monotonic() - t0
+    log.info("warm: dataset %s ready at %s: fetched %d files / %.1f MB, skipped %d, verified %d, %.2f s, %.1f MB/s",
+             dsid, dataset_dir, report.files_fetched, report.bytes_fetched / 1e6, report.files_skipped,
+             report.files_verified, report.seconds, report.mb_per_s)
+    return WarmResult(dataset_dir=dataset_dir, manifest_hash=mhash, report=report, manifest=manifest)
+
+
+def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedRecord, report: WarmReport,
+                 verify: bool, workers: int) -> list[ManifestFile]:
+    """Sort files into skip / re-hash locally / fetch; returns the ones to fetch."""
+    to_hash: list[ManifestFile] = []
+    to_fetch: list[ManifestFile] = []
+    for f in manifest.files:
+        path = targets[f.key]
+        if not verify and record.trusted(f.key, f.size, f.sha256, path):
+            report.files_skipped += 1
+            report.bytes_skipped += f.size
+        elif path.is_file():
+            to_hash.append(f)
+        else:
+            to_fetch.append(f)
+    if not to_hash:
+        return to_fetch
+
+    def check(f: ManifestFile) -> bool:
+        path = targets[f.key]
+        st = os.stat(path)
+        if st.st_size == f.size and sha256_file(path) == f.sha256:
+            record.add(f.key, f.size, f.sha256, st.st_mtime_ns)
+            return True
+        log.warning("warm: local copy of %s does not match the manifest; fetching it again", f.key)
+        path.unlink(missing_ok=True)
+        return False
+
+    with ThreadPoolExecutor(max_workers=min(4, workers)) as pool:
+        for f, ok in zip(to_hash, pool.map(check, to_hash), strict=True):
+            report.files_verified += 1
+            report.bytes_verified += f.size
+            if ok:
+                report.files_skipped += 1
+                report.bytes_skipped += f.size
+            else:
+                to_fetch.append(f)
+    return to_fetch
+
+
+def _fetch(fs: Any, root: str, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
+           record: VerifiedRecord, report: WarmReport, workers: int, progress: bool) -> None:
+    if not entries:
+        return
+    bar = Progress(sum(f.size for f in entries), len(entries), enabled=progress)
+    lock = threading.Lock()
+
+    def done(entry: ManifestFile, mtime_ns: int) -> None:
+        record.add(entry.key, entry.size, entry.sha256, mtime_ns)
+        with lock:
+            report.files_fetched += 1
+            report.bytes_fetched += entry.size
+        bar.update(entry.size)
+
+    def retried() -> None:
+        with lock:
+            report.retries += 1
+
+    try:
+        Fetcher(fs, root, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried).run(entries)
+    finally:
+        bar.close()
+
+
+def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
+    """Warm the dataset a job config names (data.source_url, manifest, cache_dir, budget, storage options)."""
+    d = cfg.data
+    kw.setdefault("manifest_key", d.manifest)
+    kw.setdefault("storage_options", d.storage_options)
+    kw.setdefault("disk_budget_bytes", d.disk_budget_bytes)
+    return warm(d.source_url, d.cache_dir, **kw)

@@ -1,0 +1,257 @@
+"""Transfer and verify objects: temp name, sha256 of the exact bytes written, fsync, rename.
+
+Async filesystems (s3fs, gcsfs, ...) run many requests on the filesystem's own event
+loop, with a semaphore bounding requests in flight; objects larger than `part_size`
+are fetched as ranged parts in parallel (a sliding window) and hashed in order as
+they are written. Other filesystems use a thread pool of streaming reads. Disk
+work (write, fsync, rename) runs in a thread pool so the event loop keeps fetching.
+Each file is retried with exponential backoff (tenacity) and then fails naming its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from tasks.data import ManifestFile
+from tasks.errors import RetrainerError
+
+log = logging.getLogger("tasks.warm")
+
+PART_SIZE = 16 << 20
+PART_WINDOW = 6
+ATTEMPTS = 4
+
+
+class ChecksumMismatchError(RetrainerError):
+    """The bytes fetched for a key do not match the manifest."""
+
+
+class WarmFetchError(RetrainerError):
+    """A key could not be fetched and verified after bounded retries."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, Exception) and not isinstance(exc, asyncio.CancelledError)
+
+
+def _check(entry: ManifestFile, size: int, digest: str) -> None:
+    if size != entry.size or digest != entry.sha256:
+        raise ChecksumMismatchError(
+            f"{entry.key}: fetched {size} bytes with sha256 {digest[:16]}..., manifest says {entry.size} bytes "
+            f"with sha256 {entry.sha256[:16]}... (object changed behind the manifest?)")
+
+
+def _open_tmp(tmp: Path) -> int:
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+
+def _finish(fd: int, tmp: Path, final: Path) -> int:
+    """fsync, close and rename into place; returns the final file's mtime_ns for the record."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+    return os.stat(final).st_mtime_ns
+
+
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def commit_bytes(entry: ManifestFile, data: bytes, tmp: Path, final: Path) -> int:
+    """Verify a whole object held in memory, then write it durably under its final name."""
+    _check(entry, len(data), hashlib.sha256(data).hexdigest())
+    fd = _open_tmp(tmp)
+    try:
+        _write_all(fd, data, 0)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return _finish(fd, tmp, final)
+
+
+class Fetcher:
+    """Fetch a list of manifest entries from `root` on `fs` into the dataset directory."""
+
+    def __init__(self, fs: Any, root: str, dataset_dir: Path, partial_dir: Path, *, max_workers: int,
+                 on_done: Callable[[ManifestFile, int], None], on_retry: Callable[[], None],
+                 part_size: int = PART_SIZE, attempts: int = ATTEMPTS) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.dataset_dir = dataset_dir
+        self.partial_dir = partial_dir
+        self.max_workers = max_workers
+        self.on_done = on_done  # (entry, mtime_ns), called once per committed file
+        self.on_retry = on_retry
+        self.part_size = part_size
+        self.attempts = attempts
+
+    def src(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    def tmp(self, entry: ManifestFile) -> Path:
+        return self.partial_dir / f"{uuid.uuid4().hex}.part"
+
+    def final(self, entry: ManifestFile) -> Path:
+        return self.dataset_dir / entry.key
+
+    def _retrying_kw(self) -> dict[str, Any]:
+        def before_sleep(state: Any) -> None:
+            self.on_retry()
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("warm: retrying (attempt %d failed): %s", state.attempt_number, exc)
+
+        return {"stop": stop_after_attempt(self.attempts), "wait": wait_exponential(multiplier=0.2, max=3),
+                "retry": retry_if_exception(_retryable), "reraise": True, "before_sleep": before_sleep}
+
+    def run(self, entries: Iterable[ManifestFile]) -> None:
+        entries = list(entries)
+        if not entries:
+            return
+        self.partial_dir.mkdir(parents=True, exist_ok=True)
+        if getattr(self.fs, "async_impl", False):
+            from fsspec.asyn import sync
+
+            sync(self.fs.loop, self._run_async(entries))
+        else:
+            self._run_threads(entries)
+
+    # ------------------------------------------------------------ async filesystems
+
+    async def _run_async(self, entries: list[ManifestFile]) -> None:
+        sem = asyncio.Semaphore(self.max_workers)
+        with ThreadPoolExecutor(max_workers=min(8, self.max_workers), thread_name_prefix="warm-disk") as pool:
+            # Large objects first: their parts keep the pipe full while small ones fill gaps.
+            order = sorted(entries, key=lambda e: -e.size)
+            tasks = [asyncio.ensure_future(self._one_async(e, sem, pool)) for e in order]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+
+    async def _one_async(self, entry: ManifestFile, sem: asyncio.Semaphore, pool: ThreadPoolExecutor) -> None:
+        try:
+            async for attempt in AsyncRetrying(**self._retrying_kw()):
+                with attempt:
+                    if entry.size > self.part_size:
+                        mtime = await self._large_async(entry, sem, pool)
+                    else:
+                        async with sem:
+                            data = await self.fs._cat_file(self.src(entry.key))
+                        mtime = await asyncio.get_running_loop().run_in_executor(
+                            pool, commit_bytes, entry, data, self.tmp(entry), self.final(entry))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise WarmFetchError(f"warm failed for key {entry.key!r}: {exc}") from exc
+        self.on_done(entry, mtime)
+
+    async def _large_async(self, entry: ManifestFile, sem: asyncio.Semaphore, pool: ThreadPoolExecutor) -> int:
+        loop = asyncio.get_running_loop()
+        src = self.src(entry.key)
+
+        async def part(start: int, end: int) -> bytes:
+            async with sem:
+                data = await self.fs._cat_file(src, start=start, end=end)
+            if len(data) != end - start:
+                raise ChecksumMismatchError(f"{entry.key}: range {start}-{end} returned {len(data)} bytes")
+            return data
+
+        # A longer object is a changed object: ranged reads alone would not notice.
+        async with sem:
+            remote_size = int((await self.fs._info(src))["size"])
+        if remote_size != entry.size:
+            raise ChecksumMismatchError(f"{entry.key}: object is {remote_size} bytes, manifest says {entry.size}")
+        ranges = iter([(s, min(s + self.part_size, entry.size)) for s in range(0, entry.size, self.part_size)])
+        window: collections.deque[asyncio.Future[bytes]] = collections.deque()
+        tmp, final = self.tmp(entry), self.final(entry)
+        h = hashlib.sha256()
+        fd = _open_tmp(tmp)
+        offset = 0
+        try:
+            for r in ranges:
+                window.append(asyncio.ensure_future(part(*r)))
+                if len(window) >= PART_WINDOW:
+                    break
+            while window:
+                data = await window.popleft()
+                nxt = next(ranges, None)
+                if nxt is not None:
+                    window.append(asyncio.ensure_future(part(*nxt)))
+                await loop.run_in_executor(pool, _write_and_hash, fd, data, offset, h)
+                offset += len(data)
+            _check(entry, offset, h.hexdigest())
+        except BaseException:
+            for t in window:
+                t.cancel()
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return await loop.run_in_executor(pool, _finish, fd, tmp, final)
+
+    # ------------------------------------------------------------ other filesystems
+
+    def _run_threads(self, entries: list[ManifestFile]) -> None:
+        with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="warm") as pool:
+            futures = [pool.submit(self._one_sync, e) for e in entries]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def _one_sync(self, entry: ManifestFile) -> None:
+        try:
+            for attempt in Retrying(**self._retrying_kw()):
+                with attempt:
+                    mtime = self._stream_sync(entry)
+        except Exception as exc:
+            raise WarmFetchError(f"warm failed for key {entry.key!r}: {exc}") from exc
+        self.on_done(entry, mtime)
+
+    def _stream_sync(self, entry: ManifestFile) -> int:
+        tmp, final = self.tmp(entry), self.final(entry)
+        h = hashlib.sha256()
+        fd = _open_tmp(tmp)
+        offset = 0
+        try:
+            with self.fs.open(self.src(entry.key), "rb") as fh:
+                while chunk := fh.read(4 << 20):
+                    _write_and_hash(fd, chunk, offset, h)
+                    offset += len(chunk)
+            _check(entry, offset, h.hexdigest())
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return _finish(fd, tmp, final)
+
+
+def _write_and_hash(fd: int, data: bytes, offset: int, h: Any) -> None:
+    h.update(data)
+    _write_all(fd, data, offset)
