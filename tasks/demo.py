@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tasks.lifecycle import DEFAULT_CONFIG, resolve_config, run_lifecycle, stage_rollback
+from tasks.lifecycle import DEFAULT_CONFIG, registry_for, resolve_config, run_lifecycle, stage_rollback
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,7 @@ def _ensure_dataset(cfg) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry, upgrade
-
     cfg = resolve_config(args.config)
-    upgrade(cfg.publish.registry_url)
     _ensure_dataset(cfg)
     outcomes = []
     for steps in (max(1, cfg.train.steps // 2), cfg.train.steps):
@@ -49,7 +46,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     back = stage_rollback(cfg, reason="demo rollback")
     print(f"   {back['alias']}: v{back['from_version']} -> v{back['to_version']}", flush=True)
 
-    registry = Registry(cfg.publish.registry_url)
+    registry = registry_for(cfg)
     print("== alias history (append-only)")
     for row in registry.history(cfg.publish.model_name, cfg.publish.alias):
         row = row.to_dict()
@@ -57,7 +54,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     live = registry.live_version(cfg.publish.model_name, cfg.publish.alias)
     assert live is not None
     print(f"live model: {cfg.publish.model_name} v{live.version} ({cfg.publish.alias}) "
-          f"at {live.artifact_url} (sha256 {live.digest[:16]}...)")
+          f"at {live.artifact_url} (sha256 {live.artifact_digest[:16]}...)")
     print(f"registry: {cfg.publish.registry_url}")
     return 0
 

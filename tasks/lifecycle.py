@@ -100,12 +100,20 @@ def stage_evaluate(cfg: JobConfig, summary: dict[str, Any], warm: dict[str, Any]
     return metrics
 
 
+def registry_for(cfg: JobConfig):
+    """The registry of a job, its schema brought up to date first (idempotent, cheap)."""
+    from tasks.registry import Registry, upgrade
+
+    upgrade(cfg.publish.registry_url)
+    return Registry(cfg.publish.registry_url)
+
+
 def _live_loss(cfg: JobConfig, warm: dict[str, Any]) -> tuple[float | None, int | None]:
     """The live model's held-out loss on *this* run's held-out data (re-evaluated if the data changed)."""
     from tasks.evaluate import evaluate_weights
-    from tasks.registry import ArtifactStore, Registry
+    from tasks.registry import ArtifactStore
 
-    live = Registry(cfg.publish.registry_url).live_version(cfg.publish.model_name, cfg.publish.alias)
+    live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
     if live is None:
         return None, None
     if live.data_manifest_hash == warm["manifest_hash"] and "loss" in (live.metrics or {}):
@@ -113,7 +121,7 @@ def _live_loss(cfg: JobConfig, warm: dict[str, Any]) -> tuple[float | None, int 
     store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
     with tempfile.TemporaryDirectory() as tmp:
         weights = Path(tmp) / "weights.pt"
-        store.get(live.digest, weights)
+        store.get(live.artifact_digest, weights)
         metrics = evaluate_weights(cfg, weights, Path(warm["dataset_dir"]))
     return float(metrics["loss"]), live.version
 
@@ -158,9 +166,7 @@ def stage_rollback(
     actor: str | None = None, reason: str = "rollback",
 ) -> dict[str, Any]:
     """Move the alias back (to the version live before the current one, or to `to_version`), audited."""
-    from tasks.registry import Registry
-
-    record = Registry(cfg.publish.registry_url).rollback(
+    record = registry_for(cfg).rollback(
         cfg.publish.model_name, alias or cfg.publish.alias, to=to_version,
         actor=actor or default_holder(), reason=reason,
     )
