@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def test_retrain_dag_shape(airflow_db: str) -> None:
     dag = _dagbag().get_dag("retrain_tiny-gpt")
     assert dag.max_active_runs == 1
     order = ["plan", "warm", "not_dry_run", "train", "evaluate", "gate", "publish"]
-    for upstream, downstream in zip(order, order[1:], strict=False):
+    for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.get_task("train").retries >= 1
     assert set(dag.params.keys()) >= {"steps", "tp", "pp", "dp", "alias", "dry_run", "force"}
