@@ -151,7 +151,7 @@ def stage_publish(
         Path(summary["checkpoint_dir"]),
         metrics,
         data_manifest_hash=warm["manifest_hash"],
-        serving_bytes=int(serving["total_bytes"]),
+        serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
         reason=reason,
     )
