@@ -1,0 +1,100 @@
+"""Bad input at the door: a clear error naming the culprit, a non-zero exit, the registry unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRAINER = str(Path(sys.executable).with_name("retrainer"))
+
+
+def demo_config(tmp_path: Path, **changes) -> dict:
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg["data"].update(source_url=str(tmp_path / "store" / "data"), cache_dir=str(tmp_path / "cache"))
+    cfg["train"]["output_dir"] = str(tmp_path / "runs")
+    cfg["publish"].update(registry_url=f"sqlite:///{tmp_path / 'registry.db'}",
+                          store_url=str(tmp_path / "store" / "models"))
+    for section, values in changes.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def write(tmp_path: Path, cfg: dict, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def test_wrong_field_type_names_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, demo_config(tmp_path, train={"steps": "many"}))
+    proc = subprocess.run([RETRAINER, "plan", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "train.steps" in proc.stderr and str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_key_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = demo_config(tmp_path)
+    cfg["train"]["learning_rat"] = 0.1
+    code, err = run_cli(capsys, "plan", str(write(tmp_path, cfg)))
+    assert code == 2
+    assert "train.learning_rat" in err and "Extra inputs are not permitted" in err
+
+
+def test_malformed_yaml_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: {d_model: 64\n  n_heads: [")
+    code, err = run_cli(capsys, "plan", str(path))
+    assert code == 2
+    assert str(path) in err and "malformed YAML" in err
+
+
+def test_missing_data_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tasks.data import make_data
+
+    cfg = demo_config(tmp_path)
+    make_data(cfg["data"]["source_url"], name="tiny-gpt", n_train_shards=2, tokens_per_shard=4096)
+    missing = Path(cfg["data"]["source_url"]) / "train" / "shard-00001.bin"
+    missing.unlink()
+    code, err = run_cli(capsys, "warm", str(write(tmp_path, cfg)))
+    assert code != 0
+    assert "train/shard-00001.bin" in err
+    # Nothing of the missing file under its final name in the cache.
+    assert not list((tmp_path / "cache").rglob("shard-00001.bin"))
+
+
+def test_rollback_to_missing_version_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
+
+    db = f"sqlite:///{tmp_path / 'registry.db'}"
+    upgrade(db)
+    registry = Registry(db)
+    store = ArtifactStore(str(tmp_path / "models"), {})
+    for i in (1, 2):
+        weights = tmp_path / f"w{i}.pt"
+        torch.save({"w": torch.full((4,), float(i))}, weights)
+        record = registry.publish_version("m", store.put(weights), Lineage("c", "d", "r", f"t{i}"), {"loss": 1.0 / i},
+                                          created_by="test")
+        registry.switch_alias("m", "production", record.version, actor="test", reason="setup")
+    before = [h.to_dict() for h in registry.history("m")]
+
+    code, err = run_cli(capsys, "rollback", "--db", db, "--model", "m", "--to", "7")
+    assert code != 0
+    assert "7" in err and "'m'" in err
+    assert [h.to_dict() for h in registry.history("m")] == before
+    assert registry.live_version("m", "production").version == 2
+
