@@ -1,0 +1,234 @@
+"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models.
+
+The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
+`sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
+publish.registry_url unless `--db` is given). The schema is upgraded before every
+command, so a fresh database just works. `--json` prints machine-readable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import InvalidInputError
+
+MAIN_ALIAS = "production"
+
+
+def default_db_url() -> str:
+    from tasks.config import retrainer_home
+
+    return os.environ.get("RETRAINER_DB_URL") or f"sqlite:///{retrainer_home() / 'registry.db'}"
+
+
+def _db(args: argparse.Namespace) -> str:
+    from tasks.registry.migrate import upgrade
+
+    url = args.db or default_db_url()
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    upgrade(url)
+    return url
+
+
+def _expect(text: str) -> int | None:
+    if text.lower() in ("none", "empty"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--expect: a version number or 'none', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--expect: must be >= 1, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a version number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a version number must be >= 1, got {value}")
+    return value
+
+
+def _emit(args: argparse.Namespace, obj: Any, human: str) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) if args.json else human)
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header, *[["-" if c is None else str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def _switch_text(rec: Any) -> str:
+    if not rec.changed:
+        return f"{rec.model} {rec.alias}: already at version {rec.to_version}; nothing changed"
+    frm = "nothing" if rec.from_version is None else f"version {rec.from_version}"
+    return f"{rec.model} {rec.alias}: {frm} -> version {rec.to_version} ({rec.action}, seq {rec.seq})"
+
+
+# -- handlers ---------------------------------------------------------------
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from tasks.registry.migrate import current, upgrade
+
+    url = args.db or default_db_url()
+    applied = upgrade(url)
+    head = current(url)
+    _emit(args, {"applied": applied, "current": head},
+          f"applied: {', '.join(applied)}" if applied else f"schema already at {head}; nothing applied")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from tasks.config import load_config
+    from tasks.publish import publish, read_complete_marker
+
+    cfg = load_config(args.config)
+    try:
+        metrics = json.loads(Path(args.metrics).read_text())
+    except OSError as exc:
+        raise InvalidInputError(f"{args.metrics}: cannot read metrics file: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InvalidInputError(f"{args.metrics}: metrics file is not JSON: {exc}") from None
+    manifest_hash = args.manifest_hash
+    if manifest_hash is None:
+        manifest_hash = str(read_complete_marker(Path(args.checkpoint)).get("data_manifest_hash") or "unknown")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    result = publish(cfg, Path(args.checkpoint), metrics, data_manifest_hash=manifest_hash,
+                     serving_bytes=args.serving_bytes, actor=args.actor, reason=args.reason, registry_url=args.db)
+    verb = "published" if result.created else "already published as"
+    prev = "nothing" if result.previous_version is None else f"version {result.previous_version}"
+    _emit(args, result.to_dict(),
+          f"{result.model}: {verb} version {result.version} ({result.digest[:12]}); "
+          f"{result.alias}: {prev} -> version {result.version}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from tasks.publish import default_actor
+    from tasks.registry import Registry
+
+    with Registry(_db(args)) as reg:
+        rec = reg.switch_alias(args.model, args.alias, args.version, expect=args.expect,
+                               actor=args.actor or default_actor(), reason=args.reason)
+    _emit(args, rec.to_dict(), _switch_text(rec))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from tasks.publish import default_actor
+    from tasks.registry import Registry
+
+    with Registry(_db(args)) as reg:
+        rec = reg.rollback(args.model, args.alias, to=args.to, expect=args.expect,
+                           actor=args.actor or default_actor(), reason=args.reason)
+    _emit(args, rec.to_dict(), _switch_text(rec))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tasks.registry import Registry
+
+    with Registry(_db(args)) as reg:
+        info = reg.show(args.model)
+    lines = [f"model {info['model']}", "aliases:"]
+    lines += [f"  {name} -> {a['version']}  (by {a['updated_by']} at {a['updated_at']})"
+              for name, a in info["aliases"].items()] or ["  (none)"]
+    rows = [[v["version"], v["artifact_digest"][:12], v["size_bytes"], v["checkpoint_tag"],
+             json.dumps(v["metrics"], sort_keys=True)[:60], v["created_by"], v["created_at"]] for v in info["versions"]]
+    lines += ["versions:", _table(rows, ["VERSION", "DIGEST", "BYTES", "CHECKPOINT", "METRICS", "BY", "AT"])]
+    _emit(args, info, "\n".join(lines))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from tasks.registry import Registry
+
+    with Registry(_db(args)) as reg:
+        recs = reg.history(args.model, args.alias)
+    rows = [[r.alias, r.seq, r.action, r.from_version, r.to_version, r.actor, r.at, r.reason] for r in recs]
+    _emit(args, [r.to_dict() for r in recs],
+          _table(rows, ["ALIAS", "SEQ", "ACTION", "FROM", "TO", "ACTOR", "AT", "REASON"]))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from tasks.registry import Registry
+
+    with Registry(_db(args)) as reg:
+        models = reg.models()
+    rows = [[m["model"], m["versions"], ", ".join(f"{a}={v}" for a, v in sorted(m["aliases"].items()))]
+            for m in models]
+    _emit(args, models, _table(rows, ["MODEL", "VERSIONS", "ALIASES"]))
+    return 0
+
+
+# -- wiring -----------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser, *, db_help: str = "registry database URL") -> None:
+    p.add_argument("--db", help=f"{db_help} (default: $RETRAINER_DB_URL or sqlite under $RETRAINER_HOME)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _switch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    p.add_argument("--alias", default=MAIN_ALIAS, help=f"pointer to move (default {MAIN_ALIAS})")
+    p.add_argument("--expect", type=_expect, default="ANY",
+                   help="compare-and-swap: only switch if the alias points to this version ('none': empty)")
+    p.add_argument("--actor", help="who (default $RETRAINER_ACTOR or the OS user)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    db = subparsers.add_parser("db", help="registry database maintenance")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="SUBCOMMAND")
+    up = db_sub.add_parser("upgrade", help="apply registry schema migrations (idempotent)")
+    _common(up)
+    up.set_defaults(handler=cmd_db_upgrade)
+
+    pub = subparsers.add_parser("publish", help="publish a checkpoint as a new version and move the alias")
+    pub.add_argument("config", help="job config YAML")
+    pub.add_argument("--checkpoint", required=True, help="checkpoint dir with consolidated.pt and COMPLETE")
+    pub.add_argument("--metrics", required=True, help="JSON file with evaluation metrics")
+    pub.add_argument("--manifest-hash", help="data manifest hash (default: from the COMPLETE marker, or 'unknown')")
+    pub.add_argument("--serving-bytes", type=int, help="serving memory estimate in bytes")
+    pub.add_argument("--reason", default="publish")
+    pub.add_argument("--actor")
+    _common(pub, db_help="registry URL overriding the config's publish.registry_url")
+    pub.set_defaults(handler=cmd_publish)
+
+    pro = subparsers.add_parser("promote", help="point an alias at a given version")
+    _switch_args(pro)
+    pro.add_argument("--version", required=True, type=_positive)
+    pro.add_argument("--reason", default="promote")
+    _common(pro)
+    pro.set_defaults(handler=cmd_promote)
+
+    rb = subparsers.add_parser("rollback", help="move an alias back (default: to the version live before)")
+    _switch_args(rb)
+    rb.add_argument("--to", type=_positive, help="roll back to this version instead")
+    rb.add_argument("--reason", default="rollback")
+    _common(rb)
+    rb.set_defaults(handler=cmd_rollback)
+
+    reg = subparsers.add_parser("registry", help="inspect the model registry")
+    reg_sub = reg.add_subparsers(dest="registry_command", required=True, metavar="SUBCOMMAND")
+    show = reg_sub.add_parser("show", help="aliases and versions of a model")
+    show.add_argument("--model", required=True)
+    _common(show)
+    show.set_defaults(handler=cmd_show)
+    hist = reg_sub.add_parser("history", help="audit trail of alias moves")
+    hist.add_argument("--model", required=True)
+    hist.add_argument("--alias")
+    _common(hist)
+    hist.set_defaults(handler=cmd_history)
+    models = reg_sub.add_parser("models", help="all models with version counts and aliases")
+    _common(models)
+    models.set_defaults(handler=cmd_models)

@@ -1,0 +1,135 @@
+"""Registry API semantics on SQLite and PostgreSQL: versions, switches, CAS, rollback, history."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+
+from tasks.registry import (
+    ArtifactRef,
+    ConflictError,
+    Lineage,
+    NotFoundError,
+    NothingToRollBackError,
+    Registry,
+    upgrade,
+)
+
+LINEAGE = Lineage(config_hash="cfg", data_manifest_hash="data", code_revision="rev", checkpoint_tag="step-10")
+
+
+def ref(n: int) -> ArtifactRef:
+    digest = hashlib.sha256(f"artifact-{n}".encode()).hexdigest()
+    return ArtifactRef(digest=digest, url=f"file:///store/sha256/{digest[:2]}/{digest}", size=100 + n)
+
+
+@pytest.fixture
+def reg(registry_url: str) -> Iterator[Registry]:
+    upgrade(registry_url)
+    with Registry(registry_url) as r:
+        yield r
+
+
+def publish(reg: Registry, n: int, model: str = "m") -> int:
+    return reg.publish_version(model, ref(n), LINEAGE, {"loss": 1.0 / n, "n": n}, "alice").version
+
+
+def test_version_record_carries_lineage_and_is_idempotent_on_digest(reg: Registry) -> None:
+    lineage = Lineage("cfg-hash", "manifest-hash", "abc123", "step-40", serving_bytes=12345)
+    v = reg.publish_version("m", ref(1), lineage, {"loss": 0.5, "per_split": {"val": 0.6}}, "alice")
+    assert (v.version, v.created) == (1, True)
+    again = reg.publish_version("m", ref(1), LINEAGE, {"loss": 9.9}, "bob")
+    assert (again.version, again.created) == (1, False)
+    stored = reg.get_version("m", 1)
+    assert stored == v  # the first record wins, untouched by the second publish
+    assert (stored.config_hash, stored.data_manifest_hash, stored.code_revision, stored.checkpoint_tag) == (
+        "cfg-hash", "manifest-hash", "abc123", "step-40")
+    assert stored.serving_bytes == 12345 and stored.metrics == {"loss": 0.5, "per_split": {"val": 0.6}}
+    assert stored.created_by == "alice" and stored.created_at.endswith("+00:00")
+    assert stored.artifact_digest == ref(1).digest and stored.size_bytes == ref(1).size
+    # The same digest under another model is a different version of that model.
+    assert reg.publish_version("other", ref(1), LINEAGE, {}, "alice").version == 1
+
+
+def test_version_numbers_are_per_model_and_gap_free(reg: Registry) -> None:
+    assert [publish(reg, n) for n in (1, 2, 3)] == [1, 2, 3]
+    assert publish(reg, 4, model="b") == 1
+    with pytest.raises(Exception, match="non-finite"):
+        reg.publish_version("m", ref(9), LINEAGE, {"loss": float("nan")}, "alice")
+    assert publish(reg, 5) == 4  # the refused publish left no gap
+    assert [v.version for v in reg.list_versions("m")] == [1, 2, 3, 4]
+
+
+def test_switch_records_history_and_cas_refuses_stale_expectation(reg: Registry) -> None:
+    for n in (1, 2, 3):
+        publish(reg, n)
+    s1 = reg.switch_alias("m", "production", 1, expect=None, actor="alice", reason="first")
+    assert (s1.from_version, s1.to_version, s1.seq) == (None, 1, 1)
+    s2 = reg.switch_alias("m", "production", 2, expect=1, actor="bob", reason="better")
+    assert (s2.from_version, s2.to_version, s2.seq) == (1, 2, 2)
+    with pytest.raises(ConflictError, match="expected version 1 but it points to version 2"):
+        reg.switch_alias("m", "production", 3, expect=1, actor="carol", reason="stale")
+    with pytest.raises(ConflictError, match="expected no version"):
+        reg.switch_alias("m", "production", 3, expect=None, actor="carol", reason="stale")
+    assert reg.live_version("m", "production").version == 2
+    noop = reg.switch_alias("m", "production", 2, actor="dave", reason="again")
+    assert noop.changed is False and noop.seq == 2
+    hist = reg.history("m", "production")
+    assert [(h.seq, h.from_version, h.to_version, h.actor, h.reason) for h in hist] == [
+        (1, None, 1, "alice", "first"), (2, 1, 2, "bob", "better")]
+    assert all(h.at.endswith("+00:00") for h in hist)
+
+
+def test_switch_refuses_missing_or_foreign_versions(reg: Registry) -> None:
+    publish(reg, 1, model="a")
+    publish(reg, 2, model="b")
+    publish(reg, 3, model="b")  # b has version 2, a does not
+    with pytest.raises(NotFoundError, match="model 'a' has no version 2"):
+        reg.switch_alias("a", "production", 2, actor="x", reason="")
+    with pytest.raises(NotFoundError, match="'ghost' is not in the registry"):
+        reg.switch_alias("ghost", "production", 1, actor="x", reason="")
+    assert reg.live_version("a", "production") is None
+    assert reg.history("a") == []
+
+
+def test_rollback_default_explicit_and_nothing_to_roll_back(reg: Registry) -> None:
+    for n in (1, 2, 3):
+        publish(reg, n)
+    with pytest.raises(NothingToRollBackError, match="points to nothing"):
+        reg.rollback("m", "production", actor="ops")
+    reg.switch_alias("m", "production", 1, actor="ci", reason="publish")
+    with pytest.raises(NothingToRollBackError, match="first version it ever pointed to"):
+        reg.rollback("m", "production", actor="ops")
+    reg.switch_alias("m", "production", 3, actor="ci", reason="publish")
+    rb = reg.rollback("m", "production", actor="ops", reason="bad outputs")
+    assert (rb.action, rb.from_version, rb.to_version, rb.actor, rb.reason) == (
+        "rollback", 3, 1, "ops", "bad outputs")
+    assert reg.live_version("m", "production").version == 1
+    rb2 = reg.rollback("m", "production", to=2, expect=1, actor="ops", reason="pin v2")
+    assert (rb2.from_version, rb2.to_version) == (1, 2)
+    with pytest.raises(ConflictError):
+        reg.rollback("m", "production", expect=1, actor="ops")
+    with pytest.raises(NothingToRollBackError, match="already points to version 2"):
+        reg.rollback("m", "production", to=2, actor="ops")
+    with pytest.raises(NotFoundError, match="no version 7"):
+        reg.rollback("m", "production", to=7, actor="ops")
+    hist = reg.history("m", "production")
+    assert [(h.from_version, h.to_version) for h in hist] == [(None, 1), (1, 3), (3, 1), (1, 2)]
+    assert hist[-1].to_version == reg.live_version("m", "production").version
+
+
+def test_show_and_models_are_json_able(reg: Registry) -> None:
+    import json
+
+    publish(reg, 1)
+    publish(reg, 2)
+    reg.switch_alias("m", "production", 2, actor="a", reason="")
+    reg.switch_alias("m", "staging", 1, actor="a", reason="")
+    info = json.loads(json.dumps(reg.show("m")))
+    assert {k: v["version"] for k, v in info["aliases"].items()} == {"production": 2, "staging": 1}
+    assert [v["version"] for v in info["versions"]] == [1, 2]
+    assert reg.models() == [{"model": "m", "versions": 2, "aliases": {"production": 2, "staging": 1}}]
+    with pytest.raises(NotFoundError):
+        reg.show("nope")
