@@ -79,6 +79,7 @@ class Step:
     dp_grad_payload_bytes: int  # gradient bytes handed to the DP reduction collectives
     dp_param_allgather_payload_bytes: int  # ZeRO: updated parameter shards gathered back
     dp_ring_bytes: int  # bytes each rank sends: ring all-reduce 2(N-1)/N x payload
+    tp_payload_bytes: int  # per step, bytes one rank hands to TP all-reduces (busiest stage)
     tp_collective_bytes: int  # per step, ring bytes each rank sends for TP all-reduces
     pp_p2p_bytes: int  # activations + their gradients sent by the busiest stage
     dp_comm_s: float
@@ -116,21 +117,24 @@ class Plan:
 
 
 def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -> tuple[int, int]:
-    """(gradient payload, parameter all-gather payload) per rank per step.
+    """(gradient payload, parameter all-gather payload): bytes of the tensors one rank hands to the
+    data-parallel collectives per step.
 
-    ZeRO-0/1 reduce the accumulated gradients once per step; ZeRO-2/3 reduce
-    every micro-batch (gradients are partitioned as they are produced). ZeRO-1/2
-    then all-gather the updated shards; ZeRO-3 gathers parameters in forward and backward.
+    ZeRO-0/1 reduce the accumulated gradients once per step (DeepSpeed 0.19 ZeRO-1: an all-reduce of
+    the full gradients, measured); ZeRO-2/3 reduce every micro-batch as gradients are produced.
+    ZeRO-1/2 then all-gather the updated shards (each rank contributes its shard); ZeRO-3 gathers
+    parameters in forward and again in backward.
     """
     if dp == 1:
         return 0, 0
+    shard = -(-params // dp)
     grads = params * b.grad * (micro_batches if zero >= 2 else 1)
     if zero == 0:
         gather = 0
     elif zero in (1, 2):
-        gather = params * b.weight
+        gather = shard * b.weight
     else:
-        gather = 2 * micro_batches * params * b.weight
+        gather = 2 * micro_batches * shard * b.weight
     return grads, gather
 
 
@@ -174,6 +178,17 @@ def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool) ->
         # Final LN input/output, logits, and the fp32 softmax inside cross-entropy.
         stored += 2 * e * s * b * h + e * s * b * m.vocab_size + 4 * s * b * m.vocab_size
     return stored
+
+
+def _tp_payload(cfg: JobConfig, blocks: int, b: Bytes) -> int:
+    """Bytes one rank hands to TP all-reduces per step: per block and micro-batch, two in forward
+    (attention and MLP outputs) and two in backward (their inputs' gradients), each s x b x h;
+    two more forward ones when recomputing."""
+    if cfg.parallel.tp == 1:
+        return 0
+    m, t = cfg.model, cfg.train
+    per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * m.seq_len * t.micro_batch_size
+    return per_block * m.d_model * blocks * cfg.parallel.micro_batches
 
 
 def _bandwidth(cfg: JobConfig, span: int) -> float:
@@ -232,9 +247,10 @@ def plan(
         n = st.params(counts)
         shard = -(-n // dp)  # ZeRO pads partitions to equal size
         weights = n * b.weight if zero < 3 else shard * b.weight
-        # ZeRO-0/1 hold full gradients; ZeRO-2/3 keep only their shard (plus the bucket, below).
+        # ZeRO-0/1 hold full gradients until the reduction (measured: DeepSpeed 0.19 ZeRO-1 all-reduces
+        # the full gradients, then keeps its shard); ZeRO-2/3 keep only their shard (plus the bucket).
         grads = n * b.grad if zero < 2 else shard * b.grad
-        if zero >= 1:
+        if zero >= 1 and precision == "bf16":
             grads += shard * 4  # fp32 gradient of the optimizer's partition, built at step time
         # Plain Adam: two fp32 moments (+ fp32 master in mixed precision). ZeRO keeps an fp32
         # partition copy even in fp32 runs, so 12 B per parameter of its shard.
@@ -246,6 +262,7 @@ def plan(
         p2p = 2 * b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.pp > 1 else 0
         tp_buf = b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.tp > 1 else 0
         comm = bucket + p2p + tp_buf
+        grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
         return {
             "stage": st.index,
             "blocks": st.blocks,
@@ -260,6 +277,9 @@ def plan(
             "activations_with_recompute": act_re,
             "comm_buffers": comm,
             "total": weights + grads + optim + act + comm,
+            "dp_grad_payload_bytes": grad_payload,
+            "dp_param_allgather_payload_bytes": gather_payload,
+            "tp_payload_bytes": _tp_payload(cfg, st.blocks, b),
         }
 
     per_stage = [stage_memory(st) for st in stages]
@@ -349,14 +369,14 @@ def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, in
 
     grads_payload, gather_payload = _dp_payload(busiest["params"], b, p.zero_stage, p.micro_batches, p.dp)
     ring = (p.dp - 1) / p.dp
-    # all-reduce: 2(N-1)/N x payload; reduce-scatter + all-gather: (N-1)/N of each.
-    dp_ring = int(2 * ring * grads_payload) if p.zero_stage == 0 else int(ring * (grads_payload + gather_payload))
+    # Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload;
+    # all-gather (N-1) x the shard each rank contributes.
+    reduce_factor = 2 * ring if p.zero_stage <= 1 else ring
+    dp_ring = int(reduce_factor * grads_payload + (p.dp - 1) * gather_payload)
 
     # TP: two all-reduces of (s b h) per block in forward and two in backward (+2 when recomputing).
-    tp_ring = 0
-    if p.tp > 1:
-        per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * s * mb * h
-        tp_ring = int(2 * (p.tp - 1) / p.tp * per_block * busiest["blocks"] * p.micro_batches)
+    tp_payload = busiest["tp_payload_bytes"]
+    tp_ring = int(2 * (p.tp - 1) / p.tp * tp_payload)
     # PP: each stage boundary sends the activation forward and its gradient back per micro-batch.
     pp_bytes = 2 * b.activation * s * mb * h * p.micro_batches if p.pp > 1 else 0
 
@@ -375,6 +395,7 @@ def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, in
         dp_grad_payload_bytes=grads_payload,
         dp_param_allgather_payload_bytes=gather_payload,
         dp_ring_bytes=dp_ring,
+        tp_payload_bytes=tp_payload,
         tp_collective_bytes=tp_ring,
         pp_p2p_bytes=pp_bytes,
         dp_comm_s=dp_s,
@@ -392,8 +413,8 @@ def _assumptions(precision: str, mfu: float, capacity: int) -> list[str]:
     return [
         f"precision {precision}: weights/grads {PRECISION_BYTES[precision].weight} B/param; optimizer is "
         "Adam (2 fp32 moments) + fp32 master copy (bf16, or any ZeRO stage: DeepSpeed keeps an fp32 partition)",
-        "ZeRO-1 divides optimizer states by dp, ZeRO-2 also gradients, ZeRO-3 also weights; "
-        "ZeRO>=1 adds the fp32 gradient of the optimizer partition at step time",
+        "ZeRO-1 divides optimizer states by dp, ZeRO-2 also gradients, ZeRO-3 also weights; gradients are "
+        "counted at their peak (end of backward); bf16 with ZeRO adds the fp32 gradient of the partition",
         "layout order: TP innermost, then DP, then PP (DeepSpeed PipeModelDataParallelTopology)",
         "pipeline stages split blocks like DeepSpeed partition_method='type:TransformerBlock'; "
         "embeddings on stage 0, final LN + head on the last; 1F1B keeps min(m, p - stage) micro-batches in flight",

@@ -1,0 +1,175 @@
+"""Each planner term against arithmetic worked by hand (shown in the test)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks.plan import param_counts, pipeline_stages, plan, search, serving_estimate, total_params
+from tests.plan.conftest import make_config
+
+# d=64, heads=4 (hd=16), kv=4, ffn=256, vocab=256, seq=64, 4 layers: the demo model.
+DEMO = {"vocab_size": 256, "seq_len": 64, "n_layers": 4, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
+
+
+def test_param_count_exact_by_hand() -> None:
+    cfg = make_config(model=DEMO)
+    # embedding: 256*64 tok + 64*64 pos = 16384 + 4096 = 20480
+    # block: ln1 128 + qkv (64*192 + 192 = 12480) + out (64*64 + 64 = 4160) + ln2 128
+    #        + fc1 (64*256 + 256 = 16640) + fc2 (256*64 + 64 = 16448) = 49984
+    # head: ln 128 + 64*256 = 16512
+    c = param_counts(cfg.model)
+    assert (c.embedding, c.block, c.head) == (20480, 49984, 16512)
+    assert total_params(cfg.model) == 20480 + 4 * 49984 + 16512 == 236928
+
+
+def test_param_count_matches_the_real_model() -> None:
+    torch = pytest.importorskip("torch")
+    from tasks.train.model import GPT
+
+    for model in (DEMO, {**DEMO, "n_kv_heads": 2, "d_ff": 96, "n_layers": 3}):
+        cfg = make_config(model=model)
+        assert total_params(cfg.model) == sum(p.numel() for p in GPT(cfg.model).parameters())
+    assert torch is not None
+
+
+def test_tp_shards_column_and_row_weights_but_not_norms_or_row_biases() -> None:
+    cfg = make_config(model={**DEMO, "n_kv_heads": 2}, parallel={"tp": 2})
+    # qkv out = (4 + 2*2)*16 = 128: weight 64*128 + bias 128 = 8320 -> 4160 per rank
+    # out: 64*64 = 4096 -> 2048, its bias 64 replicated; fc1 16640 -> 8320; fc2 weight 16384 -> 8192, bias 64
+    # replicated: 2 LNs 256 + 64 + 64 = 384;  per rank: 384 + 4160 + 2048 + 8320 + 8192 = 23104
+    assert param_counts(cfg.model, 2).block == 23104
+
+
+def test_pipeline_stages_follow_deepspeed_type_partition() -> None:
+    # 5 blocks over 2 stages: DeepSpeed gives [embed, b0, b1, b2 | b3, b4, head]
+    stages = pipeline_stages(5, 2)
+    assert [(s.blocks, s.has_embedding, s.has_head) for s in stages] == [(3, True, False), (2, False, True)]
+    assert [s.blocks for s in pipeline_stages(6, 4)] == [2, 2, 1, 1]
+
+
+def test_memory_terms_bf16_zero1_by_hand() -> None:
+    cfg = make_config(model=DEMO, parallel={"dp": 4, "zero_stage": 1}, train={"precision": "bf16"})
+    r = plan(cfg)
+    n = 236928
+    assert r.memory.weights == 2 * n == 473856
+    # full bf16 grads until the reduction + fp32 grad of the 1/4 partition: 2n + 4 * n/4 = 3n
+    assert r.memory.gradients == 2 * n + 4 * (n // 4) == 710784
+    # fp32 master + 2 moments over 4 ranks: 12 * n / 4 = 3n
+    assert r.memory.optimizer_states == 12 * (n // 4) == 710784
+    # ZeRO-0 keeps all 12 B/param; ZeRO-3 also splits the weights.
+    r0 = plan(cfg.with_overrides({"parallel.zero_stage": 0}))
+    assert r0.memory.optimizer_states == 12 * n and r0.memory.gradients == 2 * n
+    r3 = plan(cfg.with_overrides({"parallel.zero_stage": 3}))
+    assert r3.memory.weights == 2 * (n // 4)
+
+
+def test_memory_terms_fp32_zero0_and_zero1() -> None:
+    n = 236928
+    r0 = plan(make_config(model=DEMO, parallel={"dp": 2, "zero_stage": 0}, train={"precision": "fp32"}))
+    # fp32, plain AdamW: 4 B weights, 4 B grads, 8 B moments (no master copy)
+    assert (r0.memory.weights, r0.memory.gradients, r0.memory.optimizer_states) == (4 * n, 4 * n, 8 * n)
+    r1 = plan(make_config(model=DEMO, parallel={"dp": 2, "zero_stage": 1}, train={"precision": "fp32"}))
+    # ZeRO-1 keeps an fp32 copy of its half + 2 moments: 12 * n/2
+    assert r1.memory.optimizer_states == 12 * (n // 2) == 1421568
+
+
+def test_activations_match_korthikanti_formula_for_standard_shapes() -> None:
+    # bf16, ffn = 4h, dropout on, tp=1: 34 s b h + 5 a s^2 b per layer.
+    model = {**DEMO, "dropout": 0.1, "n_layers": 2}
+    cfg = make_config(model=model, train={"precision": "bf16", "micro_batch_size": 2})
+    s, b, h, a, v = 64, 2, 64, 4, 256
+    per_layer = 34 * s * b * h + 5 * a * s * s * b  # 278528 + 163840 = 442368
+    embed_out = 2 * s * b * h
+    head = 2 * 2 * s * b * h + 2 * s * b * v + 4 * s * b * v  # final LN in/out, logits, fp32 softmax
+    assert plan(cfg).memory.activations_without_recompute == 2 * per_layer + embed_out + head
+    # recomputation: keep 2 s b h per layer input + one layer rebuilt at a time
+    assert plan(cfg).memory.activations_with_recompute == 2 * (2 * s * b * h) + per_layer + embed_out + head
+    # with tp=2 (no sequence parallel): 10 s b h + (24 s b h + 5 a s^2 b)/2
+    tp2 = plan(cfg.with_overrides({"parallel.tp": 2}))
+    per_layer_tp2 = 10 * s * b * h + (24 * s * b * h + 5 * a * s * s * b) // 2
+    assert tp2.memory.activations_without_recompute == 2 * per_layer_tp2 + embed_out + head
+
+
+def test_step_comm_flops_and_bubble_by_hand() -> None:
+    cfg = make_config(
+        model=DEMO, parallel={"tp": 2, "pp": 2, "dp": 2, "zero_stage": 0, "micro_batches": 6},
+        train={"precision": "bf16", "micro_batch_size": 2},
+        cluster={"gpus_per_node": 8, "intra_node_gbps": 100, "peak_tflops": 100, "assumed_mfu": 0.5},
+    )
+    r = plan(cfg)
+    st = r.step
+    # bubble (p-1)/(m+p-1) = 1/7
+    assert st.bubble_fraction == pytest.approx(1 / 7)
+    # tokens = mbs 2 x m 6 x dp 2 x seq 64 = 1536; FLOPs = (6N + 12 L s h) x tokens
+    assert st.tokens_per_step == 1536
+    assert st.flops_total == (6 * 236928 + 12 * 4 * 64 * 64) * 1536
+    # stage 0 (embed + 2 blocks) per TP rank: 20480 + 2 * block_tp2
+    block_tp2 = 128 * 2 + 64 + 64 + (12480 + 4096 + 16640 + 16384) // 2  # 25184
+    n0 = 20480 + 2 * block_tp2
+    assert r.params_per_rank == n0 == 70848
+    # ZeRO-0 ring all-reduce: payload 2 B x n0, wire 2 (N-1)/N x payload = payload for N = 2
+    assert st.dp_grad_payload_bytes == 2 * n0 and st.dp_ring_bytes == 2 * n0
+    # TP: 4 all-reduces of s b h bf16 per block per micro-batch: 4 x 2 x 64 x 2 x 64 x 2 blocks x 6
+    assert st.tp_payload_bytes == 4 * 2 * 64 * 2 * 64 * 2 * 6
+    # PP: activation forward + gradient back, s b h bf16 each, per micro-batch
+    assert st.pp_p2p_bytes == 2 * 2 * 64 * 2 * 64 * 6
+    # all groups inside one node of 8: 100 GB/s
+    assert st.comm_s == pytest.approx((st.dp_ring_bytes + st.tp_collective_bytes + st.pp_p2p_bytes) / 100e9)
+    compute = st.flops_total / 8 / (100e12 * 0.5)
+    assert st.compute_s == pytest.approx(compute)
+    assert st.step_s == pytest.approx(compute * 7 / 6 + st.comm_s)
+    assert st.comm_share == pytest.approx(st.comm_s / st.step_s)
+
+
+def test_inter_node_links_slow_the_dp_reduction() -> None:
+    base = {"model": DEMO, "parallel": {"dp": 16}, "train": {"precision": "bf16"}}
+    inside = plan(make_config(**base, cluster={"gpus_per_node": 16, "intra_node_gbps": 400}))
+    across = plan(make_config(**base, cluster={"gpus_per_node": 8, "inter_node_gbps": 50}))
+    # across nodes each GPU gets 50/8 GB/s instead of 400: 64x slower
+    assert across.step.dp_comm_s == pytest.approx(inside.step.dp_comm_s * 64)
+
+
+def test_does_not_fit_names_the_term_and_the_overflow() -> None:
+    # 1.5B-ish model, bf16, one 16 GiB GPU: 12 B/param optimizer alone overflows
+    big = {"vocab_size": 50304, "seq_len": 1024, "n_layers": 24, "d_model": 2048, "n_heads": 16}
+    r = plan(make_config(model=big, train={"precision": "bf16", "micro_batch_size": 1},
+                         cluster={"gpu_memory_gb": 16}))
+    assert not r.fits and r.verdict == "does_not_fit"
+    assert r.overflow is not None and r.overflow["term"] == "optimizer_states"
+    assert r.overflow["by_bytes"] == r.memory.total - 16 * 1024**3 > 0
+
+
+def test_warnings_for_bubble_and_communication() -> None:
+    r = plan(make_config(model=DEMO, parallel={"pp": 4, "micro_batches": 1}, train={"precision": "bf16"}))
+    # bubble 3/4 > 25%
+    assert r.step.bubble_fraction == 0.75 and r.fits and r.verdict == "fits_with_warnings"
+    assert any("bubble" in w for w in r.warnings)
+
+
+def test_search_ranks_only_feasible_layouts_that_keep_the_global_batch() -> None:
+    big = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16}
+    cfg = make_config(model=big, parallel={"dp": 1, "zero_stage": 1, "micro_batches": 8},
+                      train={"precision": "bf16", "micro_batch_size": 1}, cluster={"gpu_memory_gb": 16})
+    assert not plan(cfg).fits
+    ranked = search(cfg, 8)
+    assert ranked and all(r.fits for r in ranked)
+    for r in ranked:
+        lay = r.layout
+        assert lay["tp"] * lay["pp"] * lay["dp"] == 8
+        assert lay["micro_batch_size"] * lay["micro_batches"] * lay["dp"] == 8
+    keys = [(bool(r.warnings), r.step.step_s) for r in ranked]
+    assert keys == sorted(keys)
+
+
+def test_serving_estimate_by_hand() -> None:
+    cfg = make_config(model={**DEMO, "n_kv_heads": 2})
+    est = serving_estimate(cfg, concurrency=8, context=1000)
+    # KV per token: 4 layers x 2 kv heads x 16 hd x 2 (K, V) x 2 B = 512
+    assert est["kv_cache_bytes_per_token"] == 512
+    assert est["kv_cache_bytes"] == 512 * 8 * 1000
+    n = total_params(cfg.model)
+    assert est["weights_bytes"] == 2 * n
+    assert est["serving_bytes"] == 2 * n + 4_096_000
+    assert math.isclose(serving_estimate(cfg, 1, dtype="fp32")["kv_cache_bytes_per_token"], 1024)
