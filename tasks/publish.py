@@ -21,12 +21,14 @@ from typing import Any
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.registry import ArtifactStore, Lineage, Registry, alias_asset_uri, upgrade
+from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
 
 ARTIFACT_NAME = "consolidated.pt"
 COMPLETE_MARKER = "COMPLETE"
 FAULT_ENV = "RETRAINER_FAULT"  # test-only fault injection point
+FAULT_RELEASE_ENV = "RETRAINER_FAULT_RELEASE"  # optional: a file whose appearance releases the fault
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,13 @@ def read_complete_marker(checkpoint_dir: Path) -> dict[str, Any]:
 
 
 def _fault(point: str) -> None:
-    """Test hook: block forever at `point` so a test can SIGKILL the process exactly there."""
-    if os.environ.get(FAULT_ENV) == point:
-        log.warning("fault injection: blocking at %s", point)
-        while True:
-            time.sleep(3600)
+    """Test hook: block at `point` (forever, or until the release file exists) so a test can act there."""
+    if os.environ.get(FAULT_ENV) != point:
+        return
+    release = os.environ.get(FAULT_RELEASE_ENV)
+    log.warning("fault injection: blocking at %s", point)
+    while not (release and os.path.exists(release)):
+        time.sleep(0.05)
 
 
 def publish(
@@ -111,6 +115,7 @@ def publish(
             f"{checkpoint_dir}: checkpoint from another model/experiment "
             f"(marker experiment_key {str(marker.get('experiment_key'))[:16]}..., config {key[:16]}...)"
         )
+    metrics = check_metrics(metrics)
     artifact = checkpoint_dir / ARTIFACT_NAME
     if not artifact.is_file():
         raise InvalidInputError(f"{artifact}: consolidated weights missing from the checkpoint")

@@ -47,7 +47,8 @@ def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat()
 
 
-def _check_metrics(metrics: Any) -> dict[str, Any]:
+def check_metrics(metrics: Any) -> dict[str, Any]:
+    """A JSON object of finite values, normalised through JSON (what the database will store)."""
     if not isinstance(metrics, dict):
         raise InvalidInputError(f"metrics: must be a JSON object, got {type(metrics).__name__}")
 
@@ -152,7 +153,7 @@ class Registry:
         ):
             raise InvalidInputError("lineage.serving_bytes: must be a non-negative integer or None")
         check_text(artifact.url, "artifact.url", max_len=4096)
-        metrics = _check_metrics(metrics)
+        metrics = check_metrics(metrics)
         now = _now()
         with self.engine.begin() as conn:
             self._insert_ignore(conn, t.models, {"name": model, "created_at": now}, ["name"])

@@ -1,0 +1,162 @@
+"""Publish stage end to end: upload, immutable version, CAS switch; crash safety under SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+from tasks.publish import publish
+from tasks.registry import ArtifactStore, Registry, upgrade
+from tests.registry.conftest import ROOT, make_checkpoint
+
+METRICS = {"loss": 2.5, "tokens": 4096}
+
+
+def test_publish_uploads_records_lineage_and_moves_alias(
+    registry_url: str, job_config: Callable[..., JobConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RETRAINER_CODE_REVISION", "deadbeef")
+    cfg = job_config(registry_url)
+    c1 = make_checkpoint(tmp_path / "ckpt", cfg, "step-10", seed=1)
+    c2 = make_checkpoint(tmp_path / "ckpt", cfg, "step-20", seed=2)
+    r1 = publish(cfg, c1, METRICS, data_manifest_hash="m1", serving_bytes=1 << 20, actor="ci")
+    assert (r1.version, r1.previous_version, r1.created, r1.switched) == (1, None, True, True)
+    r2 = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
+    assert (r2.version, r2.previous_version) == (2, 1)
+    assert r2.asset_uri == "retrainer://registry/tiny-gpt/production"
+    again = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
+    assert (again.version, again.created, again.switched) == (2, False, False)
+
+    with Registry(registry_url) as reg:
+        v1 = reg.get_version("tiny-gpt", 1)
+        assert (v1.code_revision, v1.config_hash, v1.data_manifest_hash, v1.checkpoint_tag) == (
+            "deadbeef", cfg.experiment_key(), "m1", "step-10")
+        assert v1.metrics == METRICS and v1.serving_bytes == 1 << 20 and v1.created_by == "ci"
+        assert reg.live_version("tiny-gpt", "production").version == 2
+        assert [(h.action, h.from_version, h.to_version) for h in reg.history("tiny-gpt")] == [
+            ("publish", None, 1), ("publish", 1, 2)]
+    # The artifact in the store is exactly the checkpoint's consolidated weights.
+    out = ArtifactStore(cfg.publish.store_url).get(r2.digest, tmp_path / "dl.pt")
+    assert out.read_bytes() == (c2 / "consolidated.pt").read_bytes()
+
+
+def test_publish_to_s3_store(
+    sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path, s3, s3_bucket: str
+) -> None:
+    cfg = job_config(sqlite_url, f"s3://{s3_bucket}/models", **{"publish.storage_options": s3.storage_options})
+    res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, data_manifest_hash="m", actor="ci")
+    assert res.artifact_url == f"s3://{s3_bucket}/models/sha256/{res.digest[:2]}/{res.digest}"
+    assert s3.filesystem().exists(res.artifact_url)
+
+
+def test_publish_refuses_bad_checkpoints(
+    sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    cfg = job_config(sqlite_url)
+    incomplete = make_checkpoint(tmp_path, cfg, "step-10")
+    (incomplete / "COMPLETE").unlink()
+    with pytest.raises(InvalidInputError, match=rf"{incomplete}: no COMPLETE marker"):
+        publish(cfg, incomplete, METRICS, data_manifest_hash="m")
+    foreign = make_checkpoint(tmp_path, cfg, "step-20", experiment_key="0" * 64)
+    with pytest.raises(InvalidInputError, match="checkpoint from another model"):
+        publish(cfg, foreign, METRICS, data_manifest_hash="m")
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        publish(cfg, tmp_path / "nope", METRICS, data_manifest_hash="m")
+    ok = make_checkpoint(tmp_path, cfg, "step-30")
+    with pytest.raises(InvalidInputError, match="non-finite"):
+        publish(cfg, ok, {"loss": float("inf")}, data_manifest_hash="m")
+    # Nothing half-written: no version, no pointer, no artifact uploaded.
+    upgrade(sqlite_url)
+    with Registry(sqlite_url) as reg:
+        assert reg.models() == []
+    assert not Path(cfg.publish.store_url).exists()
+
+
+def _publish_process(cfg: JobConfig, ckpt: Path, tmp_path: Path, **env: str) -> subprocess.Popen[bytes]:
+    """`retrainer publish` in its own process (the real entry point, registry verbs only)."""
+    config_file = tmp_path / f"job-{ckpt.name}.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    metrics_file = tmp_path / "metrics.json"
+    metrics_file.write_text(json.dumps(METRICS))
+    code = ("import sys, tasks.cli as c; c.COMMAND_MODULES = ['tasks.registry.cli']; "
+            "sys.exit(c.main(sys.argv[1:]))")
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "publish", str(config_file), "--checkpoint", str(ckpt),
+         "--metrics", str(metrics_file), "--manifest-hash", "m", "--json"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for_versions(reg: Registry, n: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while len(reg.list_versions("tiny-gpt")) < n:
+        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+        assert time.monotonic() < deadline, "publish never reached the fault point"
+        time.sleep(0.1)
+
+
+def test_publish_cas_fails_cleanly_when_pointer_moved(
+    registry_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    """Someone promotes another version while publish runs: publish fails with a conflict, no lost update."""
+    cfg = job_config(registry_url)
+    publish(cfg, make_checkpoint(tmp_path, cfg, "a", seed=1), METRICS, data_manifest_hash="m")
+    publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS, data_manifest_hash="m")
+    release = tmp_path / "release"
+    proc = _publish_process(cfg, make_checkpoint(tmp_path, cfg, "c", seed=3), tmp_path,
+                            RETRAINER_FAULT="after_version_insert", RETRAINER_FAULT_RELEASE=str(release))
+    try:
+        with Registry(registry_url) as reg:
+            _wait_for_versions(reg, 3, proc)
+            reg.switch_alias("tiny-gpt", "production", 1, actor="ops", reason="manual hotfix")
+            release.touch()
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 1
+            assert "expected version 2 but it points to version 1" in err.decode()
+            assert reg.live_version("tiny-gpt", "production").version == 1  # the operator's switch stands
+            assert [(h.actor, h.to_version) for h in reg.history("tiny-gpt")][-1] == ("ops", 1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigkill_between_version_insert_and_switch(
+    pg_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    cfg = job_config(pg_url)
+    first = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10", seed=1), METRICS, data_manifest_hash="m")
+    ckpt2 = make_checkpoint(tmp_path, cfg, "step-20", seed=2)
+    proc = _publish_process(cfg, ckpt2, tmp_path, RETRAINER_FAULT="after_version_insert")
+    try:
+        with Registry(pg_url) as reg:
+            _wait_for_versions(reg, 2, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            assert proc.returncode == -signal.SIGKILL
+            live = reg.live_version("tiny-gpt", "production")
+            assert live is not None and live.version == first.version  # pointer on the complete old version
+            assert ArtifactStore(cfg.publish.store_url).verify(live.artifact_digest)
+            assert [v.version for v in reg.list_versions("tiny-gpt")] == [1, 2]  # v2 exists, unpointed
+            assert len(reg.history("tiny-gpt")) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rerun = publish(cfg, ckpt2, METRICS, data_manifest_hash="m")
+    assert (rerun.version, rerun.created, rerun.previous_version, rerun.switched) == (2, False, 1, True)
+    with Registry(pg_url) as reg:
+        assert reg.live_version("tiny-gpt", "production").version == 2
+        assert [(h.from_version, h.to_version) for h in reg.history("tiny-gpt")] == [(None, 1), (1, 2)]
