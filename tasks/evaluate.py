@@ -1,0 +1,87 @@
+"""Evaluate stage: held-out loss and perplexity of a committed checkpoint.
+
+Why single-process from `consolidated.pt`: evaluation must not depend on the
+training layout, and the number the gate compares must be reproducible. The
+windows are a deterministic function of the config (evaluate.batches x
+evaluate.batch_size windows, evenly spaced over the `heldout/` split), and the
+model runs in eval mode (no dropout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+
+
+def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path) -> dict[str, Any]:
+    """Held-out metrics of the checkpoint; InvalidInputError for incomplete or foreign checkpoints."""
+    import numpy as np
+    import torch
+
+    from tasks.train.checkpoint import validate_checkpoint_dir
+    from tasks.train.data import TokenWindows, split_inputs
+    from tasks.train.model import lm_loss
+    from tasks.train.weights import load_reference
+
+    checkpoint_dir = Path(checkpoint_dir)
+    marker = validate_checkpoint_dir(checkpoint_dir, cfg.experiment_key())
+    model = load_reference(checkpoint_dir, cfg.model)
+    model.eval()
+    m, e = cfg.model, cfg.evaluate
+    windows = TokenWindows(dataset_dir, "heldout", m.seq_len, m.vocab_size)
+    total = e.batches * e.batch_size
+    # Evenly spaced windows; wraps around when the split holds fewer windows than requested.
+    order = (np.arange(total) * max(1, len(windows) // total)) % len(windows)
+    loss_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for b in range(e.batches):
+            x, y = split_inputs(windows.get(order[b * e.batch_size : (b + 1) * e.batch_size]))
+            n = y.numel()
+            loss_sum += float(lm_loss(model(x), y)) * n
+            tokens += n
+    loss = loss_sum / tokens
+    if not math.isfinite(loss):
+        raise InvalidInputError(f"{checkpoint_dir}: held-out loss is not finite ({loss})")
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "tokens": tokens,
+        "batches": e.batches,
+        "batch_size": e.batch_size,
+        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_tag": marker.get("tag"),
+        "step": marker.get("step"),
+        "experiment_key": cfg.experiment_key(),
+    }
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("evaluate", help="held-out loss/perplexity of a committed checkpoint")
+    p.add_argument("config", help="job config YAML")
+    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE)")
+    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
+    p.add_argument("--output", help="also write the metrics JSON to this file (atomically)")
+    p.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from tasks.config import load_config
+    from tasks.fsutil import atomic_write_json
+
+    cfg = load_config(args.config)
+    dataset_dir = args.dataset_dir
+    if dataset_dir is None:
+        from tasks.warm import warm_for_config
+
+        dataset_dir = warm_for_config(cfg).dataset_dir
+    metrics = evaluate(cfg, args.checkpoint, dataset_dir)
+    if args.output:
+        atomic_write_json(args.output, metrics)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,147 @@
+"""Checkpoint commit protocol and exact-resume state.
+
+Why: DeepSpeed writes its `latest` tag in place and saves neither RNG states
+nor the data position. Here a checkpoint is written whole into
+`ckpt/tmp-<tag>/` (DeepSpeed shards + one `rank-XXXXX.pt` per rank holding its
+torch/numpy/python RNG states and data position + `consolidated.pt`), fsynced,
+given a `COMPLETE` marker last, renamed to `ckpt/<tag>/`, and only then is our
+own `ckpt/latest` pointer replaced atomically. A crash at any moment leaves
+`latest` naming the previous complete checkpoint; stray `tmp-*` dirs are
+swept at the next start and never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks.errors import InvalidInputError
+from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+LATEST = "latest"
+CONSOLIDATED = "consolidated.pt"
+_TAG = re.compile(r"^step-(\d{6,})$")
+
+
+def ckpt_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "ckpt"
+
+
+def tag_for(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def read_latest(root: Path) -> str | None:
+    """The tag our `latest` pointer names, or None before the first commit."""
+    try:
+        tag = (root / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not _TAG.match(tag):
+        raise InvalidInputError(f"{root / LATEST}: not a checkpoint tag: {tag!r}")
+    return tag
+
+
+def validate_checkpoint_dir(path: str | Path, experiment_key: str) -> dict[str, Any]:
+    """Return the COMPLETE marker of a committed checkpoint; refuse incomplete or foreign ones."""
+    path = Path(path)
+    marker_path = path / MARKER
+    if not marker_path.is_file():
+        raise InvalidInputError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    try:
+        marker = json.loads(marker_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
+    if marker.get("experiment_key") != experiment_key:
+        raise InvalidInputError(
+            f"{path}: checkpoint from another model (experiment_key {str(marker.get('experiment_key'))[:12]}..., "
+            f"expected {experiment_key[:12]}...)"
+        )
+    return marker
+
+
+def find_resume(root: Path, experiment_key: str) -> tuple[str, dict[str, Any]] | None:
+    """(tag, marker) of the checkpoint `latest` names, validated; None when there is none."""
+    tag = read_latest(root)
+    if tag is None:
+        return None
+    return tag, validate_checkpoint_dir(root / tag, experiment_key)
+
+
+def sweep_incomplete(root: Path) -> None:
+    """Delete `tmp-*` leftovers of a crashed commit (rank 0, before training)."""
+    if not root.is_dir():
+        return
+    for tmp in root.glob("tmp-*"):
+        log.warning("removing incomplete checkpoint %s", tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rank_file(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank:05d}.pt"
+
+
+def save_rank_state(directory: Path, rank: int, data_position: dict[str, int], extra: dict[str, Any]) -> None:
+    """One rank's RNG states + data position (torch.save to bytes, then an atomic write)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"rng": rng_state(), "data_position": data_position, **extra}, buf)
+    atomic_write_bytes(rank_file(directory, rank), buf.getvalue())
+
+
+def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:
+    path = rank_file(directory, rank)
+    if not path.is_file():
+        raise InvalidInputError(f"{path}: missing per-rank state (was the checkpoint written with this layout?)")
+    return torch.load(path, weights_only=False)
+
+
+def finalize(root: Path, tag: str, marker: dict[str, Any], keep_last: int) -> Path:
+    """Rank 0, after every rank wrote into tmp-<tag>: fsync, marker, rename, pointer, prune."""
+    tmp, final = root / f"tmp-{tag}", root / tag
+    fsync_tree(tmp)
+    atomic_write_json(tmp / MARKER, marker)
+    if final.exists():  # a committed dir of the same tag can only come from a rerun past it
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fsync_dir(root)
+    atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+    prune(root, keep_last)
+    return final
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` committed checkpoints (never the one `latest` names)."""
+    latest = read_latest(root)
+    tags = sorted((p.name for p in root.iterdir() if _TAG.match(p.name)), key=lambda t: int(t.split("-")[1]))
+    for tag in tags[:-keep_last]:
+        if tag != latest:
+            shutil.rmtree(root / tag, ignore_errors=True)
+    fsync_dir(root)

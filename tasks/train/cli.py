@@ -1,0 +1,42 @@
+"""`retrainer train CONFIG [--dataset-dir DIR] [--steps N] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("train", help="train a model with DeepSpeed (torchrun, tp x pp x dp ranks)")
+    p.add_argument("config", help="job config YAML")
+    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from tasks.config import load_config
+    from tasks.errors import InvalidInputError
+    from tasks.train.launch import train
+
+    cfg = load_config(args.config)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise InvalidInputError(f"--steps must be >= 1, got {args.steps}")
+        cfg = cfg.with_overrides({"train.steps": args.steps})
+    dataset_dir = args.dataset_dir
+    if dataset_dir is None:
+        from tasks.warm import warm_for_config
+
+        dataset_dir = warm_for_config(cfg).dataset_dir
+    summary = train(cfg, dataset_dir)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print(
+            f"trained {cfg.name}: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+            f"checkpoint {summary['checkpoint_dir']}"
+        )
+    return 0

@@ -1,0 +1,131 @@
+"""Token windows from a warmed dataset dir, and a sampler that is a pure function of the step.
+
+Why a pure function: resume must continue on exactly the samples an unbroken
+run would have seen. The global batch of step s is drawn from a permutation
+seeded by (seed, epoch) with epoch = s // steps_per_epoch, so the "data
+position" saved in a checkpoint is just the step; no iterator state to pickle.
+Each DP rank takes a disjoint slice of every micro-batch.
+
+Dataset format (written by `tasks.data` / `tasks.warm`): `manifest.json` with
+`format: retrainer-dataset/1`, `dtype: uint16`, `files: [{key, size, sha256}]`;
+shards are flat little-endian uint16 tokens; the split is the key prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tasks.errors import InvalidInputError
+
+FORMAT = "retrainer-dataset/1"
+
+
+def read_manifest(dataset_dir: str | Path) -> dict:
+    """Load and check the manifest; InvalidInputError names the file and the problem."""
+    path = Path(dataset_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read dataset manifest: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{path}: malformed manifest JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InvalidInputError(f"{path}: format must be {FORMAT!r}")
+    if manifest.get("dtype") != "uint16":
+        raise InvalidInputError(f"{path}: dtype must be 'uint16', got {manifest.get('dtype')!r}")
+    if not isinstance(manifest.get("files"), list):
+        raise InvalidInputError(f"{path}: 'files' must be a list")
+    return manifest
+
+
+class TokenWindows:
+    """All non-overlapping windows of `seq_len + 1` tokens in one split (shards are not crossed)."""
+
+    def __init__(self, dataset_dir: str | Path, split: str, seq_len: int, vocab_size: int) -> None:
+        root = Path(dataset_dir)
+        manifest = read_manifest(root)
+        if int(manifest.get("vocab_size", 0)) > vocab_size:
+            raise InvalidInputError(
+                f"{root / 'manifest.json'}: vocab_size {manifest['vocab_size']} exceeds model.vocab_size {vocab_size}"
+            )
+        self.seq_len = seq_len
+        self.shards: list[np.memmap] = []
+        index: list[tuple[int, int]] = []
+        for entry in sorted(manifest["files"], key=lambda f: f["key"]):
+            if not entry["key"].startswith(f"{split}/"):
+                continue
+            path = root / entry["key"]
+            if not path.is_file() or path.stat().st_size != int(entry["size"]):
+                raise InvalidInputError(f"{path}: missing or wrong size (manifest says {entry['size']} bytes)")
+            tokens = np.memmap(path, dtype="<u2", mode="r")
+            shard = len(self.shards)
+            self.shards.append(tokens)
+            index.extend((shard, start) for start in range(0, len(tokens) - seq_len, seq_len))
+        if not index:
+            raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def get(self, indices: np.ndarray | list[int]) -> torch.Tensor:
+        """[len(indices), seq_len + 1] int64 tokens."""
+        rows = []
+        for i in indices:
+            shard, start = self.index[int(i)]
+            rows.append(np.asarray(self.shards[shard][start : start + self.seq_len + 1], dtype=np.int64))
+        return torch.from_numpy(np.stack(rows))
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Global batch of a step, and each DP rank's disjoint share of each micro-batch."""
+
+    num_samples: int
+    micro_batch_size: int
+    micro_batches: int
+    dp: int
+    seed: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.micro_batches * self.dp
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch
+
+    def __post_init__(self) -> None:
+        if self.steps_per_epoch < 1:
+            raise InvalidInputError(
+                f"dataset has {self.num_samples} training windows, fewer than one global batch "
+                f"({self.global_batch} = micro_batch_size x micro_batches x dp)"
+            )
+
+    def position(self, step: int) -> dict[str, int]:
+        """The data position before 0-based `step` (what a checkpoint records)."""
+        return {"step": step, "epoch": step // self.steps_per_epoch, "index": step % self.steps_per_epoch}
+
+    def global_indices(self, step: int) -> np.ndarray:
+        pos = self.position(step)
+        perm = np.random.default_rng([self.seed, pos["epoch"]]).permutation(self.num_samples)
+        start = pos["index"] * self.global_batch
+        return perm[start : start + self.global_batch]
+
+    def rank_micro_batches(self, step: int, dp_rank: int) -> list[np.ndarray]:
+        """Micro-batch j of DP rank r = rows [j*mbs*dp + r*mbs, +mbs) of the global batch."""
+        idx, mbs = self.global_indices(step), self.micro_batch_size
+        return [
+            idx[j * mbs * self.dp + dp_rank * mbs : j * mbs * self.dp + (dp_rank + 1) * mbs]
+            for j in range(self.micro_batches)
+        ]
+
+
+def split_inputs(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, next-token labels) of a [B, seq_len + 1] window batch."""
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()

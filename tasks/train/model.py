@@ -1,0 +1,302 @@
+"""The GPT decoder: one set of layer classes for the 3D pipeline and the single-process reference.
+
+Why one set: the planner, the 3D-equality tests and `evaluate` all rely on the
+pipeline and the reference being the same maths with the same parameter names.
+Each layer draws its full-size initial weights from its own seeded generator
+(seed, layer index) and a tensor-parallel rank keeps only its slice, so any
+(tp, pp, dp) layout starts from the same weights as the reference.
+
+Architecture (the planner's contract): pre-LN blocks; fused QKV column-parallel
+linear sharded by heads; causal SDPA; row-parallel output projection whose bias
+is added after the all-reduce; column/row-parallel GELU MLP; untied LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.config import ModelConfig
+
+INIT_STD = 0.02
+# Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
+EMBED, HEAD = "embed", "head"
+
+
+class TPGroup:
+    """The tensor-parallel slice of the pipeline grid (size 1 = no TP, no collectives)."""
+
+    def __init__(self, group: object | None = None, rank: int = 0, size: int = 1) -> None:
+        self.group, self.rank, self.size = group, rank, size
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient backward (input of a column-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
+        ctx.tp = tp
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return _all_reduce(grad, ctx.tp), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward, identity backward (output of a row-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
+        return _all_reduce(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None
+
+
+def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    from deepspeed import comm as dist  # timed by DeepSpeed's comms logger (telemetry)
+
+    x = x.contiguous().clone()
+    dist.all_reduce(x, group=tp.group)
+    return x
+
+
+def _gen(seed: int, layer: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 100_003 + layer)
+
+
+def _normal(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=g) * INIT_STD
+
+
+def qkv_rows(m: ModelConfig, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """Row indices of the full fused QKV weight that a TP rank owns (its q, k and v heads)."""
+    hd, nq, nkv = m.head_dim, m.n_heads, m.kv_heads
+    q_per, kv_per = nq // tp_size, nkv // tp_size
+    q = torch.arange(tp_rank * q_per * hd, (tp_rank + 1) * q_per * hd)
+    k = nq * hd + torch.arange(tp_rank * kv_per * hd, (tp_rank + 1) * kv_per * hd)
+    v = (nq + nkv) * hd + torch.arange(tp_rank * kv_per * hd, (tp_rank + 1) * kv_per * hd)
+    return torch.cat([q, k, v])
+
+
+def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
+    """(dim, indices) of the full tensor `name` (block-relative) held by a TP rank; None = replicated."""
+    if name in ("attn.qkv.weight", "attn.qkv.bias"):
+        return 0, qkv_rows(m, tp_rank, tp_size)
+    per_heads = m.n_heads * m.head_dim // tp_size
+    per_ff = m.ffn // tp_size
+    if name == "attn.out.weight":
+        return 1, torch.arange(tp_rank * per_heads, (tp_rank + 1) * per_heads)
+    if name in ("mlp.fc1.weight", "mlp.fc1.bias"):
+        return 0, torch.arange(tp_rank * per_ff, (tp_rank + 1) * per_ff)
+    if name == "mlp.fc2.weight":
+        return 1, torch.arange(tp_rank * per_ff, (tp_rank + 1) * per_ff)
+    return None
+
+
+class Embedding(nn.Module):
+    """Token + learned position embeddings, dropout. First pipeline stage; not TP-sharded."""
+
+    ref_prefix = EMBED
+
+    def __init__(self, m: ModelConfig, seed: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(m.vocab_size, m.d_model)
+        self.pos = nn.Embedding(m.seq_len, m.d_model)
+        self.drop = nn.Dropout(m.dropout)
+        g = _gen(seed, 0)
+        with torch.no_grad():
+            self.tok.weight.copy_(_normal(g, m.vocab_size, m.d_model))
+            self.pos.weight.copy_(_normal(g, m.seq_len, m.d_model))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.drop(self.tok(tokens) + self.pos(pos))
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp, self.dropout = tp, m.dropout
+        self.hd = m.head_dim
+        self.nq, self.nkv = m.n_heads // tp.size, m.kv_heads // tp.size
+        self.qkv = nn.Linear(m.d_model, (self.nq + 2 * self.nkv) * self.hd)
+        self.out = nn.Linear(self.nq * self.hd, m.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        if self.tp.size > 1:
+            x = _CopyToTP.apply(x, self.tp)
+        qkv = self.qkv(x)
+        q, k, v = qkv.split([self.nq * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q.view(b, t, self.nq, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
+            k = k.repeat_interleave(self.nq // self.nkv, dim=1)
+            v = v.repeat_interleave(self.nq // self.nkv, dim=1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        y = y.transpose(1, 2).reshape(b, t, self.nq * self.hd)
+        return _row_parallel(y, self.out, self.tp)
+
+
+def _row_parallel(x: torch.Tensor, lin: nn.Linear, tp: TPGroup) -> torch.Tensor:
+    """Local matmul, all-reduce across TP, then the (unsharded) bias."""
+    y = F.linear(x, lin.weight)
+    if tp.size > 1:
+        y = _ReduceFromTP.apply(y, tp)
+    return y + lin.bias
+
+
+class MLP(nn.Module):
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.fc1 = nn.Linear(m.d_model, m.ffn // tp.size)
+        self.fc2 = nn.Linear(m.ffn // tp.size, m.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size > 1:
+            x = _CopyToTP.apply(x, self.tp)
+        return _row_parallel(F.gelu(self.fc1(x)), self.fc2, self.tp)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: x + drop(attn(ln1(x))); x + drop(mlp(ln2(x)))."""
+
+    def __init__(self, m: ModelConfig, index: int, seed: int, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        tp = tp or TPGroup()
+        self.ref_prefix = f"blocks.{index}"
+        self.ln1 = nn.LayerNorm(m.d_model)
+        self.attn = Attention(m, tp)
+        self.ln2 = nn.LayerNorm(m.d_model)
+        self.mlp = MLP(m, tp)
+        self.drop = nn.Dropout(m.dropout)
+        self._init(m, index, seed, tp)
+
+    def _init(self, m: ModelConfig, index: int, seed: int, tp: TPGroup) -> None:
+        g = _gen(seed, index + 1)
+        d, qkv_out, attn_in = m.d_model, (m.n_heads + 2 * m.kv_heads) * m.head_dim, m.n_heads * m.head_dim
+        full = {
+            "attn.qkv.weight": _normal(g, qkv_out, d),
+            "attn.out.weight": _normal(g, d, attn_in),
+            "mlp.fc1.weight": _normal(g, m.ffn, d),
+            "mlp.fc2.weight": _normal(g, d, m.ffn),
+        }
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name, p in params.items():
+                if name in full:
+                    value = full[name]
+                elif name.endswith("bias"):
+                    value = torch.zeros(_full_shape(m, name))
+                else:  # LayerNorm weight
+                    value = torch.ones(_full_shape(m, name))
+                spec = shard_spec(m, name, tp.rank, tp.size)
+                if spec is not None:
+                    value = value.index_select(spec[0], spec[1])
+                    if tp.size > 1:
+                        p.tensor_model_parallel = True  # DeepSpeed's grad norm counts it on every TP rank
+                p.copy_(value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+def _full_shape(m: ModelConfig, name: str) -> tuple[int, ...]:
+    shapes = {
+        "attn.qkv.bias": ((m.n_heads + 2 * m.kv_heads) * m.head_dim,),
+        "mlp.fc1.bias": (m.ffn,),
+    }
+    return shapes.get(name, (m.d_model,))
+
+
+class Head(nn.Module):
+    """Final LayerNorm + untied LM head (no bias). Last pipeline stage; replicated across TP."""
+
+    ref_prefix = HEAD
+
+    def __init__(self, m: ModelConfig, seed: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(m.d_model)
+        self.out = nn.Linear(m.d_model, m.vocab_size, bias=False)
+        with torch.no_grad():
+            self.out.weight.copy_(_normal(_gen(seed, m.n_layers + 1), m.vocab_size, m.d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy, computed in fp32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+class GPT(nn.Module):
+    """Single-process reference model; its state dict is the consolidated checkpoint format."""
+
+    def __init__(self, m: ModelConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.embed = Embedding(m, seed)
+        self.blocks = nn.ModuleList(TransformerBlock(m, i, seed) for i in range(m.n_layers))
+        self.head = Head(m, seed)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def pipeline_layers(m: ModelConfig, seed: int, tp: TPGroup) -> list[object]:
+    """DeepSpeed LayerSpecs: embedding, n_layers blocks, head (built lazily on the owning stage)."""
+    from deepspeed.pipe import LayerSpec
+
+    return [
+        LayerSpec(Embedding, m, seed),
+        *(LayerSpec(TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)),
+        LayerSpec(Head, m, seed),
+    ]
+
+
+def local_named_params(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(reference name, local tensor) for every parameter this pipeline rank holds."""
+    for child in module.modules():
+        prefix = getattr(child, "ref_prefix", None)
+        if prefix is None:
+            continue
+        for name, p in child.named_parameters():
+            yield f"{prefix}.{name}", p
+
+
+def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Reassemble a full tensor from its TP pieces (ordered by TP rank)."""
+    tp_size = len(pieces)
+    rel = name.split(".", 2)[2] if name.startswith("blocks.") else name
+    spec = shard_spec(m, rel, 0, tp_size)
+    if spec is None or tp_size == 1:
+        return pieces[0]
+    dim = spec[0]
+    if rel.startswith("attn.qkv"):
+        hd = m.head_dim
+        q_len, kv_len = m.n_heads // tp_size * hd, m.kv_heads // tp_size * hd
+        parts = [p.split([q_len, kv_len, kv_len], dim=0) for p in pieces]
+        return torch.cat([torch.cat([pp[i] for pp in parts], dim=0) for i in range(3)], dim=0)
+    return torch.cat(pieces, dim=dim)
+
+
+def num_params(m: ModelConfig) -> int:
+    """Parameter count of the full model (for MFU and reports)."""
+    d, hd = m.d_model, m.head_dim
+    qkv = (m.n_heads + 2 * m.kv_heads) * hd
+    block = 4 * d + (d * qkv + qkv) + (m.n_heads * hd * d + d) + (d * m.ffn + m.ffn) + (m.ffn * d + d)
+    return m.vocab_size * d + m.seq_len * d + m.n_layers * block + 2 * d + d * m.vocab_size

@@ -1,0 +1,333 @@
+"""One training rank, started by torchrun: `python -m tasks.train.worker --config C.json --dataset-dir D`.
+
+Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
+(also for pp=1, so there is one code path); the config arrives as the JSON the
+launcher wrote, so CLI overrides survive. A non-finite loss or gradient norm
+raises at once, naming the step, and the rank exits non-zero; no summary is
+written for such a run.
+
+Fault-injection hooks for tests (environment, off by default):
+`RETRAINER_FAULT_STEP_DELAY_S=SECONDS` sleeps after every step;
+`RETRAINER_FAULT_CKPT_DELAY=STEP:SECONDS` sleeps inside the commit of the
+checkpoint at STEP, after its files are written and before it is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError, TrainingFailedError
+from tasks.fsutil import atomic_write_json, atomic_writer, sha256_file
+from tasks.train import checkpoint as ck
+from tasks.train.data import Sampler, TokenWindows, split_inputs
+from tasks.train.model import TPGroup, lm_loss, local_named_params, num_params, pipeline_layers, unshard
+from tasks.train.telemetry import Telemetry, comms_config, flops_per_token
+
+log = logging.getLogger("tasks.train.worker")
+
+
+class WarmupCosine:
+    """LR multiplier: linear warmup, then cosine decay to 10% at the last step (picklable for checkpoints)."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup, self.total = warmup, total
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        span = max(1, self.total - self.warmup)
+        progress = min(1.0, (step - self.warmup) / span)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def use_bf16(cfg: JobConfig) -> bool:
+    p = cfg.train.precision
+    if p == "bf16" and not torch.cuda.is_available():
+        raise InvalidInputError("train.precision: bf16 needs a GPU; use 'auto' or 'fp32' on CPU")
+    return p == "bf16" or (p == "auto" and torch.cuda.is_available())
+
+
+def deepspeed_config(cfg: JobConfig) -> dict[str, Any]:
+    t, p = cfg.train, cfg.parallel
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": p.micro_batches,
+        "train_batch_size": t.micro_batch_size * p.micro_batches * p.dp,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": {"stage": p.zero_stage},
+        "zero_allow_untested_optimizer": True,  # a torch AdamW: no fused-Adam JIT build
+        "bf16": {"enabled": use_bf16(cfg)},
+        "steps_per_print": 10**9,
+        "comms_logger": comms_config(),
+        "checkpoint": {"tag_validation": "FAIL"},
+    }
+
+
+def make_optimizer(params: Any, cfg: JobConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+
+def make_scheduler(cfg: JobConfig):
+    return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(cfg.train.warmup_steps, cfg.train.steps))
+
+
+def seed_rank(seed: int, dp_rank: int, stage: int) -> None:
+    """Dropout RNG: TP peers share a seed so replicated activations get the same mask."""
+    s = seed + 1009 * dp_rank + 101 * stage
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
+def check_finite(value: float | None, what: str, step: int) -> None:
+    if value is not None and not math.isfinite(value):
+        raise TrainingFailedError(f"non-finite {what} at step {step} ({value})")
+
+
+def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: JobConfig) -> dict[str, torch.Tensor] | None:
+    """Full fp32 reference state dict on global rank 0 (TP pieces reassembled, stages merged)."""
+    payload = None
+    if grid.get_data_parallel_rank() == 0:
+        payload = (
+            grid.get_slice_parallel_rank(),
+            {n: p.detach().float().cpu() for n, p in local_named_params(module)},
+        )
+    gathered: list[Any] = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else []
+    tdist.gather_object(payload, gathered if tdist.get_rank() == 0 else None, dst=0)
+    if tdist.get_rank() != 0:
+        return None
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    for item in gathered:
+        if item is None:
+            continue
+        tp_rank, tensors = item
+        for name, t in tensors.items():
+            pieces.setdefault(name, {})[tp_rank] = t
+    return {
+        name: unshard(cfg.model, name, [by_rank[r] for r in sorted(by_rank)])
+        for name, by_rank in sorted(pieces.items())
+    }
+
+
+class Trainer:
+    """Builds the engine, resumes, runs the steps, commits checkpoints, writes the summary."""
+
+    def __init__(self, cfg: JobConfig, dataset_dir: Path) -> None:
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+        self.cfg = cfg
+        p, m = cfg.parallel, cfg.model
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
+        if self.world != p.world_size:
+            raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
+        topo = PipeModelDataParallelTopology(num_pp=p.pp, num_mp=p.tp, num_dp=p.dp)
+        self.grid = PipelineParallelGrid(topology=topo)
+        tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
+        self.dp_rank, self.stage = self.grid.get_data_parallel_rank(), self.grid.get_stage_id()
+
+        self.windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
+        self.sampler = Sampler(len(self.windows), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed)
+        self.current_step = 0  # 1-based step being run, read by the loss (NaN injection)
+
+        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            loss = lm_loss(logits, labels)
+            if cfg.train.nan_at_step == self.current_step:
+                loss = loss * float("nan")
+            return loss
+
+        module = PipelineModule(
+            layers=pipeline_layers(m, cfg.train.seed, tp),
+            loss_fn=loss_fn,
+            topology=topo,
+            partition_method="type:TransformerBlock",
+            activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
+        )
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=module,
+            model_parameters=[q for q in module.parameters() if q.requires_grad],
+            optimizer=make_optimizer([q for q in module.parameters() if q.requires_grad], cfg),
+            lr_scheduler=make_scheduler(cfg),
+            config=deepspeed_config(cfg),
+        )
+        seed_rank(cfg.train.seed, self.dp_rank, self.stage)
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def marker(self, tag: str, step: int) -> dict[str, Any]:
+        p = self.cfg.parallel
+        return {
+            "tag": tag,
+            "step": step,
+            "experiment_key": self.cfg.experiment_key(),
+            "world_size": self.world,
+            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+        }
+
+    def save(self, root: Path, step: int, losses: list[float]) -> Path:
+        tag = ck.tag_for(step)
+        tmp = root / f"tmp-{tag}"
+        self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
+        ck.save_rank_state(tmp, self.rank, self.sampler.position(step), {"losses": losses if self.rank == 0 else []})
+        state = gather_consolidated(self.engine.module, self.grid, self.cfg)
+        if state is not None:
+            with atomic_writer(tmp / ck.CONSOLIDATED) as fh:
+                torch.save(state, fh)
+        _fault_ckpt_delay(step)
+        tdist.barrier()
+        final = root / tag
+        if self.rank == 0:
+            ck.finalize(root, tag, self.marker(tag, step), self.cfg.train.keep_last)
+            log.info("checkpoint committed: %s", final)
+        tdist.barrier()
+        return final
+
+    def resume(self, root: Path) -> tuple[int, list[float]]:
+        if self.rank == 0:
+            ck.sweep_incomplete(root)
+        tdist.barrier()
+        found = ck.find_resume(root, self.cfg.experiment_key())
+        if found is None:
+            return 0, []
+        tag, marker = found
+        if marker.get("world_size") != self.world:
+            raise InvalidInputError(f"{root / tag}: written by {marker.get('world_size')} ranks, this run has {self.world}")
+        load_path, _ = self.engine.load_checkpoint(
+            str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if load_path is None:
+            raise InvalidInputError(f"{root / tag}: DeepSpeed could not load the checkpoint")
+        state = ck.load_rank_state(root / tag, self.rank)
+        ck.set_rng_state(state["rng"])
+        step = int(marker["step"])
+        if state["data_position"]["step"] != step:
+            raise InvalidInputError(f"{root / tag}: data position {state['data_position']} does not match step {step}")
+        if self.rank == 0:
+            log.info("resumed from %s (step %d)", root / tag, step)
+        return step, list(state.get("losses", []))
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def batches(self, step0: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for idx in self.sampler.rank_micro_batches(step0, self.dp_rank):
+            x, y = split_inputs(self.windows.get(idx))
+            out.append((x.to(self.device), y.to(self.device)))
+        return out
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        out = Path(cfg.train.output_dir)
+        root = ck.ckpt_root(out)
+        if self.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+        start, losses = self.resume(root)
+        m = cfg.model
+        tokens = self.sampler.global_batch * m.seq_len
+        peak = cfg.cluster.peak_tflops * 1e12 * self.world if torch.cuda.is_available() else None
+        telemetry = Telemetry(
+            out / "telemetry.jsonl", enabled=self.rank == 0, fresh=start == 0, tokens_per_step=tokens,
+            flops_per_token=flops_per_token(num_params(m), m.n_layers, m.seq_len, m.d_model), peak_flops_total=peak,
+        )
+        step_delay = float(os.environ.get("RETRAINER_FAULT_STEP_DELAY_S", "0") or 0)
+        final_dir = None
+        for step0 in range(start, cfg.train.steps):
+            step = step0 + 1
+            self.current_step = step
+            data = self.batches(step0)
+            t0 = telemetry.start()
+            loss_t = self.engine.train_batch(data_iter=iter(data))
+            loss = float(loss_t.detach().float().item())
+            check_finite(loss, "loss", step)
+            norm = self.engine.get_global_grad_norm()
+            check_finite(None if norm is None else float(norm), "grad norm", step)
+            row = telemetry.record(step, loss, t0)
+            losses.append(loss)
+            if self.rank == 0:
+                log.info("step %d loss %.6f tokens/s %.0f comm %.3fs", step, loss, row["tokens_per_s"], row["comm_s"])
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                final_dir = self.save(root, step, losses)
+            if step_delay:
+                time.sleep(step_delay)
+        telemetry.close()
+        if final_dir is None:  # resumed at the last step: nothing left to run
+            final_dir = root / ck.tag_for(cfg.train.steps)
+        summary = self.summary(out, final_dir, start, losses)
+        return summary
+
+    def summary(self, out: Path, final_dir: Path, start: int, losses: list[float]) -> dict[str, Any]:
+        p = self.cfg.parallel
+        weights = final_dir / ck.CONSOLIDATED
+        summary = {
+            "experiment_key": self.cfg.experiment_key(),
+            "steps": self.cfg.train.steps,
+            "final_loss": losses[-1] if losses else None,
+            "losses": losses,
+            "checkpoint_dir": str(final_dir),
+            "checkpoint_tag": final_dir.name,
+            "weights_path": str(weights),
+            "weights_sha256": sha256_file(weights) if self.rank == 0 else None,
+            "resumed_from_step": start or None,
+            "telemetry_path": str(out / "telemetry.jsonl"),
+            "world_size": self.world,
+            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+        }
+        if self.rank == 0:
+            atomic_write_json(out / "summary.json", summary)
+        return summary
+
+
+def _fault_ckpt_delay(step: int) -> None:
+    spec = os.environ.get("RETRAINER_FAULT_CKPT_DELAY", "")
+    if spec:
+        at, seconds = spec.split(":")
+        if int(at) == step:
+            log.warning("fault injection: pausing %s s inside the commit of step %d", seconds, step)
+            time.sleep(float(seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tasks.train.worker")
+    parser.add_argument("--config", required=True, help="JSON job config written by the launcher")
+    parser.add_argument("--dataset-dir", required=True)
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s"
+    )
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    cfg = JobConfig.model_validate(json.loads(Path(args.config).read_text()))
+    try:
+        trainer = Trainer(cfg, Path(args.dataset_dir))
+        trainer.run()
+    except (TrainingFailedError, InvalidInputError) as exc:
+        log.error("training failed: %s", exc)
+        return 1
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
