@@ -15,6 +15,7 @@ loaded (about a second). DeepSpeed 0.19 has no switch that skips that op.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -158,8 +159,6 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
-    try:  # ranks that outlived torchrun
+    with contextlib.suppress(ProcessLookupError):  # ranks that outlived torchrun
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     log.warning("training process group %d stopped", proc.pid)

@@ -212,7 +212,9 @@ class Trainer:
             return 0, []
         tag, marker = found
         if marker.get("world_size") != self.world:
-            raise InvalidInputError(f"{root / tag}: written by {marker.get('world_size')} ranks, this run has {self.world}")
+            raise InvalidInputError(
+                f"{root / tag}: written by {marker.get('world_size')} ranks, this run has {self.world}"
+            )
         load_path, _ = self.engine.load_checkpoint(
             str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )
