@@ -1,0 +1,77 @@
+"""The task process of the fault suite: runs named lifecycle stages, the way a DAG's tasks call them.
+
+`python -m tests.faults.driver CONFIG STATE_DIR STAGE [STAGE ...] [--metrics FILE]`
+
+Each stage's output is written to `STATE_DIR/<stage>.json` (atomically, like an XCom), and the next
+stage reads it from there, so a later process can pick up where a killed one stopped. `--metrics`
+gives publish its metrics from a file instead of an evaluate stage (for tests about publish alone).
+Errors end the process the way the `retrainer` CLI does: one line on stderr and the error's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from tasks import lifecycle
+from tasks.config import ConfigError
+from tasks.errors import RetrainerError
+from tasks.fsutil import atomic_write_json
+
+STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")
+
+
+def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) -> dict[str, Any]:
+    cfg = lifecycle.resolve_config(config)
+
+    def prior(name: str) -> dict[str, Any]:
+        return json.loads((state / f"{name}.json").read_text())
+
+    if stage == "plan":
+        return lifecycle.stage_plan(cfg)
+    if stage == "warm":
+        return lifecycle.stage_warm(cfg)
+    if stage == "train":
+        return lifecycle.stage_train(cfg, prior("warm"), holder=f"fault-suite driver {state.name}")
+    if stage == "evaluate":
+        return lifecycle.stage_evaluate(cfg, prior("train"), prior("warm"))
+    if stage == "gate":
+        return lifecycle.stage_gate(cfg, prior("evaluate"), prior("warm"))
+    if stage == "publish":
+        metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
+        return lifecycle.stage_publish(cfg, prior("train"), metrics, prior("warm"), actor="fault-suite")
+    if stage == "rollback":
+        return lifecycle.stage_rollback(cfg, actor="fault-suite")
+    raise ValueError(stage)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tests.faults.driver")
+    parser.add_argument("config", type=Path)
+    parser.add_argument("state", type=Path)
+    parser.add_argument("stages", nargs="+", choices=STAGES)
+    parser.add_argument("--metrics", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.state.mkdir(parents=True, exist_ok=True)
+    try:
+        for stage in args.stages:
+            out = run_stage(stage, args.config, args.state, args.metrics)
+            atomic_write_json(args.state / f"{stage}.json", out)
+            logging.getLogger("fault-driver").info("stage %s done", stage)
+    except ConfigError as exc:
+        print(f"retrainer: error: {exc}", file=sys.stderr)
+        return 2
+    except RetrainerError as exc:
+        print(f"retrainer: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
