@@ -1,0 +1,52 @@
+"""A plain single-process PyTorch training loop over the same model, data and optimizer.
+
+Why: it is the yardstick. The 3D-equality tests compare the DeepSpeed engine's
+losses against it, and `bench/trainer.py` compares step times with it. It uses
+the same initial weights (seeded per layer), the same global batches (the
+`Sampler`), AdamW, the warmup-cosine schedule and gradient-norm clipping.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tasks.config import JobConfig
+from tasks.train.data import Sampler, TokenWindows, split_inputs
+from tasks.train.model import GPT, lm_loss
+from tasks.train.worker import WarmupCosine
+
+
+@dataclass
+class ReferenceRun:
+    losses: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    model: GPT | None = None
+
+
+def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None = None) -> ReferenceRun:
+    """Train the reference GPT on the full global batch of each step (fp32, one process)."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
+    sampler = Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp, t.seed)
+    model = GPT(m, t.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(t.warmup_steps, t.steps))
+    run = ReferenceRun(model=model)
+    for step0 in range(steps or t.steps):
+        x, y = split_inputs(windows.get(sampler.global_indices(step0)))
+        started = time.perf_counter()
+        loss = lm_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        sched.step()
+        run.step_seconds.append(time.perf_counter() - started)
+        run.losses.append(float(loss.detach()))
+    return run
