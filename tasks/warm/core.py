@@ -26,7 +26,7 @@ from tasks.data import MANIFEST_KEY, Manifest, ManifestFile
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.warm.cache import CacheLayout, make_room, use_lock
-from tasks.warm.fetch import Fetcher
+from tasks.warm.fetch import PART_SIZE, Fetcher
 from tasks.warm.report import Progress, WarmReport, WarmResult
 from tasks.warm.state import VerifiedRecord
 
@@ -72,8 +72,12 @@ def warm(
     verify: bool = False,
     max_workers: int | None = None,
     progress: bool = True,
+    part_size: int | None = None,
 ) -> WarmResult:
-    """Warm the dataset at `source_url` into `<cache_root>/datasets/<manifest_hash[:16]>/`."""
+    """Warm the dataset at `source_url` into `<cache_root>/datasets/<manifest_hash[:16]>/`.
+
+    `part_size`: objects larger than this are fetched as parallel ranged parts (default 16 MiB).
+    """
     t0 = time.monotonic()
     workers = max_workers or DEFAULT_WORKERS
     fs, root = _filesystem(source_url, storage_options, workers)
@@ -107,7 +111,8 @@ def warm(
             record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), mhash).load()
             try:
                 to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
-                _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress)
+                _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress,
+                       part_size or PART_SIZE)
                 for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
                     fsync_dir(d)
                 atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
@@ -166,7 +171,7 @@ def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedR
 
 
 def _fetch(fs: Any, root: str, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
-           record: VerifiedRecord, report: WarmReport, workers: int, progress: bool) -> None:
+           record: VerifiedRecord, report: WarmReport, workers: int, progress: bool, part_size: int) -> None:
     if not entries:
         return
     bar = Progress(sum(f.size for f in entries), len(entries), enabled=progress)
@@ -184,7 +189,8 @@ def _fetch(fs: Any, root: str, dataset_dir: Path, partial: Path, entries: list[M
             report.retries += 1
 
     try:
-        Fetcher(fs, root, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried).run(entries)
+        Fetcher(fs, root, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried,
+                part_size=part_size).run(entries)
     finally:
         bar.close()
 

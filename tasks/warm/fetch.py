@@ -132,7 +132,7 @@ class Fetcher:
         if getattr(self.fs, "async_impl", False):
             from fsspec.asyn import sync
 
-            sync(self.fs.loop, self._run_async(entries))
+            sync(self.fs.loop, self._run_async, entries)
         else:
             self._run_threads(entries)
 

@@ -1,0 +1,89 @@
+"""A mixed dataset tree on the real S3 endpoint (moto server): many small objects + a few large ones."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.data import Manifest, build_manifest
+from tests.services import S3Endpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Tree:
+    url: str
+    storage_options: dict[str, Any]
+    files: dict[str, bytes]
+    manifest: Manifest
+    s3: S3Endpoint
+
+    def put(self, key: str, data: bytes) -> None:
+        """Change an object behind the manifest's back."""
+        self.s3.filesystem().pipe_file(f"{self.url[len('s3://'):]}/{key}", data)
+
+
+def upload_tree(s3: S3Endpoint, bucket: str, n_small: int, large_sizes: list[int], seed: int) -> Tree:
+    rng = random.Random(seed)
+    files: dict[str, bytes] = {}
+    for i in range(n_small):
+        files[f"train/small/part-{i:04d}.bin"] = rng.randbytes(rng.randint(1, 6000))
+    for i, size in enumerate(large_sizes):
+        files[f"train/large-{i}.bin"] = rng.randbytes(size)
+    files["heldout/shard-00000.bin"] = rng.randbytes(4096)
+    prefix = f"{bucket}/ds-{seed}"
+    s3.filesystem().pipe({f"{prefix}/{k}": v for k, v in files.items()})
+    url = f"s3://{prefix}"
+    manifest = build_manifest(url, storage_options=s3.storage_options, name=f"ds-{seed}")
+    return Tree(url=url, storage_options=s3.storage_options, files=files, manifest=manifest, s3=s3)
+
+
+@pytest.fixture(scope="module")
+def tree(s3: S3Endpoint) -> Tree:
+    """200 small files (1 B..6 KB), 2 large files (3 MB, 5 MB), a held-out shard; shared, never modified."""
+    return upload_tree(s3, s3.create_bucket(), 200, [3 << 20, (5 << 20) + 17], seed=7)
+
+
+@pytest.fixture
+def small_tree(s3: S3Endpoint, s3_bucket: str) -> Tree:
+    """20 small files + one 3 MB file, fresh per test: for tests that change objects behind the manifest."""
+    return upload_tree(s3, s3_bucket, 20, [3 << 20], seed=11)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def assert_dataset_matches(dataset_dir: Path, files: dict[str, bytes], complete: bool = True) -> int:
+    """Every file under a final name is byte-identical to the source; returns how many are present."""
+    present = 0
+    on_disk = {str(p.relative_to(dataset_dir)) for p in dataset_dir.rglob("*") if p.is_file()}
+    unknown = on_disk - set(files) - {"manifest.json"}
+    assert not unknown, f"unexpected files under final names: {sorted(unknown)[:5]}"
+    for key, data in files.items():
+        path = dataset_dir / key
+        if path.exists():
+            assert path.read_bytes() == data, f"{key}: wrong bytes under the final name"
+            present += 1
+        else:
+            assert not complete, f"{key}: missing"
+    return present
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return env
+
+
+def warm_cmd(tree: Tree, cache: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tests.warm.cli_driver", "warm-url", tree.url, str(cache),
+            "--storage-options", json.dumps(tree.storage_options), *extra]
