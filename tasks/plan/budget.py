@@ -138,7 +138,7 @@ def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -
     return grads, gather
 
 
-def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int) -> int:
+def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str = "sdpa") -> int:
     """Activation bytes one block keeps for backward, per micro-batch (Korthikanti et al. 2022, generalised).
 
     Outside the TP region (replicated): LN1 input, LN2 input, QKV input, MLP input
@@ -147,27 +147,29 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int) -> int:
     output (e x a s^2 b), attention-dropout mask and output (a s^2 b (1 + e)),
     out-proj input (e x s b h), fc1 output and GELU output (2 e x s b ffn).
     With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula.
+    attention="sdpa" (our model: fused scaled_dot_product_attention) keeps no s^2 tensors,
+    only the fp32 log-sum-exp per head and row (4 x a s b).
     """
     m, b = cfg.model, cfg.train.micro_batch_size
     s, h, a = m.seq_len, m.d_model, m.n_heads
     sb = s * b
     drop = m.dropout > 0
     outside = 4 * e * sb * h + (2 * sb * h if drop else 0)
+    scores = e * a * s * s * b + (a * s * s * b * (1 + e) if drop else 0)
     inside = (
         e * sb * (m.n_heads + 2 * m.kv_heads) * m.head_dim
-        + e * a * s * s * b
-        + (a * s * s * b * (1 + e) if drop else 0)
+        + (scores if attention == "materialized" else 4 * a * sb)
         + e * sb * h
         + 2 * e * sb * m.ffn
     )
     return outside + inside // tp
 
 
-def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool) -> int:
+def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, attention: str = "sdpa") -> int:
     """Activation bytes of one stage at its peak (1F1B: min(m, p - stage) micro-batches in flight)."""
     m, p = cfg.model, cfg.parallel
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.d_model
-    per_layer = _activation_bytes_per_layer(cfg, e, p.tp)
+    per_layer = _activation_bytes_per_layer(cfg, e, p.tp, attention)
     in_flight = min(p.micro_batches, p.pp - stage.index) if p.pp > 1 else 1
     # With recomputation keep only each block's input, and rebuild one block at a time in backward.
     kept = e * s * b * h if recompute else per_layer
@@ -228,12 +230,14 @@ def plan(
     reserve_gb: float = 0.0,
     comm_warn_share: float = COMM_WARN_SHARE,
     bubble_warn: float = BUBBLE_WARN,
+    attention: Literal["sdpa", "materialized"] = "sdpa",
 ) -> Plan:
     """Budget one launch of `cfg` and say whether it can work.
 
     world_size: GPU count the layout must match (tp x pp x dp); None trusts the config.
     device: "cuda"/"gpu" or "cpu" to resolve precision "auto" (None: ask torch).
     reserve_gb: memory kept back per GPU (CUDA context, allocator slack).
+    attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
     """
     validate_layout(cfg, world_size)
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
@@ -255,8 +259,8 @@ def plan(
         # Plain Adam: two fp32 moments (+ fp32 master in mixed precision). ZeRO keeps an fp32
         # partition copy even in fp32 runs, so 12 B per parameter of its shard.
         optim = n * (8 + (4 if precision == "bf16" else 0)) if zero == 0 else shard * 12
-        act_no = _stage_activations(cfg, st, b.activation, recompute=False)
-        act_re = _stage_activations(cfg, st, b.activation, recompute=True)
+        act_no = _stage_activations(cfg, st, b.activation, recompute=False, attention=attention)
+        act_re = _stage_activations(cfg, st, b.activation, recompute=True, attention=attention)
         act = act_re if t.activation_checkpointing else act_no
         bucket = min(DS_BUCKET_ELEMENTS, n) * b.grad if dp > 1 else 0
         p2p = 2 * b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.pp > 1 else 0
@@ -350,7 +354,7 @@ def plan(
         verdict=verdict,
         overflow=overflow,
         warnings=warnings,
-        assumptions=_assumptions(precision, c.assumed_mfu, capacity),
+        assumptions=_assumptions(precision, c.assumed_mfu, capacity, attention),
     )
     log.debug("plan %s: %s, %d B of %d B", cfg.name, verdict, mem.total, capacity)
     return plan_
@@ -409,7 +413,7 @@ def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, in
     )
 
 
-def _assumptions(precision: str, mfu: float, capacity: int) -> list[str]:
+def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> list[str]:
     return [
         f"precision {precision}: weights/grads {PRECISION_BYTES[precision].weight} B/param; optimizer is "
         "Adam (2 fp32 moments) + fp32 master copy (bf16, or any ZeRO stage: DeepSpeed keeps an fp32 partition)",
@@ -418,7 +422,8 @@ def _assumptions(precision: str, mfu: float, capacity: int) -> list[str]:
         "layout order: TP innermost, then DP, then PP (DeepSpeed PipeModelDataParallelTopology)",
         "pipeline stages split blocks like DeepSpeed partition_method='type:TransformerBlock'; "
         "embeddings on stage 0, final LN + head on the last; 1F1B keeps min(m, p - stage) micro-batches in flight",
-        "activations: Korthikanti et al. 2022 per-layer terms, attention scores materialised (no flash attention)",
+        "activations: Korthikanti et al. 2022 per-layer terms; attention "
+        + ("scores materialised" if attention == "materialized" else "by fused SDPA (no s x s tensors kept)"),
         f"compute at {mfu:.0%} MFU of peak; FLOPs = (6N + 12 L s h) per token (+2N with recomputation)",
         "communication not overlapped with compute (conservative); a group within gpus_per_node uses "
         "intra_node_gbps, otherwise inter_node_gbps / gpus_per_node",

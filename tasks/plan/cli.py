@@ -32,6 +32,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--micro-batch", type=int, help="train.micro_batch_size override")
     p.add_argument("--micro-batches", type=int, help="parallel.micro_batches override")
     p.add_argument("--device", choices=["cpu", "gpu"], help="resolves precision auto (default: detect)")
+    p.add_argument("--attention", choices=["sdpa", "materialized"], default="sdpa",
+                   help="activation model: fused SDPA (our model) or materialised s x s scores")
     p.add_argument("--reserve-gb", type=float, default=0.0, help="memory kept back per GPU")
     p.add_argument("--serve-concurrency", type=int, default=1, help="serving estimate: concurrent sequences")
     p.add_argument("--serve-context", type=int, help="serving estimate: tokens per sequence (default seq_len)")
@@ -58,14 +60,15 @@ def run(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(overrides)
     serving = serving_estimate(cfg, args.serve_concurrency, args.serve_context)
     if args.search is not None:
-        ranked = search(cfg, args.search, device=args.device, reserve_gb=args.reserve_gb)
+        ranked = search(cfg, args.search, device=args.device, reserve_gb=args.reserve_gb, attention=args.attention)
         if args.json:
             print(json.dumps({"gpus": args.search, "plans": [r.to_dict() for r in ranked[: args.top]],
                               "feasible": len(ranked), "serving": serving}, indent=2))
         else:
             print(render_search(ranked[: args.top], args.search, len(ranked)))
         return EXIT_FITS if ranked else EXIT_DOES_NOT_FIT
-    result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gb=args.reserve_gb)
+    result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gb=args.reserve_gb,
+                  attention=args.attention)
     if args.json:
         print(json.dumps({**result.to_dict(), "serving": serving}, indent=2))
     else:

@@ -16,7 +16,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gb: float = 0.0,
-           include_infeasible: bool = False) -> list[Plan]:
+           include_infeasible: bool = False, attention: str = "sdpa") -> list[Plan]:
     """Every valid layout for `gpus`, keeping the global batch (micro_batch_size x micro_batches x dp).
 
     For each (tp, pp, dp) with tp*pp*dp == gpus, try the micro-batch sizes that
@@ -43,7 +43,8 @@ def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gb: 
                 }
                 try:
                     candidate = cfg.with_overrides(overrides)
-                    result = plan(candidate, world_size=gpus, device=device, reserve_gb=reserve_gb)
+                    result = plan(candidate, world_size=gpus, device=device, reserve_gb=reserve_gb,
+                                  attention=attention)  # type: ignore[arg-type]
                 except (ConfigError, InvalidInputError) as exc:
                     log.debug("layout %s refused: %s", overrides, exc)
                     continue

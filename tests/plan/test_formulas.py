@@ -83,13 +83,17 @@ def test_activations_match_korthikanti_formula_for_standard_shapes() -> None:
     per_layer = 34 * s * b * h + 5 * a * s * s * b  # 278528 + 163840 = 442368
     embed_out = 2 * s * b * h
     head = 2 * 2 * s * b * h + 2 * s * b * v + 4 * s * b * v  # final LN in/out, logits, fp32 softmax
-    assert plan(cfg).memory.activations_without_recompute == 2 * per_layer + embed_out + head
+    mat = plan(cfg, attention="materialized")
+    assert mat.memory.activations_without_recompute == 2 * per_layer + embed_out + head
     # recomputation: keep 2 s b h per layer input + one layer rebuilt at a time
-    assert plan(cfg).memory.activations_with_recompute == 2 * (2 * s * b * h) + per_layer + embed_out + head
+    assert mat.memory.activations_with_recompute == 2 * (2 * s * b * h) + per_layer + embed_out + head
     # with tp=2 (no sequence parallel): 10 s b h + (24 s b h + 5 a s^2 b)/2
-    tp2 = plan(cfg.with_overrides({"parallel.tp": 2}))
+    tp2 = plan(cfg.with_overrides({"parallel.tp": 2}), attention="materialized")
     per_layer_tp2 = 10 * s * b * h + (24 * s * b * h + 5 * a * s * s * b) // 2
     assert tp2.memory.activations_without_recompute == 2 * per_layer_tp2 + embed_out + head
+    # fused SDPA (our model): the 5 a s^2 b scores become an fp32 log-sum-exp, 4 a s b
+    sdpa = plan(cfg)
+    assert sdpa.memory.activations_without_recompute == 2 * (34 * s * b * h + 4 * a * s * b) + embed_out + head
 
 
 def test_step_comm_flops_and_bubble_by_hand() -> None:
