@@ -21,17 +21,31 @@ from tasks.errors import InvalidInputError
 
 def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path) -> dict[str, Any]:
     """Held-out metrics of the checkpoint; InvalidInputError for incomplete or foreign checkpoints."""
+    from tasks.train.checkpoint import validate_checkpoint_dir
+
+    checkpoint_dir = Path(checkpoint_dir)
+    marker = validate_checkpoint_dir(checkpoint_dir, cfg.experiment_key())
+    metrics = evaluate_weights(cfg, checkpoint_dir, dataset_dir)
+    return {
+        **metrics,
+        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_tag": marker.get("tag"),
+        "step": marker.get("step"),
+        "experiment_key": cfg.experiment_key(),
+    }
+
+
+def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Path) -> dict[str, Any]:
+    """Held-out loss of any weights of this model shape (a checkpoint or a published artifact), so the
+    gate can score the live model on the same windows as the new one."""
     import numpy as np
     import torch
 
-    from tasks.train.checkpoint import validate_checkpoint_dir
     from tasks.train.data import TokenWindows, split_inputs
     from tasks.train.model import lm_loss
     from tasks.train.weights import load_reference
 
-    checkpoint_dir = Path(checkpoint_dir)
-    marker = validate_checkpoint_dir(checkpoint_dir, cfg.experiment_key())
-    model = load_reference(checkpoint_dir, cfg.model)
+    model = load_reference(weights, cfg.model)
     model.eval()
     m, e = cfg.model, cfg.evaluate
     windows = TokenWindows(dataset_dir, "heldout", m.seq_len, m.vocab_size)
@@ -47,18 +61,9 @@ def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path
             tokens += n
     loss = loss_sum / tokens
     if not math.isfinite(loss):
-        raise InvalidInputError(f"{checkpoint_dir}: held-out loss is not finite ({loss})")
-    return {
-        "loss": loss,
-        "perplexity": math.exp(loss),
-        "tokens": tokens,
-        "batches": e.batches,
-        "batch_size": e.batch_size,
-        "checkpoint_dir": str(checkpoint_dir),
-        "checkpoint_tag": marker.get("tag"),
-        "step": marker.get("step"),
-        "experiment_key": cfg.experiment_key(),
-    }
+        raise InvalidInputError(f"{weights}: held-out loss is not finite ({loss})")
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "batches": e.batches,
+            "batch_size": e.batch_size}
 
 
 def register(subparsers: Any) -> None:
