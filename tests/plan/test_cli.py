@@ -90,3 +90,14 @@ def test_module_entry_point_runs_as_a_process(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "tasks.plan", str(DEMO), "--tp", "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "parallel.tp (3)" in proc.stderr
+
+
+def test_retrainer_cli_maps_plan_exit_codes(tmp_path: Path) -> None:
+    """Through the project's `retrainer` entry point (all verbs registered), not just the plan module."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ok = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", str(DEMO), "--device", "cpu", "--json"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["fits"] is True
+    bad = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", str(DEMO), "--gpus", "3"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "does not match the GPU count 3" in bad.stderr
