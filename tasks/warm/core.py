@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import Timeout
+
 from tasks.data import MANIFEST_KEY, Manifest, ManifestFile
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
@@ -98,7 +100,9 @@ def warm(
 
     with use_lock(layout, dsid):
         lock = layout.warm_lock(dsid)
-        if not lock.acquire(blocking=False):
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
             log.info("warm: dataset %s is being warmed by another process; waiting for its lock", dsid)
             lock.acquire()
         try:
