@@ -7,6 +7,8 @@ when an alias moves.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from tasks.registry.core import ANY, Registry
@@ -17,9 +19,20 @@ from tasks.registry.errors import (
     NotFoundError,
     NothingToRollBackError,
 )
-from tasks.registry.migrate import upgrade
-from tasks.registry.records import Lineage, SwitchRecord, VersionRecord
-from tasks.registry.store import ArtifactRef, ArtifactStore
+from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
+
+if TYPE_CHECKING:
+    from tasks.registry.migrate import upgrade
+    from tasks.registry.store import ArtifactStore
+
+# alembic and fsspec are imported on first use: worker processes that only switch pointers stay light.
+_LAZY = {"upgrade": "tasks.registry.migrate", "ArtifactStore": "tasks.registry.store"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def alias_asset_uri(model: str, alias: str) -> str:

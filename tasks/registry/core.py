@@ -26,8 +26,7 @@ from tasks.registry import schema as t
 from tasks.registry.db import make_engine
 from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError
 from tasks.registry.names import check_digest, check_name, check_text, check_version
-from tasks.registry.records import Lineage, SwitchRecord, VersionRecord
-from tasks.registry.store import ArtifactRef
+from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
 
 log = logging.getLogger(__name__)
 

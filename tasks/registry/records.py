@@ -7,6 +7,18 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class ArtifactRef:
+    """Where an artifact lives and what it must hash to."""
+
+    digest: str
+    url: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Lineage:
     """Where a version came from: enough to rebuild or audit it."""
 

@@ -12,7 +12,6 @@ import hashlib
 import logging
 import os
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,9 @@ from tasks.errors import InvalidInputError
 from tasks.fsutil import CHUNK, atomic_writer, fsync_dir, sha256_file
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
+from tasks.registry.records import ArtifactRef
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ArtifactRef:
-    """Where an artifact lives and what it must hash to."""
-
-    digest: str
-    url: str
-    size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class ArtifactStore:
