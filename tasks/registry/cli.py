@@ -35,7 +35,9 @@ def _db(args: argparse.Namespace) -> str:
     return url
 
 
-def _expect(text: str) -> int | None:
+def _expect(text: str) -> int | str | None:
+    if text.upper() == "ANY":
+        return "ANY"
     if text.lower() in ("none", "empty"):
         return None
     try:
@@ -182,7 +184,7 @@ def _switch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--alias", default=MAIN_ALIAS, help=f"pointer to move (default {MAIN_ALIAS})")
     p.add_argument("--expect", type=_expect, default="ANY",
-                   help="compare-and-swap: only switch if the alias points to this version ('none': empty)")
+                   help="compare-and-swap: switch only if the alias is at this version ('none': empty; default: any)")
     p.add_argument("--actor", help="who (default $RETRAINER_ACTOR or the OS user)")
 
 

@@ -1,0 +1,74 @@
+"""The registry verbs through the real `retrainer` entry point: output, --json and exit codes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tasks.config import JobConfig
+from tests.registry.conftest import make_checkpoint
+
+
+def test_cli_lifecycle(
+    registry_url: str, cli: Callable[..., tuple[int, str, str]], job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    db = ["--db", registry_url]
+    rc, out, _ = cli("db", "upgrade", *db, "--json")
+    assert rc == 0 and json.loads(out)["current"] == "0001"
+    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0001")
+
+    cfg = job_config(registry_url)
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"loss": 1.5}))
+    for seed, tag in enumerate(("step-10", "step-20")):
+        ckpt = make_checkpoint(tmp_path / "ckpt", cfg, tag, seed=seed)
+        rc, out, err = cli("publish", str(config_file), "--checkpoint", str(ckpt), "--metrics", str(metrics), "--json")
+        assert rc == 0, err
+        assert json.loads(out)["version"] == seed + 1
+
+    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "1", *db)
+    assert rc == 1 and "expected version 1 but it points to version 2" in err
+    rc, out, _ = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "2", "--reason", "hotfix",
+                     "--actor", "ops", *db, "--json")
+    assert rc == 0 and json.loads(out)["from_version"] == 2
+    rc, out, _ = cli("rollback", "--model", "tiny-gpt", *db)
+    assert rc == 0 and "version 1 -> version 2" in out
+    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "9", *db)
+    assert rc == 2 and "has no version 9" in err
+    rc, out, err = cli("rollback", "--model", "tiny-gpt", "--alias", "staging", *db)
+    assert rc == 1 and "nothing to roll back" in err
+    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "abc", *db)
+    assert rc == 2 and "--expect" in err
+
+    rc, out, _ = cli("registry", "history", "--model", "tiny-gpt", *db, "--json")
+    hist = json.loads(out)
+    assert [(h["action"], h["from_version"], h["to_version"]) for h in hist] == [
+        ("publish", None, 1), ("publish", 1, 2), ("promote", 2, 1), ("rollback", 1, 2)]
+    assert hist[2]["actor"] == "ops" and hist[2]["reason"] == "hotfix"
+    rc, out, _ = cli("registry", "history", "--model", "tiny-gpt", *db)
+    assert out.splitlines()[0].split() == ["ALIAS", "SEQ", "ACTION", "FROM", "TO", "ACTOR", "AT", "REASON"]
+    assert len(out.splitlines()) == 5
+    rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db, "--json")
+    info = json.loads(out)
+    assert info["aliases"]["production"]["version"] == 2 and len(info["versions"]) == 2
+    rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db)
+    assert "production -> 2" in out
+    rc, out, _ = cli("registry", "models", *db, "--json")
+    assert json.loads(out) == [{"model": "tiny-gpt", "versions": 2, "aliases": {"production": 2}}]
+    rc, out, err = cli("registry", "show", "--model", "nope", *db)
+    assert rc == 2 and "'nope' is not in the registry" in err
+
+
+def test_cli_default_db_under_retrainer_home(
+    cli: Callable[..., tuple[int, str, str]], tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    rc, out, _ = cli("registry", "models", "--json")
+    assert rc == 0 and json.loads(out) == []
+    assert (tmp_path / "home" / "registry.db").is_file()
