@@ -198,24 +198,34 @@ class Registry:
             raise InvalidInputError(f"action: unknown switch action {action!r}")
         with self.engine.begin() as conn:
             model_id = self._model_id(conn, model)
-            self._insert_ignore(conn, t.aliases, {"model_id": model_id, "name": alias, "version": None,
-                                                  "generation": 0}, ["model_id", "name"])
-            current = self._lock_alias(conn, model_id, alias)
-            return self._move(conn, model_id, model, alias, current, to_version, expect, actor, reason, action)
+            # Versions are immutable: checking the target before taking the lock is as good as after.
+            self._get_version(conn, model_id, model, to_version)
+            locked = self._lock_alias(conn, model_id, alias)
+            if locked is None:
+                self._insert_ignore(conn, t.aliases, {"model_id": model_id, "name": alias, "version": None,
+                                                      "generation": 0}, ["model_id", "name"])
+                locked = self._lock_alias(conn, model_id, alias)
+            assert locked is not None
+            return self._move(conn, model_id, model, alias, locked, to_version, expect, actor, reason, action,
+                              checked=True)
 
-    def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> int | Literal[False] | None:
-        """Lock the alias row; return its version (None if empty) or False if the alias does not exist."""
+    def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> tuple[int | None, int] | None:
+        """Lock the alias row; return (version or None if empty, generation), or None if there is no such alias.
+
+        The generation counts switches, so the next history sequence number is generation + 1.
+        """
         row = conn.execute(
-            sa.select(t.aliases.c.version)
+            sa.select(t.aliases.c.version, t.aliases.c.generation)
             .where(t.aliases.c.model_id == model_id, t.aliases.c.name == alias)
             .with_for_update()
         ).first()
-        return False if row is None else row[0]
+        return None if row is None else (row[0], int(row[1]))
 
     def _move(
-        self, conn: sa.Connection, model_id: int, model: str, alias: str, current: int | None, to_version: int,
-        expect: Expect, actor: str, reason: str, action: str,
+        self, conn: sa.Connection, model_id: int, model: str, alias: str, locked: tuple[int | None, int],
+        to_version: int, expect: Expect, actor: str, reason: str, action: str, checked: bool = False,
     ) -> SwitchRecord:
+        current, generation = locked
         if expect != ANY and expect != current:
             want = "no version" if expect is None else f"version {expect}"
             have = "no version" if current is None else f"version {current}"
@@ -223,24 +233,23 @@ class Registry:
                 f"model {model!r} alias {alias!r}: expected {want} but it points to {have} "
                 "(someone else moved it first); nothing changed"
             )
-        self._get_version(conn, model_id, model, to_version)  # refuses missing / other model's versions
-        last = conn.execute(
-            sa.select(t.history)
-            .where(t.history.c.model_id == model_id, t.history.c.alias == alias)
-            .order_by(t.history.c.seq.desc())
-            .limit(1)
-        ).first()
+        if not checked:
+            self._get_version(conn, model_id, model, to_version)  # refuses missing / other model's versions
         if current == to_version:
             log.info("model %r alias %r already at version %d; nothing to switch", model, alias, to_version)
+            last = conn.execute(
+                sa.select(t.history).where(t.history.c.model_id == model_id, t.history.c.alias == alias,
+                                           t.history.c.seq == generation)
+            ).first()
             if last is not None:
                 return self._switch(last, model, changed=False)
             raise ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
         now = _now()
-        seq = (last._mapping["seq"] if last is not None else 0) + 1
+        seq = generation + 1
         conn.execute(
             sa.update(t.aliases)
             .where(t.aliases.c.model_id == model_id, t.aliases.c.name == alias)
-            .values(version=to_version, generation=t.aliases.c.generation + 1, updated_by=actor, updated_at=now)
+            .values(version=to_version, generation=seq, updated_by=actor, updated_at=now)
         )
         row = {"model_id": model_id, "alias": alias, "seq": seq, "action": action, "from_version": current,
                "to_version": to_version, "actor": actor, "reason": reason, "at": now}
@@ -263,8 +272,9 @@ class Registry:
             check_version(to, "to")
         with self.engine.begin() as conn:
             model_id = self._model_id(conn, model)
-            current = self._lock_alias(conn, model_id, alias)
-            if current is False or current is None:
+            locked = self._lock_alias(conn, model_id, alias)
+            current = None if locked is None else locked[0]
+            if locked is None or current is None:
                 raise NothingToRollBackError(f"model {model!r} alias {alias!r} points to nothing; nothing to roll back")
             if to is None:
                 last = conn.execute(
@@ -281,7 +291,7 @@ class Registry:
                 to = int(last[0])
             elif to == current:
                 raise NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
-            return self._move(conn, model_id, model, alias, current, to, expect, actor, reason, "rollback")
+            return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback")
 
     # -- reading ------------------------------------------------------------
     def live_version(self, model: str, alias: str) -> VersionRecord | None:
