@@ -34,7 +34,8 @@ from tasks.train.data import read_manifest
 
 log = logging.getLogger(__name__)
 
-_FAILED_STEP = re.compile(r"non-finite (loss|grad norm) at step (\d+)[^\n]*")
+# The worker logs "training failed: <reason>" (e.g. "non-finite loss at step 7 (nan)") before exiting 1.
+_FAILED = re.compile(r"training failed: (.+)$")
 
 
 def torchrun_command(
@@ -140,9 +141,9 @@ def _pump(proc: subprocess.Popen[str], failure: list[str]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
-        match = _FAILED_STEP.search(line)
+        match = _FAILED.search(line)
         if match and not failure:
-            failure.append(match.group(0))
+            failure.append(match.group(1))
         rank_log.info("%s", line)
 
 

@@ -1,0 +1,162 @@
+"""Fault tests with real torchrun/gloo ranks: SIGKILL of one rank, crash inside a checkpoint commit, NaN.
+
+Both crash tests resume and must end on weights bitwise identical to an unbroken
+run of the same experiment (dropout on), which covers RNG states, data position,
+optimizer and LR scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError, TrainingFailedError
+from tasks.train import checkpoint as ck
+from tasks.train.launch import torchrun_command, train, worker_env, write_config_json
+from tasks.train.weights import load_state, state_digest
+from tests.train.conftest import tiny_config, write_dataset
+
+pytestmark = pytest.mark.multiproc
+
+EXPERIMENT = {"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 3, "train.keep_last": 3,
+              "model.dropout": 0.1}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """An unbroken run of the experiment: (tmp root, dataset dir, summary)."""
+    root = tmp_path_factory.mktemp("straight")
+    dataset = write_dataset(root / "dataset")
+    summary = train(tiny_config(root, EXPERIMENT, out="straight"), dataset)
+    return root, dataset, summary
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+def _start(cfg: JobConfig, dataset: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    out = Path(cfg.train.output_dir)
+    cmd = torchrun_command(cfg, dataset, write_config_json(cfg, out))
+    log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(cmd, env=worker_env(extra_env), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_for(cond: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> int:
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _assert_same_final_weights(summary: dict, reference: dict) -> None:
+    assert summary["losses"] == reference["losses"]
+    assert state_digest(load_state(summary["weights_path"])) == state_digest(load_state(reference["weights_path"]))
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight) -> None:
+    root, dataset, reference = straight
+    cfg = tiny_config(root, EXPERIMENT, out="killed")
+    ckroot = ck.ckpt_root(cfg.train.output_dir)
+    Path(cfg.train.output_dir).mkdir(parents=True)
+    proc = _start(cfg, dataset, {"RETRAINER_FAULT_STEP_DELAY_S": "1.0"})
+    try:
+        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
+        ranks = {_rank_of(pid): pid for pid in _children(proc.pid)}
+        os.kill(ranks[1], signal.SIGKILL)
+    finally:
+        rc = _reap(proc)
+    assert rc != 0
+    assert ck.read_latest(ckroot) == "step-000003"
+    assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+    resumed = train(cfg, dataset)
+    assert resumed["resumed_from_step"] == 3
+    _assert_same_final_weights(resumed, reference)
+
+
+def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight) -> None:
+    root, dataset, reference = straight
+    cfg = tiny_config(root, EXPERIMENT, out="crashed")
+    ckroot = ck.ckpt_root(cfg.train.output_dir)
+    Path(cfg.train.output_dir).mkdir(parents=True)
+    tmp = ckroot / "tmp-step-000006"
+    proc = _start(cfg, dataset, {"RETRAINER_FAULT_CKPT_DELAY": "6:120"})
+    try:  # rank 0 writes consolidated.pt, then pauses before the marker and the rename
+        _wait_for(lambda: (tmp / ck.CONSOLIDATED).exists(), proc, "the step-6 checkpoint files")
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        _reap(proc)
+    assert ck.read_latest(ckroot) == "step-000003"
+    assert tmp.is_dir() and not (tmp / ck.MARKER).exists() and not (ckroot / "step-000006").exists()
+    with pytest.raises(InvalidInputError, match="not a complete checkpoint"):
+        ck.validate_checkpoint_dir(tmp, cfg.experiment_key())
+
+    resumed = train(cfg, dataset)
+    assert resumed["resumed_from_step"] == 3
+    assert not tmp.exists()  # swept, never loaded
+    _assert_same_final_weights(resumed, reference)
+
+
+def test_checkpoint_from_another_model_is_refused(straight) -> None:
+    root, dataset, reference = straight
+    other = tiny_config(root, {**EXPERIMENT, "train.lr": 1e-3}, out="straight")  # same dir, other experiment
+    with pytest.raises(TrainingFailedError, match="checkpoint from another model"):
+        train(other, dataset)
+    with pytest.raises(InvalidInputError, match="checkpoint from another model"):
+        ck.find_resume(ck.ckpt_root(other.train.output_dir), other.experiment_key())
+    assert json.loads((Path(reference["checkpoint_dir"]) / ck.MARKER).read_text())["step"] == 6
+
+
+def test_nan_at_step_fails_naming_the_step(make_config, dataset_dir: Path) -> None:
+    cfg = make_config({"parallel.dp": 2, "train.steps": 5, "train.checkpoint_every": 2, "train.nan_at_step": 3})
+    with pytest.raises(TrainingFailedError, match="non-finite loss at step 3"):
+        train(cfg, dataset_dir)
+    out = Path(cfg.train.output_dir)
+    assert not (out / "summary.json").exists()
+    assert ck.read_latest(ck.ckpt_root(out)) == "step-000002"
+    rows = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
