@@ -1,0 +1,112 @@
+"""Training faults: NaN at step k, a duplicate trigger while a run trains, a full checkpoint disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.fsutil import sha256_file
+from tasks.train.checkpoint import ckpt_root, read_latest
+from tests.faults.conftest import (
+    Job,
+    TaskProcess,
+    Trained,
+    driver,
+    make_job,
+    metrics_file,
+    read_json,
+    run_task,
+    task_env,
+)
+from tests.services import require
+
+pytestmark = pytest.mark.multiproc
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, tiny filesystem at `path` (root only), unmounted afterwards."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode == 0
+    require(mounted, f"a {size} tmpfs mount (root and mount -t tmpfs)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def test_nan_at_step_k_fails_publishes_nothing_alias_unchanged(
+    trained: Trained, tmp_path: Path, no_leftovers: None
+) -> None:
+    job = trained.job_for(tmp_path, f"sqlite:///{tmp_path / 'registry.db'}")
+    state = trained.state_for(tmp_path)
+    rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics_file(tmp_path, state))],
+                       tmp_path / "seed.log")
+    assert rc == 0, out[-3000:]  # v1 is live before the bad run
+    job.update("train", steps=6, nan_at_step=5)  # a new experiment (6 steps) that goes NaN at step 5
+
+    rc, out = run_task(driver(job, state, "train", "evaluate", "gate", "publish"), tmp_path / "nan.log")
+    assert rc == 1, out[-3000:]
+    assert "non-finite loss at step 5" in out
+    assert read_json(state / "train.json")["steps"] == 4  # the seed's summary: nothing new was recorded
+    registry = job.registry()
+    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
+    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt")] == [(None, 1)]
+    assert not (job.run_dir() / "summary.json").exists()
+    assert read_latest(ckpt_root(job.run_dir())) == "step-000004"  # the last good checkpoint stays
+
+
+def test_duplicate_trigger_is_refused_by_the_lock_naming_the_holder(
+    tmp_path: Path, pg_url: str, no_leftovers: None
+) -> None:
+    job = make_job(tmp_path, pg_url)
+    rc, out = run_task(driver(job, tmp_path / "a", "warm"), tmp_path / "warm.log")
+    assert rc == 0, out[-2000:]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "warm.json").write_text((tmp_path / "a" / "warm.json").read_text())
+
+    first = TaskProcess(driver(job, tmp_path / "a", "train"), tmp_path / "first.log",
+                        task_env(RETRAINER_FAULT_STEP_DELAY_S="3"))
+    first.wait_for(lambda: "checkpoint committed" in first.text(), "the first run's first checkpoint")
+    root = ckpt_root(job.run_dir())
+    before = {p.name: sha256_file(p / "consolidated.pt") for p in root.glob("step-*")}
+
+    rc, out = run_task(driver(job, tmp_path / "b", "train"), tmp_path / "second.log")
+    assert rc == 1, out[-3000:]
+    assert "is already being trained by fault-suite driver a" in out
+    assert "launching" not in out  # refused before a single rank started
+    assert not (tmp_path / "b" / "train.json").exists()
+    assert first.proc.poll() is None  # the holder carries on
+    for name, digest in before.items():
+        assert sha256_file(root / name / "consolidated.pt") == digest
+    first.sigkill()
+
+
+def test_checkpoint_disk_full_fails_clearly_previous_checkpoint_intact(
+    sqlite_job: Job, tmp_path: Path, no_leftovers: None
+) -> None:
+    job, state = sqlite_job, tmp_path / "state"
+    rc, out = run_task(driver(job, state, "warm"), tmp_path / "warm.log")
+    assert rc == 0, out[-2000:]
+    root = ckpt_root(job.run_dir())
+    with small_tmpfs(root, "7m"):  # one 4.5 MB checkpoint fits, the second does not
+        rc, out = run_task(driver(job, state, "train"), tmp_path / "train.log")
+        assert rc != 0, out[-3000:]
+        assert "No space left on device" in out
+        assert "Traceback" not in out.split("retrainer: error:")[-1]
+        assert read_latest(root) == "step-000002"
+        good = root / "step-000002"
+        assert (good / "COMPLETE").is_file()
+        weights = torch.load(good / "consolidated.pt", weights_only=False)  # loadable, whole
+        assert weights
+        assert not (root / "step-000004").exists()  # nothing half-written under a final name
+        assert not (state / "train.json").exists()
