@@ -1,0 +1,163 @@
+"""The launcher interface: start a training job somewhere, supervise it, and always clean up.
+
+Why one supervise loop for every engine: the guarantees the Airflow task needs
+are the same whether ranks run here, over SSH, under Slurm or in Kubernetes:
+logs stream into `logging`, the exit status becomes the result or a
+`TrainingFailedError`, a hang (no telemetry line for `cluster.hang_timeout_s`)
+fails the task naming the last step, and SIGTERM, a timeout exception or any
+other error cancels the job on every node and waits until nothing is left.
+Engines only say how to start, poll and stop a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tasks.config import JobConfig
+from tasks.errors import RetrainerError, TrainingFailedError
+from tasks.launch.procs import new_tag
+from tasks.launch.watch import ProgressWatcher
+
+log = logging.getLogger(__name__)
+
+
+class LaunchCancelled(RetrainerError):
+    """The launcher was told to stop (SIGTERM from Airflow on kill/timeout); the job was cancelled."""
+
+    exit_code = 143
+
+
+class Job(ABC):
+    """A started training job on one or more nodes."""
+
+    failure: str | None = None  # the trainer's own failure line, when one was seen in the logs
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """None while running; the job's exit status once it ended (non-zero if any node failed)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Cancel whatever still runs on every node and return only when nothing is left. Idempotent."""
+
+
+class Launcher(ABC):
+    """Runs `tasks.train.worker` ranks through one engine; `run()` returns the trainer's summary."""
+
+    name = "base"
+    poll_interval_s = 0.5
+
+    @abstractmethod
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+        """Start the job; every process it creates must carry the launch tag (see procs.TAG_VAR)."""
+
+    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
+        """Validate engine-specific inputs before anything is written (override as needed)."""
+
+    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+        from tasks.train.data import read_manifest
+        from tasks.train.launch import write_config_json
+
+        dataset_dir = Path(dataset_dir).resolve()
+        read_manifest(dataset_dir)  # fail fast, before any node is touched
+        self.prepare(cfg, dataset_dir)
+        out = Path(cfg.train.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        summary_path = out / "summary.json"
+        summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
+        watcher = ProgressWatcher(out / "telemetry.jsonl", cfg.cluster.hang_timeout_s)
+        config_json = write_config_json(cfg, out)
+        tag = new_tag()
+        try:
+            with _sigterm_cancels() as cancel:
+                with cancel.deferred():  # never leave a half-started job untracked
+                    job = self.start(cfg, dataset_dir, config_json, tag)
+                try:
+                    rc = self._supervise(cfg, job, watcher)
+                finally:
+                    with _sigterm_ignored():
+                        job.stop()
+        finally:
+            config_json.unlink(missing_ok=True)
+        if rc != 0:
+            summary_path.unlink(missing_ok=True)
+            detail = job.failure or f"exit status {rc}"
+            raise TrainingFailedError(f"training of {cfg.name} failed ({self.name} launcher): {detail}")
+        try:
+            return json.loads(summary_path.read_text())
+        except FileNotFoundError:
+            raise TrainingFailedError(f"training of {cfg.name} exited 0 but wrote no {summary_path}") from None
+
+    def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher) -> int:
+        while (rc := job.poll()) is None:
+            if watcher.hung():
+                reason = watcher.describe()
+                log.error("%s job of %s hung: %s; cancelling", self.name, cfg.name, reason)
+                with _sigterm_ignored():
+                    job.stop()
+                raise TrainingFailedError(f"training of {cfg.name} hung ({self.name} launcher): {reason}; "
+                                          "job cancelled on every node")
+            time.sleep(self.poll_interval_s)
+        return rc
+
+
+class _Cancel:
+    """SIGTERM handler state: raise at once, or (while deferred) remember and raise afterwards."""
+
+    def __init__(self) -> None:
+        self.deferring = False
+        self.pending = False
+
+    def on_term(self, signum: int, frame: object) -> None:
+        if self.deferring:
+            self.pending = True
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one cancellation at a time
+        raise LaunchCancelled("launcher received SIGTERM: training cancelled on every node")
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending:
+            self.on_term(signal.SIGTERM, None)
+
+
+@contextlib.contextmanager
+def _sigterm_cancels() -> Iterator[_Cancel]:
+    """Turn SIGTERM (Airflow killing or timing out the task) into LaunchCancelled in the main thread."""
+    cancel = _Cancel()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = signal.signal(signal.SIGTERM, cancel.on_term)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """Cleanup must finish: a second SIGTERM during it is logged, not obeyed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda s, f: log.warning("SIGTERM during cleanup: finishing cleanup"))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

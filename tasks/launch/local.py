@@ -1,0 +1,62 @@
+"""`local`: torchrun on this machine (the default, and what tests use).
+
+It is the trainer's own path (`tasks.train.launch.torchrun_command` and
+`worker_env`) behind the launcher interface, plus what the trainer alone does
+not give: hang detection and a cleanup that also reaches ranks torchrun put in
+their own sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+from tasks.config import JobConfig
+from tasks.launch.base import Job, Launcher
+from tasks.launch.logs import LineSink, pump
+from tasks.launch.procs import TAG_VAR, stop_all
+
+log = logging.getLogger(__name__)
+
+
+class LocalJob(Job):
+    def __init__(self, cmd: list[str], env: dict[str, str], tag: str, *, grace_s: float) -> None:
+        self.tag, self.grace_s = tag, grace_s
+        self.sink = LineSink(logging.getLogger("tasks.launch.ranks"))
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.reader = pump(self.proc.stdout, self.sink, name="torchrun-log")
+        self._stopped = False
+
+    @property
+    def failure(self) -> str | None:  # type: ignore[override]
+        return self.sink.failure
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        n = stop_all(self.tag, root_pid=self.proc.pid, grace_s=self.grace_s)
+        self.proc.wait()
+        self.reader.join(timeout=10)
+        self._stopped = True
+        if n:
+            log.warning("local job %s: stopped %d leftover process(es)", self.tag[:8], n)
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+
+    def __init__(self, *, env: dict[str, str] | None = None, grace_s: float = 15.0) -> None:
+        self.env, self.grace_s = dict(env or {}), grace_s
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+        from tasks.train.launch import torchrun_command, worker_env
+
+        cmd = torchrun_command(cfg, dataset_dir, config_json)
+        log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
+        return LocalJob(cmd, worker_env({**self.env, TAG_VAR: tag}), tag, grace_s=self.grace_s)

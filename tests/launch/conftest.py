@@ -1,0 +1,211 @@
+"""Fixtures for launcher tests: two "hosts" (network namespaces, each with its own sshd) and a
+single-node Slurm (munged + slurmctld + slurmd on private ports and dirs). All real daemons; all torn
+down even when a test fails."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.services import free_port, require, require_binary
+from tests.train.conftest import tiny_config, write_dataset
+
+__all__ = ["NetnsHosts", "SlurmCluster", "tiny_config", "write_dataset"]
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def _wait_port(addr: str, port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((addr, port), timeout=1):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listening on {addr}:{port} after {timeout_s}s")
+
+
+@dataclass
+class NetnsHosts:
+    """Two network namespaces on one bridge, each running sshd (root login by a generated key)."""
+
+    root: Path
+    names: list[str]
+    addrs: list[str]
+    key: Path
+    bridge: str
+    sshd: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def launcher_options(self) -> dict[str, object]:
+        return {
+            "hosts": self.addrs, "user": "root", "identity_file": str(self.key),
+            "ssh_options": ["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null"],
+            "env": {"GLOO_SOCKET_IFNAME": "rt0"},
+        }
+
+    def pids(self, i: int) -> set[int]:
+        """Every process whose network namespace is host i's (its process table, from outside)."""
+        out = subprocess.run(["ip", "netns", "pids", self.names[i]], capture_output=True, text=True, check=True)
+        return {int(p) for p in out.stdout.split()}
+
+    def training_pids(self, i: int) -> list[int]:
+        """Processes on host i other than its sshd listener: what a job leaves behind."""
+        return sorted(self.pids(i) - {self.sshd[i].pid})
+
+
+def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
+    suffix = uuid.uuid4().hex[:6]
+    net = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}"
+    names = [f"rt-{suffix}-{i}" for i in (1, 2)]
+    hosts = NetnsHosts(root=root, names=names, addrs=[f"{net}.{i}" for i in (1, 2)], key=root / "id_ed25519",
+                       bridge=f"rtb{suffix}")
+    made_ns: list[str] = []
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        _sh("ip", "link", "add", hosts.bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"{net}.254/24", "dev", hosts.bridge)
+        _sh("ip", "link", "set", hosts.bridge, "up")
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hosts.key))
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key"))
+        shutil.copy(root / "id_ed25519.pub", root / "authorized_keys")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        for i, (ns, addr) in enumerate(zip(names, hosts.addrs, strict=True), start=1):
+            veth = f"rtv{suffix}{i}"
+            _sh("ip", "netns", "add", ns)
+            made_ns.append(ns)
+            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "rt0", "netns", ns)
+            _sh("ip", "link", "set", veth, "master", hosts.bridge, "up")
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "rt0")
+            _sh("ip", "-n", ns, "link", "set", "rt0", "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            conf = root / f"sshd_{i}.conf"
+            conf.write_text("\n".join([
+                "Port 22", f"ListenAddress {addr}", f"HostKey {root / 'host_key'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+                f"PidFile {root / f'sshd_{i}.pid'}", "LogLevel ERROR", "",
+            ]))
+            log = open(root / f"sshd_{i}.log", "wb")  # noqa: SIM115 (owned by the daemon)
+            hosts.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, shutil.which("sshd") or "/usr/sbin/sshd",
+                                                "-D", "-e", "-f", str(conf)], stdout=log, stderr=log))
+        for addr in hosts.addrs:
+            _wait_port(addr, 22)
+        yield hosts
+    finally:
+        for proc in hosts.sshd:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for i, ns in enumerate(made_ns):  # nothing may outlive the fixture in a namespace
+            leftovers = hosts.pids(i) if ns in made_ns else set()
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", hosts.bridge], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def netns_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsHosts]:
+    require(os.geteuid() == 0, "root (ip netns, sshd)")
+    for binary in ("ip", "sshd", "ssh", "ssh-keygen"):
+        require_binary(binary)
+    yield from _netns_hosts(tmp_path_factory.mktemp("netns"))
+
+
+@dataclass
+class SlurmCluster:
+    """munged + slurmctld + slurmd for one node, private ports, dirs and munge socket."""
+
+    root: Path
+    conf: Path
+    node: str
+    daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def run(self, *cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=30)
+
+
+def _slurm(root: Path) -> Iterator[SlurmCluster]:
+    node = socket.gethostname()
+    cpus = os.cpu_count() or 1
+    key, sock = root / "munge.key", root / "munge.socket"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    for d in ("state", "spool", "log"):
+        (root / d).mkdir()
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=retrainer-test", f"SlurmctldHost={node}(127.0.0.1)", "SlurmUser=root", "SlurmdUser=root",
+        f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}", "AuthType=auth/munge",
+        f"AuthInfo=socket={sock}", "CredType=cred/munge", f"StateSaveLocation={root / 'state'}",
+        f"SlurmdSpoolDir={root / 'spool'}", f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+        f"SlurmdPidFile={root / 'slurmd.pid'}", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "MpiDefault=none", "ReturnToService=2",
+        "SchedulerType=sched/backfill", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none", "KillWait=10", "MinJobAge=600",
+        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+        f"PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES", "",
+    ]))
+    cluster = SlurmCluster(root=root, conf=conf, node=node)
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    try:
+        munged = subprocess.Popen(["munged", "-F", "--force", f"--key-file={key}", f"--socket={sock}",
+                                   f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}",
+                                   f"--seed-file={root / 'munge.seed'}"],
+                                  stdout=subprocess.DEVNULL, stderr=open(root / "log" / "munged.err", "wb"))  # noqa: SIM115
+        cluster.daemons.append(munged)
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for cmd in (["slurmctld", "-D", "-i", "-f", str(conf)], ["slurmd", "-D", "-N", node, "-f", str(conf)]):
+            cluster.daemons.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                                    stderr=open(root / "log" / f"{cmd[0]}.err", "wb")))  # noqa: SIM115
+            time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
+            if state in {"idle", "mixed", "allocated"}:
+                break
+            time.sleep(0.5)
+        else:
+            logs = "\n".join((root / "log" / n).read_text(errors="replace")[-2000:]
+                             for n in ("slurmctld.log", "slurmd.log") if (root / "log" / n).exists())
+            raise RuntimeError(f"slurm node never became idle (state {state!r}):\n{logs}")
+        yield cluster
+    finally:
+        for proc in reversed(cluster.daemons):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    require(os.geteuid() == 0, "root (slurmd runs jobs as root here)")
+    for binary in ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "scontrol"):
+        require_binary(binary)
+    yield from _slurm(tmp_path_factory.mktemp("slurm"))

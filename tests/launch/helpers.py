@@ -1,0 +1,57 @@
+"""Helpers for launcher tests: run a launcher as its own process, find a run's training processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tasks.config import JobConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn_launcher(cfg: JobConfig, dataset_dir: Path, options: dict[str, object], log: Path) -> subprocess.Popen[bytes]:
+    """The launcher in a separate process, as an Airflow task would run it."""
+    config = Path(cfg.train.output_dir).parent / f"{Path(cfg.train.output_dir).name}.config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(cfg.model_dump(mode="json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "tasks.launch", "--config", str(config), "--dataset-dir",
+                                 str(dataset_dir), "--options", json.dumps(options)],
+                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[bytes] | None = None,
+                  timeout_s: float = 240.0) -> None:
+    """Block until rank 0's telemetry shows `step` finished."""
+    path = Path(output_dir) / "telemetry.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"launcher exited ({proc.returncode}) before step {step}")
+        if path.exists():
+            steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+            if steps and max(steps) >= step:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} in {path} after {timeout_s}s")
+
+
+def training_processes(output_dir: str | Path) -> list[psutil.Process]:
+    """Live processes (torchrun, ranks, agents) whose command line names this run's output dir."""
+    needle = str(output_dir).rstrip("/") + "/"
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and needle in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

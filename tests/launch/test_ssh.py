@@ -1,0 +1,59 @@
+"""The ssh launcher across two real hosts (network namespaces with their own sshd)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tasks.config import JobConfig
+from tasks.launch import get_launcher
+from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
+from tests.launch.helpers import spawn_launcher, training_processes, wait_for_step
+
+pytestmark = pytest.mark.multiproc
+
+
+def ssh_config(tmp_path: Path, hosts: NetnsHosts, out: str, **overrides: object) -> JobConfig:
+    return tiny_config(tmp_path, {"cluster.launcher": "ssh", "cluster.hosts": hosts.addrs,
+                                  "cluster.master_addr": hosts.addrs[0], **overrides}, out=out)
+
+
+def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "dataset")
+    multi_cfg = ssh_config(tmp_path, netns_hosts, "multi", **{"parallel.dp": 4})
+    multi = get_launcher(multi_cfg, **netns_hosts.launcher_options()).run(multi_cfg, dataset)
+
+    single_cfg = tiny_config(tmp_path, {"parallel.dp": 4}, out="single")
+    single = get_launcher(single_cfg).run(single_cfg, dataset)
+
+    assert multi["world_size"] == single["world_size"] == 4
+    assert len(multi["losses"]) == multi_cfg.train.steps
+    assert multi["losses"] == single["losses"]
+    assert multi["weights_sha256"] == single["weights_sha256"]
+    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+
+
+def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = ssh_config(tmp_path, netns_hosts, "killed", **{"parallel.dp": 2, "train.steps": 200})
+    options = {**netns_hosts.launcher_options(), "env": {"GLOO_SOCKET_IFNAME": "rt0",
+                                                         "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}
+    launcher = spawn_launcher(cfg, dataset, options, tmp_path / "launcher.log")
+    try:
+        wait_for_step(cfg.train.output_dir, 2, launcher)
+        assert netns_hosts.training_pids(0) and netns_hosts.training_pids(1)  # really running on both nodes
+        launcher.send_signal(signal.SIGTERM)
+        rc = launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    log = (tmp_path / "launcher.log").read_text()
+    assert rc == 143, log[-3000:]
+    assert "cancelled" in log
+    assert netns_hosts.training_pids(0) == [], "processes left on node 1"
+    assert netns_hosts.training_pids(1) == [], "processes left on node 2"
+    assert training_processes(cfg.train.output_dir) == []
+    assert not (Path(cfg.train.output_dir) / "summary.json").exists()
