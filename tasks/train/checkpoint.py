@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
 
@@ -86,6 +87,18 @@ def sweep_incomplete(root: Path) -> None:
     for tmp in root.glob("tmp-*"):
         log.warning("removing incomplete checkpoint %s", tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_marker(cfg: JobConfig, tag: str, step: int, world_size: int) -> dict[str, Any]:
+    """The COMPLETE marker: what was trained, to which step, with which layout."""
+    p = cfg.parallel
+    return {
+        "tag": tag,
+        "step": step,
+        "experiment_key": cfg.experiment_key(),
+        "world_size": world_size,
+        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+    }
 
 
 def rng_state() -> dict[str, Any]:

@@ -175,16 +175,6 @@ class Trainer:
 
     # ---- checkpoints -------------------------------------------------------------------------
 
-    def marker(self, tag: str, step: int) -> dict[str, Any]:
-        p = self.cfg.parallel
-        return {
-            "tag": tag,
-            "step": step,
-            "experiment_key": self.cfg.experiment_key(),
-            "world_size": self.world,
-            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
-        }
-
     def save(self, root: Path, step: int, losses: list[float]) -> Path:
         tag = ck.tag_for(step)
         tmp = root / f"tmp-{tag}"
@@ -198,7 +188,7 @@ class Trainer:
         tdist.barrier()
         final = root / tag
         if self.rank == 0:
-            ck.finalize(root, tag, self.marker(tag, step), self.cfg.train.keep_last)
+            ck.finalize(root, tag, ck.make_marker(self.cfg, tag, step, self.world), self.cfg.train.keep_last)
             log.info("checkpoint committed: %s", final)
         tdist.barrier()
         return final
