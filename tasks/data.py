@@ -17,7 +17,6 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from tasks.errors import InvalidInputError
@@ -187,6 +186,8 @@ def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
 
 
 def _tokens(data: bytes) -> bytes:
+    import numpy as np
+
     return np.frombuffer(data, dtype=np.uint8).astype("<u2").tobytes()
 
 

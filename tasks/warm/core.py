@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tasks.warm")
 
-DEFAULT_WORKERS = 32
+DEFAULT_WORKERS = 16
 
 
 def _filesystem(source_url: str, storage_options: dict[str, Any] | None, max_workers: int) -> tuple[Any, str]:
@@ -49,6 +49,7 @@ def _filesystem(source_url: str, storage_options: dict[str, Any] | None, max_wor
         # aiobotocore's pool (10) would cap requests in flight below our semaphore.
         cfg = dict(opts.get("config_kwargs") or {})
         cfg.setdefault("max_pool_connections", max_workers)
+        cfg.setdefault("signature_version", "s3v4")  # presigned URLs (fetch.py) default to SigV2 otherwise
         opts["config_kwargs"] = cfg
     fs, root = fsspec.core.url_to_fs(source_url, **opts)
     fs.invalidate_cache()
@@ -114,13 +115,18 @@ def warm(
             shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
             record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), mhash).load()
             try:
+                t1 = time.monotonic()
                 to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
+                t2 = time.monotonic()
                 _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress,
                        part_size or PART_SIZE)
+                t3 = time.monotonic()
                 for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
                     fsync_dir(d)
                 atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
                 record.compact({f.key for f in manifest.files})
+                log.debug("warm: phases: manifest+locks %.3f s, local check %.3f s, fetch %.3f s, commit %.3f s",
+                          t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
             finally:
                 record.close()
             shutil.rmtree(partial, ignore_errors=True)

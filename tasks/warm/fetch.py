@@ -105,6 +105,7 @@ class Fetcher:
         self.on_retry = on_retry
         self.part_size = part_size
         self.attempts = attempts
+        self._http: _PresignedGet | None = None
 
     def src(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -140,7 +141,20 @@ class Fetcher:
 
     async def _run_async(self, entries: list[ManifestFile]) -> None:
         sem = asyncio.Semaphore(self.max_workers)
-        with ThreadPoolExecutor(max_workers=min(8, self.max_workers), thread_name_prefix="warm-disk") as pool:
+        self._http = await _PresignedGet.create(self.fs, self.max_workers)
+        try:
+            await self._gather(entries, sem)
+        finally:
+            if self._http is not None:
+                await self._http.close()
+
+    async def _get(self, src: str, start: int | None = None, end: int | None = None) -> bytes:
+        if self._http is not None and self._http.enabled:
+            return await self._http.get(src, start, end)
+        return await self.fs._cat_file(src, start=start, end=end)
+
+    async def _gather(self, entries: list[ManifestFile], sem: asyncio.Semaphore) -> None:
+        with ThreadPoolExecutor(max_workers=min(16, self.max_workers), thread_name_prefix="warm-disk") as pool:
             # Large objects first: their parts keep the pipe full while small ones fill gaps.
             order = sorted(entries, key=lambda e: -e.size)
             tasks = [asyncio.ensure_future(self._one_async(e, sem, pool)) for e in order]
@@ -160,7 +174,7 @@ class Fetcher:
                         mtime = await self._large_async(entry, sem, pool)
                     else:
                         async with sem:
-                            data = await self.fs._cat_file(self.src(entry.key))
+                            data = await self._get(self.src(entry.key))
                         mtime = await asyncio.get_running_loop().run_in_executor(
                             pool, commit_bytes, entry, data, self.tmp(entry), self.final(entry))
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -175,7 +189,7 @@ class Fetcher:
 
         async def part(start: int, end: int) -> bytes:
             async with sem:
-                data = await self.fs._cat_file(src, start=start, end=end)
+                data = await self._get(src, start, end)
             if len(data) != end - start:
                 raise ChecksumMismatchError(f"{entry.key}: range {start}-{end} returned {len(data)} bytes")
             return data
@@ -255,3 +269,55 @@ class Fetcher:
 def _write_and_hash(fd: int, data: bytes, offset: int, h: Any) -> None:
     h.update(data)
     _write_all(fd, data, offset)
+
+
+class _PresignedGet:
+    """S3 GETs as presigned URLs over a plain aiohttp session.
+
+    botocore spends ~2 ms of CPU per request (events, parsing); signing a URL costs a
+    fraction of that, so for many small objects this roughly doubles throughput.
+    Any answer other than 200/206/404 switches back to s3fs for the rest of the warm.
+    Disabled with RETRAINER_WARM_PRESIGNED=0 or when the client options set TLS
+    verification or other custom transport settings.
+    """
+
+    def __init__(self, fs: Any, client: Any, session: Any) -> None:
+        self.fs = fs
+        self.client = client
+        self.session = session
+        self.enabled = True
+
+    @classmethod
+    async def create(cls, fs: Any, limit: int) -> _PresignedGet | None:
+        if os.environ.get("RETRAINER_WARM_PRESIGNED", "1") == "0" or "s3" not in fs.protocol:
+            return None
+        if set(getattr(fs, "client_kwargs", None) or {}) - {"endpoint_url", "region_name"}:
+            return None
+        try:
+            import aiohttp
+
+            client = await fs.set_session()
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+                                            timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=120))
+        except Exception as exc:  # optional accelerator: s3fs alone still works
+            log.debug("warm: presigned GETs unavailable (%s); using s3fs", exc)
+            return None
+        return cls(fs, client, session)
+
+    async def get(self, src: str, start: int | None, end: int | None) -> bytes:
+        bucket, key, _ = self.fs.split_path(src)
+        url = await self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                       ExpiresIn=3600)
+        headers = {"Range": f"bytes={start}-{end - 1}"} if start is not None and end is not None else None
+        async with self.session.get(url, headers=headers) as resp:
+            if resp.status in (200, 206):
+                return await resp.read()
+            if resp.status == 404:
+                raise FileNotFoundError(src)
+            if self.enabled:
+                self.enabled = False
+                log.warning("warm: presigned GET answered HTTP %d; using s3fs requests from now on", resp.status)
+            raise OSError(f"GET {src}: HTTP {resp.status}")
+
+    async def close(self) -> None:
+        await self.session.close()
