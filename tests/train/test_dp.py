@@ -1,29 +1,42 @@
-"""DP-only training through the real launcher (torchrun, 2 gloo ranks): summary, checkpoints, telemetry."""
+"""DP-only training through the CLI and the real launcher (torchrun, 2 gloo ranks): summary, checkpoints, telemetry."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.fsutil import sha256_file
 from tasks.train import checkpoint as ck
-from tasks.train.launch import torchrun_command, train
+from tasks.train.launch import torchrun_command
 from tasks.train.weights import load_reference
 
 pytestmark = pytest.mark.multiproc
 
 
-def test_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: Path) -> None:
-    cfg = make_config({"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 2, "train.keep_last": 2,
-                       "model.dropout": 0.1})
+def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: Path, tmp_path: Path) -> None:
+    written = make_config({"parallel.dp": 2, "train.steps": 50, "train.checkpoint_every": 2, "train.keep_last": 2,
+                           "model.dropout": 0.1})
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(written.model_dump(mode="json")))
+    cfg = written.with_overrides({"train.steps": 6})  # what --steps 6 runs
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True)
     (out / "summary.json").write_text('{"stale": true}')  # must never survive into this run
 
-    summary = train(cfg, dataset_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "train", str(config_path), "--dataset-dir", str(dataset_dir),
+         "--steps", "6", "--json"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
 
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == summary
