@@ -1,0 +1,29 @@
+"""Airflow plugin: the retrainer model registry as a page in the Airflow 3 UI.
+
+The FastAPI app (plugins/retrainer_registry/app.py) is mounted by the API server under
+/retrainer; the external view puts a "Model registry" entry in the UI's Browse menu that
+shows it inside Airflow (same origin, same login).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+from retrainer_registry.app import app
+
+URL_PREFIX = "/retrainer"
+
+
+class RetrainerRegistryPlugin(AirflowPlugin):
+    name = "retrainer_registry"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": app, "url_prefix": URL_PREFIX, "name": "Model registry"}]
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {
+            "name": "Model registry",
+            "href": URL_PREFIX.lstrip("/") + "/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "model-registry",
+        }
+    ]

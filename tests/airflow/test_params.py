@@ -1,0 +1,90 @@
+"""The manual-run form of the retrain and rollback DAGs: bad values are refused before anything runs,
+with the offending field named (the REST side of this is in test_standalone.py)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BAD_RETRAIN = [
+    ({"steps": 0}, "steps"),            # below minimum
+    ({"steps": "ten"}, "steps"),        # wrong type
+    ({"steps": 1.5}, "steps"),          # not an integer
+    ({"tp": 0}, "tp"),                  # layout override below minimum
+    ({"pp": 65}, "pp"),                 # above maximum
+    ({"micro_batches": -1}, "micro_batches"),
+    ({"alias": ""}, "alias"),           # too short
+    ({"alias": "a/b"}, "alias"),        # pattern
+    ({"dry_run": "no"}, "dry_run"),     # wrong type
+    ({"force": 1}, "force"),
+]
+
+
+def _dag_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"retrainer_params_{name}", ROOT / "dags" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def validate(dag, conf: dict) -> dict:
+    """What Airflow does with a trigger's conf: merge it over the DAG's Params, validate each."""
+    params = copy.deepcopy(dag.params)
+    for key, value in conf.items():
+        params[key] = value  # an existing Param validates the new value here
+    return params.validate()
+
+
+@pytest.fixture(scope="module")
+def retrain_dag():
+    return _dag_module("retrain").__dict__["retrain_tiny-gpt"]
+
+
+@pytest.fixture(scope="module")
+def rollback_dag():
+    return _dag_module("rollback").rollback_model()  # the @dag function builds the DAG when called
+
+
+@pytest.mark.parametrize(("conf", "field"), BAD_RETRAIN)
+def test_dag_params_reject_bad_values_naming_the_field(retrain_dag, conf: dict, field: str) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
+        validate(retrain_dag, conf)
+
+
+def test_dag_params_accept_a_good_manual_run(retrain_dag) -> None:
+    resolved = validate(
+        retrain_dag, {"steps": 3, "tp": 1, "pp": 1, "dp": 2, "micro_batches": 2, "alias": "staging", "dry_run": True}
+    )
+    assert resolved["steps"] == 3 and resolved["alias"] == "staging" and resolved["dry_run"] is True
+    assert resolved["force"] is False  # defaults fill the rest
+
+
+def test_rollback_form_only_offers_known_models(rollback_dag) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    assert rollback_dag.params.get_param("model").schema["enum"] == ["tiny-gpt"]
+    for conf, field in (({"model": "nope"}, "model"), ({"to_version": 0}, "to_version"),
+                        ({"reason": ""}, "reason")):
+        with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
+            validate(rollback_dag, conf)
+
+
+@pytest.mark.parametrize(("conf", "field"), [({"steps": -3}, "steps"), ({"steps": "many"}, "steps")])
+def test_dag_test_refuses_a_bad_run_conf_before_running_anything(retrain_dag, airflow_db: str, conf: dict,
+                                                                 field: str) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
+            retrain_dag.test(run_conf=conf)

@@ -1,0 +1,145 @@
+"""One real `airflow standalone` (parallelism 4): the retrain DAG, the gate, rollback and the registry page.
+
+Through the REST API: bad Params are refused with HTTP 400 naming the field; two retrains
+publish v1 and v2; a deliberately worse model (one step) is stopped by the gate (publish
+skipped, reason in the gate's log, alias unchanged); `rollback_model` moves the alias back.
+Then the plugin's registry page: refused without a token, lists the versions with one,
+its rollback button triggers `rollback_model`, and a headless Chromium screenshot of it
+is not blank. The tests run in file order and share the one standalone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.airflow.browser import chromium_binary, pixel_stats, screenshot
+from tests.airflow.conftest import Standalone
+from tests.services import free_port, require
+
+RETRAIN = "retrain_tiny-gpt"
+ROLLBACK = "rollback_model"
+MODEL, ALIAS = "tiny-gpt", "production"
+
+pytestmark = pytest.mark.multiproc
+
+
+def _registry(sa: Standalone):
+    from tasks.config import load_config
+    from tasks.registry import Registry
+
+    return Registry(load_config(sa.config_path).publish.registry_url)
+
+
+def test_page_and_api_refuse_anonymous_callers(standalone: Standalone) -> None:
+    with standalone.client(authenticated=False) as anon:
+        for path in ("/retrainer/", "/retrainer/api/models", f"/retrainer/models/{MODEL}"):
+            assert anon.get(path).status_code in (401, 403), path
+        assert anon.post(f"/retrainer/models/{MODEL}/rollback", data={"alias": ALIAS}).status_code in (401, 403)
+        assert anon.post(f"/api/v2/dags/{RETRAIN}/dagRuns", json={"logical_date": None}).status_code in (401, 403)
+    with standalone.client() as c, c.stream("GET", "/retrainer/", headers={"Authorization": "Bearer forged"}) as r:
+        assert r.status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"steps": 0}, "steps"),                  # below minimum
+        ({"steps": "many"}, "steps"),             # wrong type
+        ({"dp": 100000}, "dp"),                   # above maximum
+        ({"alias": "../prod"}, "alias"),          # pattern
+        ({"dry_run": "yes"}, "dry_run"),          # wrong type
+    ],
+)
+def test_rest_rejects_bad_params_naming_the_field(standalone: Standalone, conf: dict, field: str) -> None:
+    resp = standalone.trigger(RETRAIN, conf)
+    assert resp.status_code == 400, resp.text
+    assert field in resp.text
+
+
+def test_rest_rejects_unknown_rollback_model(standalone: Standalone) -> None:
+    resp = standalone.trigger(ROLLBACK, {"model": "no-such-model"})
+    assert resp.status_code == 400, resp.text
+    assert "model" in resp.text
+
+
+def test_retrain_twice_gate_stops_a_worse_model_then_rollback(standalone: Standalone) -> None:
+    with standalone.client() as c:
+        for dag_id in (RETRAIN, ROLLBACK):
+            c.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+    # Queued together; max_active_runs=1 runs them one after another, in trigger order.
+    runs = []
+    for steps in (4, 12, 1):  # v1; v2 (more training: better); then a deliberately worse model
+        resp = standalone.trigger(RETRAIN, {"steps": steps})
+        assert resp.status_code == 200, resp.text
+        runs.append(resp.json()["dag_run_id"])
+    finished = [standalone.wait_run(RETRAIN, run_id) for run_id in runs]
+    states = [standalone.task_states(RETRAIN, run_id) for run_id in runs]
+    assert [r["state"] for r in finished] == ["success"] * 3, states
+
+    registry = _registry(standalone)
+    assert [v.version for v in registry.list_versions(MODEL)] == [1, 2]
+    assert states[0]["publish"] == states[1]["publish"] == "success"
+    # The gate ended the third run clearly: publish skipped, the reason in the gate's log, alias unchanged.
+    assert states[2]["gate"] == "success" and states[2]["publish"] == "skipped", states[2]
+    gate_log = standalone.task_log(RETRAIN, runs[2], "gate")
+    assert "worse than live v2" in gate_log and "not published" in gate_log
+    assert registry.live_version(MODEL, ALIAS).version == 2
+    assert registry.get_version(MODEL, 2).metrics["loss"] < registry.get_version(MODEL, 1).metrics["loss"]
+
+    resp = standalone.trigger(ROLLBACK, {"model": MODEL, "reason": "standalone test"})
+    assert resp.status_code == 200, resp.text
+    assert standalone.wait_run(ROLLBACK, resp.json()["dag_run_id"])["state"] == "success"
+    assert registry.live_version(MODEL, ALIAS).version == 1
+    last = registry.history(MODEL, ALIAS)[-1]
+    assert (last.action, last.from_version, last.to_version, last.reason) == ("rollback", 2, 1, "standalone test")
+
+
+def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalone: Standalone) -> None:
+    with standalone.client() as c:
+        models = c.get("/retrainer/api/models").raise_for_status().json()
+        assert models == [{"model": MODEL, "versions": 2, "aliases": {ALIAS: 1}}]
+        detail = c.get(f"/retrainer/api/models/{MODEL}").raise_for_status().json()
+        assert [v["version"] for v in detail["versions"]] == [1, 2]
+        assert all(len(v["train_losses"]) == n for v, n in zip(detail["versions"], (4, 12), strict=True))
+        assert [h["to_version"] for h in detail["history"]] == [1, 2, 1]
+
+        index = c.get("/retrainer/")
+        assert index.status_code == 200 and MODEL in index.text
+        page = c.get(f"/retrainer/models/{MODEL}")
+        assert page.status_code == 200
+        for text in ("v1", "v2", "Pointer history", "rollback", "<polyline", "Roll back", "standalone test"):
+            assert text in page.text, text
+        version_page = c.get(f"/retrainer/models/{MODEL}/versions/2")
+        assert version_page.status_code == 200 and "<polyline" in version_page.text
+        assert c.get(f"/retrainer/models/{MODEL}/versions/99").status_code == 404
+        assert c.get("/retrainer/models/no-such-model").status_code == 404
+
+        # The button: a form post to the plugin, which triggers rollback_model as the caller.
+        resp = c.post(f"/retrainer/models/{MODEL}/rollback",
+                      data={"alias": ALIAS, "to_version": "2", "reason": "from the page"})
+        assert resp.status_code == 200, resp.text
+        triggered = resp.json()
+        assert triggered["dag_id"] == ROLLBACK and triggered["conf"]["model"] == MODEL
+        bad = c.post(f"/retrainer/models/{MODEL}/rollback", data={"alias": ALIAS, "to_version": "x"})
+        assert bad.status_code == 400 and "to_version" in bad.text
+    assert standalone.wait_run(ROLLBACK, triggered["dag_run_id"])["state"] == "success"
+    assert _registry(standalone).live_version(MODEL, ALIAS).version == 2
+
+
+def test_plugin_is_registered_as_a_ui_view(standalone: Standalone) -> None:
+    with standalone.client() as c:
+        plugins = c.get("/api/v2/plugins").raise_for_status().json()["plugins"]
+    ours = [p for p in plugins if p["name"] == "retrainer_registry"]
+    assert ours, plugins
+    assert ours[0]["fastapi_apps"][0]["url_prefix"] == "/retrainer"
+    assert ours[0]["external_views"][0]["href"] == "retrainer/"
+
+
+def test_headless_chromium_screenshot_of_the_registry_page_is_not_blank(standalone: Standalone) -> None:
+    binary = chromium_binary()
+    require(binary is not None, "chromium (apt chromium) for the registry page screenshot")
+    png, title = screenshot(f"{standalone.base_url}/retrainer/models/{MODEL}", standalone.token, free_port(), binary)
+    (standalone.home / "registry-page.png").write_bytes(png)
+    assert MODEL in title, title  # the registry page itself, not a login or error page
+    colours, variance = pixel_stats(png)
+    assert colours > 10 and variance > 50, (colours, variance)
