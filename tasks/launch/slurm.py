@@ -1,0 +1,185 @@
+"""`slurm`: an `sbatch` script whose one step is `srun torchrun ...`, one torchrun per node.
+
+Why this shape: Slurm owns the allocation and the processes (it tracks and
+kills every process of a step), torchrun owns the ranks on each node, and the
+rendezvous is the first node of the allocation (`scontrol show hostnames`),
+at `cluster.master_port`. The job id is written to `<output_dir>/slurm-job-id`
+and logged; the job's output file (on the shared output dir) is tailed into
+`logging`. Cancelling is `scancel`, then waiting until Slurm reports the job
+ended and no longer COMPLETING, i.e. every node has reaped the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError, RetrainerError
+from tasks.fsutil import atomic_write_bytes
+from tasks.launch.base import Job, Launcher
+from tasks.launch.logs import FileTail, LineSink
+from tasks.launch.procs import TAG_VAR
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+def render_script(cfg: JobConfig, dataset_dir: Path, config_json: Path, *, nodes: int, python: str,
+                  workdir: str | Path, time_limit: str, gpus_per_node: int | None = None,
+                  sbatch_args: Sequence[str] = ()) -> str:
+    """The batch script: one `srun` step, one torchrun per node, node rank and master from Slurm."""
+    from tasks.train.launch import torchrun_command
+
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=python)
+    words = []
+    for arg in cmd:  # the builder's args, with node rank and rendezvous host filled in per node by Slurm
+        if arg.startswith("--node-rank="):
+            words.append('--node-rank="$SLURM_NODEID"')
+        elif arg.startswith("--master-addr="):
+            words.append('--master-addr="$RETRAINER_MASTER_ADDR"')
+        else:
+            words.append(shlex.quote(arg))
+    out = Path(cfg.train.output_dir)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=retrainer-{cfg.name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --output={out}/slurm-%j.out",
+        f"#SBATCH --time={time_limit}",
+    ]
+    if cfg.cluster.partition:
+        lines.append(f"#SBATCH --partition={cfg.cluster.partition}")
+    if gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    lines += [f"#SBATCH {arg}" for arg in sbatch_args]
+    lines += [
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(workdir))}",
+        'RETRAINER_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        "export RETRAINER_MASTER_ADDR",
+        'echo "retrainer: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $RETRAINER_MASTER_ADDR"',
+        f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(' '.join(words))}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class SlurmJob(Job):
+    def __init__(self, launcher: SlurmLauncher, job_id: str, output: Path) -> None:
+        self.launcher, self.job_id = launcher, job_id
+        self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[slurm {job_id}] ")
+        self.tail = FileTail(output, self.sink)
+        self._stopped = False
+        self._rc: int | None = None
+
+    @property
+    def failure(self) -> str | None:  # type: ignore[override]
+        return self.sink.failure
+
+    def state(self) -> tuple[str, int]:
+        """(JobState, exit status) as Slurm reports them; ('GONE', 1) once the record is purged."""
+        done = self.launcher.slurm("scontrol", "show", "job", "-o", self.job_id, check=False)
+        fields = dict(_FIELD.findall(done.stdout))
+        if done.returncode != 0 or "JobState" not in fields:
+            return "GONE", 1
+        code, _, sig = fields.get("ExitCode", "1:0").partition(":")
+        rc = int(code) if code.isdigit() else 1
+        if sig not in ("", "0") and rc == 0:
+            rc = 128 + int(sig) if sig.isdigit() else 1
+        return fields["JobState"], rc
+
+    def poll(self) -> int | None:
+        if self._rc is not None:
+            return self._rc
+        state, rc = self.state()
+        if state not in ENDED and state != "GONE":
+            return None
+        self._rc = 0 if state == "COMPLETED" else (rc or 1)
+        log.info("slurm job %s ended: %s (exit %s)", self.job_id, state, self._rc)
+        return self._rc
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            state, _ = self.state()
+            if state not in ENDED and state != "GONE":
+                log.warning("slurm: scancel %s (state %s)", self.job_id, state)
+                self.launcher.slurm("scancel", self.job_id, check=False)
+            deadline = time.monotonic() + self.launcher.cancel_timeout_s
+            while True:  # ended, and not COMPLETING: every node has reaped the step
+                state, _ = self.state()
+                if state in ENDED or state == "GONE":
+                    break
+                if time.monotonic() > deadline:
+                    raise RetrainerError(f"slurm job {self.job_id} still {state} {self.launcher.cancel_timeout_s:.0f}s "
+                                         "after scancel; check the nodes")
+                time.sleep(0.5)
+        finally:
+            self.tail.stop()
+
+
+class SlurmLauncher(Launcher):
+    """Options the config does not carry yet: node count (default: len(cluster.hosts) or 1), time limit,
+    GPUs per node, extra #SBATCH lines, remote python/workdir, env (also used for the Slurm client calls,
+    e.g. SLURM_CONF)."""
+
+    name = "slurm"
+    poll_interval_s = 1.0
+
+    def __init__(self, *, nodes: int | None = None, time_limit: str = "24:00:00", gpus_per_node: int | None = None,
+                 sbatch_args: Sequence[str] = (), python: str = sys.executable, workdir: str | Path = REPO_ROOT,
+                 env: dict[str, str] | None = None, cancel_timeout_s: float = 180.0) -> None:
+        self.nodes, self.time_limit, self.gpus_per_node = nodes, time_limit, gpus_per_node
+        self.sbatch_args, self.python, self.workdir = list(sbatch_args), python, workdir
+        self.env, self.cancel_timeout_s = dict(env or {}), cancel_timeout_s
+
+    def slurm(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=60)
+        if check and done.returncode != 0:
+            raise RetrainerError(f"{cmd[0]} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        return done
+
+    def _nodes(self, cfg: JobConfig) -> int:
+        nodes = self.nodes or max(1, len(cfg.cluster.hosts))
+        if nodes < 1:
+            raise InvalidInputError(f"slurm launcher: nodes must be >= 1, got {nodes}")
+        return nodes
+
+    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
+        render_script(cfg, dataset_dir, Path("config.json"), nodes=self._nodes(cfg), python=self.python,
+                      workdir=self.workdir, time_limit=self.time_limit)  # validates the node/process split
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+        from tasks.train.launch import worker_env
+
+        out = Path(cfg.train.output_dir)
+        script = out / "slurm-job.sbatch"
+        atomic_write_bytes(script, render_script(
+            cfg, dataset_dir, config_json, nodes=self._nodes(cfg), python=self.python, workdir=self.workdir,
+            time_limit=self.time_limit, gpus_per_node=self.gpus_per_node, sbatch_args=self.sbatch_args).encode())
+        env = worker_env({**self.env, TAG_VAR: tag})
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        if done.returncode != 0:
+            raise RetrainerError(f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        job_id = done.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise RetrainerError(f"sbatch returned no job id: {done.stdout.strip()!r}")
+        atomic_write_bytes(out / "slurm-job-id", f"{job_id}\n".encode())
+        log.info("slurm: submitted job %s (%s); output %s", job_id, script, out / f"slurm-{job_id}.out")
+        return SlurmJob(self, job_id, out / f"slurm-{job_id}.out")

@@ -1,0 +1,70 @@
+"""The slurm launcher on a real single-node Slurm (munged + slurmctld + slurmd from the fixture)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks.launch import get_launcher
+from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
+from tests.launch.helpers import spawn_launcher, training_processes, wait_for_step
+
+pytestmark = pytest.mark.multiproc
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Live processes that belong to a Slurm job (Slurm puts SLURM_JOB_ID in every task's environment)."""
+    needle = f"SLURM_JOB_ID={job_id}".encode()
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "test"}, out="slurm")
+    summary = get_launcher(cfg, env=slurm_cluster.env, time_limit="00:10:00").run(cfg, dataset)
+
+    out = Path(cfg.train.output_dir)
+    job_id = (out / "slurm-job-id").read_text().strip()
+    assert summary["losses"] and len(summary["losses"]) == cfg.train.steps
+    assert Path(summary["weights_path"]).is_file()
+    assert "#SBATCH --partition=test" in (out / "slurm-job.sbatch").read_text()
+    job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert "JobState=COMPLETED" in job and "ExitCode=0:0" in job
+    assert "tasks.train.worker: step 5 loss" in (out / f"slurm-{job_id}.out").read_text()
+    assert job_processes(job_id) == []
+
+
+def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "parallel.dp": 2, "train.steps": 200}, out="slurm")
+    options = {"env": {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, "time_limit": "00:10:00"}
+    launcher = spawn_launcher(cfg, dataset, options, tmp_path / "launcher.log")
+    try:
+        wait_for_step(cfg.train.output_dir, 2, launcher)
+        job_id = (Path(cfg.train.output_dir) / "slurm-job-id").read_text().strip()
+        assert len(job_processes(job_id)) >= 3  # torchrun + 2 ranks (at least), really running under Slurm
+        launcher.send_signal(signal.SIGTERM)
+        rc = launcher.wait(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    log = (tmp_path / "launcher.log").read_text()
+    assert rc == 143, log[-3000:]
+    assert f"scancel {job_id}" in log
+    assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert job_processes(job_id) == []
+    assert training_processes(cfg.train.output_dir) == []
