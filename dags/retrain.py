@@ -14,6 +14,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 
 from tasks import lifecycle
+from tasks.registry import alias_asset_uri
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def build_retrain_dag(config_path: Path):
             ti = get_current_context()["ti"]
             result = lifecycle.stage_publish(job(), summary, metrics, warm_out,
                                              actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
-            outlet_events[MODEL_EVENTS].add(Asset(f"model://{result['model']}/{result['alias']}"),
+            outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                             extra={"version": result["version"]})
             return result
 

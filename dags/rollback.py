@@ -12,6 +12,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 
 from tasks import lifecycle
+from tasks.registry import alias_asset_uri
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
@@ -44,11 +45,11 @@ def rollback_model():
             cfg, alias=params["alias"], to_version=params["to_version"],
             actor=f"airflow {ctx['ti'].dag_id}/{ctx['ti'].run_id}", reason=params["reason"],
         )
-        outlet_events[MODEL_EVENTS].add(Asset(f"model://{result['model']}/{result['alias']}"),
+        outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                         extra={"version": result["to_version"]})
         return result
 
     rollback()
 
 
-rollback_model()
+rollback_dag = rollback_model()

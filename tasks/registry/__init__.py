@@ -1,7 +1,7 @@
 """Model registry: immutable versions, content-addressed artifacts, audited alias pointers.
 
 Public API: `upgrade(db_url)`, `Registry`, `ArtifactStore`, the record types and
-the errors. `alias_asset_uri(model, alias)` names the Airflow Asset a DAG emits
+the errors. `alias_asset_uri(model, alias)` names the Airflow Asset (`model://<name>/<alias>`, issue 8) a DAG emits
 when an alias moves.
 """
 
@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
 
 def alias_asset_uri(model: str, alias: str) -> str:
     """URI of the Asset for one model+alias pointer (names percent-encoded, so any name is safe)."""
-    return f"retrainer://registry/{quote(model, safe='')}/{quote(alias, safe='')}"
+    return f"model://{quote(model, safe='')}/{quote(alias, safe='')}"
 
 
 __all__ = [

@@ -58,7 +58,7 @@ def lifecycle_twice_then_rollback(tmp_path: Path, registry_url: str, monkeypatch
     config = write_config(tmp_path, registry_url)
     make_data(str(tmp_path / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
     retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-gpt"]
-    rollback = load_dag_module("rollback", monkeypatch, config.parent).rollback_model
+    rollback = load_dag_module("rollback", monkeypatch, config.parent).rollback_dag
 
     first = run_dag(retrain, {"steps": 4})
     assert first.state == "success"

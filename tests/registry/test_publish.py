@@ -34,7 +34,7 @@ def test_publish_uploads_records_lineage_and_moves_alias(
     assert (r1.version, r1.previous_version, r1.created, r1.switched) == (1, None, True, True)
     r2 = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
     assert (r2.version, r2.previous_version) == (2, 1)
-    assert r2.asset_uri == "retrainer://registry/tiny-gpt/production"
+    assert r2.asset_uri == "model://tiny-gpt/production"
     again = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
     assert (again.version, again.created, again.switched) == (2, False, False)
 
