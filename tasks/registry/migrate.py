@@ -22,6 +22,10 @@ from tasks.registry.db import make_engine
 log = logging.getLogger(__name__)
 
 VERSION_TABLE = "retrainer_schema_version"
+# alembic logs two lines per connection at INFO ("Context impl ..."); every stage upgrades the schema
+# (idempotently), so keep that chatter out of task logs. Our own line says what was applied.
+logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+
 # Arbitrary 64-bit key for pg_advisory_xact_lock: "retrainer schema".
 _PG_LOCK_KEY = 0x7265747261696E72
 
