@@ -2,8 +2,8 @@
 
 Everything downstream receives a `JobConfig` and trusts it; nothing deep inside
 re-checks these fields. String values may reference environment variables
-(`${RETRAINER_HOME}`), expanded at load time so one config works on a laptop and
-in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
+(`${RETRAINER_HOME}`, or `${VAR:-default}`), expanded at load time so one config works on a
+laptop and in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -204,9 +205,21 @@ def retrainer_home() -> Path:
     return Path(os.environ.get("RETRAINER_HOME") or ".retrainer").resolve()
 
 
+_VAR = re.compile(r"\$\{(\w+)(?::-([^${}]*))?\}")
+
+
+def _expand_str(text: str) -> str:
+    """Expand `${VAR}` and `${VAR:-default}` (innermost first, so defaults may hold variables)."""
+    while True:
+        expanded = _VAR.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
+        if expanded == text:
+            return expanded
+        text = expanded
+
+
 def _expand(value: Any) -> Any:
     if isinstance(value, str):
-        return os.path.expandvars(value)
+        return _expand_str(value)
     if isinstance(value, dict):
         return {k: _expand(v) for k, v in value.items()}
     if isinstance(value, list):
