@@ -46,6 +46,10 @@ class Job(ABC):
     def poll(self) -> int | None:
         """None while running; the job's exit status once it ended (non-zero if any node failed)."""
 
+    def log_progress(self) -> int | None:
+        """The last step seen in the job's logs (progress where the telemetry file is not visible)."""
+        return None
+
     @abstractmethod
     def stop(self) -> None:
         """Cancel whatever still runs on every node and return only when nothing is left. Idempotent."""
@@ -100,6 +104,7 @@ class Launcher(ABC):
 
     def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher) -> int:
         while (rc := job.poll()) is None:
+            watcher.note_step(job.log_progress())
             if watcher.hung():
                 reason = watcher.describe()
                 log.error("%s job of %s hung: %s; cancelling", self.name, cfg.name, reason)

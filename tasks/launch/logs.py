@@ -15,6 +15,8 @@ from typing import IO
 
 # The trainer's own failure line ("non-finite loss at step N ..."), kept for the error message.
 FAILED_STEP = re.compile(r"non-finite (loss|grad norm) at step (\d+)[^\n]*")
+# Rank 0's per-step log line ("tasks.train.worker: step N loss ..."): progress when telemetry is not visible here.
+STEP_LINE = re.compile(r"tasks\.train\.worker: step (\d+) loss")
 
 
 class LineSink:
@@ -23,14 +25,18 @@ class LineSink:
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:
         self.logger, self.prefix = logger, prefix
         self.failure: str | None = None
+        self.last_step: int | None = None
         self._lock = threading.Lock()
 
     def __call__(self, line: str) -> None:
         line = line.rstrip("\r\n")
         match = FAILED_STEP.search(line)
+        step = STEP_LINE.search(line)
         with self._lock:
             if match and self.failure is None:
                 self.failure = match.group(0)
+            if step:
+                self.last_step = int(step.group(1))
         self.logger.info("%s%s", self.prefix, line)
 
 

@@ -27,6 +27,7 @@ from tasks.fsutil import atomic_write_bytes
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
+from tasks.launch.shell import per_node_line
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,7 @@ def render_script(cfg: JobConfig, dataset_dir: Path, config_json: Path, *, nodes
     from tasks.train.launch import torchrun_command
 
     cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=python)
-    words = []
-    for arg in cmd:  # the builder's args, with node rank and rendezvous host filled in per node by Slurm
-        if arg.startswith("--node-rank="):
-            words.append('--node-rank="$SLURM_NODEID"')
-        elif arg.startswith("--master-addr="):
-            words.append('--master-addr="$RETRAINER_MASTER_ADDR"')
-        else:
-            words.append(shlex.quote(arg))
+    line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = Path(cfg.train.output_dir)
     lines = [
         "#!/bin/bash",
@@ -71,7 +65,7 @@ def render_script(cfg: JobConfig, dataset_dir: Path, config_json: Path, *, nodes
         'RETRAINER_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "export RETRAINER_MASTER_ADDR",
         'echo "retrainer: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $RETRAINER_MASTER_ADDR"',
-        f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(' '.join(words))}",
+        f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(line)}",
         "",
     ]
     return "\n".join(lines)

@@ -60,6 +60,12 @@ class ProgressWatcher:
             self._last_progress = time.monotonic()
         return progressed
 
+    def note_step(self, step: int | None) -> None:
+        """Progress seen elsewhere (rank 0's step line in a streamed log)."""
+        if step is not None and (self.last_step is None or step > self.last_step):
+            self.last_step = step
+            self._last_progress = time.monotonic()
+
     def stalled_for(self) -> float:
         self.poll()
         return time.monotonic() - self._last_progress

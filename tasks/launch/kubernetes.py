@@ -1,0 +1,253 @@
+"""`kubernetes`: a Kubeflow `PyTorchJob` (kubeflow.org/v1): one Master pod plus Workers, torchrun in each.
+
+Why build the pod template from the official client's models: the `kubernetes`
+package's V1* classes check required fields as they are built, and
+`sanitize_for_serialization` renders exactly what the API server receives.
+The whole object is then checked against the PyTorchJob CRD's structure
+(`k8s_schema.PYTORCHJOB_SCHEMA`) before anything is sent.
+
+In each pod the training operator sets MASTER_ADDR, MASTER_PORT (from the
+container port named `pytorchjob-port`) and RANK (the pod's index); the
+trainer's torchrun command gets node rank and rendezvous from them. The SSD
+cache is a hostPath volume mounted at `data.cache_dir`, the output dir a
+shared PersistentVolumeClaim mounted at `train.output_dir` (same paths as
+here), /dev/shm an in-memory emptyDir. Status is followed until a Succeeded
+or Failed condition; the Master's log is streamed into `logging`; cancelling
+deletes the job (foreground propagation) and waits until no pod of it is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError, RetrainerError
+from tasks.launch.base import Job, Launcher
+from tasks.launch.logs import LineSink
+from tasks.launch.procs import TAG_VAR
+from tasks.launch.shell import per_node_line
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+JOB_LABEL = "training.kubeflow.org/job-name"  # set by the operator on every pod of a job
+
+
+def job_name(cfg: JobConfig, tag: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", cfg.name.lower()).strip("-")[:40] or "job"
+    return f"retrainer-{base}-{tag[:8]}"
+
+
+def render_pytorchjob(cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, *, nodes: int,
+                      gpus_per_node: int, cpu: str | None = None, memory: str | None = None,
+                      output_claim: str, cache_host_path: str | None = None, python: str = "python",
+                      env: dict[str, str] | None = None, service_account: str | None = None,
+                      shm_size: str = "8Gi") -> dict[str, Any]:
+    """The PyTorchJob manifest as the API server receives it (a plain dict)."""
+    from kubernetes import client as k
+
+    from tasks.train.launch import torchrun_command
+
+    if not cfg.cluster.image:
+        raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=python)
+    line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
+    limits: dict[str, str] = {}
+    if gpus_per_node:
+        limits["nvidia.com/gpu"] = str(gpus_per_node)
+    if cpu:
+        limits["cpu"] = cpu
+    if memory:
+        limits["memory"] = memory
+    variables = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), TAG_VAR: tag}
+    container = k.V1Container(
+        name="pytorch",  # the operator finds the training container by this name
+        image=cfg.cluster.image,
+        command=["bash", "-c", f"exec {line}"],
+        env=[k.V1EnvVar(name=n, value=v) for n, v in sorted(variables.items())],
+        ports=[k.V1ContainerPort(name="pytorchjob-port", container_port=cfg.cluster.master_port)],
+        resources=k.V1ResourceRequirements(limits=limits or None, requests=dict(limits) or None),
+        volume_mounts=[
+            k.V1VolumeMount(name="ssd-cache", mount_path=cfg.data.cache_dir),
+            k.V1VolumeMount(name="output", mount_path=cfg.train.output_dir),
+            k.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        ],
+    )
+    volumes = [
+        k.V1Volume(name="ssd-cache", host_path=k.V1HostPathVolumeSource(
+            path=cache_host_path or cfg.data.cache_dir, type="DirectoryOrCreate")),
+        k.V1Volume(name="output", persistent_volume_claim=k.V1PersistentVolumeClaimVolumeSource(
+            claim_name=output_claim)),
+        k.V1Volume(name="dshm", empty_dir=k.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
+    ]
+    labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, tag)[:63]}
+    template = k.V1PodTemplateSpec(
+        metadata=k.V1ObjectMeta(labels=labels),
+        spec=k.V1PodSpec(containers=[container], volumes=volumes, restart_policy="Never",
+                         service_account_name=service_account),
+    )
+    rendered = k.ApiClient().sanitize_for_serialization(template)
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": rendered}}
+    if nodes > 1:
+        replicas["Worker"] = {"replicas": nodes - 1, "restartPolicy": "Never", "template": rendered}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {"name": job_name(cfg, tag), "namespace": cfg.cluster.namespace, "labels": labels},
+        "spec": {
+            # Retries are Airflow's (they resume from the latest checkpoint); the job itself never restarts.
+            "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    """Check a manifest against the PyTorchJob CRD structure; InvalidInputError names the bad field."""
+    import jsonschema
+
+    from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
+
+    errors = sorted(jsonschema.Draft7Validator(PYTORCHJOB_SCHEMA).iter_errors(manifest), key=lambda e: list(e.path))
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.path) or "(top level)"
+        raise InvalidInputError(f"PyTorchJob manifest: {where}: {first.message}")
+
+
+class KubernetesJob(Job):
+    def __init__(self, launcher: KubernetesLauncher, name: str, namespace: str) -> None:
+        self.launcher, self.name, self.namespace = launcher, name, namespace
+        self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[{name}] ")
+        self._done = threading.Event()
+        self._stopped = False
+        self._logs = threading.Thread(target=self._stream_master_log, name=f"log-{name}", daemon=True)
+        self._logs.start()
+
+    @property
+    def failure(self) -> str | None:  # type: ignore[override]
+        return self.sink.failure
+
+    def log_progress(self) -> int | None:
+        return self.sink.last_step
+
+    def _stream_master_log(self) -> None:
+        pod = f"{self.name}-master-0"
+        while not self._done.is_set():
+            try:
+                resp = self.launcher.core.read_namespaced_pod_log(
+                    pod, self.namespace, container="pytorch", follow=True, _preload_content=False)
+                for raw in resp.stream():
+                    for line in raw.decode(errors="replace").splitlines():
+                        self.sink(line)
+                return
+            except Exception as exc:  # pod not scheduled yet, or API hiccup: try again
+                log.debug("waiting for %s logs: %s", pod, exc)
+                self._done.wait(2.0)
+
+    def poll(self) -> int | None:
+        obj = self.launcher.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []
+                      if c.get("status") == "True"}
+        if "Succeeded" in conditions:
+            return 0
+        if "Failed" in conditions:
+            log.error("PyTorchJob %s failed: %s", self.name, conditions["Failed"].get("message"))
+            return 1
+        return None
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        from kubernetes.client import V1DeleteOptions
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.launcher.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name,
+                body=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=30))
+            log.warning("PyTorchJob %s deleted; waiting for its pods to go", self.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        deadline = time.monotonic() + self.launcher.cancel_timeout_s
+        while True:
+            pods = self.launcher.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={self.name}")
+            if not pods.items:
+                break
+            if time.monotonic() > deadline:
+                raise RetrainerError(f"PyTorchJob {self.name}: {len(pods.items)} pod(s) still present "
+                                     f"{self.launcher.cancel_timeout_s:.0f}s after delete")
+            time.sleep(2.0)
+        self._done.set()
+        self._logs.join(timeout=10)
+
+
+class KubernetesLauncher(Launcher):
+    """Options the config does not carry yet: nodes (default len(cluster.hosts) or 1), GPUs per node
+    (default: ranks per node), cpu/memory limits, the output PVC name, the cache hostPath, the in-image
+    python, extra env, service account, kubeconfig context (in-cluster config is tried first)."""
+
+    name = "kubernetes"
+    poll_interval_s = 5.0
+
+    def __init__(self, *, nodes: int | None = None, gpus_per_node: int | None = None, cpu: str | None = None,
+                 memory: str | None = None, output_claim: str = "retrainer-output",
+                 cache_host_path: str | None = None, python: str = "python", env: dict[str, str] | None = None,
+                 service_account: str | None = None, context: str | None = None,
+                 cancel_timeout_s: float = 300.0) -> None:
+        self.nodes, self.gpus_per_node, self.cpu, self.memory = nodes, gpus_per_node, cpu, memory
+        self.output_claim, self.cache_host_path, self.python = output_claim, cache_host_path, python
+        self.env, self.service_account, self.context = dict(env or {}), service_account, context
+        self.cancel_timeout_s = cancel_timeout_s
+        self._custom: Any = None
+        self._core: Any = None
+
+    def _connect(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config(context=self.context)
+        self._custom, self._core = client.CustomObjectsApi(), client.CoreV1Api()
+
+    @property
+    def custom(self) -> Any:
+        if self._custom is None:
+            self._connect()
+        return self._custom
+
+    @property
+    def core(self) -> Any:
+        if self._core is None:
+            self._connect()
+        return self._core
+
+    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> dict[str, Any]:
+        nodes = self.nodes or max(1, len(cfg.cluster.hosts))
+        per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // nodes
+        manifest = render_pytorchjob(
+            cfg, dataset_dir, config_json, tag, nodes=nodes,
+            gpus_per_node=per_node if self.gpus_per_node is None else self.gpus_per_node, cpu=self.cpu,
+            memory=self.memory, output_claim=self.output_claim, cache_host_path=self.cache_host_path,
+            python=self.python, env=self.env, service_account=self.service_account)
+        validate_manifest(manifest)
+        return manifest
+
+    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
+        self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32)
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+        body = self.manifest(cfg, dataset_dir, config_json, tag)
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        log.info("kubernetes: created PyTorchJob %s/%s (%d pod(s))", namespace, name,
+                 sum(r["replicas"] for r in body["spec"]["pytorchReplicaSpecs"].values()))
+        return KubernetesJob(self, name, namespace)

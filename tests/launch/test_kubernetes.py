@@ -1,0 +1,104 @@
+"""The kubernetes launcher's PyTorchJob: rendered with the official client's models and checked against the
+CRD structure. No cluster runs here, so nothing below pretends a job ran: only the object is checked."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+from tasks.launch import get_launcher
+from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
+from tasks.launch.kubernetes import KubernetesLauncher, validate_manifest
+from tests.launch.conftest import tiny_config
+
+
+def k8s_config(tmp_path: Path, **overrides: object) -> JobConfig:
+    return tiny_config(tmp_path, {"cluster.launcher": "kubernetes", "cluster.image": "registry.example/retrainer:1",
+                                  "cluster.namespace": "ml-train", "cluster.hosts": ["n0", "n1"],
+                                  "parallel.dp": 4, **overrides})
+
+
+def render(tmp_path: Path, **options: object) -> dict:
+    cfg = k8s_config(tmp_path)
+    launcher = get_launcher(cfg, **options)
+    assert isinstance(launcher, KubernetesLauncher)
+    return launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16)
+
+
+def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes(tmp_path: Path) -> None:
+    job = render(tmp_path, memory="32Gi", cpu="8")
+    jsonschema.Draft7Validator.check_schema(PYTORCHJOB_SCHEMA)
+    jsonschema.validate(job, PYTORCHJOB_SCHEMA)
+
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    assert job["metadata"]["namespace"] == "ml-train"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1  # 2 nodes
+    pod = specs["Worker"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "pytorch" and container["image"] == "registry.example/retrainer:1"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RETRAINER_LAUNCH_ID"] == "ab" * 16 and env["OMP_NUM_THREADS"] == "1"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["ssd-cache"] == str(tmp_path / "cache") and "hostPath" in volumes["ssd-cache"]
+    assert volumes["output"]["persistentVolumeClaim"]["claimName"] == "retrainer-output"
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert [p["name"] for p in container["ports"]] == ["pytorchjob-port"]
+    # torchrun per pod: 2 nodes x 2 ranks, node rank and rendezvous from the operator's env.
+    assert container["command"][:2] == ["bash", "-c"]
+    words = shlex.split(container["command"][2])
+    assert "--nnodes=2" in words and "--nproc-per-node=2" in words
+    assert "--node-rank=$RANK" in words and "--master-addr=$MASTER_ADDR" in words
+    assert "--master-port=$MASTER_PORT" in words and "tasks.train.worker" in words
+
+
+def test_single_node_job_has_only_a_master(tmp_path: Path) -> None:
+    cfg = k8s_config(tmp_path, **{"cluster.hosts": []})
+    job = KubernetesLauncher(gpus_per_node=0).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "cd" * 16)
+    validate_manifest(job)
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    limits = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]
+    assert limits == {}  # no GPU asked for, no limits rendered
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [
+    (["spec", "pytorchReplicaSpecs", "Master", "replicas"], 2, "spec.pytorchReplicaSpecs.Master.replicas"),
+    (["spec", "pytorchReplicaSpecs", "Chief"], {}, "spec.pytorchReplicaSpecs"),
+    (["spec", "pytorchReplicaSpecs", "Worker", "restartPolicy"], "Sometimes", "restartPolicy"),
+    (["metadata", "name"], "Bad_Name", "metadata.name"),
+    (["spec", "runPolicy", "cleanPodPolicy"], "Everything", "spec.runPolicy.cleanPodPolicy"),
+])
+def test_schema_refuses_what_the_operator_would(tmp_path: Path, path: list[str], value: object, field: str) -> None:
+    job = copy.deepcopy(render(tmp_path))
+    node = job
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(InvalidInputError, match=field.split(".")[-1]):
+        validate_manifest(job)
+
+
+def test_bad_quantity_and_missing_container_name_are_refused(tmp_path: Path) -> None:
+    job = render(tmp_path)
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["resources"]["limits"]["nvidia.com/gpu"] = "two"
+    with pytest.raises(InvalidInputError, match="resources"):
+        validate_manifest(job)
+    container["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    container["name"] = "trainer"
+    with pytest.raises(InvalidInputError, match="containers"):
+        validate_manifest(job)
+
+
+def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "kubernetes"})
+    with pytest.raises(InvalidInputError, match=r"cluster\.image"):
+        KubernetesLauncher().manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16)
