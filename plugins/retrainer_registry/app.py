@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+import sqlalchemy as sa
 from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
@@ -40,14 +41,18 @@ def _registries(sources: Sources) -> list[Registry]:
     return [Registry(url) for url in sources.registry_urls]
 
 
-def _all_models(sources: Sources) -> list[dict[str, Any]]:
+def _all_models(sources: Sources, errors: list[str] | None = None) -> list[dict[str, Any]]:
+    """Models across the configured registries; a registry that cannot be read is reported, not fatal."""
     seen: dict[str, dict[str, Any]] = {}
     for reg in _registries(sources):
         with reg:
             try:
                 rows = reg.models()
             except Exception as exc:  # an unmigrated or unreachable registry must not blank the page
-                log.warning("registry page: cannot read a registry: %s", type(exc).__name__)
+                where = sa.make_url(reg.db_url).render_as_string(hide_password=True)
+                log.warning("registry page: cannot read registry %s: %s", where, type(exc).__name__)
+                if errors is not None:
+                    errors.append(f"cannot read registry {where}: {type(exc).__name__}")
                 continue
             for row in rows:
                 seen.setdefault(row["model"], row)
@@ -81,7 +86,7 @@ def api_models() -> list[dict[str, Any]]:
     return _all_models(load_sources())
 
 
-@app.get("/api/models/{model}")
+@app.get("/api/models/{model:path}")
 def api_model(model: str) -> dict[str, Any]:
     sources = load_sources()
     view = _model_view(sources, model)
@@ -91,12 +96,13 @@ def api_model(model: str) -> dict[str, Any]:
     return view
 
 
-# -- HTML ----------------------------------------------------------------------------------
+# -- HTML (model names may contain "/": the path converters take them whole) --------------------
 @app.get("/", response_class=HTMLResponse)
 def index(request: Request) -> str:
     sources = load_sources()
     base = _base(request)
-    models = _all_models(sources)
+    errors: list[str] = []
+    models = _all_models(sources, errors)
     rows = []
     for m in models:
         aliases = ", ".join(f"{esc(a)} → v{esc(v)}" for a, v in sorted(m["aliases"].items())) or "—"
@@ -105,12 +111,32 @@ def index(request: Request) -> str:
     body = "<h1>Model registry</h1>"
     if not sources.registry_urls:
         body += "<p class='msg'>No registry configured: set RETRAINER_DB_URL or RETRAINER_CONFIG_DIR.</p>"
+    body += "".join(f"<p class='msg'>{esc(e)}</p>" for e in errors)
     body += render.table(["model", "versions", "aliases (live version)"], rows) if rows else (
         "<p class='muted'>No models published yet.</p>")
     return render.page("Model registry", body)
 
 
-@app.get("/models/{model}", response_class=HTMLResponse)
+@app.get("/models/{model:path}/versions/{version:int}", response_class=HTMLResponse)
+def version_page(request: Request, model: str, version: int) -> str:
+    sources = load_sources()
+    view = _model_view(sources, model)
+    match = [v for v in view["versions"] if v["version"] == version]
+    if not match:
+        raise HTTPException(status_code=404, detail=f"model {model!r} has no version {version}")
+    v = match[0]
+    mref = f"{_base(request)}/{render.model_href(model)}"
+    lineage = [[esc(k), f"<code>{esc(v[k])}</code>"] for k in
+               ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag", "artifact_digest",
+                "artifact_url", "size_bytes", "serving_bytes", "created_by", "created_at")]
+    body = (f"<p><a href='{mref}'>← {esc(model)}</a></p><h1>{esc(model)} v{version}</h1>"
+            f"<h2>Training loss</h2>{render.loss_svg(training_losses(v, sources.jobs_by_model.get(model)))}"
+            f"<h2>Metrics</h2>{render.metrics_cell(v['metrics'])}"
+            f"<h2>Lineage</h2>{render.table(['field', 'value'], lineage)}")
+    return render.page(f"{model} v{version}", body)
+
+
+@app.get("/models/{model:path}", response_class=HTMLResponse)
 def model_page(request: Request, model: str, message: str | None = None) -> str:
     sources = load_sources()
     view = _model_view(sources, model)
@@ -168,25 +194,6 @@ def _rollback_form(mref: str, alias: str, enabled: bool) -> str:
             "<button type='submit'>Roll back</button></form>")
 
 
-@app.get("/models/{model}/versions/{version}", response_class=HTMLResponse)
-def version_page(request: Request, model: str, version: int) -> str:
-    sources = load_sources()
-    view = _model_view(sources, model)
-    match = [v for v in view["versions"] if v["version"] == version]
-    if not match:
-        raise HTTPException(status_code=404, detail=f"model {model!r} has no version {version}")
-    v = match[0]
-    mref = f"{_base(request)}/{render.model_href(model)}"
-    lineage = [[esc(k), f"<code>{esc(v[k])}</code>"] for k in
-               ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag", "artifact_digest",
-                "artifact_url", "size_bytes", "serving_bytes", "created_by", "created_at")]
-    body = (f"<p><a href='{mref}'>← {esc(model)}</a></p><h1>{esc(model)} v{version}</h1>"
-            f"<h2>Training loss</h2>{render.loss_svg(training_losses(v, sources.jobs_by_model.get(model)))}"
-            f"<h2>Metrics</h2>{render.metrics_cell(v['metrics'])}"
-            f"<h2>Lineage</h2>{render.table(['field', 'value'], lineage)}")
-    return render.page(f"{model} v{version}", body)
-
-
 # -- rollback: trigger the DAG through Airflow's REST API as the caller -----------------------
 def _caller_token(request: Request) -> str:
     header = request.headers.get("authorization", "")
@@ -202,7 +209,7 @@ def _caller_token(request: Request) -> str:
     return token
 
 
-@app.post("/models/{model}/rollback")
+@app.post("/models/{model:path}/rollback")
 async def rollback(
     request: Request,
     model: str,
