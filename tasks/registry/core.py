@@ -6,8 +6,11 @@ Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
   numbers are unique and gap-free; a failed publish commits nothing.
 - pointer switch: one transaction that locks the alias row (`FOR UPDATE`),
   checks the optional compare-and-swap expectation, moves the pointer and appends
-  one history row, so the history is a single chain.
-SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE.
+  one history row, so the history is a single chain. On PostgreSQL that transaction
+  is one call of the `registry_move_alias` function (migration 0002) in autocommit
+  mode: one round trip, so the row lock is held only while the server works.
+SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE,
+and it runs the same steps from Python (it has no stored procedures).
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ log = logging.getLogger(__name__)
 
 ANY: Literal["ANY"] = "ANY"
 Expect = int | None | Literal["ANY"]
+
+# PostgreSQL switch/rollback: one bound-parameter call of the function created by migration 0002.
+_PG_MOVE = sa.text(
+    "SELECT * FROM registry_move_alias(CAST(:model AS text), CAST(:alias AS text), CAST(:to AS integer), "
+    "CAST(:expect_any AS boolean), CAST(:expect AS integer), CAST(:actor AS text), CAST(:reason AS text), "
+    "CAST(:action AS text), CAST(:rollback AS boolean), CAST(:at AS timestamptz))"
+)
 
 
 def _now() -> datetime:
@@ -71,6 +81,42 @@ def check_metrics(metrics: Any) -> dict[str, Any]:
     return json.loads(text)
 
 
+def _no_model(model: str) -> NotFoundError:
+    return NotFoundError(f"model {model!r} is not in the registry")
+
+
+def _no_version(model: str, version: int) -> NotFoundError:
+    return NotFoundError(f"model {model!r} has no version {version}")
+
+
+def _cas_lost(model: str, alias: str, expect: int | None, current: int | None) -> ConflictError:
+    want = "no version" if expect is None else f"version {expect}"
+    have = "no version" if current is None else f"version {current}"
+    return ConflictError(
+        f"model {model!r} alias {alias!r}: expected {want} but it points to {have} "
+        "(someone else moved it first); nothing changed"
+    )
+
+
+def _points_to_nothing(model: str, alias: str) -> NothingToRollBackError:
+    return NothingToRollBackError(f"model {model!r} alias {alias!r} points to nothing; nothing to roll back")
+
+
+def _first_version(model: str, alias: str, current: int) -> NothingToRollBackError:
+    return NothingToRollBackError(
+        f"model {model!r} alias {alias!r}: version {current} is the first version it ever "
+        "pointed to; nothing to roll back to (use --to VERSION)"
+    )
+
+
+def _already_there(model: str, alias: str, to: int) -> NothingToRollBackError:
+    return NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
+
+
+def _disagree(model: str, alias: str) -> ConflictError:
+    return ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
+
+
 def _check_expect(expect: Any) -> Expect:
     if expect is None or expect == ANY:
         return expect
@@ -83,6 +129,9 @@ class Registry:
     def __init__(self, db_url: str, *, engine: sa.Engine | None = None) -> None:
         self.db_url = db_url
         self.engine = engine or make_engine(db_url)
+        self._pg = self.engine.dialect.name == "postgresql"
+        # One statement in autocommit mode is one implicit transaction: no BEGIN/COMMIT round trips.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -104,7 +153,7 @@ class Registry:
             q = q.with_for_update(key_share=True)  # FOR NO KEY UPDATE: FK checks of others still pass
         mid = conn.execute(q).scalar()
         if mid is None:
-            raise NotFoundError(f"model {model!r} is not in the registry")
+            raise _no_model(model)
         return int(mid)
 
     @staticmethod
@@ -132,7 +181,7 @@ class Registry:
             sa.select(t.versions).where(t.versions.c.model_id == model_id, t.versions.c.version == version)
         ).first()
         if row is None:
-            raise NotFoundError(f"model {model!r} has no version {version}")
+            raise _no_version(model, version)
         return self._version(row, model)
 
     # -- publishing ---------------------------------------------------------
@@ -196,6 +245,8 @@ class Registry:
         expect = _check_expect(expect)
         if action not in ("promote", "publish", "rollback"):
             raise InvalidInputError(f"action: unknown switch action {action!r}")
+        if self._pg:
+            return self._pg_move(model, alias, to_version, expect, actor, reason, action, rollback=False)
         with self.engine.begin() as conn:
             model_id = self._model_id(conn, model)
             # Versions are immutable: checking the target before taking the lock is as good as after.
@@ -208,6 +259,60 @@ class Registry:
             assert locked is not None
             return self._move(conn, model_id, model, alias, locked, to_version, expect, actor, reason, action,
                               checked=True)
+
+    def _pg_move(
+        self, model: str, alias: str, to: int | None, expect: Expect, actor: str, reason: str, action: str,
+        *, rollback: bool,
+    ) -> SwitchRecord:
+        """Switch or roll back through `registry_move_alias` (migration 0002): one statement, one round trip.
+
+        The function runs the same steps as the SQLite path under the same row lock;
+        its `RG...` SQLSTATEs are mapped back to our exceptions and messages here.
+        """
+        params = {"model": model, "alias": alias, "to": to, "expect_any": expect == ANY,
+                  "expect": None if expect == ANY else expect, "actor": actor, "reason": reason,
+                  "action": action, "rollback": rollback, "at": _now()}
+        assert self._autocommit is not None
+        try:
+            with self._autocommit.connect() as conn:
+                row = conn.execute(_PG_MOVE, params).one()
+        except sa.exc.DBAPIError as exc:
+            mapped = self._pg_error(exc, model, alias, to, expect)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        rec = SwitchRecord(model=model, alias=alias, seq=row.o_seq, action=row.o_action, from_version=row.o_from,
+                           to_version=row.o_to, actor=row.o_actor, reason=row.o_reason, at=_iso(row.o_at) or "",
+                           changed=row.o_changed)
+        if rec.changed:
+            log.info("model %r alias %r: %s -> %d (%s by %s)", model, alias, rec.from_version, rec.to_version,
+                     action, actor)
+        else:
+            log.info("model %r alias %r already at version %d; nothing to switch", model, alias, rec.to_version)
+        return rec
+
+    @staticmethod
+    def _pg_error(exc: sa.exc.DBAPIError, model: str, alias: str, to: int | None, expect: Expect) -> Exception:
+        """Our exception for a `registry_move_alias` SQLSTATE; anything else is re-raised as it was."""
+        code = getattr(exc.orig, "sqlstate", None)
+        diag = getattr(exc.orig, "diag", None)
+        detail = (getattr(diag, "message_detail", None) or "") if diag is not None else ""
+        if code == "RGNOM":
+            return _no_model(model)
+        if code == "RGNOV":
+            return _no_version(model, int(detail))
+        if code == "RGCAS":
+            return _cas_lost(model, alias, None if expect == ANY else expect, int(detail) if detail else None)
+        if code == "RGNRB":
+            kind, _, number = detail.partition(" ")
+            if kind == "first":
+                return _first_version(model, alias, int(number))
+            if kind == "same":
+                return _already_there(model, alias, int(number))
+            return _points_to_nothing(model, alias)
+        if code == "RGHIS":
+            return _disagree(model, alias)
+        return exc
 
     def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> tuple[int | None, int] | None:
         """Lock the alias row; return (version or None if empty, generation), or None if there is no such alias.
@@ -227,12 +332,7 @@ class Registry:
     ) -> SwitchRecord:
         current, generation = locked
         if expect != ANY and expect != current:
-            want = "no version" if expect is None else f"version {expect}"
-            have = "no version" if current is None else f"version {current}"
-            raise ConflictError(
-                f"model {model!r} alias {alias!r}: expected {want} but it points to {have} "
-                "(someone else moved it first); nothing changed"
-            )
+            raise _cas_lost(model, alias, expect, current)
         if not checked:
             self._get_version(conn, model_id, model, to_version)  # refuses missing / other model's versions
         if current == to_version:
@@ -243,7 +343,7 @@ class Registry:
             ).first()
             if last is not None:
                 return self._switch(last, model, changed=False)
-            raise ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
+            raise _disagree(model, alias)
         now = _now()
         seq = generation + 1
         conn.execute(
@@ -270,12 +370,14 @@ class Registry:
         expect = _check_expect(expect)
         if to is not None:
             check_version(to, "to")
+        if self._pg:
+            return self._pg_move(model, alias, to, expect, actor, reason, "rollback", rollback=True)
         with self.engine.begin() as conn:
             model_id = self._model_id(conn, model)
             locked = self._lock_alias(conn, model_id, alias)
             current = None if locked is None else locked[0]
             if locked is None or current is None:
-                raise NothingToRollBackError(f"model {model!r} alias {alias!r} points to nothing; nothing to roll back")
+                raise _points_to_nothing(model, alias)
             if to is None:
                 last = conn.execute(
                     sa.select(t.history.c.from_version)
@@ -284,13 +386,10 @@ class Registry:
                     .limit(1)
                 ).first()
                 if last is None or last[0] is None:
-                    raise NothingToRollBackError(
-                        f"model {model!r} alias {alias!r}: version {current} is the first version it ever "
-                        "pointed to; nothing to roll back to (use --to VERSION)"
-                    )
+                    raise _first_version(model, alias, current)
                 to = int(last[0])
             elif to == current:
-                raise NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
+                raise _already_there(model, alias, to)
             return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback")
 
     # -- reading ------------------------------------------------------------
