@@ -17,8 +17,8 @@ def test_cli_lifecycle(
 ) -> None:
     db = ["--db", registry_url]
     rc, out, _ = cli("db", "upgrade", *db, "--json")
-    assert rc == 0 and json.loads(out)["current"] == "0001"
-    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0001")
+    assert rc == 0 and json.loads(out)["current"] == "0002"
+    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0002")
 
     cfg = job_config(registry_url)
     config_file = tmp_path / "job.yaml"
