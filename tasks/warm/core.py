@@ -121,10 +121,13 @@ def warm(
                 _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress,
                        part_size or PART_SIZE)
                 t3 = time.monotonic()
-                for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
-                    fsync_dir(d)
-                atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
-                record.compact({f.key for f in manifest.files})
+                if report.files_skipped < report.files_total or report.files_verified or not _same_bytes(
+                        dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
+                    for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
+                        fsync_dir(d)
+                    atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
+                    record.compact({f.key for f in manifest.files})
+                # else: a no-op re-warm; the record and the manifest copy are already durable.
                 log.debug("warm: phases: manifest+locks %.3f s, local check %.3f s, fetch %.3f s, commit %.3f s",
                           t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
             finally:
@@ -139,6 +142,13 @@ def warm(
              dsid, dataset_dir, report.files_fetched, report.bytes_fetched / 1e6, report.files_skipped,
              report.files_verified, report.seconds, report.mb_per_s)
     return WarmResult(dataset_dir=dataset_dir, manifest_hash=mhash, report=report, manifest=manifest)
+
+
+def _same_bytes(path: Path, raw: bytes) -> bool:
+    try:
+        return path.read_bytes() == raw
+    except FileNotFoundError:
+        return False
 
 
 def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedRecord, report: WarmReport,
