@@ -105,7 +105,7 @@ def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: JobConfig) -> d
     if grid.get_data_parallel_rank() == 0:
         payload = (
             grid.get_slice_parallel_rank(),
-            {n: p.detach().float().cpu() for n, p in local_named_params(module)},
+            {n: p.detach().float().cpu().clone() for n, p in local_named_params(module)},
         )
     gathered: list[Any] = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else []
     tdist.gather_object(payload, gathered if tdist.get_rank() == 0 else None, dst=0)
@@ -172,10 +172,13 @@ class Trainer:
         )
         seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        if self.rank == 0:
+            log.info("engine ready: %d ranks (tp=%d pp=%d dp=%d)", self.world, p.tp, p.pp, p.dp)
 
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save(self, root: Path, step: int, losses: list[float]) -> Path:
+        started = time.perf_counter()
         tag = ck.tag_for(step)
         tmp = root / f"tmp-{tag}"
         self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
@@ -189,7 +192,11 @@ class Trainer:
         final = root / tag
         if self.rank == 0:
             ck.finalize(root, tag, ck.make_marker(self.cfg, tag, step, self.world), self.cfg.train.keep_last)
-            log.info("checkpoint committed: %s", final)
+            seconds = time.perf_counter() - started
+            size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
+            log.info("checkpoint committed: %s (%d bytes, %.2fs)", final, size, seconds)
+            with open(root.parent / "checkpoints.jsonl", "a") as fh:
+                fh.write(json.dumps({"tag": tag, "step": step, "bytes": size, "seconds": seconds}) + "\n")
         tdist.barrier()
         return final
 

@@ -15,6 +15,7 @@ import yaml
 from tasks.fsutil import sha256_file
 from tasks.train import checkpoint as ck
 from tasks.train.launch import torchrun_command
+from tasks.train.model import num_params
 from tasks.train.weights import load_reference
 
 pytestmark = pytest.mark.multiproc
@@ -64,7 +65,9 @@ def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: P
     assert weights == root / "step-000006" / ck.CONSOLIDATED
     assert summary["weights_sha256"] == sha256_file(weights)
     model = load_reference(weights, cfg.model)
-    assert sum(p.numel() for p in model.parameters()) > 0
+    assert sum(p.numel() for p in model.parameters()) == num_params(cfg.model)
+    # each tensor saved with its own storage, not a view into ZeRO's flat buffer
+    assert weights.stat().st_size < 4 * num_params(cfg.model) + 64_000
 
     rows = [json.loads(line) for line in Path(summary["telemetry_path"]).read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))

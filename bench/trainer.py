@@ -1,0 +1,161 @@
+"""Trainer benchmark: our DeepSpeed engine vs a plain PyTorch loop on the same model and data.
+
+Run: `.venv/bin/python bench/trainer.py [--steps N] [--gpu]`.
+
+CPU (always): median step time of our engine with DP=1 (torchrun, one rank,
+PipelineModule + ZeRO-1 + telemetry) vs `tasks.train.reference.train_reference`
+(the plain loop: forward, backward, clip, AdamW, scheduler) on the same model,
+batches and initial weights, one thread each. Goal: ratio <= 1.15.
+Checkpoint commit throughput (GB/s) vs `dd` writing the same bytes with fsync
+to the same disk.
+
+GPU (`--gpu`, only when CUDA is present): bf16 throughput and MFU of a ~1.1B
+GPT on one GPU (goal: MFU >= 45% of the dense bf16 peak in cluster.peak_tflops),
+plus the same checkpoint-vs-dd comparison for its ~18 GB checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tasks.config import JobConfig
+from tasks.fsutil import sha256_bytes
+
+
+def write_dataset(root: Path, vocab: int, tokens: int, seed: int = 0) -> Path:
+    """Random tokens in the warm stage's format (train/ and heldout/ shards + manifest)."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for key, n in (("train/shard-00000.bin", tokens), ("heldout/shard-00000.bin", tokens // 8)):
+        data = rng.integers(0, vocab, n, dtype=np.uint16).astype("<u2").tobytes()
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+        files.append({"key": key, "size": len(data), "sha256": sha256_bytes(data)})
+    manifest = {"format": "retrainer-dataset/1", "dtype": "uint16", "vocab_size": vocab, "files": files}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def job(root: Path, model: dict, train: dict, port: int) -> JobConfig:
+    return JobConfig.model_validate({
+        "name": "bench-trainer",
+        "model": model,
+        "data": {"source_url": str(root / "src"), "cache_dir": str(root / "cache")},
+        "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1},
+        "train": {"output_dir": str(root / "run"), "warmup_steps": 2, "seed": 1, **train},
+        "cluster": {"master_port": port},
+        "publish": {"registry_url": "sqlite://", "store_url": str(root / "store"), "model_name": "bench"},
+    })
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dd_gbps(directory: Path, nbytes: int) -> float:
+    """GB/s of `dd` writing nbytes (1 MiB blocks) with a final fsync to a file in directory."""
+    target = directory / "dd.bin"
+    count = max(1, nbytes // (1 << 20))
+    started = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}", "conv=fsync"],
+                   check=True, capture_output=True)
+    seconds = time.perf_counter() - started
+    target.unlink()
+    return count * (1 << 20) / seconds / 1e9
+
+
+def engine_run(cfg: JobConfig, dataset: Path) -> tuple[list[dict], list[dict]]:
+    from tasks.train.launch import train
+
+    train(cfg, dataset)
+    out = Path(cfg.train.output_dir)
+    steps = [json.loads(x) for x in (out / "telemetry.jsonl").read_text().splitlines()]
+    ckpts = [json.loads(x) for x in (out / "checkpoints.jsonl").read_text().splitlines()]
+    return steps, ckpts
+
+
+def cpu_bench(steps: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    from tasks.train.reference import train_reference
+
+    model = {"vocab_size": 512, "seq_len": 128, "n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024}
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        root = Path(tmp)
+        dataset = write_dataset(root / "data", 512, 200_000)
+        cfg = job(root, model, {"steps": steps, "micro_batch_size": 8, "checkpoint_every": steps}, free_port())
+        ours, ckpts = engine_run(cfg, dataset)
+        ref = train_reference(cfg, dataset)
+        skip = 3  # warm-up steps (allocator, first-touch)
+        ours_s = statistics.median(r["step_s"] for r in ours[skip:])
+        ref_s = statistics.median(ref.step_seconds[skip:])
+        comm = statistics.median(r["comm_s"] for r in ours[skip:])
+        print(f"CPU model L4 d256 h8 V512 s128, micro-batch 8, {steps} steps, 1 thread, fp32")
+        print(f"  ours (DeepSpeed engine, DP=1): median step {ours_s * 1e3:.1f} ms (comm {comm * 1e3:.2f} ms)")
+        print(f"  plain PyTorch loop           : median step {ref_s * 1e3:.1f} ms")
+        print(f"  ratio ours/plain             : {ours_s / ref_s:.3f}  (goal <= 1.15)")
+        last = ckpts[-1]
+        ours_gbps = last["bytes"] / last["seconds"] / 1e9
+        peer = dd_gbps(root, last["bytes"])
+        print(f"  checkpoint commit: {last['bytes'] / 1e6:.1f} MB in {last['seconds']:.3f} s = {ours_gbps:.3f} GB/s;"
+              f" dd+fsync same bytes: {peer:.3f} GB/s; ratio {ours_gbps / peer:.2f}")
+
+
+def gpu_bench(steps: int) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("GPU: not measured: no GPU lent (torch.cuda.is_available() is False)")
+        return
+    model = {"vocab_size": 32000, "seq_len": 2048, "n_layers": 20, "d_model": 2048, "n_heads": 16, "d_ff": 8192}
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-gpu-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        dataset = write_dataset(root / "data", 32000, 4_000_000)
+        cfg = job(root, model, {"steps": steps, "micro_batch_size": 8, "checkpoint_every": steps,
+                                "precision": "bf16", "lr": 3e-4}, free_port())
+        from tasks.train.model import num_params
+
+        rows, ckpts = engine_run(cfg, dataset)
+        tail = rows[3:]
+        tps = statistics.median(r["tokens_per_s"] for r in tail)
+        mfu = statistics.median(r["mfu"] for r in tail)
+        print(f"GPU {torch.cuda.get_device_name()}: GPT {num_params(cfg.model) / 1e9:.2f}B, bf16, mbs 8 x 2048")
+        print(f"  tokens/s {tps:,.0f}  MFU {mfu * 100:.1f}% of {cfg.cluster.peak_tflops} TFLOPS (goal >= 45%)")
+        print(f"  peak memory {max(r['peak_mem_bytes'] for r in rows) / 2**30:.1f} GiB")
+        last = ckpts[-1]
+        ours_gbps = last["bytes"] / last["seconds"] / 1e9
+        peer = dd_gbps(root, last["bytes"])
+        print(f"  checkpoint commit: {last['bytes'] / 1e9:.2f} GB in {last['seconds']:.1f} s = {ours_gbps:.2f} GB/s;"
+              f" dd+fsync: {peer:.2f} GB/s; ratio {ours_gbps / peer:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--gpu", action="store_true", help="also run the ~1B bf16 MFU benchmark (needs CUDA)")
+    args = parser.parse_args()
+    cpu_bench(args.steps)
+    if args.gpu:
+        gpu_bench(args.steps)
+
+
+if __name__ == "__main__":
+    main()
