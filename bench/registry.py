@@ -3,7 +3,9 @@
 Usage: .venv/bin/python bench/registry.py [--pg postgresql://postgres@127.0.0.1:5432] [--seconds 3]
 MLflow runs from its own venv (default /tmp/mlflow-venv; created with pip if missing) so its pins
 never touch ours. Each system gets a scratch database; W writer threads (own connections) switch
-an alias between existing versions for a fixed time. Ours appends a history row per switch.
+an alias between existing versions for a fixed time. Ours appends a history row per switch (on
+PostgreSQL one call of `registry_move_alias`, migration 0002). The load average is printed
+because the numbers mean little without it on a shared machine.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -149,6 +152,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--mlflow-venv", type=Path, default=Path("/tmp/mlflow-venv"))
     args = ap.parse_args()
+    load_before = os.getloadavg()
     tag = uuid.uuid4().hex[:8]
     ours_db, ml_db = f"bench_reg_{tag}", f"bench_mlflow_{tag}"
     _create_db(args.pg, ours_db)
@@ -175,7 +179,10 @@ def main() -> int:
         else:
             line += "   (mlflow not measured)"
         print(line)
-    print(json.dumps({"ours": ours, "mlflow": theirs}))
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before: {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
+          f"after: {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} CPUs")
+    print(json.dumps({"ours": ours, "mlflow": theirs, "load_before": load_before, "load_after": load_after}))
     return 0
 
 
