@@ -135,9 +135,9 @@ class Trainer:
         self.cfg = cfg
         p, m = cfg.parallel, cfg.model
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
-        if torch.cuda.is_available():
+        if torch.cuda.is_available():  # before the first NCCL collective
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         if self.world != p.world_size:
             raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")

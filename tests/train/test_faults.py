@@ -12,11 +12,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
@@ -160,3 +163,44 @@ def test_nan_at_step_fails_naming_the_step(make_config, dataset_dir: Path) -> No
     assert ck.read_latest(ck.ckpt_root(out)) == "step-000002"
     rows = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def _processes_with(marker: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigterm_to_the_cli_stops_every_rank(make_config, dataset_dir: Path, tmp_path: Path) -> None:
+    """What Airflow does on a task timeout: SIGTERM the `retrainer train` process; no rank may survive."""
+    cfg = make_config({"parallel.dp": 2, "train.steps": 50, "train.checkpoint_every": 1})
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    marker = f"RETRAINER_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAINER_FAULT_STEP_DELAY_S": "0.5",
+           marker.split("=")[0]: marker.split("=")[1]}
+    cli = subprocess.Popen([sys.executable, "-m", "tasks.cli", "train", str(config_path),
+                            "--dataset-dir", str(dataset_dir)], env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        latest = ck.ckpt_root(cfg.train.output_dir) / ck.LATEST
+        _wait_for(latest.exists, cli, "the first checkpoint")
+        assert len(_processes_with(marker.encode())) >= 4  # cli, torchrun, 2 ranks
+        cli.send_signal(signal.SIGTERM)
+        rc = cli.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cli.pid, signal.SIGKILL)
+        cli.wait()
+    assert rc == 130
+    deadline = time.monotonic() + 10
+    while _processes_with(marker.encode()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker.encode()) == []
+    assert not (Path(cfg.train.output_dir) / "summary.json").exists()
