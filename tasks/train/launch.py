@@ -7,10 +7,13 @@ behind. Rank output is streamed into `logging`; a failed run becomes a
 
 DeepSpeed's CPU op JIT build is not paid per run: the optimizer is a plain
 `torch.optim.AdamW` (no fused-Adam build), and the shm comm op that
-`deepspeed.init_distributed` builds on CPU goes to a persistent PyTorch
-extension cache (`TORCH_EXTENSIONS_DIR`, the documented torch switch; default
-`~/.cache/torch_extensions`), so it is compiled once per machine and then only
-loaded (about a second). DeepSpeed 0.19 has no switch that skips that op.
+`deepspeed.init_distributed` builds on CPU lands in PyTorch's persistent
+extension cache (`TORCH_EXTENSIONS_DIR`, the documented torch switch, default
+`~/.cache/torch_extensions/<py><cuda>`; point it at a shared or baked-in dir
+in images), so it is compiled once per machine (~30-90 s) and afterwards only
+loaded (about a second). DeepSpeed 0.19 has no switch that skips that op, and
+we do not patch its private functions. Ranks inherit the caller's
+environment, so a TORCH_EXTENSIONS_DIR set there applies to every rank.
 """
 
 from __future__ import annotations
@@ -70,7 +73,6 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the ranks: one OpenMP thread per rank on CPU, quiet tokenizers, our extras."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})
     return env
