@@ -1,11 +1,13 @@
 """Benchmark: alias switches/s and p50/p99 latency, ours vs MLflow's model registry, same PostgreSQL.
 
-Usage: .venv/bin/python bench/registry.py [--pg postgresql://postgres@127.0.0.1:5432] [--seconds 3]
+Usage: .venv/bin/python bench/registry.py [--pg postgresql://postgres@127.0.0.1:5432] [--seconds 2] [--rounds 3]
 MLflow runs from its own venv (default /tmp/mlflow-venv; created with pip if missing) so its pins
 never touch ours. Each system gets a scratch database; W writer threads (own connections) switch
-an alias between existing versions for a fixed time. Ours appends a history row per switch (on
-PostgreSQL one call of `registry_move_alias`, migration 0002). The load average is printed
-because the numbers mean little without it on a shared machine.
+an alias between existing versions for a fixed time; the points run interleaved (ours, MLflow,
+ours, ...) for several rounds so that load from other work on a shared machine hits both alike.
+Ours appends a history row per switch (on PostgreSQL one call of `registry_move_alias`,
+migration 0002). The load average is printed: on a shared machine the numbers mean little
+without it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,17 +32,18 @@ sys.path.insert(0, str(ROOT))
 WRITERS = (1, 8, 32)
 VERSIONS = 20
 
-MLFLOW_SCRIPT = r'''
+MLFLOW_SCRIPT = r"""
 import json, random, sys, threading, time, logging
 logging.disable(logging.WARNING)
 from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore
-url, seconds, writers_list, versions = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+url, versions = sys.argv[1], int(sys.argv[2])
 store = SqlAlchemyStore(url)
 store.create_registered_model("bench")
 for i in range(versions):
     store.create_model_version("bench", f"file:///tmp/m{i}")
-out = {}
-for writers in writers_list:
+print("ready", flush=True)
+for line in sys.stdin:  # one request per line: "WRITERS SECONDS"; one JSON answer per line
+    writers, seconds = int(line.split()[0]), float(line.split()[1])
     lat, stop = [], time.monotonic() + seconds
     def work():
         rnd, mine = random.Random(), []
@@ -53,15 +55,17 @@ for writers in writers_list:
     ts = [threading.Thread(target=work) for _ in range(writers)]
     t0 = time.monotonic()
     [t.start() for t in ts]; [t.join() for t in ts]
-    out[writers] = {"lat": lat, "elapsed": time.monotonic() - t0}
-print(json.dumps(out))
-'''
+    print(json.dumps({"lat": lat, "elapsed": time.monotonic() - t0}), flush=True)
+"""
 
 
-def _stats(lat: list[float], elapsed: float) -> dict[str, float]:
-    lat = sorted(lat)
+def _stats(runs: list[tuple[list[float], float]]) -> dict[str, float]:
+    """Throughput: median over rounds (robust to load spikes); latency quantiles over all samples."""
+    lat = sorted(x for run, _ in runs for x in run)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
-    return {"switches": len(lat), "per_s": len(lat) / elapsed, "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3}
+    rates = [len(run) / elapsed for run, elapsed in runs]
+    return {"switches": len(lat), "per_s": statistics.median(rates), "per_s_rounds": rates,
+            "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3}
 
 
 def _create_db(pg: str, name: str) -> None:
@@ -84,28 +88,34 @@ def _drop_db(pg: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def bench_ours(url: str, seconds: float) -> dict[int, dict[str, float]]:
-    import hashlib
+class Ours:
+    """Our registry on a scratch database: 20 versions published, writer threads switch one alias."""
 
-    from tasks.registry import ANY, ArtifactRef, Lineage, Registry, upgrade
-    from tasks.registry.db import make_engine
+    def __init__(self, url: str) -> None:
+        import hashlib
 
-    upgrade(url)
-    reg = Registry(url, engine=make_engine(url, pool_size=max(WRITERS) + 2))
-    for i in range(VERSIONS):
-        d = hashlib.sha256(str(i).encode()).hexdigest()
-        reg.publish_version("bench", ArtifactRef(d, f"file:///tmp/{d}", i), Lineage("c", "m", "r", str(i)), {}, "b")
-    results = {}
-    for writers in WRITERS:
+        from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
+        from tasks.registry.db import make_engine
+
+        upgrade(url)
+        self.reg = Registry(url, engine=make_engine(url, pool_size=max(WRITERS) + 2))
+        for i in range(VERSIONS):
+            d = hashlib.sha256(str(i).encode()).hexdigest()
+            self.reg.publish_version("bench", ArtifactRef(d, f"file:///tmp/{d}", i), Lineage("c", "m", "r", str(i)),
+                                     {}, "b")
+
+    def run(self, writers: int, seconds: float) -> tuple[list[float], float]:
+        from tasks.registry import ANY
+
         lat: list[float] = []
         stop = time.monotonic() + seconds
 
-        def work(lat: list[float] = lat, stop: float = stop) -> None:
+        def work() -> None:
             rnd, mine = random.Random(), []
             while time.monotonic() < stop:
                 t = time.perf_counter()
-                reg.switch_alias("bench", "production", rnd.randint(1, VERSIONS), expect=ANY, actor="bench",
-                                 reason="bench")
+                self.reg.switch_alias("bench", "production", rnd.randint(1, VERSIONS), expect=ANY, actor="bench",
+                                      reason="bench")
                 mine.append(time.perf_counter() - t)
             lat.extend(mine)
 
@@ -115,11 +125,51 @@ def bench_ours(url: str, seconds: float) -> dict[int, dict[str, float]]:
             t.start()
         for t in threads:
             t.join()
-        results[writers] = _stats(lat, time.monotonic() - t0)
-    hist = reg.history("bench", "production")
-    assert all(b.from_version == a.to_version for a, b in itertools.pairwise(hist)), "history chain broken"
-    reg.close()
-    return results
+        return lat, time.monotonic() - t0
+
+    def close(self) -> int:
+        """Check the history chain (every switch recorded, each from = previous to); return its length."""
+        hist = self.reg.history("bench", "production")
+        assert all(b.from_version == a.to_version for a, b in itertools.pairwise(hist)), "history chain broken"
+        self.reg.close()
+        return len(hist)
+
+
+class MLflow:
+    """MLflow's SqlAlchemyStore in a long-lived subprocess of its own venv, driven one point at a time."""
+
+    def __init__(self, py: Path, url: str) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+            fh.write(MLFLOW_SCRIPT)
+        self.script = Path(fh.name)
+        self.proc = subprocess.Popen([str(py), str(self.script), url, str(VERSIONS)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if self._line() != "ready":
+            raise RuntimeError("mlflow bench process did not start")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"mlflow bench process exited (rc={self.proc.wait()})")
+        return line.strip()
+
+    def run(self, writers: int, seconds: float) -> tuple[list[float], float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{writers} {seconds}\n")
+        self.proc.stdin.flush()
+        raw = json.loads(self._line())
+        return raw["lat"], raw["elapsed"]
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.script.unlink(missing_ok=True)
 
 
 def mlflow_python(venv: Path) -> Path | None:
@@ -134,45 +184,49 @@ def mlflow_python(venv: Path) -> Path | None:
     return py
 
 
-def bench_mlflow(py: Path, url: str, seconds: float) -> dict[int, dict[str, float]]:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
-        fh.write(MLFLOW_SCRIPT)
-    r = subprocess.run([str(py), fh.name, url, str(seconds), json.dumps(list(WRITERS)), str(VERSIONS)],
-                       capture_output=True, text=True, timeout=1800)
-    Path(fh.name).unlink()
-    if r.returncode:
-        raise RuntimeError(f"mlflow bench failed: {r.stderr[-2000:]}")
-    raw = json.loads(r.stdout.strip().splitlines()[-1])
-    return {int(k): _stats(v["lat"], v["elapsed"]) for k, v in raw.items()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432")
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per point and round")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, MLflow, ours, ...)")
     ap.add_argument("--mlflow-venv", type=Path, default=Path("/tmp/mlflow-venv"))
     args = ap.parse_args()
     load_before = os.getloadavg()
     tag = uuid.uuid4().hex[:8]
     ours_db, ml_db = f"bench_reg_{tag}", f"bench_mlflow_{tag}"
-    _create_db(args.pg, ours_db)
-    try:
-        ours = bench_ours(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://')}/{ours_db}", args.seconds)
-    finally:
-        _drop_db(args.pg, ours_db)
-    theirs: dict[int, dict[str, Any]] = {}
     py = mlflow_python(args.mlflow_venv)
+    runs: dict[str, dict[int, list[tuple[list[float], float]]]] = {"ours": {w: [] for w in WRITERS}, "mlflow": {
+        w: [] for w in WRITERS}}
+    _create_db(args.pg, ours_db)
     if py:
         _create_db(args.pg, ml_db)
-        try:
-            ml_url = f"{args.pg.replace('postgresql://', 'postgresql+psycopg2://')}/{ml_db}"
-            theirs = bench_mlflow(py, ml_url, args.seconds)
-        finally:
+    ours: Ours | None = None
+    theirs: MLflow | None = None
+    try:
+        ours = Ours(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://')}/{ours_db}")
+        if py:
+            theirs = MLflow(py, f"{args.pg.replace('postgresql://', 'postgresql+psycopg2://')}/{ml_db}")
+        # Interleaved so that the load from other work on the machine hits both sides alike.
+        for _ in range(args.rounds):
+            for w in WRITERS:
+                runs["ours"][w].append(ours.run(w, args.seconds))
+                if theirs:
+                    runs["mlflow"][w].append(theirs.run(w, args.seconds))
+        recorded = ours.close()
+        ours = None
+    finally:
+        if ours:
+            ours.reg.close()
+        if theirs:
+            theirs.close()
+        _drop_db(args.pg, ours_db)
+        if py:
             _drop_db(args.pg, ml_db)
+    result = {name: {w: _stats(r) for w, r in per.items() if r} for name, per in runs.items()}
     cols = ("ours/s", "p50ms", "p99ms", "mlflow/s", "p50ms", "p99ms")
     print(f"{'writers':>7}  " + " ".join(f"{c:>8}" for c in cols) + "   ratio")
     for w in WRITERS:
-        o, m = ours[w], theirs.get(w)
+        o, m = result["ours"][w], result["mlflow"].get(w)
         line = f"{w:>7}  {o['per_s']:8.0f} {o['p50_ms']:8.2f} {o['p99_ms']:8.2f}"
         if m:
             line += f" {m['per_s']:8.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f}   {o['per_s'] / m['per_s']:5.2f}x"
@@ -180,9 +234,11 @@ def main() -> int:
             line += "   (mlflow not measured)"
         print(line)
     load_after = os.getloadavg()
+    print(f"{args.rounds} interleaved rounds x {args.seconds:g} s per point; switches/s = median of rounds; "
+          f"ours recorded {recorded} history rows (chain checked)")
     print(f"load average (1/5/15 min) before: {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
           f"after: {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} CPUs")
-    print(json.dumps({"ours": ours, "mlflow": theirs, "load_before": load_before, "load_after": load_after}))
+    print(json.dumps({**result, "load_before": load_before, "load_after": load_after}))
     return 0
 
 
