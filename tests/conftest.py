@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +22,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One private Airflow home for the whole test session, set before anything imports airflow
 # (Airflow reads its configuration once, at import). Tests never touch the user's ~/airflow.
 if "RETRAINER_TEST_AIRFLOW_HOME" not in os.environ:
-    import tempfile
-
     os.environ["RETRAINER_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="retrainer-airflow-")
 os.environ["AIRFLOW_HOME"] = os.environ["RETRAINER_TEST_AIRFLOW_HOME"]
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
@@ -31,11 +31,14 @@ os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
+def pg_cluster() -> Iterator[PgCluster]:
     require(PgCluster.available(), "PostgreSQL server binaries (initdb, pg_ctl)")
-    cluster = PgCluster.create(tmp_path_factory.mktemp("pg"))
+    # Outside pytest's rotating basetemp: a concurrent pytest session may prune that under a live server.
+    root = Path(tempfile.mkdtemp(prefix="retrainer-pg-"))
+    cluster = PgCluster.create(root)
     yield cluster
     cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
