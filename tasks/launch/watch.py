@@ -20,9 +20,12 @@ log = logging.getLogger(__name__)
 class ProgressWatcher:
     """Tracks growth of a telemetry file; `stalled_for()` is seconds since the last new line."""
 
-    def __init__(self, path: str | Path, timeout_s: float) -> None:
+    def __init__(self, path: str | Path, timeout_s: float, *, startup_timeout_s: float | None = None) -> None:
         self.path = Path(path)
         self.timeout_s = timeout_s
+        # Before the first step of this launch (imports, rendezvous, op builds) a longer allowance may apply.
+        self.startup_timeout_s = timeout_s if startup_timeout_s is None else startup_timeout_s
+        self._started = False
         self._offset = self._size()  # a resumed run appends: only lines after launch count
         self._last_progress = time.monotonic()
         self._partial = b""
@@ -58,6 +61,7 @@ class ProgressWatcher:
                 progressed = True
         if progressed:
             self._last_progress = time.monotonic()
+            self._started = True
         return progressed
 
     def note_step(self, step: int | None) -> None:
@@ -65,15 +69,21 @@ class ProgressWatcher:
         if step is not None and (self.last_step is None or step > self.last_step):
             self.last_step = step
             self._last_progress = time.monotonic()
+            self._started = True
 
     def stalled_for(self) -> float:
         self.poll()
         return time.monotonic() - self._last_progress
 
+    @property
+    def limit_s(self) -> float:
+        return self.timeout_s if self._started else self.startup_timeout_s
+
     def hung(self) -> bool:
-        return self.stalled_for() > self.timeout_s
+        return self.stalled_for() > self.limit_s
 
     def describe(self) -> str:
         where = f"last finished step {self.last_step}" if self.last_step is not None else "no step finished"
         idle = self.stalled_for()
-        return f"no progress (no telemetry line) for {idle:.0f}s > hang_timeout_s={self.timeout_s:g}; {where}"
+        limit = "hang_timeout_s" if self._started else "startup timeout"
+        return f"no progress (no telemetry line) for {idle:.0f}s > {limit}={self.limit_s:g}s; {where}"

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from tasks.config import JobConfig
+from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
 from tests.launch.helpers import spawn_launcher, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
+
+
+def is_rank(cmdline: list[str]) -> bool:
+    """A training rank itself (`python -u -m tasks.train.worker`), not torchrun or the node agent."""
+    return "tasks.train.worker" in cmdline and not {"torch.distributed.run", "tasks.launch.agent"} & set(cmdline)
 
 
 def ssh_config(tmp_path: Path, hosts: NetnsHosts, out: str, **overrides: object) -> JobConfig:
@@ -55,5 +62,31 @@ def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHos
     assert "cancelled" in log
     assert netns_hosts.training_pids(0) == [], "processes left on node 1"
     assert netns_hosts.training_pids(1) == [], "processes left on node 2"
+    assert training_processes(cfg.train.output_dir) == []
+    assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+
+def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = ssh_config(tmp_path, netns_hosts, "hung", **{"parallel.dp": 2, "train.steps": 100,
+                                                       "cluster.hang_timeout_s": 20})
+    options = {**netns_hosts.launcher_options(), "env": {"GLOO_SOCKET_IFNAME": "rt0",
+                                                         "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}
+    stopped: list[int] = []
+
+    def hang_the_rank_on_node_2() -> None:
+        wait_for_step(cfg.train.output_dir, 2)
+        ranks = [p for p in training_processes(cfg.train.output_dir)
+                 if p.pid in netns_hosts.pids(1) and is_rank(p.cmdline())]
+        ranks[0].send_signal(signal.SIGSTOP)
+        stopped.append(ranks[0].pid)
+
+    thread = threading.Thread(target=hang_the_rank_on_node_2, daemon=True)
+    thread.start()
+    with pytest.raises(TrainingFailedError, match=r"hung .*last finished step \d+.*cancelled on every node"):
+        get_launcher(cfg, **options).run(cfg, dataset, startup_timeout_s=300)
+    thread.join(timeout=10)
+    assert stopped, "the rank was never stopped"
+    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
     assert training_processes(cfg.train.output_dir) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
