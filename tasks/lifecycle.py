@@ -133,6 +133,12 @@ def stage_gate(cfg: JobConfig, metrics: dict[str, Any], warm: dict[str, Any]) ->
     return decision.to_dict()
 
 
+def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
+    """The training loss curve kept with a version (the registry page draws it), thinned to a bounded size."""
+    stride = max(1, -(-len(losses) // max_points))
+    return [float(x) for x in losses[::stride]]
+
+
 def stage_publish(
     cfg: JobConfig,
     summary: dict[str, Any],
@@ -149,7 +155,7 @@ def stage_publish(
     result = publish(
         cfg,
         Path(summary["checkpoint_dir"]),
-        metrics,
+        {**metrics, "train_losses": loss_curve(summary.get("losses", []))},
         data_manifest_hash=warm["manifest_hash"],
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
