@@ -84,7 +84,11 @@ def build_retrain_dag(config_path: Path):
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(metrics: dict, warm_out: dict) -> bool:
-            return lifecycle.stage_gate(job(), metrics, warm_out)["publish"]
+            decision = lifecycle.stage_gate(job(), metrics, warm_out)
+            if not decision["publish"]:
+                # Read by the plugin's run-notes listener: the reason shows as the run's note.
+                get_current_context()["ti"].xcom_push(key="run_note", value=f"gate: {decision['reason']}")
+            return decision["publish"]
 
         @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
               outlets=[MODEL_EVENTS])

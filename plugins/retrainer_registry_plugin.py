@@ -2,7 +2,8 @@
 
 The FastAPI app (plugins/retrainer_registry/app.py) is mounted by the API server under
 /retrainer; the external view puts a "Model registry" entry in the UI's Browse menu that
-shows it inside Airflow (same origin, same login).
+shows it inside Airflow (same origin, same login). The run-notes listener puts a retrain
+run's outcome (such as the gate's refusal) in the run's note.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
+from retrainer_registry import run_notes
 from retrainer_registry.app import app
 
 URL_PREFIX = "/retrainer"
@@ -17,6 +19,7 @@ URL_PREFIX = "/retrainer"
 
 class RetrainerRegistryPlugin(AirflowPlugin):
     name = "retrainer_registry"
+    listeners: ClassVar[list[Any]] = [run_notes]
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": app, "url_prefix": URL_PREFIX, "name": "Model registry"}]
     external_views: ClassVar[list[dict[str, Any]]] = [
         {

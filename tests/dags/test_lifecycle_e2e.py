@@ -23,11 +23,12 @@ def write_config(tmp: Path, registry_url: str) -> Path:
     """The demo config, shrunk: same model family, a few steps, its own port and folders."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32)
-    cfg["train"].update(steps=4, checkpoint_every=2, micro_batch_size=4, output_dir=str(tmp / "runs"))
+    cfg["train"].update(steps=4, checkpoint_every=2, micro_batch_size=4, warmup_steps=0,
+                        output_dir=str(tmp / "runs"))
     cfg["data"].update(source_url=str(tmp / "store" / "data"), cache_dir=str(tmp / "cache"))
     cfg["cluster"]["master_port"] = free_port()
     cfg["evaluate"].update(batches=2, batch_size=4)
-    cfg["evaluate"]["gate"]["tolerance"] = 10.0  # the second, longer run must pass the gate
+    cfg["evaluate"]["gate"]["tolerance"] = 0.0
     cfg["publish"].update(registry_url=registry_url, store_url=str(tmp / "store" / "models"))
     config_dir = tmp / "configs"
     config_dir.mkdir()
@@ -65,7 +66,7 @@ def lifecycle_twice_then_rollback(tmp_path: Path, registry_url: str, monkeypatch
     registry = Registry(registry_url)
     assert registry.live_version("tiny-gpt", "production").version == 1
 
-    second = run_dag(retrain, {"steps": 6})
+    second = run_dag(retrain, {"steps": 12})
     assert second.state == "success"
     live = registry.live_version("tiny-gpt", "production")
     assert live.version == 2
@@ -77,6 +78,36 @@ def lifecycle_twice_then_rollback(tmp_path: Path, registry_url: str, monkeypatch
 
     history = [(h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")]
     assert history == [(None, 1), (1, 2), (2, 1)]
+
+    # A worse model (one step) is stopped by the gate: publish skipped, alias unchanged, reason on the run.
+    worse = run_dag(retrain, {"steps": 1})
+    assert worse.state == "success"
+    assert run_state(worse, "publish") == "skipped"
+    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert len(registry.list_versions("tiny-gpt")) == 2
+    assert "not published" in run_note(worse)
+
+
+def run_state(dag_run, task_id: str) -> str:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return session.scalars(select(TaskInstance.state).where(
+            TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
+            TaskInstance.task_id == task_id)).one()
+
+
+def run_note(dag_run) -> str:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
+                                                   DagRun.run_id == dag_run.run_id)).one()
+        return run.note or ""
 
 
 @pytest.mark.multiproc
