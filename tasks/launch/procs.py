@@ -46,11 +46,18 @@ def tagged(tag: str, *, exclude: set[int] | None = None) -> list[psutil.Process]
     return found
 
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def tree(root_pid: int) -> list[psutil.Process]:
-    """The process and all its current descendants."""
+    """The process and all its current descendants that are still alive (an exited, unreaped root is not)."""
     try:
         root = psutil.Process(root_pid)
-        return [root, *root.children(recursive=True)]
+        return [p for p in (root, *root.children(recursive=True)) if _alive(p)]
     except psutil.Error:
         return []
 

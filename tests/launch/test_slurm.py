@@ -49,13 +49,13 @@ def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_p
 
 def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
-    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "parallel.dp": 2, "train.steps": 200}, out="slurm")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 200}, out="slurm")
     options = {"env": {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, "time_limit": "00:10:00"}
     launcher = spawn_launcher(cfg, dataset, options, tmp_path / "launcher.log")
     try:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         job_id = (Path(cfg.train.output_dir) / "slurm-job-id").read_text().strip()
-        assert len(job_processes(job_id)) >= 3  # torchrun + 2 ranks (at least), really running under Slurm
+        assert len(job_processes(job_id)) >= 2  # torchrun + its rank (at least), really running under Slurm
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(timeout=180)
     finally:
