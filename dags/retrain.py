@@ -14,6 +14,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 
 from tasks import lifecycle
+from tasks.launch import pool_for
 from tasks.registry import alias_asset_uri
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ def log_failure_reason(context) -> None:
 
 def build_retrain_dag(config_path: Path):
     cfg = lifecycle.resolve_config(config_path)
+    pool, pool_slots = pool_for(cfg)  # one pool per cluster, sized in GPU slots
 
     @dag(
         dag_id=f"retrain_{cfg.name}",
@@ -72,7 +74,7 @@ def build_retrain_dag(config_path: Path):
             return not get_current_context()["params"]["dry_run"]
 
         @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
-              retry_exponential_backoff=True)
+              retry_exponential_backoff=True, pool=pool, pool_slots=pool_slots)
         def train(warm_out: dict) -> dict:
             ti = get_current_context()["ti"]
             holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"

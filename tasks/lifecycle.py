@@ -86,10 +86,10 @@ def stage_warm(cfg: JobConfig) -> dict[str, Any]:
 
 
 def stage_train(cfg: JobConfig, warm: dict[str, Any], *, holder: str | None = None) -> dict[str, Any]:
-    from tasks.train.launch import train
+    from tasks.launch import get_launcher
 
     with experiment_lock(cfg.publish.registry_url, cfg.experiment_key(), holder or default_holder("cli")):
-        return train(run_config(cfg), Path(warm["dataset_dir"]))
+        return get_launcher(cfg).run(run_config(cfg), Path(warm["dataset_dir"]))
 
 
 def stage_evaluate(cfg: JobConfig, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:

@@ -154,6 +154,9 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
                     log_path=log_path)
     try:
         _wait_ready(sa, ["retrain_tiny-gpt", "rollback_model"])
+        # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
+        subprocess.run([AIRFLOW, "pools", "set", "training-local", "8", "GPU slots on this machine"],
+                       env=env, check=True, capture_output=True, timeout=120)
         yield sa
     finally:
         _stop_group(proc)
