@@ -88,7 +88,10 @@ def write_config_json(cfg: JobConfig, directory: Path) -> Path:
 
 def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the whole training job; return the run summary, or raise TrainingFailedError."""
-    read_manifest(dataset_dir)  # fail fast with a clear message, before spawning ranks
+    from tasks.train.worker import check_layout
+
+    check_layout(cfg)  # fail fast with a clear message, before spawning ranks
+    read_manifest(dataset_dir)
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
