@@ -8,8 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from tasks.data import make_data
 from tests.faults.conftest import Job, TaskProcess, driver, make_job, read_json, run_task
 from tests.faults.test_train_faults import small_tmpfs
@@ -131,10 +129,6 @@ def test_s3_down_for_good_fails_in_bounded_time_with_nothing_partial(
         front.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in tasks/warm (manifest read): a connection error while reading manifest.json escapes as a raw "
-    "botocore ConnectionClosedError traceback instead of a one-line RetrainerError naming the endpoint, "
-    "and the manifest read gets no warm-level retries (only the per-file fetches do)"))
 def test_s3_down_for_good_reports_one_clear_line(
     tmp_path: Path, s3: S3Endpoint, s3_bucket: str, no_leftovers: None
 ) -> None:
