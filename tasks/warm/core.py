@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from filelock import Timeout
 
 from tasks.data import MANIFEST_KEY, Manifest, ManifestFile
-from tasks.errors import InvalidInputError
+from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.warm.cache import CacheLayout, make_room, use_lock
 from tasks.warm.fetch import PART_SIZE, Fetcher
@@ -54,6 +54,24 @@ def _filesystem(source_url: str, storage_options: dict[str, Any] | None, max_wor
     fs, root = fsspec.core.url_to_fs(source_url, **opts)
     fs.invalidate_cache()
     return fs, root
+
+
+def _read_manifest_bytes(fs: Any, path: str, source_url: str, manifest_key: str,
+                         storage_options: dict[str, Any] | None) -> bytes:
+    """Read the manifest; any failure becomes one line naming the URL and endpoint.
+
+    No retry loop of our own here: s3fs/botocore already retry connection errors, and a second
+    layer would multiply the time a warm takes to give up on an endpoint that is down.
+    """
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
+    except Exception as exc:
+        endpoint = ((storage_options or {}).get("client_kwargs") or {}).get("endpoint_url")
+        where = f" (endpoint {endpoint})" if endpoint else ""
+        raise RetrainerError(f"{source_url}{where}: cannot read manifest {manifest_key!r}: "
+                             f"{type(exc).__name__}: {exc}") from None
 
 
 def _local_target(dataset_dir: Path, key: str) -> Path:
@@ -86,10 +104,7 @@ def warm(
     fs, root = _filesystem(source_url, storage_options, workers)
     root = root.rstrip("/")
     manifest_src = f"{root}/{manifest_key}" if root else manifest_key
-    try:
-        raw = fs.cat_file(manifest_src)
-    except FileNotFoundError:
-        raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
+    raw = _read_manifest_bytes(fs, manifest_src, source_url, manifest_key, storage_options)
     manifest = Manifest.parse(raw, source=f"{source_url.rstrip('/')}/{manifest_key}")
     mhash = manifest.hash
     layout = CacheLayout(Path(cache_root).resolve())

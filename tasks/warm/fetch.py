@@ -44,7 +44,7 @@ class WarmFetchError(RetrainerError):
     """A key could not be fetched and verified after bounded retries."""
 
 
-def _retryable(exc: BaseException) -> bool:
+def retryable(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     return isinstance(exc, Exception) and not isinstance(exc, asyncio.CancelledError)
@@ -127,7 +127,7 @@ class Fetcher:
             log.warning("warm: retrying (attempt %d failed): %s", state.attempt_number, exc)
 
         return {"stop": stop_after_attempt(self.attempts), "wait": wait_exponential(multiplier=0.2, max=3),
-                "retry": retry_if_exception(_retryable), "reraise": True, "before_sleep": before_sleep}
+                "retry": retry_if_exception(retryable), "reraise": True, "before_sleep": before_sleep}
 
     def run(self, entries: Iterable[ManifestFile]) -> None:
         entries = list(entries)
