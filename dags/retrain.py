@@ -14,6 +14,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 
 from tasks import lifecycle
+from tasks.config import NAME_PATTERN
 from tasks.launch import pool_for
 from tasks.registry import alias_asset_uri
 
@@ -50,7 +51,7 @@ def build_retrain_dag(config_path: Path):
             "micro_batches": Param(None, type=["null", "integer"], minimum=1, maximum=4096,
                                    description="gradient accumulation / pipeline micro-batches"),
             "alias": Param(cfg.publish.alias, type="string", minLength=1, maxLength=200,
-                           pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="alias to move on publish"),
+                           pattern=NAME_PATTERN, description="alias to move on publish"),
             "dry_run": Param(False, type="boolean", description="plan and warm only"),
             "force": Param(False, type="boolean", description="launch even if the plan says it cannot fit"),
         },

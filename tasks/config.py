@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
 
 class ConfigError(ValueError):
     """A config file or value is invalid; the message names the file and field."""
@@ -135,13 +137,15 @@ class EvaluateConfig(_Strict):
 class PublishConfig(_Strict):
     registry_url: str = Field(description="SQLAlchemy URL of the registry database")
     store_url: str = Field(description="fsspec URL of the artifact store")
-    model_name: str = Field(min_length=1, max_length=200)
-    alias: str = Field("production", min_length=1, max_length=200)
+    # The door of the lifecycle: names that reach URLs, Asset URIs, locks and logs are plain.
+    # (The registry API itself stores any printable name safely; it is the config that says no.)
+    model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
+    alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class JobConfig(_Strict):
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     schedule: str | None = Field(None, description="cron expression or preset for the retrain DAG")
     model: ModelConfig = ModelConfig()
     data: DataConfig

@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from tasks.launch.procs import TAG_VAR, stop_all, tagged
+from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
 
 log = logging.getLogger("tasks.launch.agent")
 
@@ -44,7 +44,8 @@ def run(tag: str, cmd: Sequence[str], grace_s: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda s, f: cancel.set())
     env = {**os.environ, TAG_VAR: tag}
-    child = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    child = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=die_with_parent)
     log.info("agent pid %d: job pid %d started", os.getpid(), child.pid)
     threading.Thread(target=watch_stdin, daemon=True).start()
     while child.poll() is None and not cancel.wait(0.2):

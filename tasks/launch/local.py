@@ -15,7 +15,7 @@ from pathlib import Path
 from tasks.config import JobConfig
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
-from tasks.launch.procs import TAG_VAR, stop_all
+from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ class LocalJob(Job):
         self.tag, self.grace_s = tag, grace_s
         self.sink = LineSink(logging.getLogger("tasks.launch.ranks"))
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     preexec_fn=die_with_parent)
         assert self.proc.stdout is not None
         self.reader = pump(self.proc.stdout, self.sink, name="torchrun-log")
         self._stopped = False

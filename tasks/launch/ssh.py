@@ -27,7 +27,7 @@ from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
-from tasks.launch.procs import TAG_VAR, stop_all
+from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class SshJob(Job):
         for host, remote in zip(hosts, remote_cmds, strict=True):
             proc = subprocess.Popen(
                 [*launcher.ssh_base(host), remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=die_with_parent,
                 env={**os.environ, TAG_VAR: node_tag(tag, "client")},
             )
             self.procs.append(proc)

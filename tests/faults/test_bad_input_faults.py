@@ -104,10 +104,6 @@ def test_model_name_with_sql_metacharacters_cannot_touch_other_rows(trained: Tra
         assert [v.version for v in registry.list_versions(EVIL)] == [1]  # stored verbatim, as data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gap in tasks/config.py: publish.model_name has only a length limit (JobConfig.name has a pattern), "
-    "and tasks/registry/names.py deliberately accepts quotes and ';', so a model name with SQL "
-    "metacharacters is published instead of being refused at config load with exit 2"))
 def test_model_name_with_sql_metacharacters_is_refused_at_the_door(tmp_path: Path) -> None:
     job = make_job(tmp_path, f"sqlite:///{tmp_path / 'registry.db'}")
     job.update("publish", model_name=EVIL)

@@ -65,10 +65,6 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
     assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")] == [(None, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in tasks/train/launch.py _run_group: torchrun is started with start_new_session=True and nothing "
-    "ties it to its parent (no PR_SET_PDEATHSIG / parent watchdog), so a SIGKILLed task process orphans "
-    "torchrun and every rank, which keep training and writing checkpoints while the retry starts"))
 def test_sigkill_of_the_task_process_leaves_no_rank_running(
     sqlite_job: Job, tmp_path: Path, no_leftovers: None
 ) -> None:
