@@ -236,4 +236,10 @@ def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
     kw.setdefault("manifest_key", d.manifest)
     kw.setdefault("storage_options", d.storage_options)
     kw.setdefault("disk_budget_bytes", d.disk_budget_bytes)
-    return warm(d.source_url, d.cache_dir, **kw)
+    result = warm(d.source_url, d.cache_dir, **kw)
+    # A training dataset needs both splits; refuse it here, before any rank starts on it.
+    for split in ("train", "heldout"):
+        if not result.manifest.split(split):
+            raise InvalidInputError(f"{d.source_url.rstrip('/')}/{d.manifest}: manifest lists no {split}/ files: "
+                                    f"nothing to {'train' if split == 'train' else 'evaluate'} on")
+    return result

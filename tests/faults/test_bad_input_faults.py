@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.faults.conftest import Trained, driver, make_job, metrics_file, run_task
 
 
@@ -25,26 +23,14 @@ def empty_dataset_job(tmp_path: Path):
     return job
 
 
-@pytest.mark.multiproc
-def test_empty_dataset_fails_clearly_and_trains_nothing(tmp_path: Path, no_leftovers: None) -> None:
-    job = empty_dataset_job(tmp_path)
-    rc, out = run_task(driver(job, tmp_path / "state", "warm", "train"), tmp_path / "run.log")
-    assert rc != 0, out[-3000:]
-    error = out.split("retrainer: error:")[-1]
-    assert "no train/ windows" in error and str(tmp_path / "cache") in error, error
-    assert not (tmp_path / "state" / "train.json").exists()
-    assert not list((tmp_path / "runs").rglob("step-*"))
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "gap in tasks/warm + tasks/data: a manifest with no train/ objects is accepted by warm (and by the "
-    "launcher's read_manifest precheck); it is only refused inside the ranks after torchrun has started, "
-    "with exit 1 instead of an InvalidInputError (exit 2) at the door"))
 def test_empty_dataset_is_refused_at_the_door(tmp_path: Path) -> None:
     job = empty_dataset_job(tmp_path)
-    rc, out = run_task(driver(job, tmp_path / "state", "warm"), tmp_path / "warm.log")
+    rc, out = run_task(driver(job, tmp_path / "state", "warm", "train"), tmp_path / "warm.log")
     assert rc == 2, out[-3000:]
-    assert "manifest" in out.split("retrainer: error:")[-1]
+    error = out.split("retrainer: error:")[-1]
+    assert "manifest.json" in error and "no train/ files" in error, error
+    assert not (tmp_path / "state" / "warm.json").exists()
+    assert not (tmp_path / "runs").exists()  # no rank ever started
 
 
 def test_manifest_checksum_mismatch_names_the_key_and_keeps_it_out_of_the_cache(tmp_path: Path) -> None:
