@@ -44,7 +44,8 @@ def cpu_model_states() -> list[str]:
     rows = ["| layout | rank (stage) | measured W+G+O | planner | planner/measured | DeepSpeed est. | DS/measured |",
             "|---|---|---:|---:|---:|---:|---:|"]
     for name, layout in CPU_LAYOUTS.items():
-        cfg = make_config(model=BENCH_MODEL, parallel=layout, train={"precision": "fp32", "micro_batch_size": 2})
+        cfg = make_config(model=BENCH_MODEL, parallel=layout,
+                          train={"precision": "fp32", "micro_batch_size": 2, "grad_clip": 0.0})
         predicted = plan(cfg)
         world = layout["tp"] * layout["pp"] * layout["dp"]
         with tempfile.TemporaryDirectory() as tmp:

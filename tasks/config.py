@@ -166,6 +166,11 @@ class JobConfig(_Strict):
             raise ValueError(f"parallel.pp ({p.pp}) cannot exceed model.n_layers ({m.n_layers})")
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError("parallel.zero_stage must be 0 or 1 with pipeline parallelism (pp > 1)")
+        if p.tp > 1 and p.zero_stage == 0 and self.train.grad_clip > 0:
+            # DeepSpeed's non-ZeRO clipping path mis-counts TP-sharded parameters: the weights drift from
+            # the single-process reference (seen in the 3D-equality test). ZeRO-1 clips exactly.
+            raise ValueError("parallel.zero_stage 0 with parallel.tp > 1 and train.grad_clip > 0 clips with a "
+                             "wrong gradient norm; use zero_stage 1")
         return self
 
     def experiment_key(self) -> str:

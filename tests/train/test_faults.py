@@ -198,7 +198,7 @@ def test_sigterm_to_the_cli_stops_every_rank(make_config, dataset_dir: Path, tmp
         with contextlib.suppress(ProcessLookupError):
             os.killpg(cli.pid, signal.SIGKILL)
         cli.wait()
-    assert rc == 130
+    assert rc == 143  # LaunchCancelled: the launcher cancelled the job on SIGTERM
     deadline = time.monotonic() + 10
     while _processes_with(marker.encode()) and time.monotonic() < deadline:
         time.sleep(0.1)

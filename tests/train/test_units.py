@@ -82,10 +82,8 @@ def test_pointer_prune_and_sweep(tmp_path: Path) -> None:
         ck.read_latest(root)
 
 
-def test_launch_refuses_tp_with_zero0_and_clipping(make_config, dataset_dir: Path) -> None:
-    from tasks.train.launch import train
+def test_config_refuses_tp_with_zero0_and_clipping(make_config) -> None:
+    from tasks.config import ConfigError
 
-    cfg = make_config({"parallel.tp": 2, "parallel.zero_stage": 0})
-    with pytest.raises(InvalidInputError, match=r"parallel\.zero_stage"):
-        train(cfg, dataset_dir)
-    assert not Path(cfg.train.output_dir).exists()  # nothing half-written
+    with pytest.raises(ConfigError, match=r"parallel\.zero_stage 0 with parallel\.tp > 1"):
+        make_config({"parallel.tp": 2, "parallel.zero_stage": 0})
