@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.errors import validation_problems
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -240,11 +242,7 @@ def _validate(data: Any, source: str) -> JobConfig:
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            problems.append(f"{field}: {err['msg']}")
-        raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(problems)) from None
+        raise ConfigError(f"{source}: invalid config:\n  {validation_problems(exc)}") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from tasks.errors import InvalidInputError
+from tasks.errors import InvalidInputError, validation_problems
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,7 @@ class Manifest(BaseModel):
         try:
             manifest = cls.model_validate(data)
         except ValidationError as exc:
-            problems = []
-            for err in exc.errors():
-                loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-                problems.append(f"{loc}: {err['msg']}")
-            raise InvalidInputError(f"{source}: invalid manifest:\n  " + "\n  ".join(problems)) from None
+            raise InvalidInputError(f"{source}: invalid manifest:\n  {validation_problems(exc)}") from None
         manifest._raw = bytes(raw)
         return manifest
 

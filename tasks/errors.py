@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RetrainerError(RuntimeError):
     """A stage failed for a reason the user should read; `exit_code` is what the CLI returns."""
@@ -27,3 +29,9 @@ class TrainingFailedError(RetrainerError):
 
 class LockHeldError(RetrainerError):
     """Another run of the same experiment holds the lock."""
+
+
+def validation_problems(exc: Any) -> str:
+    """One line per problem of a pydantic ValidationError, each naming its dotted field."""
+    return "\n  ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+                        for err in exc.errors())
