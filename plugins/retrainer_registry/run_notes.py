@@ -27,25 +27,37 @@ def on_dag_run_failed(dag_run, msg: str) -> None:
 
 
 def _copy_note(dag_run) -> None:
+    """In the scheduler the run is bound to the scheduler's session, inside its critical section: read
+    and write through that session and let the scheduler commit (committing it ourselves breaks the
+    scheduler's HA locks). An unbound run (`dag.test()`) gets a short session of its own."""
     if not dag_run.dag_id.startswith("retrain_"):
         return
-    from airflow.models.dagrun import DagRun, DagRunNote
-    from airflow.models.xcom import XComModel
+    from sqlalchemy.orm import object_session
+
+    session = object_session(dag_run)
+    if session is not None:
+        _set_note(session, dag_run)
+        return
+    from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    with create_session() as session:
-        row = session.execute(
-            select(XComModel).where(XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
-                                    XComModel.key == RUN_NOTE_KEY)
-        ).scalars().first()
-        if row is None:
-            return
-        note = str(XComModel.deserialize_value(row))[:1000]
-        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
-                                                   DagRun.run_id == dag_run.run_id)).one()
-        if run.dag_run_note is None:
-            run.dag_run_note = DagRunNote(content=note)
-        else:
-            run.dag_run_note.content = note
+    with create_session() as own:
+        run = own.scalars(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
+                                               DagRun.run_id == dag_run.run_id)).one()
+        _set_note(own, run)
+
+
+def _set_note(session, dag_run) -> None:
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    row = session.scalars(
+        select(XComModel).where(XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
+                                XComModel.key == RUN_NOTE_KEY)
+    ).first()
+    if row is None:
+        return
+    note = str(XComModel.deserialize_value(row))[:1000]
+    dag_run.note = note
     log.info("retrainer: run %s/%s note: %s", dag_run.dag_id, dag_run.run_id, note)
