@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+import sqlalchemy as sa
+
 from tasks.lifecycle import DEFAULT_CONFIG, registry_for, resolve_config, run_lifecycle, stage_rollback
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     assert live is not None
     print(f"live model: {cfg.publish.model_name} v{live.version} ({cfg.publish.alias}) "
           f"at {live.artifact_url} (sha256 {live.artifact_digest[:16]}...)")
-    print(f"registry: {cfg.publish.registry_url}")
+    print(f"registry: {sa.make_url(cfg.publish.registry_url).render_as_string(hide_password=True)}")
     return 0
 
 
