@@ -62,16 +62,14 @@ def _config(tmp_path: Path, model: str, registry_url: str) -> Path:
 def test_page_escapes_hostile_names_and_draws_loss_curves(
     airflow_app, registry_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A hostile name can only come from the registry API (configs refuse it): the page, pointed at the
+    registry by RETRAINER_DB_URL, shows it escaped, with each version's curve from its metrics."""
     client, token = airflow_app
     model = f"m {HOSTILE}"
-    _publish(registry_url, tmp_path, model, 2,
-             lambda i: {"loss": 3.0 / i} | ({"train_losses": [5.0, 4.0, 3.5, 3.0]} if i == 2 else {}))
-    # v1 carries no curve in its metrics: the page falls back to the run's summary.json.
-    run_dir = tmp_path / "runs" / f"{1:064x}"[:16]
-    run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"experiment_key": f"{1:064x}", "losses": [6.0, 5.5, 5.2]}))
-    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(_config(tmp_path, model, registry_url)))
-    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    curves = {1: [6.0, 5.5, 5.2], 2: [5.0, 4.0, 3.5, 3.0]}
+    _publish(registry_url, tmp_path, model, 2, lambda i: {"loss": 3.0 / i, "train_losses": curves[i]})
+    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(tmp_path))  # no configs
+    monkeypatch.setenv("RETRAINER_DB_URL", registry_url)
     auth = {"Authorization": f"Bearer {token}"}
 
     index = client.get("/retrainer/", headers=auth)
@@ -82,12 +80,28 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     assert page.status_code == 200
     for resp in (index, page):
         assert HOSTILE not in resp.text and "&lt;script&gt;" in resp.text
-    assert "Roll back" in page.text and "<polyline" in page.text
+    # No job config names this model, so no rollback form (rollback_model only takes configured models).
+    assert "<polyline" in page.text and "Roll back" not in page.text
 
     api = client.get(f"/retrainer/api/models/{ref}", headers=auth).json()
-    assert [v["train_losses"] for v in api["versions"]] == [[6.0, 5.5, 5.2], [5.0, 4.0, 3.5, 3.0]]
+    assert [v["train_losses"] for v in api["versions"]] == [curves[1], curves[2]]
     v1 = client.get(f"/retrainer/models/{ref}/versions/1", headers=auth)
     assert v1.status_code == 200 and "<polyline" in v1.text and HOSTILE not in v1.text
+
+
+def test_loss_curve_falls_back_to_the_runs_summary(
+    airflow_app, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version published without a curve in its metrics: the page reads the run's summary.json."""
+    client, token = airflow_app
+    _publish(sqlite_url, tmp_path, "plain", 1, lambda i: {"loss": 3.0})
+    run_dir = tmp_path / "runs" / f"{1:064x}"[:16]
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"experiment_key": f"{1:064x}", "losses": [6.0, 5.5, 5.2]}))
+    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(_config(tmp_path, "plain", sqlite_url)))
+    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    api = client.get("/retrainer/api/models/plain", headers={"Authorization": f"Bearer {token}"}).json()
+    assert [v["train_losses"] for v in api["versions"]] == [[6.0, 5.5, 5.2]]
 
 
 def test_unreadable_registry_is_reported_without_its_password(
