@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-# The trainer's own failure line ("non-finite loss at step N ..."), kept for the error message.
+# The worker's own failure line ("training failed: <reason>", e.g. "non-finite loss at step 7 (nan)" or
+# "checkpoint from another model"), kept for the error message; the bare non-finite form as a fallback.
+FAILED_REASON = re.compile(r"training failed: (.+)$")
 FAILED_STEP = re.compile(r"non-finite (loss|grad norm) at step (\d+)[^\n]*")
 # Rank 0's per-step log line ("tasks.train.worker: step N loss ..."): progress when telemetry is not visible here.
 STEP_LINE = re.compile(r"tasks\.train\.worker: step (\d+) loss")
@@ -30,10 +32,13 @@ class LineSink:
 
     def __call__(self, line: str) -> None:
         line = line.rstrip("\r\n")
+        reason = FAILED_REASON.search(line)
         match = FAILED_STEP.search(line)
         step = STEP_LINE.search(line)
         with self._lock:
-            if match and self.failure is None:
+            if reason and self.failure is None:
+                self.failure = reason.group(1)
+            elif match and self.failure is None:
                 self.failure = match.group(0)
             if step:
                 self.last_step = int(step.group(1))
