@@ -37,10 +37,12 @@ ANY: Literal["ANY"] = "ANY"
 Expect = int | None | Literal["ANY"]
 
 # PostgreSQL switch/rollback: one bound-parameter call of the function created by migration 0002.
-_PG_MOVE = sa.text(
-    "SELECT * FROM registry_move_alias(CAST(:model AS text), CAST(:alias AS text), CAST(:to AS integer), "
-    "CAST(:expect_any AS boolean), CAST(:expect AS integer), CAST(:actor AS text), CAST(:reason AS text), "
-    "CAST(:action AS text), CAST(:rollback AS boolean), CAST(:at AS timestamptz))"
+# Executed on the pooled psycopg connection itself: the switch is the registry's hot path, and the
+# SQLAlchemy statement machinery around one function call cost as much as the round trip.
+_PG_MOVE = (
+    "SELECT * FROM registry_move_alias(%(model)s::text, %(alias)s::text, %(to)s::integer, "
+    "%(expect_any)s::boolean, %(expect)s::integer, %(actor)s::text, %(reason)s::text, "
+    "%(action)s::text, %(rollback)s::boolean, %(at)s::timestamptz)"
 )
 
 
@@ -130,8 +132,6 @@ class Registry:
         self.db_url = db_url
         self.engine = engine or make_engine(db_url)
         self._pg = self.engine.dialect.name == "postgresql"
-        # One statement in autocommit mode is one implicit transaction: no BEGIN/COMMIT round trips.
-        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -272,18 +272,29 @@ class Registry:
         params = {"model": model, "alias": alias, "to": to, "expect_any": expect == ANY,
                   "expect": None if expect == ANY else expect, "actor": actor, "reason": reason,
                   "action": action, "rollback": rollback, "at": _now()}
-        assert self._autocommit is not None
+        import psycopg
+        from psycopg.rows import dict_row
+
+        pooled = self.engine.raw_connection()  # the pool's checkout checks still run
         try:
-            with self._autocommit.connect() as conn:
-                row = conn.execute(_PG_MOVE, params).one()
-        except sa.exc.DBAPIError as exc:
+            pg = pooled.driver_connection
+            pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT round trips
+            try:
+                with pg.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(_PG_MOVE, params).fetchone()
+            finally:
+                pg.autocommit = False
+        except psycopg.Error as exc:
             mapped = self._pg_error(exc, model, alias, to, expect)
             if mapped is exc:
                 raise
             raise mapped from None
-        rec = SwitchRecord(model=model, alias=alias, seq=row.o_seq, action=row.o_action, from_version=row.o_from,
-                           to_version=row.o_to, actor=row.o_actor, reason=row.o_reason, at=_iso(row.o_at) or "",
-                           changed=row.o_changed)
+        finally:
+            pooled.close()  # back to the pool
+        assert row is not None
+        rec = SwitchRecord(model=model, alias=alias, seq=row["o_seq"], action=row["o_action"],
+                           from_version=row["o_from"], to_version=row["o_to"], actor=row["o_actor"],
+                           reason=row["o_reason"], at=_iso(row["o_at"]) or "", changed=row["o_changed"])
         if rec.changed:
             log.info("model %r alias %r: %s -> %d (%s by %s)", model, alias, rec.from_version, rec.to_version,
                      action, actor)
@@ -292,10 +303,10 @@ class Registry:
         return rec
 
     @staticmethod
-    def _pg_error(exc: sa.exc.DBAPIError, model: str, alias: str, to: int | None, expect: Expect) -> Exception:
+    def _pg_error(exc: Exception, model: str, alias: str, to: int | None, expect: Expect) -> Exception:
         """Our exception for a `registry_move_alias` SQLSTATE; anything else is re-raised as it was."""
-        code = getattr(exc.orig, "sqlstate", None)
-        diag = getattr(exc.orig, "diag", None)
+        code = getattr(exc, "sqlstate", None)
+        diag = getattr(exc, "diag", None)
         detail = (getattr(diag, "message_detail", None) or "") if diag is not None else ""
         if code == "RGNOM":
             return _no_model(model)
