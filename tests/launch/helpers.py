@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -26,6 +28,19 @@ def spawn_launcher(cfg: JobConfig, dataset_dir: Path, options: dict[str, object]
         return subprocess.Popen([sys.executable, "-m", "tasks.launch", "--config", str(config), "--dataset-dir",
                                  str(dataset_dir), "--options", json.dumps(options)],
                                 cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def launched(cfg: JobConfig, dataset_dir: Path, options: dict[str, object], log: Path
+             ) -> Iterator[subprocess.Popen[bytes]]:
+    """`spawn_launcher`, killed and reaped on the way out if the test left it running."""
+    launcher = spawn_launcher(cfg, dataset_dir, options, log)
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
 
 
 def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[bytes] | None = None,

@@ -10,7 +10,7 @@ import pytest
 
 from tasks.launch import get_launcher
 from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
-from tests.launch.helpers import spawn_launcher, training_processes, wait_for_step
+from tests.launch.helpers import launched, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -51,17 +51,12 @@ def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_
     dataset = write_dataset(tmp_path / "dataset")
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 200}, out="slurm")
     options = {"env": {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, "time_limit": "00:10:00"}
-    launcher = spawn_launcher(cfg, dataset, options, tmp_path / "launcher.log")
-    try:
+    with launched(cfg, dataset, options, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         job_id = (Path(cfg.train.output_dir) / "slurm-job-id").read_text().strip()
         assert len(job_processes(job_id)) >= 2  # torchrun + its rank (at least), really running under Slurm
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(timeout=180)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     log = (tmp_path / "launcher.log").read_text()
     assert rc == 143, log[-3000:]
     assert f"scancel {job_id}" in log

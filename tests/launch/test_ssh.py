@@ -12,7 +12,7 @@ from tasks.config import JobConfig
 from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
-from tests.launch.helpers import spawn_launcher, training_processes, wait_for_step
+from tests.launch.helpers import launched, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -47,16 +47,11 @@ def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHos
     cfg = ssh_config(tmp_path, netns_hosts, "killed", **{"parallel.dp": 2, "train.steps": 200})
     options = {**netns_hosts.launcher_options(), "env": {"GLOO_SOCKET_IFNAME": "rt0",
                                                          "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}
-    launcher = spawn_launcher(cfg, dataset, options, tmp_path / "launcher.log")
-    try:
+    with launched(cfg, dataset, options, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         assert netns_hosts.training_pids(0) and netns_hosts.training_pids(1)  # really running on both nodes
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     log = (tmp_path / "launcher.log").read_text()
     assert rc == 143, log[-3000:]
     assert "cancelled" in log
