@@ -1,6 +1,7 @@
 """Benchmark: alias switches/s and p50/p99 latency, ours vs MLflow's model registry, same PostgreSQL.
 
 Usage: .venv/bin/python bench/registry.py [--pg postgresql://postgres@127.0.0.1:5432] [--seconds 2] [--rounds 3]
+       [--pool-size N]   (our pool; default as shipped, 4 connections)
 MLflow runs from its own venv (default /tmp/mlflow-venv; created with pip if missing) so its pins
 never touch ours. Each system gets a scratch database; W writer threads (own connections) switch
 an alias between existing versions for a fixed time; the points run interleaved (ours, MLflow,
@@ -91,14 +92,15 @@ def _drop_db(pg: str, name: str) -> None:
 class Ours:
     """Our registry on a scratch database: 20 versions published, writer threads switch one alias."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool_size: int | None = None) -> None:
         import hashlib
 
         from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
         from tasks.registry.db import make_engine
 
         upgrade(url)
-        self.reg = Registry(url, engine=make_engine(url, pool_size=max(WRITERS) + 2))
+        # Default: as shipped (tasks/registry/db.py's pool), as MLflow gets its own default pool.
+        self.reg = Registry(url, engine=make_engine(url, pool_size=pool_size) if pool_size else None)
         for i in range(VERSIONS):
             d = hashlib.sha256(str(i).encode()).hexdigest()
             self.reg.publish_version("bench", ArtifactRef(d, f"file:///tmp/{d}", i), Lineage("c", "m", "r", str(i)),
@@ -189,6 +191,7 @@ def main() -> int:
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432")
     ap.add_argument("--seconds", type=float, default=2.0, help="per point and round")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, MLflow, ours, ...)")
+    ap.add_argument("--pool-size", type=int, default=None, help="our connection pool (default: as shipped)")
     ap.add_argument("--mlflow-venv", type=Path, default=Path("/tmp/mlflow-venv"))
     args = ap.parse_args()
     load_before = os.getloadavg()
@@ -203,7 +206,7 @@ def main() -> int:
     ours: Ours | None = None
     theirs: MLflow | None = None
     try:
-        ours = Ours(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://')}/{ours_db}")
+        ours = Ours(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://')}/{ours_db}", args.pool_size)
         if py:
             theirs = MLflow(py, f"{args.pg.replace('postgresql://', 'postgresql+psycopg2://')}/{ml_db}")
         # Interleaved so that the load from other work on the machine hits both sides alike.

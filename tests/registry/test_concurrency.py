@@ -76,3 +76,43 @@ def test_32_processes_publish_switch_and_rollback(pg_url: str) -> None:
 
     # The final pointer equals the last history row.
     assert live is not None and live.version == history[-1].to_version
+
+
+def test_32_threads_share_one_registry_and_its_bounded_pool(pg_url: str) -> None:
+    """Threads beyond the pool (4 connections) queue in-process; every switch still lands once, in one chain."""
+    import threading
+
+    from tasks.registry.db import PG_POOL_SIZE
+
+    upgrade(pg_url)
+    threads_n, per_thread = 32, 5
+    with Registry(pg_url) as reg:
+        assert reg.engine.pool.size() == PG_POOL_SIZE
+        for i in range(3):
+            reg.publish_version("shared", ArtifactRef(f"{i:064x}", f"file:///s/{i}", 1), Lineage("c", "m", "r", "t"),
+                                {}, "seed")
+        acked: list[int] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(threads_n)
+
+        def work(n: int) -> None:
+            try:
+                start.wait()
+                for k in range(per_thread):
+                    rec = reg.switch_alias("shared", "production", 1 + (n + k) % 3, actor=f"t{n}", reason="pool")
+                    if rec.changed:
+                        acked.append(rec.seq)
+            except BaseException as exc:  # reported below, not swallowed
+                errors.append(exc)
+
+        workers = [threading.Thread(target=work, args=(n,)) for n in range(threads_n)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        assert errors == []
+        assert reg.engine.pool.checkedout() == 0
+        history = reg.history("shared", "production")
+    assert sorted(acked) == [h.seq for h in history]
+    for prev, row in itertools.pairwise(history):
+        assert row.from_version == prev.to_version
