@@ -1,10 +1,11 @@
 """Benchmark: `retrainer warm` vs `aws s3 sync`, `rclone copy` and s3fs `fs.get(recursive=True)`.
 
 Starts a local S3 server (`rclone serve s3`, disk-backed; or moto with --server moto),
-lays out a tree (default 5,000 x 4 KB + 8 x 64 MB), and times each tool cold (empty
-destination) and warm (same destination again), then prints the ratios the issue asks
-for: retrainer cold vs the fastest peer cold, and `aws s3 sync`'s no-op vs retrainer's
-warm re-run. The peers live in their own venv (their pins would move ours):
+lays out a tree (default 5,000 x 4 KB + 8 x 64 MB), and times each tool cold (a fresh,
+empty destination) and warm (same destination again), for several rounds in rotated
+order, then prints the ratios of the medians the issue asks for: retrainer cold vs the
+fastest peer cold, and `aws s3 sync`'s no-op vs retrainer's warm re-run. Nothing is
+deleted between timed runs (see `settle`). The peers live in their own venv (their pins would move ours):
 /tmp/warm-peers-venv, created on first use.
 
     .venv/bin/python bench/warm.py                      # full size
@@ -45,7 +46,6 @@ def ensure_peers(venv: Path) -> Path:
 def make_tree(data_root: Path, n_small: int, small_kb: int, n_large: int, large_mb: int) -> tuple[int, int]:
     """Write the dataset straight into the server's directory (bucket/prefix/...) plus its manifest."""
     base = data_root / BUCKET / PREFIX
-    shutil.rmtree(data_root, ignore_errors=True)
     rng = random.Random(0)
     files = []
     for i in range(n_small):
@@ -114,6 +114,28 @@ def tree_bytes(path: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+def settle(paths: list[Path]) -> None:
+    """Delete earlier outputs, then let ext4 forget them before anything is timed.
+
+    ext4 skips inodes freed in the last 60 s (300 s while their table block is dirty) when it
+    allocates new ones, and pays a buffer lookup per skipped inode: creating 5,000 files right
+    after deleting 5,000 costs several seconds of kernel time, measured with perf. Whichever
+    tool ran right after a deletion lost that time, so the bench never deletes between runs.
+    """
+    stale = [p for p in paths if p.exists()]
+    for p in stale:
+        shutil.rmtree(p)
+    os.sync()
+    if stale:
+        print(f"removed earlier outputs ({', '.join(map(str, stale))}); waiting 65 s for ext4's "
+              "recently-deleted inode window to pass", flush=True)
+        time.sleep(65)
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=5000)
@@ -121,14 +143,25 @@ def main() -> None:
     ap.add_argument("--large", type=int, default=8)
     ap.add_argument("--large-mb", type=int, default=64)
     ap.add_argument("--server", choices=["rclone", "moto"], default="rclone")
+    ap.add_argument("--rounds", type=int, default=3, help="cold+warm per tool per round; the order rotates")
     ap.add_argument("--workers", type=int, default=None, help="retrainer warm --workers")
     ap.add_argument("--workdir", default="/tmp/warm-bench")
     ap.add_argument("--peers-venv", default="/tmp/warm-peers-venv")
     args = ap.parse_args()
 
     work = Path(args.workdir)
+    runs = work / "runs"
     peers = ensure_peers(Path(args.peers_venv))
-    n_files, n_bytes = make_tree(work / "server", args.small, args.small_kb, args.large, args.large_mb)
+    shape = f"{args.small} {args.small_kb} {args.large} {args.large_mb}"
+    stamp = work / "server.shape"
+    same_tree = stamp.exists() and stamp.read_text() == shape
+    settle([runs] if same_tree else [runs, work / "server"])
+    if same_tree:
+        manifest = json.loads((work / "server" / BUCKET / PREFIX / "manifest.json").read_text())
+        n_files, n_bytes = len(manifest["files"]), sum(f["size"] for f in manifest["files"])
+    else:
+        n_files, n_bytes = make_tree(work / "server", args.small, args.small_kb, args.large, args.large_mb)
+        stamp.write_text(shape)
     url, server = start_server(args.server, peers, work / "server")
     opts = {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": url}}
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AWS_ACCESS_KEY_ID=KEY,
@@ -136,45 +169,49 @@ def main() -> None:
                RCLONE_CONFIG_BENCH_TYPE="s3", RCLONE_CONFIG_BENCH_PROVIDER="Other",
                RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=KEY, RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET,
                RCLONE_CONFIG_BENCH_ENDPOINT=url)
-    retrainer = [sys.executable, "-c",
-                 "import sys, tasks.cli as c; c.COMMAND_MODULES = ['tasks.warm.cli']; sys.exit(c.main(sys.argv[1:]))",
-                 "warm-url", f"s3://{BUCKET}/{PREFIX}", str(work / "retrainer-cache"),
-                 "--storage-options", json.dumps(opts), "--json"]
-    if args.workers:
-        retrainer += ["--workers", str(args.workers)]
-    fsget = [sys.executable, "-c",
-             "import json, sys, s3fs; fs = s3fs.S3FileSystem(**json.loads(sys.argv[1]));"
-             f"fs.get('{BUCKET}/{PREFIX}/', sys.argv[2], recursive=True)", json.dumps(opts)]
-    tools = {
-        "retrainer warm": (retrainer, work / "retrainer-cache"),
-        "aws s3 sync": ([str(peers / "aws"), "s3", "sync", f"s3://{BUCKET}/{PREFIX}", str(work / "aws"),
-                         "--endpoint-url", url, "--only-show-errors"], work / "aws"),
-        "rclone copy": ([str(peers / "rclone"), "copy", f"bench:{BUCKET}/{PREFIX}", str(work / "rclone")],
-                        work / "rclone"),
-        "s3fs fs.get": ([*fsget, str(work / "fsget")], work / "fsget"),
+    workers = ["--workers", str(args.workers)] if args.workers else []
+    src = f"s3://{BUCKET}/{PREFIX}"
+    fsget = ("import json, sys, s3fs; fs = s3fs.S3FileSystem(**json.loads(sys.argv[1]));"
+             f"fs.get('{BUCKET}/{PREFIX}/', sys.argv[2], recursive=True)")
+    tools = {  # name -> command for a destination directory
+        "retrainer warm": lambda d: [str(Path(sys.executable).parent / "retrainer"), "warm-url", src, str(d),
+                                     "--storage-options", json.dumps(opts), "--json", *workers],
+        "aws s3 sync": lambda d: [str(peers / "aws"), "s3", "sync", src, str(d), "--endpoint-url", url,
+                                  "--only-show-errors"],
+        "rclone copy": lambda d: [str(peers / "rclone"), "copy", f"bench:{BUCKET}/{PREFIX}", str(d)],
+        "s3fs fs.get": lambda d: [sys.executable, "-c", fsget, json.dumps(opts), str(d)],
     }
-    results: dict[str, dict[str, float]] = {}
+    names = list(tools)
+    timings: dict[str, dict[str, list[float]]] = {n: {"cold_s": [], "warm_s": []} for n in names}
     try:
-        for name, (cmd, dest) in tools.items():
-            shutil.rmtree(dest, ignore_errors=True)
-            cold = timed(cmd, env)
-            got = tree_bytes(dest)
-            warm = timed(cmd, env)
-            results[name] = {"cold_s": cold, "warm_s": warm}
-            print(f"{name:16s} cold {cold:8.2f} s ({n_bytes / 1e6 / cold:7.1f} MB/s)  warm {warm:7.2f} s  "
-                  f"[{got[0]} files, {got[1] / 1e6:.1f} MB on disk]", flush=True)
+        for rnd in range(args.rounds):
+            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                dest = runs / f"{rnd}-{name.split()[0]}"  # fresh: nothing is deleted while timing
+                os.sync()  # no tool inherits another's dirty pages
+                cold = timed(tools[name](dest), env)
+                got = tree_bytes(dest)
+                warm = timed(tools[name](dest), env)
+                timings[name]["cold_s"].append(cold)
+                timings[name]["warm_s"].append(warm)
+                print(f"round {rnd + 1} {name:16s} cold {cold:8.2f} s ({n_bytes / 1e6 / cold:7.1f} MB/s)  "
+                      f"warm {warm:7.3f} s  [{got[0]} files, {got[1] / 1e6:.1f} MB on disk]", flush=True)
     finally:
         stop_server(server)
+        shutil.rmtree(runs, ignore_errors=True)
 
+    results = {n: {k: median(v) for k, v in t.items()} for n, t in timings.items()}
     peers_cold = {k: v["cold_s"] for k, v in results.items() if k != "retrainer warm"}
     fastest = min(peers_cold, key=peers_cold.__getitem__)
     ours = results["retrainer warm"]
     summary = {
         "tree": f"{args.small} x {args.small_kb} KB + {args.large} x {args.large_mb} MB "
-                f"({n_files} files, {n_bytes / 1e6:.1f} MB), server: {args.server}",
+                f"({n_files} files, {n_bytes / 1e6:.1f} MB), server: {args.server}, rounds: {args.rounds} "
+                "(medians)",
         "results": results,
+        "rounds": timings,
         "cold_speedup_vs_fastest_peer": {"peer": fastest, "ratio": peers_cold[fastest] / ours["cold_s"]},
         "warm_speedup_vs_aws_sync_noop": results["aws s3 sync"]["warm_s"] / ours["warm_s"],
+        "load_average_after": os.getloadavg(),
     }
     print(json.dumps(summary, indent=2))
 

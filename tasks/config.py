@@ -18,13 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tasks.errors import validation_problems
+from tasks.errors import ConfigError, validation_problems
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-
-
-class ConfigError(ValueError):
-    """A config file or value is invalid; the message names the file and field."""
 
 
 class _Strict(BaseModel):

@@ -19,30 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from tasks.dataset_format import FORMAT, MANIFEST_KEY, manifest_hash, validate_key
 from tasks.errors import InvalidInputError, validation_problems
 
 log = logging.getLogger(__name__)
-
-FORMAT = "retrainer-dataset/1"
-MANIFEST_KEY = "manifest.json"
-SPLITS = ("train/", "heldout/")
-
-
-def validate_key(key: str) -> str:
-    """Refuse object keys that could escape a cache root or collide: `..`, absolute, NUL, empty segments."""
-    if not key:
-        raise ValueError("key is empty")
-    if "\x00" in key:
-        raise ValueError(f"key {key!r} contains NUL")
-    if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
-        raise ValueError(f"key {key!r} is absolute or uses backslashes")
-    parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"key {key!r} has an empty, '.' or '..' segment")
-    if key == MANIFEST_KEY:
-        raise ValueError(f"key {key!r} is reserved for the manifest itself")
-    return key
-
 
 class ManifestFile(BaseModel):
     """One object of a dataset."""
@@ -119,11 +99,6 @@ class Manifest(BaseModel):
         """Files of one split (`train` or `heldout`), in key order."""
         prefix = name.rstrip("/") + "/"
         return sorted((f for f in self.files if f.key.startswith(prefix)), key=lambda f: f.key)
-
-
-def manifest_hash(raw: bytes) -> str:
-    """The dataset's identity: sha256 of the manifest file's bytes as stored."""
-    return hashlib.sha256(raw).hexdigest()
 
 
 def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:

@@ -11,6 +11,10 @@ class RetrainerError(RuntimeError):
     exit_code = 1
 
 
+class ConfigError(ValueError):
+    """A config file or value is invalid; the message names the file and field. CLI exit code 2."""
+
+
 class InvalidInputError(RetrainerError):
     """Bad input (file, manifest, argument): the message names the culprit."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +34,8 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # here, not at import: a no-op `retrainer warm-url` never writes a file
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as fh:

@@ -1,18 +1,29 @@
-"""Dataset warming: object store -> verified local SSD copy (see core.warm)."""
+"""Dataset warming: object store -> verified local SSD copy (see core.warm).
 
-from tasks.warm.cache import DatasetEvictedError, DiskBudgetError, dataset_in_use
-from tasks.warm.core import warm, warm_for_config
-from tasks.warm.fetch import ChecksumMismatchError, WarmFetchError
-from tasks.warm.report import WarmReport, WarmResult
+Names resolve on first use (PEP 562): `retrainer warm-url` on a warm cache must not pay
+for modules it does not run (the fetcher and its retry library).
+"""
 
-__all__ = [
-    "ChecksumMismatchError",
-    "DatasetEvictedError",
-    "DiskBudgetError",
-    "WarmFetchError",
-    "WarmReport",
-    "WarmResult",
-    "dataset_in_use",
-    "warm",
-    "warm_for_config",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ChecksumMismatchError": "tasks.warm.fetch",
+    "DatasetEvictedError": "tasks.warm.cache",
+    "DiskBudgetError": "tasks.warm.cache",
+    "WarmFetchError": "tasks.warm.fetch",
+    "WarmReport": "tasks.warm.report",
+    "WarmResult": "tasks.warm.report",
+    "dataset_in_use": "tasks.warm.cache",
+    "warm": "tasks.warm.core",
+    "warm_for_config": "tasks.warm.core",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tasks.warm' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -6,10 +6,12 @@ Layout under a cache root (the dataset directory shape is a contract with train/
     partial/<id>/                    temporary downloads (same filesystem: rename is atomic)
     state/<id>.json, <id>.journal    record of verified digests (see state.py)
     state/<id>.used                  mtime = last use (LRU order)
-    locks/<id>.warm.lock             exclusive while a warm writes the dataset (filelock)
+    locks/<id>.warm.lock             exclusive while a warm writes the dataset
     locks/<id>.use.lock              shared while a dataset is in use (trainer, warm); eviction needs it exclusive
+    locks/evict.lock                 exclusive while one warm evicts to fit its dataset
 
-`flock` locks die with their holder, so a SIGKILLed trainer or warm never pins a dataset forever.
+All are `flock` locks: they die with their holder, so a SIGKILLed trainer or warm never pins a dataset
+forever.
 """
 
 from __future__ import annotations
@@ -19,12 +21,9 @@ import fcntl
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-from filelock import FileLock
 
 from tasks.errors import RetrainerError
 
@@ -62,14 +61,14 @@ class CacheLayout:
     def used_stamp(self, dsid: str) -> Path:
         return self.root / "state" / f"{dsid}.used"
 
-    def warm_lock(self, dsid: str) -> FileLock:
-        return FileLock(self.root / "locks" / f"{dsid}.warm.lock")
+    def warm_lock_path(self, dsid: str) -> Path:
+        return self.root / "locks" / f"{dsid}.warm.lock"
 
     def use_lock_path(self, dsid: str) -> Path:
         return self.root / "locks" / f"{dsid}.use.lock"
 
-    def evict_lock(self) -> FileLock:
-        return FileLock(self.root / "locks" / "evict.lock")
+    def evict_lock_path(self) -> Path:
+        return self.root / "locks" / "evict.lock"
 
     def ensure(self) -> None:
         for sub in ("datasets", "partial", "state", "locks", "trash"):
@@ -95,10 +94,31 @@ class CacheLayout:
 @contextlib.contextmanager
 def _flock(path: Path, mode: int) -> Iterator[int]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, mode)
         yield fd
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+@contextlib.contextmanager
+def warm_lock(layout: CacheLayout, dsid: str, *, wait: bool = True) -> Iterator[bool]:
+    """Exclusive right to write a dataset; yields False at once (wait=False) if another warm holds it."""
+    path = layout.warm_lock_path(dsid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+            if wait:
+                log.info("warm: dataset %s is being warmed by another process; waiting for its lock", dsid)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held = True
+        yield held
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
@@ -150,7 +170,7 @@ def try_evict(layout: CacheLayout, dsid: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        trash = layout.root / "trash" / f"{dsid}-{uuid.uuid4().hex[:8]}"
+        trash = layout.root / "trash" / f"{dsid}-{os.urandom(4).hex()}"
         with contextlib.suppress(FileNotFoundError):
             os.rename(layout.dataset_dir(dsid), trash)  # atomic: readers see all or nothing
         for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid)):
@@ -171,7 +191,7 @@ def make_room(layout: CacheLayout, dsid: str, dataset_bytes: int, budget: int) -
         raise DiskBudgetError(f"dataset {dsid} needs {dataset_bytes} bytes, more than the cache budget "
                               f"of {budget} bytes ({layout.root}); nothing was downloaded")
     evicted: list[str] = []
-    with layout.evict_lock():
+    with _flock(layout.evict_lock_path(), fcntl.LOCK_EX):
         others = {d: dir_bytes(layout.dataset_dir(d)) + dir_bytes(layout.partial_dir(d))
                   for d in layout.dataset_ids() if d != dsid}
         used = sum(others.values())

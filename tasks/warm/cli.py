@@ -47,7 +47,7 @@ def _cmd_warm_url(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="re-hash files already in the cache")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--workers", type=int, default=None, help="requests in flight (default 16)")
+    p.add_argument("--workers", type=int, default=None, help="concurrent reads (default 16)")
 
 
 def register(subparsers: Any) -> None:

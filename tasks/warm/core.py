@@ -2,12 +2,16 @@
 
 Steps, under the dataset's warm lock (a second warm of the same dataset waits, then
 finds every file already verified and fetches nothing):
-1. read + validate the manifest (its hash names the dataset dir);
-2. hold the dataset in use, check the disk budget and evict LRU datasets if needed
-   (a dataset bigger than the budget fails here, before any download);
-3. skip files recorded as verified (size + mtime unchanged), re-hash present but
-   unrecorded files locally (after a crash) or all files with `verify=True`;
-4. fetch the rest (fetch.py), record each as it lands, then fsync directories,
+1. read the manifest (its hash names the dataset dir);
+2. if the cache holds a complete warm of these exact manifest bytes and every file is
+   still the one recorded (size + mtime), stop: a no-op re-warm imports neither
+   pydantic nor fsspec and costs a stat per file;
+3. otherwise validate the manifest, hold the dataset in use, check the disk budget and
+   evict LRU datasets if needed (a dataset bigger than the budget fails here, before
+   any download);
+4. skip files recorded as verified, re-hash present but unrecorded files locally
+   (after a crash) or all files with `verify=True`;
+5. fetch the rest (fetch.py), record each as it lands, then fsync directories,
    write the manifest copy and the compacted record.
 """
 
@@ -18,60 +22,41 @@ import os
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from filelock import Timeout
-
-from tasks.data import MANIFEST_KEY, Manifest, ManifestFile
+from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
-from tasks.warm.cache import CacheLayout, make_room, use_lock
-from tasks.warm.fetch import PART_SIZE, Fetcher
+from tasks.warm.cache import CacheLayout, make_room, use_lock, warm_lock
 from tasks.warm.report import Progress, WarmReport, WarmResult
-from tasks.warm.state import VerifiedRecord
+from tasks.warm.source import ObjectSource, open_source
+from tasks.warm.state import VerifiedRecord, complete_entries
 
 if TYPE_CHECKING:
     from tasks.config import JobConfig
+    from tasks.data import Manifest, ManifestFile
 
 log = logging.getLogger("tasks.warm")
 
 DEFAULT_WORKERS = 16
 
 
-def _filesystem(source_url: str, storage_options: dict[str, Any] | None, max_workers: int) -> tuple[Any, str]:
-    import fsspec
-
-    opts = dict(storage_options or {})
-    protocol = fsspec.core.split_protocol(source_url)[0]
-    if protocol in ("s3", "s3a"):
-        # aiobotocore's pool (10) would cap requests in flight below our semaphore.
-        cfg = dict(opts.get("config_kwargs") or {})
-        cfg.setdefault("max_pool_connections", max_workers)
-        cfg.setdefault("signature_version", "s3v4")  # presigned URLs (fetch.py) default to SigV2 otherwise
-        opts["config_kwargs"] = cfg
-    fs, root = fsspec.core.url_to_fs(source_url, **opts)
-    fs.invalidate_cache()
-    return fs, root
-
-
-def _read_manifest_bytes(fs: Any, path: str, source_url: str, manifest_key: str,
-                         storage_options: dict[str, Any] | None) -> bytes:
+def _read_manifest_bytes(source: ObjectSource, source_url: str, manifest_key: str) -> bytes:
     """Read the manifest; any failure becomes one line naming the URL and endpoint.
 
-    No retry loop of our own here: s3fs/botocore already retry connection errors, and a second
-    layer would multiply the time a warm takes to give up on an endpoint that is down.
+    No retry loop of our own here: the clients (obstore, botocore) already retry connection
+    errors, and a second layer would multiply the time a warm takes to give up on an endpoint
+    that is down.
     """
     try:
-        return fs.cat_file(path)
+        return bytes(source.read(manifest_key))
     except FileNotFoundError:
         raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
     except Exception as exc:
-        endpoint = ((storage_options or {}).get("client_kwargs") or {}).get("endpoint_url")
-        where = f" (endpoint {endpoint})" if endpoint else ""
-        raise RetrainerError(f"{source_url}{where}: cannot read manifest {manifest_key!r}: "
-                             f"{type(exc).__name__}: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RetrainerError(f"{source.name}: cannot read manifest {manifest_key!r}: "
+                             f"{type(exc).__name__}: {first}") from None
 
 
 def _local_target(dataset_dir: Path, key: str) -> Path:
@@ -101,62 +86,101 @@ def warm(
     """
     t0 = time.monotonic()
     workers = max_workers or DEFAULT_WORKERS
-    fs, root = _filesystem(source_url, storage_options, workers)
-    root = root.rstrip("/")
-    manifest_src = f"{root}/{manifest_key}" if root else manifest_key
-    raw = _read_manifest_bytes(fs, manifest_src, source_url, manifest_key, storage_options)
-    manifest = Manifest.parse(raw, source=f"{source_url.rstrip('/')}/{manifest_key}")
-    mhash = manifest.hash
+    source = open_source(source_url, storage_options, workers)
+    raw = _read_manifest_bytes(source, source_url, manifest_key)
+    mhash = manifest_hash(raw)
+    manifest_source = f"{source_url.rstrip('/')}/{manifest_key}"
     layout = CacheLayout(Path(cache_root).resolve())
-    layout.ensure()
     dsid = layout.dataset_id(mhash)
     dataset_dir = layout.dataset_dir(dsid)
-    targets = {f.key: _local_target(dataset_dir, f.key) for f in manifest.files}
-    report = WarmReport(files_total=len(manifest.files), bytes_total=manifest.total_bytes)
+    result = WarmResult(dataset_dir=dataset_dir, manifest_hash=mhash, report=WarmReport(), manifest_raw=raw,
+                        manifest_source=manifest_source)
 
-    with use_lock(layout, dsid):
-        lock = layout.warm_lock(dsid)
-        try:
-            lock.acquire(blocking=False)
-        except Timeout:
-            log.info("warm: dataset %s is being warmed by another process; waiting for its lock", dsid)
-            lock.acquire()
-        try:
-            if disk_budget_bytes is not None:
-                report.evicted = make_room(layout, dsid, manifest.total_bytes, disk_budget_bytes)
-            dataset_dir.mkdir(parents=True, exist_ok=True)
-            layout.touch_used(dsid)
-            partial = layout.partial_dir(dsid)
-            shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
-            record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), mhash).load()
-            try:
-                t1 = time.monotonic()
-                to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
-                t2 = time.monotonic()
-                _fetch(fs, root, dataset_dir, partial, to_fetch, record, report, workers, progress,
-                       part_size or PART_SIZE)
-                t3 = time.monotonic()
-                if report.files_skipped < report.files_total or report.files_verified or not _same_bytes(
-                        dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
-                    for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
-                        fsync_dir(d)
-                    atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
-                    record.compact({f.key for f in manifest.files})
-                # else: a no-op re-warm; the record and the manifest copy are already durable.
-                log.debug("warm: phases: manifest+locks %.3f s, local check %.3f s, fetch %.3f s, commit %.3f s",
-                          t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
-            finally:
-                record.close()
-            shutil.rmtree(partial, ignore_errors=True)
-            layout.touch_used(dsid)
-        finally:
-            lock.release()
+    report = None
+    if not verify and _same_bytes(dataset_dir / MANIFEST_KEY, raw):  # the no-op candidate; nothing written yet
+        with use_lock(layout, dsid), warm_lock(layout, dsid, wait=False) as held:
+            report = _already_warm(layout, dsid, raw) if held else None
+            if report is not None:
+                layout.touch_used(dsid)
+    if report is None:
+        from tasks.data import Manifest
+
+        result.parsed = Manifest.parse(raw, source=manifest_source)  # refuses a bad manifest before any write
+        layout.ensure()
+        with use_lock(layout, dsid), warm_lock(layout, dsid):
+            report = _warm_files(source, layout, dsid, result.parsed, raw, disk_budget_bytes, verify, workers,
+                                 progress, part_size, t0)
 
     report.seconds = time.monotonic() - t0
+    result.report = report
     log.info("warm: dataset %s ready at %s: fetched %d files / %.1f MB, skipped %d, verified %d, %.2f s, %.1f MB/s",
              dsid, dataset_dir, report.files_fetched, report.bytes_fetched / 1e6, report.files_skipped,
              report.files_verified, report.seconds, report.mb_per_s)
-    return WarmResult(dataset_dir=dataset_dir, manifest_hash=mhash, report=report, manifest=manifest)
+    return result
+
+
+def _already_warm(layout: CacheLayout, dsid: str, raw: bytes) -> WarmReport | None:
+    """The report of a no-op re-warm, or None if anything needs a real warm.
+
+    True only when an earlier warm of these exact manifest bytes completed (its manifest copy
+    and complete record are written last, its journal removed) and every file still has the
+    recorded size and mtime. That warm validated those bytes, so nothing is parsed here.
+    """
+    dataset_dir = layout.dataset_dir(dsid)
+    if not _same_bytes(dataset_dir / MANIFEST_KEY, raw):
+        return None
+    files = complete_entries(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw))
+    if files is None:
+        return None
+    total = 0
+    base = str(dataset_dir)
+    for key, (size, _sha256, mtime_ns) in files.items():
+        try:
+            st = os.stat(f"{base}/{key}")
+        except FileNotFoundError:
+            return None
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            return None
+        total += size
+    return WarmReport(files_total=len(files), bytes_total=total, files_skipped=len(files), bytes_skipped=total)
+
+
+def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: Manifest, raw: bytes,
+                disk_budget_bytes: int | None, verify: bool, workers: int, progress: bool, part_size: int | None,
+                t0: float) -> WarmReport:
+    """Under the warm lock: make room, reuse what is verified, fetch the rest, commit the record."""
+    from tasks.warm.fetch import PART_SIZE
+
+    dataset_dir = layout.dataset_dir(dsid)
+    targets = {f.key: _local_target(dataset_dir, f.key) for f in manifest.files}
+    report = WarmReport(files_total=len(manifest.files), bytes_total=manifest.total_bytes)
+    if disk_budget_bytes is not None:
+        report.evicted = make_room(layout, dsid, manifest.total_bytes, disk_budget_bytes)
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    layout.touch_used(dsid)
+    partial = layout.partial_dir(dsid)
+    shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
+    record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw)).load()
+    try:
+        t1 = time.monotonic()
+        to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
+        t2 = time.monotonic()
+        _fetch(source, dataset_dir, partial, to_fetch, record, report, workers, progress, part_size or PART_SIZE)
+        t3 = time.monotonic()
+        if report.files_skipped < report.files_total or report.files_verified or not _same_bytes(
+                dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
+            for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
+                fsync_dir(d)
+            atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
+            record.compact({f.key for f in manifest.files})
+        # else: a no-op re-warm; the record and the manifest copy are already durable.
+        log.debug("warm: phases: manifest+locks %.3f s, local check %.3f s, fetch %.3f s, commit %.3f s",
+                  t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
+    finally:
+        record.close()
+    shutil.rmtree(partial, ignore_errors=True)
+    layout.touch_used(dsid)
+    return report
 
 
 def _same_bytes(path: Path, raw: bytes) -> bool:
@@ -193,6 +217,8 @@ def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedR
         path.unlink(missing_ok=True)
         return False
 
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(4, workers)) as pool:
         for f, ok in zip(to_hash, pool.map(check, to_hash), strict=True):
             report.files_verified += 1
@@ -205,8 +231,10 @@ def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedR
     return to_fetch
 
 
-def _fetch(fs: Any, root: str, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
+def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
            record: VerifiedRecord, report: WarmReport, workers: int, progress: bool, part_size: int) -> None:
+    from tasks.warm.fetch import Fetcher
+
     if not entries:
         return
     bar = Progress(sum(f.size for f in entries), len(entries), enabled=progress)
@@ -224,7 +252,7 @@ def _fetch(fs: Any, root: str, dataset_dir: Path, partial: Path, entries: list[M
             report.retries += 1
 
     try:
-        Fetcher(fs, root, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried,
+        Fetcher(source, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried,
                 part_size=part_size).run(entries)
     finally:
         bar.close()

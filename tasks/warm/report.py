@@ -8,7 +8,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.data import Manifest
 
 log = logging.getLogger("tasks.warm")
 
@@ -47,7 +50,18 @@ class WarmResult:
     dataset_dir: Path
     manifest_hash: str
     report: WarmReport
-    manifest: Any = None
+    manifest_raw: bytes = field(default=b"", repr=False)
+    manifest_source: str = ""
+    parsed: Any = field(default=None, repr=False)  # the Manifest, when the warm had to parse it
+
+    @property
+    def manifest(self) -> Manifest:
+        """The validated manifest; parsed on first use, since a no-op re-warm never needs pydantic."""
+        if self.parsed is None:
+            from tasks.data import Manifest
+
+            self.parsed = Manifest.parse(self.manifest_raw, source=self.manifest_source)
+        return self.parsed
 
     def to_dict(self) -> dict[str, Any]:
         return {"dataset_dir": str(self.dataset_dir), "manifest_hash": self.manifest_hash,

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tasks.fsutil import atomic_write_json
 
@@ -95,8 +96,29 @@ class VerifiedRecord:
                 self._journal = None
 
     def compact(self, keys: set[str]) -> None:
-        """Replace state with the entries for `keys` (atomically), then drop the journal."""
+        """Replace state with the entries for `keys` (atomically), then drop the journal.
+
+        `complete` says the record covers every key of the manifest: what `complete_entries` trusts.
+        """
         self.close()
         files = {k: list(v) for k, v in self.entries.items() if k in keys}
-        atomic_write_json(self.state_path, {"manifest_hash": self.manifest_hash, "files": files})
+        atomic_write_json(self.state_path, {"manifest_hash": self.manifest_hash, "complete": len(files) == len(keys),
+                                            "files": files})
         self.journal_path.unlink(missing_ok=True)
+
+
+def complete_entries(state_path: Path, journal_path: Path, manifest_hash: str) -> dict[str, list[Any]] | None:
+    """{key: [size, sha256, mtime_ns]} of a compacted record covering every file of this manifest, else None.
+
+    A journal means a warm since then did not finish (crash, failure): then nothing is trusted here.
+    """
+    if journal_path.exists():
+        return None
+    try:
+        data = json.loads(state_path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("manifest_hash") != manifest_hash or data.get("complete") is not True:
+        return None
+    files = data.get("files")
+    return files if isinstance(files, dict) else None

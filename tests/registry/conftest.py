@@ -43,15 +43,9 @@ def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """Run the real `retrainer` entry point (tasks.cli.main) with only the registry verbs registered.
-
-    Other stages' modules may not exist yet in this tree; main's parsing and error
-    mapping are exercised as they are.
-    """
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """Run the real `retrainer` entry point (tasks.cli.main): its parsing and error mapping as they are."""
     import tasks.cli
-
-    monkeypatch.setattr(tasks.cli, "COMMAND_MODULES", ["tasks.registry.cli"])
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()

@@ -84,15 +84,13 @@ def test_publish_refuses_bad_checkpoints(
 
 
 def _publish_process(cfg: JobConfig, ckpt: Path, tmp_path: Path, **env: str) -> subprocess.Popen[bytes]:
-    """`retrainer publish` in its own process (the real entry point, registry verbs only)."""
+    """`retrainer publish` in its own process (the real entry point)."""
     config_file = tmp_path / f"job-{ckpt.name}.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     metrics_file = tmp_path / "metrics.json"
     metrics_file.write_text(json.dumps(METRICS))
-    code = ("import sys, tasks.cli as c; c.COMMAND_MODULES = ['tasks.registry.cli']; "
-            "sys.exit(c.main(sys.argv[1:]))")
     return subprocess.Popen(
-        [sys.executable, "-c", code, "publish", str(config_file), "--checkpoint", str(ckpt),
+        [sys.executable, "-m", "tasks.cli", "publish", str(config_file), "--checkpoint", str(ckpt),
          "--metrics", str(metrics_file), "--manifest-hash", "m", "--json"],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

