@@ -30,6 +30,7 @@ from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.warm.cache import CacheLayout, make_room, use_lock, warm_lock
 from tasks.warm.report import Progress, WarmReport, WarmResult
+from tasks.warm.retry import with_retries
 from tasks.warm.source import ObjectSource, open_source
 from tasks.warm.state import VerifiedRecord, complete_entries
 
@@ -43,20 +44,25 @@ DEFAULT_WORKERS = 16
 
 
 def _read_manifest_bytes(source: ObjectSource, source_url: str, manifest_key: str) -> bytes:
-    """Read the manifest; any failure becomes one line naming the URL and endpoint.
+    """Read the manifest, retried like every file (a few seconds of outage pass unnoticed).
 
-    No retry loop of our own here: the clients (obstore, botocore) already retry connection
-    errors, and a second layer would multiply the time a warm takes to give up on an endpoint
-    that is down.
+    Any failure becomes one line naming the URL and endpoint; a missing manifest is bad input.
     """
+    def retried(attempt: int, exc: BaseException) -> None:
+        log.warning("warm: reading the manifest failed (attempt %d), retrying: %s", attempt, _first_line(exc))
+
     try:
-        return bytes(source.read(manifest_key))
+        return with_retries(lambda: bytes(source.read(manifest_key)), retried)
     except FileNotFoundError:
         raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise RetrainerError(f"{source.name}: cannot read manifest {manifest_key!r}: "
-                             f"{type(exc).__name__}: {first}") from None
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0] if text else ""
 
 
 def _local_target(dataset_dir: Path, key: str) -> Path:

@@ -7,7 +7,7 @@ renames), larger ones one by one. A bigger object is read as ranged parts in par
 (a sliding window on a second pool) and hashed in order as they are written; a server
 that answers a ranged GET with the whole object gets one streamed GET instead. Objects
 above BATCH_MAX_OBJECT bypass the page cache (O_DIRECT, direct.py). Each file is
-retried with exponential backoff (tenacity) and then fails naming its key.
+retried with exponential backoff (retry.py) and then fails naming its key.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
 from tasks.errors import RetrainerError
 from tasks.warm.direct import BufferPool, ObjectFile, write_all
+from tasks.warm.retry import with_retries
 from tasks.warm.source import ObjectSource, RangeUnsupportedError
 
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ PART_SIZE = 16 << 20
 PART_WINDOW = 6
 BATCH_MAX_OBJECT = 1 << 20  # objects up to this size are committed in batches
 BATCH_FILES = 64
-ATTEMPTS = 4
 
 
 class ChecksumMismatchError(RetrainerError):
@@ -47,12 +45,6 @@ class ChecksumMismatchError(RetrainerError):
 
 class WarmFetchError(RetrainerError):
     """A key could not be fetched and verified after bounded retries."""
-
-
-def retryable(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, Exception)
 
 
 def _check(entry: ManifestFile, size: int, digest: str) -> None:
@@ -161,7 +153,7 @@ class Fetcher:
 
     def __init__(self, source: ObjectSource, dataset_dir: Path, partial_dir: Path, *, max_workers: int,
                  on_done: Callable[[ManifestFile, int], None], on_retry: Callable[[], None],
-                 part_size: int = PART_SIZE, attempts: int = ATTEMPTS) -> None:
+                 part_size: int = PART_SIZE) -> None:
         self.source = source
         self.dataset_dir = dataset_dir
         self.partial_dir = partial_dir
@@ -169,7 +161,6 @@ class Fetcher:
         self.on_done = on_done  # (entry, mtime_ns), called once per committed file
         self.on_retry = on_retry
         self.part_size = part_size
-        self.attempts = attempts
         self.ranged = True  # until the server answers a ranged GET with the whole object
         self.direct = os.environ.get("RETRAINER_WARM_DIRECT", "1") != "0"  # until the filesystem refuses O_DIRECT
         self._buffers = BufferPool()
@@ -182,14 +173,9 @@ class Fetcher:
     def tmp(self) -> Path:
         return self.partial_dir / f"{os.urandom(16).hex()}.part"
 
-    def _retrying(self) -> Retrying:
-        def before_sleep(state: Any) -> None:
-            self.on_retry()
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning("warm: retrying (attempt %d failed): %s", state.attempt_number, exc)
-
-        return Retrying(stop=stop_after_attempt(self.attempts), wait=wait_exponential(multiplier=0.2, max=3),
-                        retry=retry_if_exception(retryable), reraise=True, before_sleep=before_sleep)
+    def _retried(self, attempt: int, exc: BaseException) -> None:
+        self.on_retry()
+        log.warning("warm: retrying (attempt %d failed): %s", attempt, exc)
 
     def run(self, entries: Iterable[ManifestFile]) -> None:
         # Large objects first: their parts keep the pipe full while small ones fill the gaps.
@@ -224,10 +210,10 @@ class Fetcher:
         if self._failed.is_set():
             return
         final = self.dataset_dir / entry.key
+        large = entry.size > self.part_size
         try:
-            for attempt in self._retrying():
-                with attempt:
-                    mtime = self._large(entry, final) if entry.size > self.part_size else self._small(entry, final)
+            mtime = with_retries(lambda: self._large(entry, final) if large else self._small(entry, final),
+                                 self._retried)
         except Exception as exc:
             raise WarmFetchError(f"warm failed for key {entry.key!r}: {exc}") from exc
         if mtime is not None:

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 log = logging.getLogger("tasks.warm")
 
 STREAM_CHUNK = 8 << 20
-# obstore's own retries (connection errors, dropped connections, 5xx): ride out an outage of a few
-# seconds (botocore's default does too), but give up within 30 s on an endpoint that is down.
-_OBSTORE_RETRY = {"max_retries": 8, "retry_timeout": timedelta(seconds=30),
-                  "backoff": {"init_backoff": timedelta(milliseconds=250), "max_backoff": timedelta(seconds=4),
+# obstore's own retries (connection errors, dropped connections, 5xx), kept short: every read is
+# retried again by the warm (tenacity, with backoff), since obstore does not retry every failure to
+# send a request, and an endpoint that is down for good must fail the warm in seconds.
+_OBSTORE_RETRY = {"max_retries": 2, "retry_timeout": timedelta(seconds=10),
+                  "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=2),
                               "base": 2}}
 # No overall request timeout short enough to cut a multi-GB streamed object; stalls are caught per read.
 _OBSTORE_CLIENT = {"connect_timeout": timedelta(seconds=10), "read_timeout": timedelta(seconds=60),
