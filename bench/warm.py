@@ -114,22 +114,35 @@ def tree_bytes(path: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
-def settle(paths: list[Path]) -> None:
-    """Delete earlier outputs, then let ext4 forget them before anything is timed.
+def settle(work: Path, paths: list[Path]) -> None:
+    """Delete earlier outputs, then let ext4 forget them (and any earlier deletion) before timing.
 
     ext4 skips inodes freed in the last 60 s (300 s while their table block is dirty) when it
     allocates new ones, and pays a buffer lookup per skipped inode: creating 5,000 files right
-    after deleting 5,000 costs several seconds of kernel time, measured with perf. Whichever
-    tool ran right after a deletion lost that time, so the bench never deletes between runs.
+    after deleting 5,000 costs seconds of kernel time (perf: `recently_deleted` under
+    `ext4_create`). Whichever tool ran right after a deletion lost that time, so the bench never
+    deletes between timed runs, and starts 65 s after the last deletion it knows of (after a sync).
     """
+    stamp = work / "last-delete"
     stale = [p for p in paths if p.exists()]
     for p in stale:
         shutil.rmtree(p)
-    os.sync()
     if stale:
-        print(f"removed earlier outputs ({', '.join(map(str, stale))}); waiting 65 s for ext4's "
-              "recently-deleted inode window to pass", flush=True)
-        time.sleep(65)
+        remove_later(work, [])
+    os.sync()
+    wait = 65 - (time.time() - stamp.stat().st_mtime) if stamp.exists() else 0
+    if wait > 0:
+        print(f"waiting {wait:.0f} s: files were deleted under {work} less than 65 s ago "
+              "(ext4's recently-deleted inode window)", flush=True)
+        time.sleep(wait)
+
+
+def remove_later(work: Path, paths: list[Path]) -> None:
+    """Delete outputs and note when, so the next run's `settle` can wait the window out."""
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "last-delete").touch()
 
 
 def median(xs: list[float]) -> float:
@@ -155,7 +168,7 @@ def main() -> None:
     shape = f"{args.small} {args.small_kb} {args.large} {args.large_mb}"
     stamp = work / "server.shape"
     same_tree = stamp.exists() and stamp.read_text() == shape
-    settle([runs] if same_tree else [runs, work / "server"])
+    settle(work, [runs] if same_tree else [runs, work / "server"])
     if same_tree:
         manifest = json.loads((work / "server" / BUCKET / PREFIX / "manifest.json").read_text())
         n_files, n_bytes = len(manifest["files"]), sum(f["size"] for f in manifest["files"])
@@ -197,7 +210,7 @@ def main() -> None:
                       f"warm {warm:7.3f} s  [{got[0]} files, {got[1] / 1e6:.1f} MB on disk]", flush=True)
     finally:
         stop_server(server)
-        shutil.rmtree(runs, ignore_errors=True)
+        remove_later(work, [runs])
 
     results = {n: {k: median(v) for k, v in t.items()} for n, t in timings.items()}
     peers_cold = {k: v["cold_s"] for k, v in results.items() if k != "retrainer warm"}

@@ -17,6 +17,7 @@ finds every file already verified and fetches nothing):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -65,13 +66,13 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _local_target(dataset_dir: Path, key: str) -> Path:
+def _local_target(dataset_dir: Path, key: str) -> str:
     """Map a key to its path; refuse anything that would land outside the dataset dir."""
     base = os.path.normpath(dataset_dir)
     target = os.path.normpath(os.path.join(base, key))
     if not target.startswith(base + os.sep) or "\x00" in key:
         raise InvalidInputError(f"manifest key {key!r} escapes the cache directory; refused")
-    return Path(target)
+    return target
 
 
 def warm(
@@ -175,7 +176,7 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
         t3 = time.monotonic()
         if report.files_skipped < report.files_total or report.files_verified or not _same_bytes(
                 dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
-            for d in sorted({targets[f.key].parent for f in manifest.files} | {dataset_dir}):
+            for d in sorted({os.path.dirname(t) for t in targets.values()} | {str(dataset_dir)}):
                 fsync_dir(d)
             atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)
             record.compact({f.key for f in manifest.files})
@@ -196,7 +197,7 @@ def _same_bytes(path: Path, raw: bytes) -> bool:
         return False
 
 
-def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedRecord, report: WarmReport,
+def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRecord, report: WarmReport,
                  verify: bool, workers: int) -> list[ManifestFile]:
     """Sort files into skip / re-hash locally / fetch; returns the ones to fetch."""
     to_hash: list[ManifestFile] = []
@@ -206,7 +207,7 @@ def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedR
         if not verify and record.trusted(f.key, f.size, f.sha256, path):
             report.files_skipped += 1
             report.bytes_skipped += f.size
-        elif path.is_file():
+        elif os.path.isfile(path):
             to_hash.append(f)
         else:
             to_fetch.append(f)
@@ -220,7 +221,8 @@ def _reuse_local(manifest: Manifest, targets: dict[str, Path], record: VerifiedR
             record.add(f.key, f.size, f.sha256, st.st_mtime_ns)
             return True
         log.warning("warm: local copy of %s does not match the manifest; fetching it again", f.key)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         return False
 
     from concurrent.futures import ThreadPoolExecutor

@@ -17,7 +17,6 @@ import logging
 import mmap
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tasks.warm")
@@ -63,7 +62,7 @@ class BufferPool:
 class ObjectFile:
     """One object written sequentially to a new temp file; O_DIRECT unless `direct` is off or refused."""
 
-    def __init__(self, tmp: Path, pool: BufferPool, *, direct: bool) -> None:
+    def __init__(self, tmp: str, pool: BufferPool, *, direct: bool) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         self.tmp = tmp
         self.direct = False
@@ -74,7 +73,8 @@ class ObjectFile:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                tmp.unlink(missing_ok=True)  # some filesystems create the file before refusing the flag
+                with contextlib.suppress(FileNotFoundError):  # some filesystems create it, then refuse the flag
+                    os.unlink(tmp)
         if not self.direct:
             self.fd = os.open(tmp, flags, 0o644)
         self._pool = pool
@@ -115,7 +115,8 @@ class ObjectFile:
     def abort(self) -> None:
         self._release()
         os.close(self.fd)
-        self.tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
 
     def _release(self) -> None:
         if self._buf is not None:

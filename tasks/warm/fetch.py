@@ -1,26 +1,29 @@
 """Transfer and verify objects: temp name, sha256 of the exact bytes written, fsync, rename.
 
-A pool of threads issues the reads (obstore and s3fs both release the GIL while they
-wait). An object up to `part_size` is read whole, verified in memory and written to a
-temp name; small ones are then made durable in batches (one `syncfs`, then their
-renames), larger ones one by one. A bigger object is read as ranged parts in parallel
-(a sliding window on a second pool) and hashed in order as they are written; a server
-that answers a ranged GET with the whole object gets one streamed GET instead. Objects
-above BATCH_MAX_OBJECT bypass the page cache (O_DIRECT, direct.py). Each file is
-retried with exponential backoff (retry.py) and then fails naming its key.
+Worker threads take entries from one shared iterator and issue the reads (obstore and
+s3fs both release the GIL while they wait); the hot path uses string paths and no
+per-file futures, since Python overhead per small object is what limits a cold warm.
+An object up to `part_size` is read whole, verified in memory and written to a temp
+name; small ones are then made durable in batches (one `syncfs`, then their renames),
+larger ones one by one. A bigger object is read as ranged parts in parallel (a sliding
+window on a second pool) and hashed in order as they are written; a server that answers
+a ranged GET with the whole object gets one streamed GET instead. Objects above
+BATCH_MAX_OBJECT bypass the page cache (O_DIRECT, direct.py). Each file is retried with
+exponential backoff (retry.py) and then fails naming its key.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import RetrainerError
@@ -54,32 +57,34 @@ def _check(entry: ManifestFile, size: int, digest: str) -> None:
             f"with sha256 {entry.sha256[:16]}... (object changed behind the manifest?)")
 
 
-def _open_tmp(tmp: Path) -> int:
-    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-
-
-def _write_tmp(data: Any, tmp: Path) -> None:
-    fd = _open_tmp(tmp)
+def _write_tmp(data: Any, tmp: str) -> int:
+    """Write a whole small object to a new temp file (not yet durable); returns its mtime_ns."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         write_all(fd, data, 0)
+        return os.fstat(fd).st_mtime_ns  # a rename keeps it: no second lookup of the path
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
+        fd = -1
+        os.unlink(tmp)
         raise
-    os.close(fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def _finish(fd: int, tmp: Path, final: Path) -> int:
-    """fsync, close and rename into place; returns the final file's mtime_ns for the record."""
+def _finish(fd: int, tmp: str, final: str) -> int:
+    """fsync, close and rename into place; returns the file's mtime_ns for the record."""
     try:
         os.fsync(fd)
+        mtime = os.fstat(fd).st_mtime_ns
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    return os.stat(final).st_mtime_ns
+    return mtime
 
 
-def _syncfs(path: Path) -> bool:
+def _syncfs(path: str) -> bool:
     """Flush every dirty page of the filesystem holding `path` (Linux syncfs(2)); False if unavailable."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -104,15 +109,15 @@ class _CommitBatcher:
     per batch instead of one journal commit per file.
     """
 
-    def __init__(self, partial_dir: Path, on_done: Callable[[ManifestFile, int], None]) -> None:
+    def __init__(self, partial_dir: str, on_done: Callable[[ManifestFile, int], None]) -> None:
         self.partial_dir = partial_dir
         self.on_done = on_done
         self._lock = threading.Lock()
-        self._items: list[tuple[ManifestFile, Path, Path]] = []
+        self._items: list[tuple[ManifestFile, str, str, int]] = []
 
-    def add(self, entry: ManifestFile, tmp: Path, final: Path) -> None:
+    def add(self, entry: ManifestFile, tmp: str, final: str, mtime_ns: int) -> None:
         with self._lock:
-            self._items.append((entry, tmp, final))
+            self._items.append((entry, tmp, final, mtime_ns))
             if len(self._items) < BATCH_FILES:
                 return
             batch, self._items = self._items, []
@@ -127,51 +132,58 @@ class _CommitBatcher:
     def discard(self) -> None:
         with self._lock:
             batch, self._items = self._items, []
-        for _entry, tmp, _final in batch:
-            tmp.unlink(missing_ok=True)
+        for _entry, tmp, _final, _mtime in batch:
+            _unlink(tmp)
 
-    def _commit(self, batch: list[tuple[ManifestFile, Path, Path]]) -> None:
+    def _commit(self, batch: list[tuple[ManifestFile, str, str, int]]) -> None:
         try:
             if not _syncfs(self.partial_dir):
-                for _entry, tmp, _final in batch:
+                for _entry, tmp, _final, _mtime in batch:
                     fd = os.open(tmp, os.O_RDONLY)
                     try:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
         except BaseException:
-            for _entry, tmp, _final in batch:
-                tmp.unlink(missing_ok=True)
+            for _entry, tmp, _final, _mtime in batch:
+                _unlink(tmp)
             raise
-        for entry, tmp, final in batch:
+        for entry, tmp, final, mtime in batch:
             os.replace(tmp, final)
-            self.on_done(entry, os.stat(final).st_mtime_ns)
+            self.on_done(entry, mtime)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class Fetcher:
     """Fetch a list of manifest entries from `source` into the dataset directory."""
 
-    def __init__(self, source: ObjectSource, dataset_dir: Path, partial_dir: Path, *, max_workers: int,
+    def __init__(self, source: ObjectSource, dataset_dir: os.PathLike[str] | str,
+                 partial_dir: os.PathLike[str] | str, *, max_workers: int,
                  on_done: Callable[[ManifestFile, int], None], on_retry: Callable[[], None],
                  part_size: int = PART_SIZE) -> None:
         self.source = source
-        self.dataset_dir = dataset_dir
-        self.partial_dir = partial_dir
+        self.dataset_dir = os.fspath(dataset_dir)
+        self.partial_dir = os.fspath(partial_dir)
         self.max_workers = max_workers
         self.on_done = on_done  # (entry, mtime_ns), called once per committed file
         self.on_retry = on_retry
         self.part_size = part_size
         self.ranged = True  # until the server answers a ranged GET with the whole object
         self.direct = os.environ.get("RETRAINER_WARM_DIRECT", "1") != "0"  # until the filesystem refuses O_DIRECT
-        self._buffers = BufferPool()
-        # Reads of large objects (head, parts, streams) in flight; whole-object reads are bounded by the pool.
+        # Reads of large objects (head, parts, streams) in flight; whole-object reads are bounded by the workers.
         self._inflight = threading.BoundedSemaphore(max_workers)
-        self._batcher = _CommitBatcher(partial_dir, on_done)
+        self._buffers = BufferPool()
+        self._batcher = _CommitBatcher(self.partial_dir, on_done)
         self._parts: ThreadPoolExecutor | None = None
         self._failed = threading.Event()
+        self._names = itertools.count()  # temp names: the partial dir is this warm's alone (warm lock)
 
-    def tmp(self) -> Path:
-        return self.partial_dir / f"{os.urandom(16).hex()}.part"
+    def tmp(self) -> str:
+        return f"{self.partial_dir}/{next(self._names)}.part"
 
     def _retried(self, attempt: int, exc: BaseException) -> None:
         self.on_retry()
@@ -182,34 +194,51 @@ class Fetcher:
         order = sorted(entries, key=lambda e: -e.size)
         if not order:
             return
-        self.partial_dir.mkdir(parents=True, exist_ok=True)
-        for parent in {(self.dataset_dir / e.key).parent for e in order}:
-            parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(self.partial_dir, exist_ok=True)
+        for parent in {os.path.dirname(f"{self.dataset_dir}/{e.key}") for e in order}:
+            os.makedirs(parent, exist_ok=True)
         large = any(e.size > self.part_size for e in order)
-        try:
-            with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="warm") as pool, \
-                    ThreadPoolExecutor(max_workers=self.max_workers if large else 1,
-                                       thread_name_prefix="warm-part") as parts:
-                self._parts = parts
-                futures = [pool.submit(self._one, e) for e in order]
+        pending = iter(order)
+        take = threading.Lock()
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            while not self._failed.is_set():
+                with take:
+                    entry = next(pending, None)
+                if entry is None:
+                    return
                 try:
-                    for f in futures:
-                        f.result()
-                    self._batcher.flush()
-                except BaseException:
-                    self._failed.set()  # queued files give up at once; running ones finish their read
-                    for f in futures:
-                        f.cancel()
-                    raise
-        finally:  # both pools have drained: no thread writes under partial/ any more
+                    self._one(entry)
+                except BaseException as exc:
+                    errors.append(exc)
+                    self._failed.set()  # the others finish the file in hand, then stop
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.max_workers if large else 1,
+                                    thread_name_prefix="warm-part") as parts:
+                self._parts = parts
+                workers = [threading.Thread(target=work, name=f"warm-{i}", daemon=True)
+                           for i in range(min(self.max_workers, len(order)))]
+                for t in workers:
+                    t.start()
+                try:
+                    for t in workers:
+                        t.join()
+                finally:
+                    self._failed.set()  # on KeyboardInterrupt too: no worker takes another file
+                    for t in workers:
+                        t.join()
+            if errors:
+                raise errors[0]
+            self._batcher.flush()
+        finally:  # every thread has stopped: nothing writes under partial/ any more
             self._parts = None
             self._batcher.discard()
             self._buffers.close()
 
     def _one(self, entry: ManifestFile) -> None:
-        if self._failed.is_set():
-            return
-        final = self.dataset_dir / entry.key
+        final = f"{self.dataset_dir}/{entry.key}"
         large = entry.size > self.part_size
         try:
             mtime = with_retries(lambda: self._large(entry, final) if large else self._small(entry, final),
@@ -219,18 +248,17 @@ class Fetcher:
         if mtime is not None:
             self.on_done(entry, mtime)
 
-    def _small(self, entry: ManifestFile, final: Path) -> int | None:
+    def _small(self, entry: ManifestFile, final: str) -> int | None:
         """Read whole and verify in memory; the smallest are committed by the batcher (None: not yet)."""
-        data = self.source.read(entry.key)  # the pool's size bounds these reads
+        data = self.source.read(entry.key)  # the number of workers bounds these reads
         _check(entry, len(data), hashlib.sha256(data).hexdigest())
         if entry.size > BATCH_MAX_OBJECT:
             return self._write_object(entry, final, [data], None)
         tmp = self.tmp()
-        _write_tmp(data, tmp)
-        self._batcher.add(entry, tmp, final)
+        self._batcher.add(entry, tmp, final, _write_tmp(data, tmp))
         return None
 
-    def _large(self, entry: ManifestFile, final: Path) -> int:
+    def _large(self, entry: ManifestFile, final: str) -> int:
         # A longer object is a changed object: ranged reads alone would not notice.
         with self._inflight:
             remote_size = self.source.size(entry.key)
@@ -238,7 +266,7 @@ class Fetcher:
             raise ChecksumMismatchError(f"{entry.key}: object is {remote_size} bytes, manifest says {entry.size}")
         return self._write_object(entry, final, self._chunks(entry), hashlib.sha256())
 
-    def _write_object(self, entry: ManifestFile, final: Path, chunks: Iterable[Any], h: Any) -> int:
+    def _write_object(self, entry: ManifestFile, final: str, chunks: Iterable[Any], h: Any) -> int:
         """Write chunks (hashing them in order unless `h` is None: already verified) durably under `final`."""
         out = ObjectFile(self.tmp(), self._buffers, direct=self.direct)
         if self.direct and not out.direct:

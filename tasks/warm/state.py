@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.fsutil import atomic_write_json
+from tasks.fsutil import atomic_write_bytes
 
 log = logging.getLogger("tasks.warm")
 
@@ -57,7 +57,7 @@ class VerifiedRecord:
             pass
         return self
 
-    def trusted(self, key: str, size: int, sha256: str, path: Path) -> bool:
+    def trusted(self, key: str, size: int, sha256: str, path: str | os.PathLike[str]) -> bool:
         """True if the file at `path` is the one recorded as verified with this size and digest."""
         entry = self.entries.get(key)
         if entry is None or entry[0] != size or entry[1] != sha256:
@@ -102,8 +102,8 @@ class VerifiedRecord:
         """
         self.close()
         files = {k: list(v) for k, v in self.entries.items() if k in keys}
-        atomic_write_json(self.state_path, {"manifest_hash": self.manifest_hash, "complete": len(files) == len(keys),
-                                            "files": files})
+        state = {"manifest_hash": self.manifest_hash, "complete": len(files) == len(keys), "files": files}
+        atomic_write_bytes(self.state_path, json.dumps(state, separators=(",", ":")).encode())  # C encoder
         self.journal_path.unlink(missing_ok=True)
 
 
