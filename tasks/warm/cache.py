@@ -6,6 +6,7 @@ Layout under a cache root (the dataset directory shape is a contract with train/
     partial/<id>/                    temporary downloads (same filesystem: rename is atomic)
     state/<id>.json, <id>.journal    record of verified digests (see state.py)
     state/<id>.used                  mtime = last use (LRU order)
+    state/<id>.size                  bytes the dataset takes when complete (counted while it is still arriving)
     locks/<id>.warm.lock             exclusive while a warm writes the dataset
     locks/<id>.use.lock              shared while a dataset is in use (trainer, warm); eviction needs it exclusive
     locks/evict.lock                 exclusive while one warm evicts to fit its dataset
@@ -60,6 +61,24 @@ class CacheLayout:
 
     def used_stamp(self, dsid: str) -> Path:
         return self.root / "state" / f"{dsid}.used"
+
+    def size_path(self, dsid: str) -> Path:
+        return self.root / "state" / f"{dsid}.size"
+
+    def reserve(self, dsid: str, nbytes: int) -> None:
+        """Record the dataset's complete size, so that concurrent warms count it before its bytes land."""
+        path = self.size_path(dsid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(str(nbytes))
+        os.replace(tmp, path)
+        self.dataset_dir(dsid).mkdir(parents=True, exist_ok=True)  # listed by dataset_ids() from now on
+
+    def reserved(self, dsid: str) -> int:
+        try:
+            return int(self.size_path(dsid).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
 
     def warm_lock_path(self, dsid: str) -> Path:
         return self.root / "locks" / f"{dsid}.warm.lock"
@@ -173,7 +192,7 @@ def try_evict(layout: CacheLayout, dsid: str) -> bool:
         trash = layout.root / "trash" / f"{dsid}-{os.urandom(4).hex()}"
         with contextlib.suppress(FileNotFoundError):
             os.rename(layout.dataset_dir(dsid), trash)  # atomic: readers see all or nothing
-        for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid)):
+        for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid), layout.size_path(dsid)):
             p.unlink(missing_ok=True)
         shutil.rmtree(layout.partial_dir(dsid), ignore_errors=True)
         shutil.rmtree(trash, ignore_errors=True)
@@ -185,14 +204,16 @@ def try_evict(layout: CacheLayout, dsid: str) -> bool:
 def make_room(layout: CacheLayout, dsid: str, dataset_bytes: int, budget: int) -> list[str]:
     """Evict least-recently-used datasets (never in-use ones) until `dataset_bytes` fits; returns evicted ids.
 
-    The caller holds `dsid` in use, so it is never a candidate for another warm's eviction.
+    The caller holds `dsid` in use, so it is never a candidate for another warm's eviction. Its size
+    is reserved under the eviction lock, and every other dataset counts at least its reserved size:
+    two warms of different datasets cannot both fit into room that holds only one.
     """
     if dataset_bytes > budget:
         raise DiskBudgetError(f"dataset {dsid} needs {dataset_bytes} bytes, more than the cache budget "
                               f"of {budget} bytes ({layout.root}); nothing was downloaded")
     evicted: list[str] = []
     with _flock(layout.evict_lock_path(), fcntl.LOCK_EX):
-        others = {d: dir_bytes(layout.dataset_dir(d)) + dir_bytes(layout.partial_dir(d))
+        others = {d: max(dir_bytes(layout.dataset_dir(d)) + dir_bytes(layout.partial_dir(d)), layout.reserved(d))
                   for d in layout.dataset_ids() if d != dsid}
         used = sum(others.values())
         in_use: list[str] = []
@@ -209,4 +230,5 @@ def make_room(layout: CacheLayout, dsid: str, dataset_bytes: int, budget: int) -
             raise DiskBudgetError(
                 f"dataset {dsid} needs {dataset_bytes} bytes; cache {layout.root} holds {used} bytes of datasets "
                 f"in use ({', '.join(in_use) or 'none'}) under a budget of {budget} bytes; nothing was downloaded")
+        layout.reserve(dsid, dataset_bytes)
     return evicted

@@ -163,7 +163,8 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
     report = WarmReport(files_total=len(manifest.files), bytes_total=manifest.total_bytes)
     if disk_budget_bytes is not None:
         report.evicted = make_room(layout, dsid, manifest.total_bytes, disk_budget_bytes)
-    dataset_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        layout.reserve(dsid, manifest.total_bytes)  # budgeted warms running next to this one count it
     layout.touch_used(dsid)
     partial = layout.partial_dir(dsid)
     shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock

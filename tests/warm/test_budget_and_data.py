@@ -14,6 +14,7 @@ import pytest
 from tasks.data import Manifest, build_manifest, make_data, read_manifest
 from tasks.errors import InvalidInputError
 from tasks.warm import DatasetEvictedError, DiskBudgetError, dataset_in_use, warm
+from tasks.warm.cache import CacheLayout, make_room, use_lock
 from tests.services import S3Endpoint
 
 
@@ -50,6 +51,28 @@ def test_budget_evicts_lru_but_spares_in_use(s3: S3Endpoint, s3_bucket: str, tmp
     again = warm(url_b, cache, storage_options=opts, disk_budget_bytes=budget, progress=False)
     assert again.report.evicted == [a.hash[:16]]
     assert sorted(p.name for p in (cache / "datasets").iterdir()) == sorted([b.hash[:16], c.hash[:16]])
+
+
+def test_budget_counts_a_dataset_still_being_warmed(s3: S3Endpoint, s3_bucket: str, tmp_path: Path) -> None:
+    """Two warms of different datasets cannot both take room that holds one: the first reserved its size."""
+    cache = tmp_path / "cache"
+    (url_a, a), (url_b, b) = (_dataset(s3, s3_bucket, seed) for seed in (4, 5))
+    budget = int(1.5 * a.total_bytes)
+    layout = CacheLayout(cache.resolve())
+    layout.ensure()
+    a_id = layout.dataset_id(a.hash)
+    # The moment a warm of A has passed the budget check and holds A in use, before any of its bytes landed:
+    with use_lock(layout, a_id):
+        make_room(layout, a_id, a.total_bytes, budget)
+        assert not any(p.is_file() for p in layout.dataset_dir(a_id).rglob("*"))
+        with pytest.raises(DiskBudgetError, match=f"in use \\({a_id}\\)"):
+            warm(url_b, cache, storage_options=s3.storage_options, disk_budget_bytes=budget, progress=False)
+    assert not (cache / "datasets" / b.hash[:16]).exists()
+    # A finishes; B then evicts it (A is no longer in use) and fits.
+    warm(url_a, cache, storage_options=s3.storage_options, disk_budget_bytes=budget, progress=False)
+    result = warm(url_b, cache, storage_options=s3.storage_options, disk_budget_bytes=budget, progress=False)
+    assert result.report.evicted == [a_id]
+    assert not layout.size_path(a_id).exists()
 
 
 def test_dataset_bigger_than_budget_fails_before_download(s3: S3Endpoint, s3_bucket: str, tmp_path: Path) -> None:
