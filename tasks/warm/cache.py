@@ -201,6 +201,12 @@ def try_evict(layout: CacheLayout, dsid: str) -> bool:
         os.close(fd)
 
 
+def reserve_room(layout: CacheLayout, dsid: str, dataset_bytes: int) -> None:
+    """Reserve a dataset's size without a budget of its own, so that budgeted warms next to it count it."""
+    with _flock(layout.evict_lock_path(), fcntl.LOCK_EX):
+        layout.reserve(dsid, dataset_bytes)
+
+
 def make_room(layout: CacheLayout, dsid: str, dataset_bytes: int, budget: int) -> list[str]:
     """Evict least-recently-used datasets (never in-use ones) until `dataset_bytes` fits; returns evicted ids.
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
-from tasks.warm.cache import CacheLayout, make_room, use_lock, warm_lock
+from tasks.warm.cache import CacheLayout, make_room, reserve_room, use_lock, warm_lock
 from tasks.warm.report import Progress, WarmReport, WarmResult
 from tasks.warm.retry import with_retries
 from tasks.warm.source import ObjectSource, open_source
@@ -164,7 +164,7 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
     if disk_budget_bytes is not None:
         report.evicted = make_room(layout, dsid, manifest.total_bytes, disk_budget_bytes)
     else:
-        layout.reserve(dsid, manifest.total_bytes)  # budgeted warms running next to this one count it
+        reserve_room(layout, dsid, manifest.total_bytes)
     layout.touch_used(dsid)
     partial = layout.partial_dir(dsid)
     shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
