@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.warm.direct import ALIGN, BUFFER, BufferPool, ObjectFile
+from tests.services import require
 
 
 def _write(tmp: Path, data: bytes, rng: random.Random, pool: BufferPool, direct: bool) -> ObjectFile:
@@ -44,8 +45,7 @@ def test_bytes_round_trip_any_size_and_chunking(tmp_path: Path, size: int, direc
 
 def test_tmpfs_writes_whether_or_not_it_takes_o_direct() -> None:
     shm = Path("/dev/shm")
-    if not shm.is_dir():
-        pytest.skip("no /dev/shm on this system")  # not a missing dependency: a platform without tmpfs
+    require(shm.is_dir(), "a tmpfs at /dev/shm")
     tmp = shm / f"retrainer-test-{os.getpid()}.part"
     try:
         data = random.Random(1).randbytes(BUFFER + 999)
