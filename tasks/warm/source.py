@@ -152,6 +152,8 @@ def _obstore_s3(source_url: str, opts: dict[str, Any], max_workers: int) -> Obst
     config: dict[str, Any] = {"region": region or "us-east-1"}
     if endpoint:
         config.update(endpoint=endpoint, allow_http=endpoint.startswith("http://"))
+    else:
+        config["virtual_hosted_style_request"] = True  # AWS proper: bucket.s3.<region>..., as botocore does
     if anon:
         config["skip_signature"] = True
     else:
