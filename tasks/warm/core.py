@@ -175,8 +175,8 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
         t2 = time.monotonic()
         _fetch(source, dataset_dir, partial, to_fetch, record, report, workers, progress, part_size or PART_SIZE)
         t3 = time.monotonic()
-        if report.files_skipped < report.files_total or report.files_verified or not _same_bytes(
-                dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
+        if report.files_skipped < report.files_total or report.files_verified or not record.complete or \
+                not _same_bytes(dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
             for d in sorted({os.path.dirname(t) for t in targets.values()} | {str(dataset_dir)}):
                 fsync_dir(d)
             atomic_write_bytes(dataset_dir / MANIFEST_KEY, raw)

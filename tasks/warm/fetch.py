@@ -64,13 +64,10 @@ def _write_tmp(data: Any, tmp: str) -> int:
         write_all(fd, data, 0)
         return os.fstat(fd).st_mtime_ns  # a rename keeps it: no second lookup of the path
     except BaseException:
-        os.close(fd)
-        fd = -1
-        os.unlink(tmp)
+        _unlink(tmp)
         raise
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 def _finish(fd: int, tmp: str, final: str) -> int:

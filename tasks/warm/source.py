@@ -11,6 +11,7 @@ stays the general path. Both expose the same four reads to the fetcher.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -58,19 +59,13 @@ class ObstoreS3Source:
         self.store = store
         self.name = name
 
-    def read(self, key: str) -> Any:
+    @contextlib.contextmanager
+    def _errors(self, key: str) -> Iterator[None]:
+        """obstore's NotFoundError as FileNotFoundError (not retried); a 200 to a ranged GET as its own error."""
         import obstore
 
         try:
-            return obstore.get(self.store, key).bytes()
-        except obstore.exceptions.NotFoundError:
-            raise FileNotFoundError(f"{self.name}: {key} not found") from None
-
-    def read_range(self, key: str, start: int, end: int) -> Any:
-        import obstore
-
-        try:
-            return obstore.get_range(self.store, key, start=start, end=end)
+            yield
         except obstore.exceptions.NotFoundError:
             raise FileNotFoundError(f"{self.name}: {key} not found") from None
         except obstore.exceptions.GenericError as exc:
@@ -80,22 +75,30 @@ class ObstoreS3Source:
                 raise RangeUnsupportedError(str(exc).splitlines()[0]) from None
             raise
 
+    def read(self, key: str) -> Any:
+        import obstore
+
+        with self._errors(key):
+            return obstore.get(self.store, key).bytes()
+
+    def read_range(self, key: str, start: int, end: int) -> Any:
+        import obstore
+
+        with self._errors(key):
+            return obstore.get_range(self.store, key, start=start, end=end)
+
     def stream(self, key: str) -> Iterator[Any]:
         import obstore
 
-        try:
+        with self._errors(key):
             result = obstore.get(self.store, key)
-        except obstore.exceptions.NotFoundError:
-            raise FileNotFoundError(f"{self.name}: {key} not found") from None
         yield from result.stream(min_chunk_size=STREAM_CHUNK)
 
     def size(self, key: str) -> int:
         import obstore
 
-        try:
+        with self._errors(key):
             return int(obstore.head(self.store, key)["size"])
-        except obstore.exceptions.NotFoundError:
-            raise FileNotFoundError(f"{self.name}: {key} not found") from None
 
 
 class FsspecSource:

@@ -35,12 +35,14 @@ class VerifiedRecord:
         self._journal = None
         self._last_sync = 0.0
         self._pending = 0
+        self.complete = False  # the loaded state was compacted over every key (what the no-op path trusts)
 
     def load(self) -> VerifiedRecord:
         try:
             data = json.loads(self.state_path.read_bytes())
             if data.get("manifest_hash") == self.manifest_hash:
                 self.entries = {k: (int(v[0]), str(v[1]), int(v[2])) for k, v in data["files"].items()}
+                self.complete = data.get("complete") is True
         except FileNotFoundError:
             pass
         except (ValueError, KeyError, TypeError, IndexError):

@@ -106,3 +106,19 @@ def test_aws_proper_with_a_region_uses_obstore_virtual_hosted(monkeypatch: pytes
     assert isinstance(source, ObstoreS3Source)
     assert source.store.config["virtual_hosted_style_request"] in (True, "true")  # obstore echoes it as a string
     assert source.store.config["region"] == "eu-west-1"
+
+
+def test_a_record_from_before_the_complete_flag_is_upgraded_by_the_next_warm(tree: Tree, tmp_path: Path) -> None:
+    """A cache completed by older code (state without `complete`) re-warms once the slow way, then the fast way."""
+    cache = tmp_path / "cache"
+    first = warm(tree.url, cache, storage_options=tree.storage_options, progress=False)
+    state = cache.resolve() / "state" / f"{first.manifest_hash[:16]}.json"
+    data = json.loads(state.read_bytes())
+    del data["complete"]
+    state.write_text(json.dumps(data))
+    slow = warm(tree.url, cache, storage_options=tree.storage_options, progress=False)
+    assert slow.parsed is not None  # not recognised as complete: validated and checked the full way
+    assert slow.report.files_fetched == 0
+    assert json.loads(state.read_bytes())["complete"] is True
+    fast = warm(tree.url, cache, storage_options=tree.storage_options, progress=False)
+    assert fast.parsed is None and fast.report.files_skipped == len(tree.files)
