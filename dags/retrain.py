@@ -1,7 +1,10 @@
 """retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
 
 plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish.
-The config folder is $RETRAINER_CONFIG_DIR, else the project's configs/.
+The plan task freezes the run: the config as the file was then, the data's manifest hash, the starting
+weights (`train.init_from`); every later task reads them from its XCom. Scheduled by the config's cron
+`schedule`, by data arrival (`data.asset`: an Asset event, whose extra `source_url` names the snapshot
+to train on), or both. The config folder is $RETRAINER_CONFIG_DIR, else the project's configs/.
 """
 
 from __future__ import annotations
@@ -11,7 +14,16 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+from airflow.sdk import (
+    Asset,
+    AssetAlias,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    Param,
+    dag,
+    get_current_context,
+    task,
+)
 
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
@@ -30,13 +42,23 @@ def log_failure_reason(context) -> None:
     log.error("retrainer: %s.%s failed: %s", ti.dag_id, ti.task_id, context.get("exception"))
 
 
+def schedule_for(cfg):
+    """Cron, data arrival, or either (whichever comes first), from the config."""
+    if cfg.data.asset is None:
+        return cfg.schedule
+    arrival = Asset(cfg.data.asset)
+    if cfg.schedule is None:
+        return arrival
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"), assets=arrival)
+
+
 def build_retrain_dag(config_path: Path):
     cfg = lifecycle.resolve_config(config_path)
     pool, pool_slots = pool_for(cfg)  # one pool per cluster, sized in GPU slots
 
     @dag(
         dag_id=f"retrain_{cfg.name}",
-        schedule=cfg.schedule,
+        schedule=schedule_for(cfg),
         catchup=False,
         max_active_runs=1,
         tags=["retrainer"],
@@ -57,18 +79,37 @@ def build_retrain_dag(config_path: Path):
         },
     )
     def retrain():
-        def job():
-            params = get_current_context()["params"]
-            return lifecycle.resolve_config(config_path, lifecycle.overrides_from_params(params))
+        def frozen(plan_out: dict):
+            return lifecycle.job_and_run(plan_out)
 
         @task(execution_timeout=timedelta(minutes=10))
         def plan() -> dict:
-            return lifecycle.stage_plan(job(), force=bool(get_current_context()["params"]["force"]))
+            ctx = get_current_context()
+            params = ctx["params"]
+            overrides = lifecycle.overrides_from_params(params)
+            events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
+                            key=lambda e: e.timestamp)
+            arrived = lifecycle.arrived_source_url([e.extra for e in events])
+            if arrived:
+                log.info("retrainer: data arrived at %s: this run trains on it", arrived)
+                overrides["data.source_url"] = arrived
+            snap = lifecycle.snapshot(config_path, overrides)
+            job = lifecycle.from_snapshot(snap)
+            run = lifecycle.stage_identify(job)
+            budget = lifecycle.stage_plan(job, force=bool(params["force"]))
+            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": lifecycle.nothing_new(run)}
+
+        @task.short_circuit
+        def new_data(plan_out: dict) -> bool:
+            if plan_out["skip"]:
+                log.info("retrainer: %s", plan_out["skip"])
+                get_current_context()["ti"].xcom_push(key="run_note", value=plan_out["skip"])
+            return not plan_out["skip"]
 
         @task(execution_timeout=timedelta(hours=6), retries=3, retry_delay=timedelta(seconds=5),
               retry_exponential_backoff=True, outlets=[Asset(f"dataset://{cfg.name}")])
-        def warm(_plan: dict) -> dict:
-            return lifecycle.stage_warm(job())
+        def warm(plan_out: dict) -> dict:
+            return lifecycle.stage_warm(*frozen(plan_out))
 
         @task.short_circuit
         def not_dry_run(_warm: dict) -> bool:
@@ -76,18 +117,18 @@ def build_retrain_dag(config_path: Path):
 
         @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
               retry_exponential_backoff=True, pool=pool, pool_slots=pool_slots)
-        def train(warm_out: dict) -> dict:
+        def train(plan_out: dict, warm_out: dict) -> dict:
             ti = get_current_context()["ti"]
             holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
-            return lifecycle.stage_train(job(), warm_out, holder=holder)
+            return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
 
         @task(execution_timeout=timedelta(hours=2), retries=1)
-        def evaluate(summary: dict, warm_out: dict) -> dict:
-            return lifecycle.stage_evaluate(job(), summary, warm_out)
+        def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
+            return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
-        def gate(metrics: dict, warm_out: dict) -> bool:
-            decision = lifecycle.stage_gate(job(), metrics, warm_out)
+        def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
+            decision = lifecycle.stage_gate(*frozen(plan_out), metrics, warm_out)
             if not decision["publish"]:
                 # Read by the plugin's run-notes listener: the reason shows as the run's note.
                 get_current_context()["ti"].xcom_push(key="run_note", value=f"gate: {decision['reason']}")
@@ -95,22 +136,25 @@ def build_retrain_dag(config_path: Path):
 
         @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
               outlets=[MODEL_EVENTS])
-        def publish(summary: dict, metrics: dict, warm_out: dict, *, outlet_events=None) -> dict:
+        def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
             ti = get_current_context()["ti"]
-            result = lifecycle.stage_publish(job(), summary, metrics, warm_out,
+            result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics,
                                              actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
-            outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
-                                            extra={"version": result["version"]})
+            if result["switched"]:  # the event says the alias moved: only when it did
+                outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
+                                                extra={"version": result["version"],
+                                                       "parent_version": result["parent_version"]})
             return result
 
         planned = plan()
         warmed = warm(planned)
+        new_data(planned) >> warmed
         go = not_dry_run(warmed)
-        summary = train(warmed)
+        summary = train(planned, warmed)
         go >> summary
-        metrics = evaluate(summary, warmed)
-        publish_ok = gate(metrics, warmed)
-        published = publish(summary, metrics, warmed)
+        metrics = evaluate(planned, summary, warmed)
+        publish_ok = gate(planned, metrics, warmed)
+        published = publish(planned, summary, metrics)
         publish_ok >> published
 
     return retrain()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import ConfigError, validation_problems
 
@@ -68,6 +68,11 @@ class DataConfig(_Strict):
     cache_dir: str = Field(description="local SSD cache root")
     disk_budget_bytes: int | None = Field(None, gt=0)
     storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    asset: str | None = Field(
+        None, min_length=1, max_length=1500,
+        description="Airflow Asset URI whose events start a retrain (data arrival); an event's "
+                    "extra.source_url names the new snapshot to train on",
+    )
 
 
 class ParallelConfig(_Strict):
@@ -84,7 +89,11 @@ class ParallelConfig(_Strict):
         return self.tp * self.pp * self.dp
 
 
+INIT_FROM_HELP = "scratch, live (the alias's version when the run starts), version:N, or a path/URL of weights"
+
+
 class TrainConfig(_Strict):
+    init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
     lr: float = Field(3e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -100,6 +109,13 @@ class TrainConfig(_Strict):
     nan_at_step: int | None = Field(
         None, ge=1, description="fault injection: make the loss non-finite at this step (tests)"
     )
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, value: str) -> str:
+        if value.startswith("version:") and not re.fullmatch(r"version:[1-9][0-9]*", value):
+            raise ValueError(f"{value!r} must be version:N with N >= 1 ({INIT_FROM_HELP})")
+        return value
 
 
 class ClusterConfig(_Strict):
@@ -160,6 +176,9 @@ class JobConfig(_Strict):
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.n_heads and n_kv_heads")
         if m.ffn % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.d_ff ({m.ffn})")
+        if self.data.asset == f"dataset://{self.name}":
+            raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
+                             "a retrain scheduled on it would trigger itself")
         if p.pp > m.n_layers:
             raise ValueError(f"parallel.pp ({p.pp}) cannot exceed model.n_layers ({m.n_layers})")
         if p.pp > 1 and p.zero_stage > 1:
@@ -171,18 +190,18 @@ class JobConfig(_Strict):
                              "wrong gradient norm; use zero_stage 1")
         return self
 
-    def experiment_key(self) -> str:
-        """sha256 of the canonical JSON of the fields that define the experiment.
+    def fingerprint(self) -> str:
+        """sha256 of the config fields that define what training computes (tasks/run.py adds data and weights).
 
-        Run-time knobs (cluster, cache location, publish target, evaluation,
-        fault injection) are left out: changing them does not make a new experiment.
+        Run-time knobs (cluster, cache location, publish target, evaluation, fault injection) and
+        `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
+        are left out: changing them does not change the result.
         """
         defining = {
             "name": self.name,
             "model": self.model.model_dump(mode="json"),
-            "data": {"source_url": self.data.source_url, "manifest": self.data.manifest},
             "parallel": self.parallel.model_dump(mode="json"),
-            "train": self.train.model_dump(mode="json", exclude={"output_dir", "nan_at_step"}),
+            "train": self.train.model_dump(mode="json", exclude={"output_dir", "nan_at_step", "init_from"}),
         }
         return sha256_json(defining)
 
@@ -243,8 +262,17 @@ def _validate(data: Any, source: str) -> JobConfig:
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:
     """Read, expand and validate a job config; raise ConfigError naming file and field."""
+    return config_from_document(read_config_document(path), source=str(path))
+
+
+def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config file's YAML mapping as written (variables not yet expanded).
+
+    A DAG run snapshots this once (its plan task) and every later task rebuilds the config from
+    the snapshot, so editing the file mid-run changes nothing under the run, and the snapshot
+    holds `${VAR}` references, never the secrets they expand to.
+    """
     path = Path(path)
-    os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
     try:
         text = path.read_text()
     except OSError as exc:
@@ -255,4 +283,10 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         raise ConfigError(f"{path}: malformed YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config must be a YAML mapping, got {type(data).__name__}")
-    return _validate(_expand(data), source=str(path))
+    return data
+
+
+def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
+    """Expand `${VAR}`s and validate a config document (from a file or a run's snapshot)."""
+    os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
+    return _validate(_expand(document), source=source)

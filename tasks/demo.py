@@ -1,9 +1,12 @@
-"""`retrainer demo`: the whole lifecycle on the embedded default, twice, then a rollback.
+"""`retrainer demo`: two weeks of scheduled retraining on the embedded default, a rollback, and a re-run.
 
-Makes the dataset if the object store has none, runs plan -> warm -> train ->
-evaluate -> gate -> publish with half the configured steps (version 1) and then
-with all of them (version 2, through the gate), rolls the alias back to
-version 1, and prints the registry's history and where the published model is.
+What a platform team does with one config, in order: week 1's data lands at the
+config's `data.source_url` and a run publishes version 1 (no live model yet: from
+scratch); week 2's data replaces it at the same URL and the same config trains
+version 2 *from version 1* (`train.init_from: live`); an operator rolls production
+back to version 1; the scheduled run fires again on week 2's data and the gate
+refuses to put the rolled-back version 2 back. Then the alias history and where the
+live model is.
 """
 
 from __future__ import annotations
@@ -13,46 +16,55 @@ import logging
 
 import sqlalchemy as sa
 
-from tasks.lifecycle import DEFAULT_CONFIG, registry_for, resolve_config, run_lifecycle, stage_rollback
+from tasks.lifecycle import (
+    DEFAULT_CONFIG,
+    describe_outcome,
+    registry_for,
+    resolve_config,
+    run_lifecycle,
+    stage_rollback,
+)
 
 log = logging.getLogger(__name__)
 
 
-def _ensure_dataset(cfg) -> None:
-    import fsspec
-
+def _new_week_of_data(cfg, week: int) -> None:
     from tasks.data import make_data
 
-    fs, root = fsspec.core.url_to_fs(cfg.data.source_url, **cfg.data.storage_options)
-    if fs.exists(f"{root.rstrip('/')}/{cfg.data.manifest}"):
-        log.info("demo: dataset already in the object store at %s", cfg.data.source_url)
-        return
-    make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed, storage_options=cfg.data.storage_options)
+    make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
+
+
+def _run(cfg, title: str) -> dict:
+    print(f"== {title}", flush=True)
+    out = run_lifecycle(cfg)
+    for line in describe_outcome(out):
+        print(f"   {line}", flush=True)
+    return out
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     cfg = resolve_config(args.config)
-    _ensure_dataset(cfg)
-    outcomes = []
-    for steps in (max(1, cfg.train.steps // 2), cfg.train.steps):
-        print(f"== lifecycle run: {steps} steps (plan -> warm -> train -> evaluate -> gate -> publish)", flush=True)
-        out = run_lifecycle(cfg.with_overrides({"train.steps": steps}))
-        outcomes.append(out)
-        gate = out["gate"]
-        print(f"   held-out loss {out['evaluate']['loss']:.4f}; gate: {gate['reason']}", flush=True)
-        if "publish" in out:
-            pub = out["publish"]
-            print(f"   published {pub['model']} v{pub['version']} -> {pub['alias']}: {pub['artifact_url']}",
-                  flush=True)
-    print("== rollback (the pointer-switch task)", flush=True)
+    _new_week_of_data(cfg, 1)
+    _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
+    _new_week_of_data(cfg, 2)
+    _run(cfg, "week 2: new data at the same URL, the same config")
+
+    print("== rollback (the pointer-switch task): production misbehaves", flush=True)
     back = stage_rollback(cfg, reason="demo rollback")
     print(f"   {back['alias']}: v{back['from_version']} -> v{back['to_version']}", flush=True)
+
+    _run(cfg, "week 2 again: the schedule fires on the same data after the rollback")
 
     registry = registry_for(cfg)
     print("== alias history (append-only)")
     for row in registry.history(cfg.publish.model_name, cfg.publish.alias):
         row = row.to_dict()
         print(f"   {row['at']}  {row['from_version']} -> {row['to_version']}  by {row['actor']}: {row['reason']}")
+    print("== versions")
+    for version in registry.list_versions(cfg.publish.model_name):
+        origin = "scratch" if version.parent_version is None else f"v{version.parent_version}"
+        print(f"   v{version.version} from {origin}: held-out loss {version.metrics['loss']:.4f}, "
+              f"data manifest {version.data_manifest_hash[:12]}")
     live = registry.live_version(cfg.publish.model_name, cfg.publish.alias)
     assert live is not None
     print(f"live model: {cfg.publish.model_name} v{live.version} ({cfg.publish.alias}) "
@@ -62,6 +74,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the whole lifecycle twice on the embedded default, then roll back")
+    p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="job config (default: configs/tiny-gpt.yaml)")
     p.set_defaults(handler=_cmd_demo)

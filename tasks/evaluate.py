@@ -27,19 +27,21 @@ from tasks.errors import InvalidInputError
 log = logging.getLogger(__name__)
 
 
-def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path) -> dict[str, Any]:
-    """Held-out metrics of the checkpoint; InvalidInputError for incomplete or foreign checkpoints."""
+def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
+             experiment_key: str | None = None) -> dict[str, Any]:
+    """Held-out metrics of the checkpoint; InvalidInputError for incomplete checkpoints, another model's, or
+    (with `experiment_key`) another run's."""
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
-    marker = validate_checkpoint_dir(checkpoint_dir, cfg.experiment_key())
+    marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), experiment_key)
     metrics = evaluate_weights(cfg, checkpoint_dir, dataset_dir)
     return {
         **metrics,
         "checkpoint_dir": str(checkpoint_dir),
         "checkpoint_tag": marker.get("tag"),
         "step": marker.get("step"),
-        "experiment_key": cfg.experiment_key(),
+        "experiment_key": marker["experiment_key"],
     }
 
 

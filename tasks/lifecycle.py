@@ -15,10 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tasks.config import JobConfig, load_config
-from tasks.errors import PlanDoesNotFitError
-from tasks.gate import decide
+from tasks.config import JobConfig, config_from_document, load_config, read_config_document
+from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
+from tasks.gate import decide, known_candidate
 from tasks.lock import default_holder, experiment_lock
+from tasks.run import RunIdentity, claim_run_dir, fetch_starting_weights, nothing_new, resolve_identity
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-gpt.
 
 def resolve_config(config_path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:
     """Load a job config and apply run-time overrides (from a CLI flag or a DAG Param), validated."""
-    cfg = load_config(config_path)
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return cfg.with_overrides(overrides) if overrides else cfg
+    return from_snapshot(snapshot(config_path, overrides))
 
 
 # Manual-run Params (the Airflow form) -> dotted config overrides.
@@ -53,11 +52,54 @@ def known_configs(config_dir: str | Path) -> dict[str, Path]:
     return {load_config(path).name: path for path in sorted(Path(config_dir).glob("*.yaml"))}
 
 
-def run_config(cfg: JobConfig) -> JobConfig:
-    """The config a training run uses: its output dir is keyed by the experiment, so retries resume
-    and a different experiment never picks up another's checkpoints."""
-    run_dir = Path(cfg.train.output_dir) / cfg.experiment_key()[:16]
-    return cfg.with_overrides({"train.output_dir": str(run_dir)})
+def snapshot(config_path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run's config, frozen when the run starts: the file's document as written (`${VAR}`s unexpanded, so
+    no secret) plus the run's overrides. Later tasks rebuild the config from it (`from_snapshot`)."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return {"source": str(config_path), "document": read_config_document(config_path), "overrides": overrides}
+
+
+def from_snapshot(snap: dict[str, Any]) -> JobConfig:
+    cfg = config_from_document(snap["document"], source=snap["source"])
+    return cfg.with_overrides(snap["overrides"]) if snap["overrides"] else cfg
+
+
+def job_and_run(plan_out: dict[str, Any]) -> tuple[JobConfig, RunIdentity]:
+    """The config and identity a run's plan stage froze (every later task of the run uses these)."""
+    return from_snapshot(plan_out["job"]), RunIdentity.from_dict(plan_out["run"])
+
+
+def arrived_source_url(event_extras: list[dict[str, Any]]) -> str | None:
+    """The snapshot a data-arrival event names (`extra.source_url` of the newest event that has one)."""
+    for extra in reversed(event_extras):
+        url = (extra or {}).get("source_url")
+        if url is None:
+            continue
+        if not isinstance(url, str) or not url.strip() or any(c in url for c in "\n\r\x00"):
+            raise InvalidInputError(f"asset event extra.source_url: not a URL: {url!r}")
+        return url.strip()
+    return None
+
+
+def write_snapshot(cfg: JobConfig, *, seed: int, dest_url: str | None) -> dict[str, Any]:
+    """The demo producer: a synthetic dataset snapshot under a new prefix; returns the event's extra."""
+    from datetime import UTC, datetime
+
+    from tasks.data import make_data
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    url = dest_url or f"{cfg.data.source_url.rstrip('/')}-snapshots/{stamp}"
+    manifest = make_data(url, name=cfg.name, seed=seed, storage_options=cfg.data.storage_options)
+    log.info("publish_dataset: snapshot %s (manifest %s, %d files)", url, manifest.hash[:12], len(manifest.files))
+    return {"source_url": url, "manifest_hash": manifest.hash}
+
+
+def stage_identify(cfg: JobConfig) -> RunIdentity:
+    """Who this run is: the defining config, the data as it is now, the starting weights as they are now."""
+    run = resolve_identity(cfg, registry_for(cfg))
+    log.info("run %s: starts from %s; data %s (manifest %s)", run.run_id, run.init.note, run.data_url,
+             run.data_manifest_hash[:12])
+    return run
 
 
 def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
@@ -74,10 +116,14 @@ def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
     return result.to_dict()
 
 
-def stage_warm(cfg: JobConfig) -> dict[str, Any]:
+def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
     from tasks.warm import warm_for_config
 
     result = warm_for_config(cfg)
+    if result.manifest_hash != run.data_manifest_hash:
+        raise RetrainerError(
+            f"{cfg.data.source_url}: the dataset changed since this run started (manifest "
+            f"{run.data_manifest_hash[:12]} then, {result.manifest_hash[:12]} now); a new run trains on it")
     return {
         "dataset_dir": str(result.dataset_dir),
         "manifest_hash": result.manifest_hash,
@@ -85,17 +131,34 @@ def stage_warm(cfg: JobConfig) -> dict[str, Any]:
     }
 
 
-def stage_train(cfg: JobConfig, warm: dict[str, Any], *, holder: str | None = None) -> dict[str, Any]:
+def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
+                holder: str | None = None) -> dict[str, Any]:
+    """Train this run in its own directory; a finished run of the same key is reused, a killed one resumed."""
     from tasks.launch import get_launcher
+    from tasks.train.checkpoint import finished_summary
 
-    with experiment_lock(cfg.publish.registry_url, cfg.experiment_key(), holder or default_holder("cli")):
-        return get_launcher(cfg).run(run_config(cfg), Path(warm["dataset_dir"]))
+    run_dir = run.run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(run_dir, run)
+    run_cfg = cfg.with_overrides({"train.output_dir": str(run_dir)})
+    with experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli")):
+        done = finished_summary(run_dir, run, cfg.train.steps)
+        if done is not None:
+            log.info("train: run %s already finished (%s): reusing it, no training", run.run_id,
+                     done["checkpoint_tag"])
+            return {**done, "outcome": "reused", "trained_steps": 0}
+        init_path = fetch_starting_weights(cfg, run.init)
+        summary = get_launcher(cfg).run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path)
+    outcome = "resumed" if summary.get("resumed_from_step") else "trained"
+    log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
+    return {**summary, "outcome": outcome}
 
 
-def stage_evaluate(cfg: JobConfig, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     from tasks.evaluate import evaluate
 
-    metrics = evaluate(cfg, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]))
+    metrics = evaluate(cfg, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]),
+                       experiment_key=run.experiment_key)
     log.info("evaluate: held-out loss %.4f, perplexity %.2f", metrics["loss"], metrics["perplexity"])
     return metrics
 
@@ -108,27 +171,33 @@ def registry_for(cfg: JobConfig):
     return Registry(cfg.publish.registry_url)
 
 
-def _live_loss(cfg: JobConfig, warm: dict[str, Any]) -> tuple[float | None, int | None]:
+def _live_loss(cfg: JobConfig, live: Any, warm: dict[str, Any]) -> float | None:
     """The live model's held-out loss on *this* run's held-out data (re-evaluated if the data changed)."""
     from tasks.evaluate import evaluate_weights
     from tasks.registry import ArtifactStore
 
-    live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
     if live is None:
-        return None, None
+        return None
     if live.data_manifest_hash == warm["manifest_hash"] and "loss" in (live.metrics or {}):
-        return float(live.metrics["loss"]), live.version
+        return float(live.metrics["loss"])
     store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
     with tempfile.TemporaryDirectory() as tmp:
         weights = Path(tmp) / "weights.pt"
         store.get(live.artifact_digest, weights)
         metrics = evaluate_weights(cfg, weights, Path(warm["dataset_dir"]))
-    return float(metrics["loss"]), live.version
+    return float(metrics["loss"])
 
 
-def stage_gate(cfg: JobConfig, metrics: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
-    live_loss, live_version = _live_loss(cfg, warm)
-    decision = decide(float(metrics["loss"]), live_loss, cfg.evaluate.gate.tolerance, live_version)
+def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    model, alias = cfg.publish.model_name, cfg.publish.alias
+    registry = registry_for(cfg)
+    live = registry.live_version(model, alias)
+    candidate = registry.find_version(model, run.experiment_key, metrics["checkpoint_tag"])
+    new_loss = float(metrics["loss"])
+    decision = known_candidate(model, alias, new_loss, candidate, live, registry.rollbacks(model, alias))
+    if decision is None:
+        decision = decide(new_loss, _live_loss(cfg, live, warm), cfg.evaluate.gate.tolerance,
+                          live.version if live else None)
     (log.info if decision.publish else log.warning)("gate: %s", decision.reason)
     return decision.to_dict()
 
@@ -141,9 +210,9 @@ def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
 
 def stage_publish(
     cfg: JobConfig,
+    run: RunIdentity,
     summary: dict[str, Any],
     metrics: dict[str, Any],
-    warm: dict[str, Any],
     *,
     actor: str | None = None,
     reason: str = "retrain",
@@ -156,13 +225,14 @@ def stage_publish(
         cfg,
         Path(summary["checkpoint_dir"]),
         {**metrics, "train_losses": loss_curve(summary.get("losses", []))},
-        data_manifest_hash=warm["manifest_hash"],
+        experiment_key=run.experiment_key,
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
         reason=reason,
     )
     out = result.to_dict()
-    log.info("publish: %s v%s is now %s (artifact %s)", out["model"], out["version"], out["alias"],
+    log.info("publish: %s v%s (from %s) is now %s (artifact %s)", out["model"], out["version"],
+             "scratch" if out["parent_version"] is None else f"v{out['parent_version']}", out["alias"],
              out["artifact_url"])
     return out
 
@@ -183,38 +253,59 @@ def stage_rollback(
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """plan -> warm -> train -> evaluate -> gate -> publish, in one process."""
-    out: dict[str, Any] = {"experiment_key": cfg.experiment_key()}
+    """identify -> plan -> warm -> train -> evaluate -> gate -> publish, in one process."""
+    run = stage_identify(cfg)
+    out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
+    if (reason := nothing_new(run)) is not None:
+        log.info("run %s: %s", run.run_id, reason)
+        out["skipped"] = reason
+        return out
     out["plan"] = stage_plan(cfg, force=force)
-    out["warm"] = stage_warm(cfg)
+    out["warm"] = stage_warm(cfg, run)
     if dry_run:
         return out
-    out["train"] = stage_train(cfg, out["warm"])
-    out["evaluate"] = stage_evaluate(cfg, out["train"], out["warm"])
-    out["gate"] = stage_gate(cfg, out["evaluate"], out["warm"])
+    out["train"] = stage_train(cfg, run, out["warm"])
+    out["evaluate"] = stage_evaluate(cfg, run, out["train"], out["warm"])
+    out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
     if out["gate"]["publish"]:
-        out["publish"] = stage_publish(cfg, out["train"], out["evaluate"], out["warm"])
+        out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"])
     return out
+
+
+def describe_outcome(out: dict[str, Any]) -> list[str]:
+    """What a user checks after a run: where it started from, whether it trained, what is live now."""
+    run = out["run"]
+    lines = [f"run {run['experiment_key'][:16]}: started from {run['init']['note']}; data {run['data_url']} "
+             f"(manifest {run['data_manifest_hash'][:12]})"]
+    if "skipped" in out:
+        lines.append(out["skipped"])
+        return lines
+    if "train" in out:
+        t = out["train"]
+        if t["outcome"] == "reused":
+            lines.append(f"training: reused this run's finished checkpoint {t['checkpoint_tag']} (no training)")
+        else:
+            resumed = f", resumed at step {t['resumed_from_step']}" if t["outcome"] == "resumed" else ""
+            lines.append(f"training: trained {t['trained_steps']} steps{resumed}; loss {t['first_loss']:.4f} -> "
+                         f"{t['final_loss']:.4f}")
+    if "evaluate" in out:
+        lines.append(f"held-out loss {out['evaluate']['loss']:.4f}; gate: {out['gate']['reason']}")
+    if "publish" in out:
+        pub = out["publish"]
+        verb = "published" if pub["switched"] else "already live:"
+        lines.append(f"{verb} {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
+    elif "gate" in out:
+        lines.append("not published (refused by the gate)")
+    else:
+        lines.append(f"dry run: planned and warmed {out['warm']['dataset_dir']}")
+    return lines
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args.config, {"train.steps": args.steps})
     out = run_lifecycle(cfg, force=args.force, dry_run=args.dry_run)
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        _print_outcome(out)
+    print(json.dumps(out, indent=2, default=str) if args.json else "\n".join(describe_outcome(out)))
     return 0
-
-
-def _print_outcome(out: dict[str, Any]) -> None:
-    if "publish" in out:
-        pub = out["publish"]
-        print(f"published {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
-    elif "gate" in out:
-        print(f"not published: {out['gate']['reason']}")
-    else:
-        print(f"dry run: planned and warmed {out['warm']['dataset_dir']}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

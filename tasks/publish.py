@@ -9,7 +9,6 @@ an unpointed version (harmless; a re-run picks it up), never a dangling pointer.
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import os
 import subprocess
@@ -26,7 +25,6 @@ from tasks.registry.core import check_metrics
 log = logging.getLogger(__name__)
 
 ARTIFACT_NAME = "consolidated.pt"
-COMPLETE_MARKER = "COMPLETE"
 FAULT_ENV = "RETRAINER_FAULT"  # test-only fault injection point
 FAULT_RELEASE_ENV = "RETRAINER_FAULT_RELEASE"  # optional: a file whose appearance releases the fault
 
@@ -42,6 +40,7 @@ class PublishResult:
     created: bool
     switched: bool
     asset_uri: str
+    parent_version: int | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,22 +67,6 @@ def code_revision() -> str:
         return "unknown"
 
 
-def read_complete_marker(checkpoint_dir: Path) -> dict[str, Any]:
-    """The checkpoint's completion marker; refuse a directory without a valid one."""
-    marker = checkpoint_dir / COMPLETE_MARKER
-    if not checkpoint_dir.is_dir():
-        raise InvalidInputError(f"{checkpoint_dir}: checkpoint directory does not exist")
-    if not marker.is_file():
-        raise InvalidInputError(f"{checkpoint_dir}: no {COMPLETE_MARKER} marker; the checkpoint is incomplete")
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidInputError(f"{marker}: unreadable completion marker: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInputError(f"{marker}: completion marker must be a JSON object")
-    return data
-
-
 def _fault(point: str) -> None:
     """Test hook: block at `point` (forever, or until the release file exists) so a test can act there."""
     if os.environ.get(FAULT_ENV) != point:
@@ -99,22 +82,26 @@ def publish(
     checkpoint_dir: Path,
     metrics: dict[str, Any],
     *,
-    data_manifest_hash: str,
+    experiment_key: str | None = None,
     serving_bytes: int | None = None,
     actor: str | None = None,
     reason: str = "publish",
     registry_url: str | None = None,
 ) -> PublishResult:
-    """Publish `checkpoint_dir/consolidated.pt` as the next version and point `cfg.publish.alias` at it."""
+    """Publish `checkpoint_dir/consolidated.pt` as the next version and point `cfg.publish.alias` at it.
+
+    The version's lineage (experiment key, data, starting weights and the version they were) comes from
+    the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
+    With `experiment_key`, a checkpoint of another run is refused."""
+    from tasks.run import RunIdentity
+    from tasks.train.checkpoint import validate_checkpoint_dir
+
     checkpoint_dir = Path(checkpoint_dir)
     actor = actor or default_actor()
-    marker = read_complete_marker(checkpoint_dir)
-    key = cfg.experiment_key()
-    if marker.get("experiment_key") != key:
-        raise InvalidInputError(
-            f"{checkpoint_dir}: checkpoint from another model/experiment "
-            f"(marker experiment_key {str(marker.get('experiment_key'))[:16]}..., config {key[:16]}...)"
-        )
+    if not checkpoint_dir.is_dir():
+        raise InvalidInputError(f"{checkpoint_dir}: checkpoint directory does not exist")
+    marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), experiment_key)
+    run = RunIdentity.from_dict(marker["run"])
     metrics = check_metrics(metrics)
     artifact = checkpoint_dir / ARTIFACT_NAME
     if not artifact.is_file():
@@ -128,8 +115,9 @@ def publish(
         previous = live.version if live else None
         ref = ArtifactStore(pub.store_url, pub.storage_options).put(artifact)
         lineage = Lineage(
-            config_hash=key, data_manifest_hash=data_manifest_hash, code_revision=code_revision(),
-            checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes,
+            config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
+            checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
+            init_digest=run.init.digest, data_url=run.data_url,
         )
         record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
         _fault("after_version_insert")
@@ -141,5 +129,5 @@ def publish(
     return PublishResult(
         model=pub.model_name, alias=pub.alias, version=record.version, previous_version=previous,
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,
-        asset_uri=alias_asset_uri(pub.model_name, pub.alias),
+        asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=run.init.version,
     )

@@ -35,13 +35,50 @@ def test_env_default_syntax_prefers_the_environment(monkeypatch: pytest.MonkeyPa
     assert load_config(DEMO).publish.registry_url == "postgresql+psycopg://u@db/registry"
 
 
-def test_experiment_key_ignores_run_time_knobs(tmp_path: Path) -> None:
+def test_fingerprint_ignores_run_time_knobs(tmp_path: Path) -> None:
     base = load_config(DEMO)
     moved = base.with_overrides({"cluster.master_port": 31000, "publish.alias": "staging",
-                                 "train.output_dir": str(tmp_path)})
-    assert moved.experiment_key() == base.experiment_key()
-    assert base.with_overrides({"train.steps": 41}).experiment_key() != base.experiment_key()
-    assert len(base.experiment_key()) == 64
+                                 "train.output_dir": str(tmp_path), "train.init_from": "version:3",
+                                 "data.source_url": str(tmp_path / "elsewhere")})
+    assert moved.fingerprint() == base.fingerprint()
+    assert base.with_overrides({"train.steps": 41}).fingerprint() != base.fingerprint()
+    assert len(base.fingerprint()) == 64
+
+
+def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> None:
+    """New data or new starting weights = a new run (and run dir); the same three = the same run."""
+    from tasks.run import StartingWeights, identity, scratch
+
+    cfg = load_config(DEMO)
+    base = identity(cfg, "a" * 64, scratch(cfg))
+    assert identity(cfg, "a" * 64, scratch(cfg)) == base
+    new_data = identity(cfg, "b" * 64, scratch(cfg))
+    from_v1 = identity(cfg, "a" * 64, StartingWeights("live", version=1, digest="c" * 64, url="x", note="v1"))
+    keys = {base.experiment_key, new_data.experiment_key, from_v1.experiment_key}
+    assert len(keys) == 3
+    assert len({run.run_dir(cfg) for run in (base, new_data, from_v1)}) == 3
+    # The same weights reached as "live" or as "version:1" are the same run.
+    as_version = identity(cfg, "a" * 64, StartingWeights("version:1", version=1, digest="c" * 64, url="x", note=""))
+    assert as_version.experiment_key == from_v1.experiment_key
+
+
+def test_run_dir_of_another_key_is_refused_naming_both(tmp_path: Path) -> None:
+    from tasks.errors import InvalidInputError
+    from tasks.run import claim_run_dir, identity, scratch
+
+    cfg = load_config(DEMO)
+    mine, other = identity(cfg, "a" * 64, scratch(cfg)), identity(cfg, "b" * 64, scratch(cfg))
+    claim_run_dir(tmp_path, mine)
+    claim_run_dir(tmp_path, mine)  # a retry of the same run: fine
+    with pytest.raises(InvalidInputError, match=rf"{other.experiment_key}.*|{mine.experiment_key}") as err:
+        claim_run_dir(tmp_path, other)
+    assert mine.experiment_key in str(err.value) and other.experiment_key in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["version:", "version:0", "version:x"])
+def test_init_from_version_must_name_a_version(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"train\.init_from"):
+        load_config(DEMO).with_overrides({"train.init_from": value})
 
 
 def test_overrides_are_validated() -> None:

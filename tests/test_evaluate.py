@@ -31,7 +31,14 @@ def commit(cfg: JobConfig, state: dict[str, torch.Tensor], step: int) -> Path:
     tmp = root / f"tmp-{tag}"
     tmp.mkdir(parents=True)
     torch.save(state, tmp / ck.CONSOLIDATED)
-    return ck.finalize(root, tag, ck.make_marker(cfg, tag, step, 1), keep_last=5)
+    run = for_run(cfg)
+    return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
+
+
+def for_run(cfg: JobConfig):
+    from tasks.run import identity, scratch
+
+    return identity(cfg, "d" * 64, scratch(cfg))
 
 
 @pytest.fixture
@@ -50,7 +57,7 @@ def test_trained_checkpoint_scores_better_and_metrics_are_consistent(setup) -> N
     for metrics in (before, after):
         assert math.isclose(metrics["perplexity"], math.exp(metrics["loss"]))
         assert metrics["tokens"] == cfg.evaluate.batches * cfg.evaluate.batch_size * cfg.model.seq_len
-        assert metrics["batches"] == cfg.evaluate.batches and metrics["experiment_key"] == cfg.experiment_key()
+        assert metrics["batches"] == cfg.evaluate.batches and metrics["experiment_key"] == for_run(cfg).experiment_key
     assert after["step"] == 30 and after["checkpoint_tag"] == "step-000030"
     assert evaluate(cfg, trained, dataset) == after  # deterministic windows
 

@@ -127,8 +127,9 @@ def version_page(request: Request, model: str, version: int) -> str:
     v = match[0]
     mref = f"{_base(request)}/{render.model_href(model)}"
     lineage = [[esc(k), f"<code>{esc(v[k])}</code>"] for k in
-               ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag", "artifact_digest",
-                "artifact_url", "size_bytes", "serving_bytes", "created_by", "created_at")]
+               ("parent_version", "init_digest", "data_url", "config_hash", "data_manifest_hash", "code_revision",
+                "checkpoint_tag", "artifact_digest", "artifact_url", "size_bytes", "serving_bytes", "created_by",
+                "created_at")]
     body = (f"<p><a href='{mref}'>← {esc(model)}</a></p><h1>{esc(model)} v{version}</h1>"
             f"<h2>Training loss</h2>{render.loss_svg(training_losses(v, sources.jobs_by_model.get(model)))}"
             f"<h2>Metrics</h2>{render.metrics_cell(v['metrics'])}"
@@ -160,8 +161,11 @@ def model_page(request: Request, model: str, message: str | None = None) -> str:
     body += "<h2>Versions</h2>"
     version_rows, classes = [], []
     for v in reversed(view["versions"]):
+        origin = ("from scratch" if v["parent_version"] is None else
+                  f"from <a href='{mref}/versions/{v['parent_version']}'>v{esc(v['parent_version'])}</a>")
+        rolled = "".join(f"<br><span class='msg'>rolled back from {esc(a)}</span>" for a in v["rolled_back_from"])
         version_rows.append([
-            f"<a href='{mref}/versions/{v['version']}'>v{v['version']}</a>",
+            f"<a href='{mref}/versions/{v['version']}'>v{v['version']}</a><br>{origin}{rolled}",
             render.metrics_cell(v["metrics"]),
             (f"config <code>{esc(v['config_hash'][:12])}</code><br>data <code>{esc(v['data_manifest_hash'][:12])}"
              f"</code><br>code <code>{esc(v['code_revision'][:12])}</code><br>ckpt {esc(v['checkpoint_tag'])}"),

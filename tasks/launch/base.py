@@ -21,12 +21,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
 from tasks.errors import RetrainerError, TrainingFailedError
 from tasks.launch.procs import new_tag
 from tasks.launch.watch import ProgressWatcher
+
+if TYPE_CHECKING:
+    from tasks.run import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +71,20 @@ class Launcher(ABC):
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
-    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *,
-            startup_timeout_s: float | None = None) -> dict[str, Any]:
-        """Train; return the trainer's summary. `startup_timeout_s` (default: cluster.hang_timeout_s) is the
-        allowance before the first step of this launch (imports, rendezvous, one-off op builds)."""
+    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
+            init_path: Path | None = None, startup_timeout_s: float | None = None) -> dict[str, Any]:
+        """Train into `cfg.train.output_dir`; return the trainer's summary.
+
+        `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
+        starting weights a fresh run loads. `startup_timeout_s` (default: cluster.hang_timeout_s) is
+        the allowance before the first step of this launch (imports, rendezvous, one-off op builds)."""
+        from tasks.run import for_dataset
         from tasks.train.data import read_manifest
         from tasks.train.launch import write_config_json
 
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(dataset_dir)  # fail fast, before any node is touched
+        run = run or for_dataset(cfg, dataset_dir)
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +92,7 @@ class Launcher(ABC):
         summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
         watcher = ProgressWatcher(out / "telemetry.jsonl", cfg.cluster.hang_timeout_s,
                                   startup_timeout_s=startup_timeout_s)
-        config_json = write_config_json(cfg, out)
+        config_json = write_config_json(cfg, out, run, init_path)
         tag = new_tag()
         try:
             with _sigterm_cancels() as cancel:

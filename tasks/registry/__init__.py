@@ -18,6 +18,7 @@ from tasks.registry.errors import (
     InvalidNameError,
     NotFoundError,
     NothingToRollBackError,
+    RolledBackError,
 )
 from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
 
@@ -51,6 +52,7 @@ __all__ = [
     "NotFoundError",
     "NothingToRollBackError",
     "Registry",
+    "RolledBackError",
     "SwitchRecord",
     "VersionRecord",
     "alias_asset_uri",

@@ -90,7 +90,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from tasks.config import load_config
-    from tasks.publish import publish, read_complete_marker
+    from tasks.publish import publish
 
     cfg = load_config(args.config)
     try:
@@ -99,12 +99,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"{args.metrics}: cannot read metrics file: {exc.strerror}") from None
     except ValueError as exc:
         raise InvalidInputError(f"{args.metrics}: metrics file is not JSON: {exc}") from None
-    manifest_hash = args.manifest_hash
-    if manifest_hash is None:
-        manifest_hash = str(read_complete_marker(Path(args.checkpoint)).get("data_manifest_hash") or "unknown")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    result = publish(cfg, Path(args.checkpoint), metrics, data_manifest_hash=manifest_hash,
-                     serving_bytes=args.serving_bytes, actor=args.actor, reason=args.reason, registry_url=args.db)
+    result = publish(cfg, Path(args.checkpoint), metrics, serving_bytes=args.serving_bytes, actor=args.actor,
+                     reason=args.reason, registry_url=args.db)
     verb = "published" if result.created else "already published as"
     prev = "nothing" if result.previous_version is None else f"version {result.previous_version}"
     _emit(args, result.to_dict(),
@@ -143,9 +140,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     lines = [f"model {info['model']}", "aliases:"]
     lines += [f"  {name} -> {a['version']}  (by {a['updated_by']} at {a['updated_at']})"
               for name, a in info["aliases"].items()] or ["  (none)"]
-    rows = [[v["version"], v["artifact_digest"][:12], v["size_bytes"], v["checkpoint_tag"],
-             json.dumps(v["metrics"], sort_keys=True)[:60], v["created_by"], v["created_at"]] for v in info["versions"]]
-    lines += ["versions:", _table(rows, ["VERSION", "DIGEST", "BYTES", "CHECKPOINT", "METRICS", "BY", "AT"])]
+    rows = [[v["version"], "scratch" if v["parent_version"] is None else f"v{v['parent_version']}",
+             v["artifact_digest"][:12], v["size_bytes"], v["checkpoint_tag"],
+             json.dumps({k: x for k, x in v["metrics"].items() if k != "train_losses"}, sort_keys=True)[:60],
+             v["created_by"], v["created_at"],
+             "; ".join(f"rolled back from {a}" for a in sorted(v["rolled_back_from"])) or None]
+            for v in info["versions"]]
+    lines += ["versions:", _table(rows, ["VERSION", "FROM", "DIGEST", "BYTES", "CHECKPOINT", "METRICS", "BY", "AT",
+                                         "NOTE"])]
     _emit(args, info, "\n".join(lines))
     return 0
 
@@ -155,8 +157,11 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     with Registry(_db(args)) as reg:
         recs = reg.history(args.model, args.alias)
-    rows = [[r.alias, r.seq, r.action, r.from_version, r.to_version, r.actor, r.at, r.reason] for r in recs]
-    _emit(args, [r.to_dict() for r in recs],
+        parents = {v.version: v.parent_version for v in reg.list_versions(args.model)}
+    rows = [[r.alias, r.seq, r.action, r.from_version,
+             f"{r.to_version} (from v{parents[r.to_version]})" if parents.get(r.to_version) else r.to_version,
+             r.actor, r.at, r.reason] for r in recs]
+    _emit(args, [{**r.to_dict(), "to_parent_version": parents.get(r.to_version)} for r in recs],
           _table(rows, ["ALIAS", "SEQ", "ACTION", "FROM", "TO", "ACTOR", "AT", "REASON"]))
     return 0
 
@@ -199,7 +204,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("config", help="job config YAML")
     pub.add_argument("--checkpoint", required=True, help="checkpoint dir with consolidated.pt and COMPLETE")
     pub.add_argument("--metrics", required=True, help="JSON file with evaluation metrics")
-    pub.add_argument("--manifest-hash", help="data manifest hash (default: from the COMPLETE marker, or 'unknown')")
     pub.add_argument("--serving-bytes", type=int, help="serving memory estimate in bytes")
     pub.add_argument("--reason", default="publish")
     pub.add_argument("--actor")

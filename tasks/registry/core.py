@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from tasks.errors import InvalidInputError
 from tasks.registry import schema as t
 from tasks.registry.db import make_engine
-from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError
+from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
 from tasks.registry.names import check_digest, check_name, check_text, check_version
 from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
 
@@ -115,6 +115,13 @@ def _already_there(model: str, alias: str, to: int) -> NothingToRollBackError:
     return NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
 
 
+def _rolled_back(model: str, alias: str, version: int) -> RolledBackError:
+    return RolledBackError(
+        f"model {model!r} alias {alias!r}: version {version} was rolled back from it; an automatic publish never "
+        f"points it there again (an explicit `retrainer promote --version {version}` can, audited)"
+    )
+
+
 def _disagree(model: str, alias: str) -> ConflictError:
     return ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
 
@@ -164,7 +171,8 @@ class Registry:
             artifact_url=m["artifact_url"], size_bytes=m["size_bytes"], config_hash=m["config_hash"],
             data_manifest_hash=m["data_manifest_hash"], code_revision=m["code_revision"],
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
-            created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", created=created,
+            created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
+            init_digest=m["init_digest"], data_url=m["data_url"], created=created,
         )
 
     @staticmethod
@@ -200,6 +208,12 @@ class Registry:
             not isinstance(lineage.serving_bytes, int) or lineage.serving_bytes < 0
         ):
             raise InvalidInputError("lineage.serving_bytes: must be a non-negative integer or None")
+        if lineage.parent_version is not None:
+            check_version(lineage.parent_version, "lineage.parent_version")
+        if lineage.init_digest is not None:
+            check_digest(lineage.init_digest, "lineage.init_digest")
+        if lineage.data_url is not None:
+            check_text(lineage.data_url, "lineage.data_url", max_len=4096)
         check_text(artifact.url, "artifact.url", max_len=4096)
         metrics = check_metrics(metrics)
         now = _now()
@@ -225,6 +239,8 @@ class Registry:
                 "data_manifest_hash": lineage.data_manifest_hash, "code_revision": lineage.code_revision,
                 "checkpoint_tag": lineage.checkpoint_tag, "metrics": metrics,
                 "serving_bytes": lineage.serving_bytes, "created_by": created_by, "created_at": now,
+                "parent_version": lineage.parent_version, "init_digest": lineage.init_digest,
+                "data_url": lineage.data_url,
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])
@@ -323,6 +339,8 @@ class Registry:
             return _points_to_nothing(model, alias)
         if code == "RGHIS":
             return _disagree(model, alias)
+        if code == "RGRBK":
+            return _rolled_back(model, alias, int(detail))
         return exc
 
     def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> tuple[int | None, int] | None:
@@ -355,6 +373,8 @@ class Registry:
             if last is not None:
                 return self._switch(last, model, changed=False)
             raise _disagree(model, alias)
+        if action == "publish" and to_version in self._rolled_back_versions(conn, model_id, alias):
+            raise _rolled_back(model, alias, to_version)
         now = _now()
         seq = generation + 1
         conn.execute(
@@ -403,7 +423,39 @@ class Registry:
                 raise _already_there(model, alias, to)
             return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback")
 
+    @staticmethod
+    def _rolled_back_versions(conn: sa.Connection, model_id: int, alias: str) -> set[int]:
+        rows = conn.execute(
+            sa.select(t.history.c.from_version).where(
+                t.history.c.model_id == model_id, t.history.c.alias == alias, t.history.c.action == "rollback")
+        ).scalars()
+        return {int(v) for v in rows if v is not None}
+
     # -- reading ------------------------------------------------------------
+    def rollbacks(self, model: str, alias: str) -> dict[int, SwitchRecord]:
+        """Versions a rollback moved `alias` away from, each with its latest such rollback (who, when, why)."""
+        out: dict[int, SwitchRecord] = {}
+        try:
+            history = self.history(model, alias)
+        except NotFoundError:  # a model never published has nothing rolled back
+            return out
+        for rec in history:
+            if rec.action == "rollback" and rec.from_version is not None:
+                out[rec.from_version] = rec
+        return out
+
+    def find_version(self, model: str, config_hash: str, checkpoint_tag: str) -> VersionRecord | None:
+        """The version published from this run's checkpoint (same experiment key and tag), if any."""
+        check_name(model, "model")
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.versions).select_from(t.versions.join(t.models, t.models.c.id == t.versions.c.model_id))
+                .where(t.models.c.name == model, t.versions.c.config_hash == config_hash,
+                       t.versions.c.checkpoint_tag == checkpoint_tag)
+                .order_by(t.versions.c.version).limit(1)
+            ).first()
+        return None if row is None else self._version(row, model)
+
     def live_version(self, model: str, alias: str) -> VersionRecord | None:
         """The version an alias points to, or None (unknown model/alias or empty pointer)."""
         check_name(model, "model")
@@ -481,9 +533,16 @@ class Registry:
         return [out[k] for k in sorted(out)]
 
     def show(self, model: str) -> dict[str, Any]:
-        """JSON-able view of one model: its alias pointers and all versions."""
+        """JSON-able view of one model: its alias pointers and all versions, each with its lineage and the
+        aliases it was rolled back from (`rolled_back_from`, alias -> the rollback's who/when/why)."""
+        rolled: dict[int, dict[str, dict[str, Any]]] = {}
+        for rec in self.history(model):
+            if rec.action == "rollback" and rec.from_version is not None:
+                rolled.setdefault(rec.from_version, {})[rec.alias] = {
+                    "actor": rec.actor, "at": rec.at, "reason": rec.reason, "to_version": rec.to_version}
         return {
             "model": model,
             "aliases": self.aliases(model),
-            "versions": [v.to_dict() for v in self.list_versions(model)],
+            "versions": [{**v.to_dict(), "rolled_back_from": rolled.get(v.version, {})}
+                         for v in self.list_versions(model)],
         }

@@ -17,6 +17,10 @@ class ConflictError(RetrainerError):
     """Compare-and-swap lost: the pointer was moved by someone else first."""
 
 
+class RolledBackError(ConflictError):
+    """An automatic publish tried to point an alias back at a version that was rolled back from it."""
+
+
 class NothingToRollBackError(RetrainerError):
     """The alias has no earlier version to go back to."""
 

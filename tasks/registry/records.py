@@ -27,6 +27,9 @@ class Lineage:
     code_revision: str
     checkpoint_tag: str
     serving_bytes: int | None = None
+    parent_version: int | None = None  # the version the run started from (None: scratch or outside weights)
+    init_digest: str | None = None  # digest of the starting weights (None: scratch)
+    data_url: str | None = None  # where the training data was read from (a snapshot prefix)
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,16 @@ class VersionRecord:
     serving_bytes: int | None
     created_by: str
     created_at: str
-    created: bool = field(default=False, compare=False)
+    parent_version: int | None = None
+    init_digest: str | None = None
+    data_url: str | None = None
+    created: bool = field(default=False, compare=False)  # this call inserted it (publish's answer, not a fact)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The version as stored (without `created`, which describes a call, not the version)."""
+        out = asdict(self)
+        out.pop("created")
+        return out
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ versions = sa.Table(
     sa.Column("serving_bytes", sa.BigInteger, nullable=True),
     sa.Column("created_by", sa.String(200), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("parent_version", sa.Integer, nullable=True),
+    sa.Column("init_digest", sa.String(64), nullable=True),
+    sa.Column("data_url", sa.Text, nullable=True),
     sa.UniqueConstraint("model_id", "artifact_digest"),
 )
 

@@ -26,6 +26,7 @@ import torch
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
+from tasks.run import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,11 @@ def read_latest(root: Path) -> str | None:
     return tag
 
 
-def validate_checkpoint_dir(path: str | Path, experiment_key: str) -> dict[str, Any]:
-    """Return the COMPLETE marker of a committed checkpoint; refuse incomplete or foreign ones."""
+def validate_checkpoint_dir(path: str | Path, fingerprint: str, experiment_key: str | None = None) -> dict[str, Any]:
+    """Return the COMPLETE marker of a committed checkpoint; refuse incomplete or foreign ones.
+
+    `fingerprint` (JobConfig.fingerprint) refuses another model's checkpoint; `experiment_key`, when
+    given, also another run's of the same model (other data or other starting weights)."""
     path = Path(path)
     marker_path = path / MARKER
     if not marker_path.is_file():
@@ -64,20 +68,39 @@ def validate_checkpoint_dir(path: str | Path, experiment_key: str) -> dict[str, 
         marker = json.loads(marker_path.read_text())
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
-    if marker.get("experiment_key") != experiment_key:
+    if marker.get("config_fingerprint") != fingerprint:
         raise InvalidInputError(
-            f"{path}: checkpoint from another model (experiment_key {str(marker.get('experiment_key'))[:12]}..., "
-            f"expected {experiment_key[:12]}...)"
+            f"{path}: checkpoint from another model (config fingerprint "
+            f"{str(marker.get('config_fingerprint'))[:12]}..., expected {fingerprint[:12]}...)"
+        )
+    if experiment_key is not None and marker.get("experiment_key") != experiment_key:
+        raise InvalidInputError(
+            f"{path}: checkpoint from another run (experiment {str(marker.get('experiment_key'))[:16]}, "
+            f"this run is {experiment_key[:16]})"
         )
     return marker
 
 
-def find_resume(root: Path, experiment_key: str) -> tuple[str, dict[str, Any]] | None:
-    """(tag, marker) of the checkpoint `latest` names, validated; None when there is none."""
+def find_resume(root: Path, run: RunIdentity) -> tuple[str, dict[str, Any]] | None:
+    """(tag, marker) of the checkpoint `latest` names, validated as this run's; None when there is none."""
     tag = read_latest(root)
     if tag is None:
         return None
-    return tag, validate_checkpoint_dir(root / tag, experiment_key)
+    return tag, validate_checkpoint_dir(root / tag, run.config_fingerprint, run.experiment_key)
+
+
+def finished_summary(run_dir: Path, run: RunIdentity, steps: int) -> dict[str, Any] | None:
+    """The summary of this run's completed training, if its final checkpoint is committed (same key = same
+    result: it is reused instead of training again); None otherwise."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    root = ckpt_root(run_dir)
+    if summary.get("experiment_key") != run.experiment_key or read_latest(root) != tag_for(steps):
+        return None
+    validate_checkpoint_dir(root / tag_for(steps), run.config_fingerprint, run.experiment_key)
+    return summary
 
 
 def sweep_incomplete(root: Path) -> None:
@@ -89,13 +112,16 @@ def sweep_incomplete(root: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def make_marker(cfg: JobConfig, tag: str, step: int, world_size: int) -> dict[str, Any]:
-    """The COMPLETE marker: what was trained, to which step, with which layout."""
+def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_size: int) -> dict[str, Any]:
+    """The COMPLETE marker: what was trained (the run identity: model, data, starting weights), to which
+    step, with which layout."""
     p = cfg.parallel
     return {
         "tag": tag,
         "step": step,
-        "experiment_key": cfg.experiment_key(),
+        "experiment_key": run.experiment_key,
+        "config_fingerprint": run.config_fingerprint,
+        "run": run.to_dict(),
         "world_size": world_size,
         "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
     }

@@ -28,6 +28,7 @@ from typing import Any
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
+from tasks.run import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,13 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def write_config_json(cfg: JobConfig, directory: Path) -> Path:
+def write_config_json(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None) -> Path:
+    """The ranks' input: the job, the run's identity, and the local starting weights (if a fresh run loads any)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="job-config.", suffix=".json", dir=directory)
     with os.fdopen(fd, "w") as fh:
-        json.dump(cfg.model_dump(mode="json"), fh)
+        json.dump({"job": cfg.model_dump(mode="json"), "run": run.to_dict(),
+                   "init_path": str(init_path) if init_path else None}, fh)
     return Path(path)
 
 

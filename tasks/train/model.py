@@ -300,3 +300,21 @@ def num_params(m: ModelConfig) -> int:
     qkv = (m.n_heads + 2 * m.kv_heads) * hd
     block = 4 * d + (d * qkv + qkv) + (m.n_heads * hd * d + d) + (d * m.ffn + m.ffn) + (m.ffn * d + d)
     return m.vocab_size * d + m.seq_len * d + m.n_layers * block + 2 * d + d * m.vocab_size
+
+
+def full_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Reference name -> full (unsharded) shape of every parameter, computed without building the model."""
+    d, hd = m.d_model, m.head_dim
+    qkv, attn = (m.n_heads + 2 * m.kv_heads) * hd, m.n_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{EMBED}.tok.weight": (m.vocab_size, d), f"{EMBED}.pos.weight": (m.seq_len, d),
+    }
+    block = {
+        "ln1.weight": (d,), "ln1.bias": (d,), "attn.qkv.weight": (qkv, d), "attn.qkv.bias": (qkv,),
+        "attn.out.weight": (d, attn), "attn.out.bias": (d,), "ln2.weight": (d,), "ln2.bias": (d,),
+        "mlp.fc1.weight": (m.ffn, d), "mlp.fc1.bias": (m.ffn,), "mlp.fc2.weight": (d, m.ffn), "mlp.fc2.bias": (d,),
+    }
+    for i in range(m.n_layers):
+        shapes.update({f"blocks.{i}.{name}": shape for name, shape in block.items()})
+    shapes.update({f"{HEAD}.ln.weight": (d,), f"{HEAD}.ln.bias": (d,), f"{HEAD}.out.weight": (m.vocab_size, d)})
+    return shapes

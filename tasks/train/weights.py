@@ -14,7 +14,7 @@ import torch
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.train.checkpoint import CONSOLIDATED
-from tasks.train.model import GPT
+from tasks.train.model import GPT, TPGroup, full_shapes, local_named_params, shard_spec
 
 
 def load_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -48,6 +48,47 @@ def load_reference(path: str | Path, m: ModelConfig) -> GPT:
             )
     model.load_state_dict(state)
     return model
+
+
+def open_lazily(path: str | Path) -> dict[str, torch.Tensor]:
+    """The consolidated state dict memory-mapped: shapes are known at once, and a rank that copies its
+    slice reads only those pages (no rank holds the whole model in RAM)."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises several types for corrupt files
+        raise InvalidInputError(f"{path}: unreadable weights: {exc}") from None
+    if not isinstance(state, dict):
+        raise InvalidInputError(f"{path}: not a state dict")
+    return state
+
+
+def check_shapes(path: str | Path, m: ModelConfig) -> None:
+    """Refuse starting weights of another model shape, naming the first mismatched tensor (before any rank starts)."""
+    state = open_lazily(path)
+    expected = full_shapes(m)
+    for name, shape in expected.items():
+        if name not in state:
+            raise InvalidInputError(f"{path}: starting weights lack tensor {name} (model config needs {shape})")
+        if tuple(state[name].shape) != shape:
+            raise InvalidInputError(f"{path}: starting weights' {name} has shape {tuple(state[name].shape)}, "
+                                    f"the model config needs {shape}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise InvalidInputError(f"{path}: starting weights have tensors this model does not: {extra[:3]}")
+
+
+def load_into(module: torch.nn.Module, path: str | Path, m: ModelConfig, tp: TPGroup) -> int:
+    """Copy this rank's slice of every parameter it holds from the weights at `path`; returns the count."""
+    state = open_lazily(path)
+    count = 0
+    with torch.no_grad():
+        for name, param in local_named_params(module):
+            full = state[name]
+            spec = shard_spec(m, name.split(".", 2)[2] if name.startswith("blocks.") else name, tp.rank, tp.size)
+            param.copy_(full.index_select(spec[0], spec[1]) if spec is not None and tp.size > 1 else full)
+            count += 1
+    return count
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:

@@ -33,10 +33,12 @@ import torch.distributed as tdist
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_json, atomic_writer, sha256_file
+from tasks.run import RunIdentity
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, split_inputs
 from tasks.train.model import TPGroup, lm_loss, local_named_params, num_params, pipeline_layers, unshard
 from tasks.train.telemetry import Telemetry, comms_config, flops_per_token
+from tasks.train.weights import load_into
 
 log = logging.getLogger("tasks.train.worker")
 
@@ -127,12 +129,12 @@ def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: JobConfig) -> d
 class Trainer:
     """Builds the engine, resumes, runs the steps, commits checkpoints, writes the summary."""
 
-    def __init__(self, cfg: JobConfig, dataset_dir: Path) -> None:
+    def __init__(self, cfg: JobConfig, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None) -> None:
         import deepspeed
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-        self.cfg = cfg
+        self.cfg, self.run_identity = cfg, run
         p, m = cfg.parallel, cfg.model
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before the first NCCL collective
@@ -149,6 +151,9 @@ class Trainer:
         self.windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
         self.sampler = Sampler(len(self.windows), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed)
         self.current_step = 0  # 1-based step being run, read by the loss (NaN injection)
+        # Decided before the engine exists: a run's own checkpoint wins; only a fresh run loads starting weights.
+        self.root = ck.ckpt_root(cfg.train.output_dir)
+        self.resume_from = self._resume_point()
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             loss = lm_loss(logits, labels)
@@ -163,6 +168,11 @@ class Trainer:
             partition_method="type:TransformerBlock",
             activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
         )
+        if self.resume_from is None and init_path is not None:
+            # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
+            loaded = load_into(module, init_path, m, tp)
+            if self.rank == 0:
+                log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
         self.engine, _, _, _ = deepspeed.initialize(
             model=module,
             model_parameters=[q for q in module.parameters() if q.requires_grad],
@@ -191,7 +201,8 @@ class Trainer:
         tdist.barrier()
         final = root / tag
         if self.rank == 0:
-            ck.finalize(root, tag, ck.make_marker(self.cfg, tag, step, self.world), self.cfg.train.keep_last)
+            marker = ck.make_marker(self.cfg, self.run_identity, tag, step, self.world)
+            ck.finalize(root, tag, marker, self.cfg.train.keep_last)
             seconds = time.perf_counter() - started
             size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
             log.info("checkpoint committed: %s (%d bytes, %.2fs)", final, size, seconds)
@@ -200,18 +211,24 @@ class Trainer:
         tdist.barrier()
         return final
 
-    def resume(self, root: Path) -> tuple[int, list[float]]:
+    def _resume_point(self) -> tuple[str, dict[str, Any]] | None:
+        """(tag, marker) of this run's last complete checkpoint, after sweeping a crashed commit's leftovers."""
         if self.rank == 0:
-            ck.sweep_incomplete(root)
+            self.root.mkdir(parents=True, exist_ok=True)
+            ck.sweep_incomplete(self.root)
         tdist.barrier()
-        found = ck.find_resume(root, self.cfg.experiment_key())
-        if found is None:
-            return 0, []
-        tag, marker = found
-        if marker.get("world_size") != self.world:
+        found = ck.find_resume(self.root, self.run_identity)
+        if found is not None and found[1].get("world_size") != self.world:
             raise InvalidInputError(
-                f"{root / tag}: written by {marker.get('world_size')} ranks, this run has {self.world}"
+                f"{self.root / found[0]}: written by {found[1].get('world_size')} ranks, this run has {self.world}"
             )
+        return found
+
+    def resume(self) -> tuple[int, list[float]]:
+        if self.resume_from is None:
+            return 0, []
+        tag, marker = self.resume_from
+        root = self.root
         load_path, _ = self.engine.load_checkpoint(
             str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )
@@ -238,10 +255,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         out = Path(cfg.train.output_dir)
-        root = ck.ckpt_root(out)
-        if self.rank == 0:
-            root.mkdir(parents=True, exist_ok=True)
-        start, losses = self.resume(root)
+        root = self.root
+        start, losses = self.resume()
         m = cfg.model
         tokens = self.sampler.global_batch * m.seq_len
         peak = cfg.cluster.peak_tflops * 1e12 * self.world if torch.cuda.is_available() else None
@@ -279,8 +294,12 @@ class Trainer:
         p = self.cfg.parallel
         weights = final_dir / ck.CONSOLIDATED
         summary = {
-            "experiment_key": self.cfg.experiment_key(),
+            "experiment_key": self.run_identity.experiment_key,
+            "run": self.run_identity.to_dict(),
+            "started_from": self.run_identity.init.note,
             "steps": self.cfg.train.steps,
+            "trained_steps": self.cfg.train.steps - start,
+            "first_loss": losses[0] if losses else None,
             "final_loss": losses[-1] if losses else None,
             "losses": losses,
             "checkpoint_dir": str(final_dir),
@@ -308,7 +327,7 @@ def _fault_ckpt_delay(step: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tasks.train.worker")
-    parser.add_argument("--config", required=True, help="JSON job config written by the launcher")
+    parser.add_argument("--config", required=True, help="JSON worker config written by the launcher")
     parser.add_argument("--dataset-dir", required=True)
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
@@ -316,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s"
     )
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    cfg = JobConfig.model_validate(json.loads(Path(args.config).read_text()))
+    spec = json.loads(Path(args.config).read_text())
+    cfg = JobConfig.model_validate(spec["job"])
+    init_path = Path(spec["init_path"]) if spec.get("init_path") else None
     try:
-        trainer = Trainer(cfg, Path(args.dataset_dir))
+        trainer = Trainer(cfg, Path(args.dataset_dir), RunIdentity.from_dict(spec["run"]), init_path)
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "WarmReport": "tasks.warm.report",
     "WarmResult": "tasks.warm.report",
     "dataset_in_use": "tasks.warm.cache",
+    "remote_manifest_hash": "tasks.warm.core",
     "warm": "tasks.warm.core",
     "warm_for_config": "tasks.warm.core",
 }

@@ -61,6 +61,13 @@ def _read_manifest_bytes(source: ObjectSource, source_url: str, manifest_key: st
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
 
 
+def remote_manifest_hash(source_url: str, manifest_key: str = MANIFEST_KEY,
+                         storage_options: dict[str, Any] | None = None) -> str:
+    """The hash of the manifest at the source as it is now (the dataset a run about to start will train on)."""
+    source = open_source(source_url, storage_options, 1)
+    return manifest_hash(_read_manifest_bytes(source, source_url, manifest_key))
+
+
 def _first_line(exc: BaseException | None) -> str:
     text = str(exc).strip() if exc is not None else ""
     return text.splitlines()[0] if text else ""

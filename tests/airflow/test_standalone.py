@@ -1,14 +1,18 @@
-"""One real `airflow standalone` (parallelism 4): the retrain DAG, the gate, rollback and the registry page.
+"""One real `airflow standalone` (parallelism 4): retraining on data arrival, rollback, the registry page.
 
-Through the REST API: bad Params are refused with HTTP 400 naming the field; two retrains
-publish v1 and v2; a deliberately worse model (one step) is stopped by the gate (publish
-skipped, reason in the gate's log, alias unchanged); `rollback_model` moves the alias back.
-Then the plugin's registry page: refused without a token, lists the versions with one,
-its rollback button triggers `rollback_model`, and a headless Chromium screenshot of it
-is not blank. The tests run in file order and share the one standalone.
+Through the REST API, under the real scheduler: bad Params are refused with HTTP 400 naming the
+field; a manual run publishes v1; the `publish_dataset` producer writes a new snapshot and its Asset
+event starts a retrain that warms and trains on exactly that snapshot, from v1 (v2's lineage names
+the URL); `rollback_model` moves the alias back; the same snapshot announced again through
+`POST /api/v2/assets/events` is v2 again and the gate refuses to put the rolled-back version back.
+Then the plugin's registry page: refused without a token, lists the versions with one, its rollback
+button triggers `rollback_model`, and a headless Chromium screenshot of it is not blank. The tests
+run in file order and share the one standalone.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -18,6 +22,7 @@ from tests.services import free_port, require
 
 RETRAIN = "retrain_tiny-gpt"
 ROLLBACK = "rollback_model"
+PRODUCER = "publish_dataset"
 MODEL, ALIAS = "tiny-gpt", "production"
 
 pytestmark = pytest.mark.multiproc
@@ -62,29 +67,49 @@ def test_rest_rejects_unknown_rollback_model(standalone: Standalone) -> None:
     assert "model" in resp.text
 
 
-def test_retrain_twice_gate_stops_a_worse_model_then_rollback(standalone: Standalone) -> None:
-    with standalone.client() as c:
-        for dag_id in (RETRAIN, ROLLBACK):
-            c.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
-    # Queued together; max_active_runs=1 runs them one after another, in trigger order.
-    runs = []
-    for steps in (4, 12, 1):  # v1; v2 (more training: better); then a deliberately worse model
-        resp = standalone.trigger(RETRAIN, {"steps": steps})
-        assert resp.status_code == 200, resp.text
-        runs.append(resp.json()["dag_run_id"])
-    finished = [standalone.wait_run(RETRAIN, run_id) for run_id in runs]
-    states = [standalone.task_states(RETRAIN, run_id) for run_id in runs]
-    assert [r["state"] for r in finished] == ["success"] * 3, states
+def _next_run(sa: Standalone, dag_id: str, known: set[str], timeout: float = 300) -> str:
+    """The id of a run of `dag_id` that is not in `known` (one the scheduler started on an Asset event)."""
+    deadline = time.monotonic() + timeout
+    with sa.client() as c:
+        while time.monotonic() < deadline:
+            runs = c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]
+            new = [r["dag_run_id"] for r in runs if r["dag_run_id"] not in known]
+            if new:
+                return new[0]
+            time.sleep(1)
+    raise AssertionError(f"no new {dag_id} run in {timeout}s:\n{sa.log_tail()}")
 
+
+def _run_ids(sa: Standalone, dag_id: str) -> set[str]:
+    with sa.client() as c:
+        return {r["dag_run_id"] for r in c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]}
+
+
+def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(standalone: Standalone) -> None:
+    with standalone.client() as c:
+        for dag_id in (RETRAIN, ROLLBACK, PRODUCER):
+            c.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
     registry = _registry(standalone)
-    assert [v.version for v in registry.list_versions(MODEL)] == [1, 2]
-    assert states[0]["publish"] == states[1]["publish"] == "success"
-    # The gate ended the third run clearly: publish skipped, the reason in the gate's log, alias unchanged.
-    assert states[2]["gate"] == "success" and states[2]["publish"] == "skipped", states[2]
-    gate_log = standalone.task_log(RETRAIN, runs[2], "gate")
-    assert "worse than live v2" in gate_log and "not published" in gate_log
-    assert registry.live_version(MODEL, ALIAS).version == 2
-    assert registry.get_version(MODEL, 2).metrics["loss"] < registry.get_version(MODEL, 1).metrics["loss"]
+
+    # Week 1, a manual run: nothing live yet, v1 from scratch.
+    resp = standalone.trigger(RETRAIN, {})
+    assert resp.status_code == 200, resp.text
+    first = resp.json()["dag_run_id"]
+    assert standalone.wait_run(RETRAIN, first)["state"] == "success", standalone.task_states(RETRAIN, first)
+    assert registry.live_version(MODEL, ALIAS).version == 1
+
+    # Week 2: the producer writes a snapshot and announces it; the scheduler starts a retrain on it.
+    known = _run_ids(standalone, RETRAIN)
+    resp = standalone.trigger(PRODUCER, {"job": "tiny-gpt", "seed": 2})
+    assert resp.status_code == 200, resp.text
+    assert standalone.wait_run(PRODUCER, resp.json()["dag_run_id"])["state"] == "success"
+    arrived = _next_run(standalone, RETRAIN, known)
+    assert standalone.wait_run(RETRAIN, arrived)["state"] == "success", standalone.task_states(RETRAIN, arrived)
+    v2 = registry.live_version(MODEL, ALIAS)
+    snapshot = v2.data_url
+    assert v2.version == 2 and v2.parent_version == 1
+    assert snapshot.startswith(str(standalone.home / "store" / "data") + "-snapshots/")
+    assert f"data arrived at {snapshot}" in standalone.task_log(RETRAIN, arrived, "plan")
 
     resp = standalone.trigger(ROLLBACK, {"model": MODEL, "reason": "standalone test"})
     assert resp.status_code == 200, resp.text
@@ -93,6 +118,21 @@ def test_retrain_twice_gate_stops_a_worse_model_then_rollback(standalone: Standa
     last = registry.history(MODEL, ALIAS)[-1]
     assert (last.action, last.from_version, last.to_version, last.reason) == ("rollback", 2, 1, "standalone test")
 
+    # The same snapshot announced again from outside Airflow: that run is v2 again, which was rolled back.
+    known = _run_ids(standalone, RETRAIN)
+    with standalone.client() as c:
+        assets = c.get("/api/v2/assets", params={"uri_pattern": "retrainer-data"}).raise_for_status().json()
+        asset_id = assets["assets"][0]["id"]
+        c.post("/api/v2/assets/events", json={"asset_id": asset_id, "extra": {"source_url": snapshot}}
+               ).raise_for_status()
+    again = _next_run(standalone, RETRAIN, known)
+    assert standalone.wait_run(RETRAIN, again)["state"] == "success"
+    states = standalone.task_states(RETRAIN, again)
+    assert states["gate"] == "success" and states["publish"] == "skipped", states
+    assert "rolled back from production" in standalone.task_log(RETRAIN, again, "gate")
+    assert registry.live_version(MODEL, ALIAS).version == 1
+    assert [v.version for v in registry.list_versions(MODEL)] == [1, 2]
+
 
 def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalone: Standalone) -> None:
     with standalone.client() as c:
@@ -100,14 +140,16 @@ def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalon
         assert models == [{"model": MODEL, "versions": 2, "aliases": {ALIAS: 1}}]
         detail = c.get(f"/retrainer/api/models/{MODEL}").raise_for_status().json()
         assert [v["version"] for v in detail["versions"]] == [1, 2]
-        assert all(len(v["train_losses"]) == n for v, n in zip(detail["versions"], (4, 12), strict=True))
+        assert [len(v["train_losses"]) for v in detail["versions"]] == [4, 4]
+        assert [v["parent_version"] for v in detail["versions"]] == [None, 1]
         assert [h["to_version"] for h in detail["history"]] == [1, 2, 1]
 
         index = c.get("/retrainer/")
         assert index.status_code == 200 and MODEL in index.text
         page = c.get(f"/retrainer/models/{MODEL}")
         assert page.status_code == 200
-        for text in ("v1", "v2", "Pointer history", "rollback", "<polyline", "Roll back", "standalone test"):
+        for text in ("v1", "v2", "Pointer history", "rollback", "<polyline", "Roll back", "standalone test",
+                     "from <a", "rolled back from production"):
             assert text in page.text, text
         version_page = c.get(f"/retrainer/models/{MODEL}/versions/2")
         assert version_page.status_code == 200 and "<polyline" in version_page.text

@@ -1,7 +1,10 @@
-"""End to end through real Airflow `dag.test()`: retrain twice, roll back, on SQLite and PostgreSQL.
+"""End to end through real Airflow `dag.test()` on PostgreSQL: the weekly retrain a platform team runs.
 
-Real parts throughout: the DAGs, torchrun + DeepSpeed ranks on gloo, the registry database, the
-local-folder object store. Step counts are tiny to keep CI fast; the assertions are on the registry.
+Same config every week (the demo's, shrunk: `init_from: live`), new data at the same URL, a rollback
+through the `rollback_model` DAG, the schedule firing again after it, then new data again. Real parts
+throughout: the DAGs, torchrun + DeepSpeed ranks on gloo, the registry database, the local-folder
+object store. The assertions are what a user checks: did it train, from what, what is live, which
+Asset events fired. (The same sequence through the CLI on SQLite: tests/test_weekly_retrain.py.)
 """
 
 from __future__ import annotations
@@ -52,40 +55,86 @@ def run_dag(dag, conf: dict | None = None):
         return dag.test(run_conf=conf or {})
 
 
-def lifecycle_twice_then_rollback(tmp_path: Path, registry_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def model_events(uri: str) -> int:
+    """How many Asset events Airflow recorded for `uri` (the alias-moved events a deploy DAG consumes)."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        return session.scalar(select(func.count()).select_from(AssetEvent).join(
+            AssetModel, AssetModel.id == AssetEvent.asset_id).where(AssetModel.uri == uri))
+
+
+def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.data import make_data
     from tasks.registry import Registry
 
     config = write_config(tmp_path, registry_url)
-    make_data(str(tmp_path / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
+    data_url = str(tmp_path / "store" / "data")
     retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-gpt"]
     rollback = load_dag_module("rollback", monkeypatch, config.parent).rollback_dag
-
-    first = run_dag(retrain, {"steps": 4})
-    assert first.state == "success"
     registry = Registry(registry_url)
-    assert registry.live_version("tiny-gpt", "production").version == 1
+    uri = "model://tiny-gpt/production"
+    events = model_events(uri)
 
-    second = run_dag(retrain, {"steps": 12})
+    def week(seed: int) -> None:
+        make_data(data_url, name="tiny-gpt", seed=seed, n_train_shards=2, tokens_per_shard=16384)
+
+    week(11)
+    first = run_dag(retrain)
+    assert first.state == "success"
+    v1 = registry.live_version("tiny-gpt", "production")
+    assert v1.version == 1 and v1.parent_version is None
+    assert model_events(uri) == events + 1
+
+    week(22)  # new data at the same URL, the same config and form values
+    second = run_dag(retrain)
     assert second.state == "success"
-    live = registry.live_version("tiny-gpt", "production")
-    assert live.version == 2
-    assert live.config_hash != registry.get_version("tiny-gpt", 1).config_hash
+    v2 = registry.live_version("tiny-gpt", "production")
+    assert v2.version == 2 and v2.parent_version == 1 and v2.init_digest == v1.artifact_digest
+    assert v2.data_manifest_hash != v1.data_manifest_hash and v2.artifact_digest != v1.artifact_digest
+    summary = xcom(second, "train")
+    assert summary["outcome"] == "trained" and summary["trained_steps"] == summary["steps"] == 4
+    assert summary["started_from"] == "tiny-gpt v1 (live on production)"
+    assert model_events(uri) == events + 2
 
-    back = run_dag(rollback, {"model": "tiny-gpt"})
+    back = run_dag(rollback, {"model": "tiny-gpt", "reason": "regression in prod"})
     assert back.state == "success"
     assert registry.live_version("tiny-gpt", "production").version == 1
+    assert model_events(uri) == events + 3
 
-    history = [(h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")]
-    assert history == [(None, 1), (1, 2), (2, 1)]
-
-    # A worse model (one step) is stopped by the gate: publish skipped, alias unchanged, reason on the run.
-    worse = run_dag(retrain, {"steps": 1})
-    assert worse.state == "success"
-    assert run_state(worse, "publish") == "skipped"
+    # The schedule fires again on week 2's data: that run is v2 again, which an operator rolled back.
+    again = run_dag(retrain)
+    assert again.state == "success"
+    assert run_state(again, "publish") == "skipped"
+    assert xcom(again, "train")["outcome"] == "reused"
+    note = run_note(again)
+    assert "rolled back from production" in note and "regression in prod" in note
     assert registry.live_version("tiny-gpt", "production").version == 1
     assert len(registry.list_versions("tiny-gpt")) == 2
-    assert "not published" in run_note(worse)
+    assert model_events(uri) == events + 3  # nothing moved, so no event
+
+    week(33)
+    third = run_dag(retrain)
+    assert third.state == "success"
+    v3 = registry.live_version("tiny-gpt", "production")
+    assert v3.version == 3 and v3.parent_version == 1
+    history = [(h.action, h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")]
+    assert history == [("publish", None, 1), ("publish", 1, 2), ("rollback", 2, 1), ("publish", 1, 3)]
+    assert model_events(uri) == events + 4
+
+
+def xcom(dag_run, task_id: str):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.scalars(select(XComModel).where(
+            XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id, XComModel.task_id == task_id,
+            XComModel.key == "return_value")).one()
+        return XComModel.deserialize_value(row)
 
 
 def run_state(dag_run, task_id: str) -> str:
@@ -111,10 +160,6 @@ def run_note(dag_run) -> str:
 
 
 @pytest.mark.multiproc
-def test_lifecycle_on_sqlite(tmp_path: Path, airflow_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    lifecycle_twice_then_rollback(tmp_path, f"sqlite:///{tmp_path / 'registry.db'}", monkeypatch)
-
-
-@pytest.mark.multiproc
-def test_lifecycle_on_postgres(tmp_path: Path, airflow_db: str, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    lifecycle_twice_then_rollback(tmp_path, pg_url, monkeypatch)
+def test_weekly_retrain_through_dag_test_on_postgres(tmp_path: Path, airflow_db: str, pg_url: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    weekly_retrain(tmp_path, pg_url, monkeypatch)

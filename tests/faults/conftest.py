@@ -53,10 +53,11 @@ class Job:
 
         return resolve_config(self.config)
 
-    def run_dir(self) -> Path:
-        from tasks.lifecycle import run_config
+    def run_dir(self, state: Path) -> Path:
+        """The run directory of the run the driver planned in `state`."""
+        from tasks.run import RunIdentity
 
-        return Path(run_config(self.cfg()).train.output_dir)
+        return RunIdentity.from_dict(read_json(state / "plan.json")["run"]).run_dir(self.cfg())
 
     def registry(self):
         from tasks.registry import Registry
@@ -182,9 +183,12 @@ class Trained:
         """A private copy of the stage outputs (warm.json, train.json) for one test."""
         state = tmp / "state"
         state.mkdir()
-        for name in ("warm", "train"):
+        for name in ("plan", "warm", "train"):
             (state / f"{name}.json").write_text((self.state / f"{name}.json").read_text())
         return state
+
+    def run_dir(self) -> Path:
+        return self.job.run_dir(self.state)
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,11 @@
 `python -m tests.faults.driver CONFIG STATE_DIR STAGE [STAGE ...] [--metrics FILE]`
 
 Each stage's output is written to `STATE_DIR/<stage>.json` (atomically, like an XCom), and the next
-stage reads it from there, so a later process can pick up where a killed one stopped. `--metrics`
-gives publish its metrics from a file instead of an evaluate stage (for tests about publish alone).
+stage reads it from there, so a later process can pick up where a killed one stopped. `plan` freezes the
+run's identity (data manifest hash, starting weights) as the DAG's plan task does; a later stage without
+a plan (or whose config file was edited into another experiment since) plans first, as a new DAG run
+would. Each stage reads the config file itself (a test may point the same run at another registry).
+`--metrics` gives publish its metrics from a file instead of an evaluate stage (tests about publish alone).
 Errors end the process the way the `retrainer` CLI does: one line on stderr and the error's exit code.
 """
 
@@ -21,6 +24,7 @@ from tasks import lifecycle
 from tasks.config import ConfigError
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
+from tasks.run import RunIdentity
 
 STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")
 
@@ -32,20 +36,24 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
         return json.loads((state / f"{name}.json").read_text())
 
     if stage == "plan":
-        return lifecycle.stage_plan(cfg)
-    if stage == "warm":
-        return lifecycle.stage_warm(cfg)
-    if stage == "train":
-        return lifecycle.stage_train(cfg, prior("warm"), holder=f"fault-suite driver {state.name}")
-    if stage == "evaluate":
-        return lifecycle.stage_evaluate(cfg, prior("train"), prior("warm"))
-    if stage == "gate":
-        return lifecycle.stage_gate(cfg, prior("evaluate"), prior("warm"))
-    if stage == "publish":
-        metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
-        return lifecycle.stage_publish(cfg, prior("train"), metrics, prior("warm"), actor="fault-suite")
+        return {"run": lifecycle.stage_identify(cfg).to_dict(), "budget": lifecycle.stage_plan(cfg)}
     if stage == "rollback":
         return lifecycle.stage_rollback(cfg, actor="fault-suite")
+    plan_path = state / "plan.json"
+    if not plan_path.exists() or prior("plan")["run"]["config_fingerprint"] != cfg.fingerprint():
+        atomic_write_json(plan_path, run_stage("plan", config, state, metrics_file))
+    run = RunIdentity.from_dict(prior("plan")["run"])
+    if stage == "warm":
+        return lifecycle.stage_warm(cfg, run)
+    if stage == "train":
+        return lifecycle.stage_train(cfg, run, prior("warm"), holder=f"fault-suite driver {state.name}")
+    if stage == "evaluate":
+        return lifecycle.stage_evaluate(cfg, run, prior("train"), prior("warm"))
+    if stage == "gate":
+        return lifecycle.stage_gate(cfg, run, prior("evaluate"), prior("warm"))
+    if stage == "publish":
+        metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
+        return lifecycle.stage_publish(cfg, run, prior("train"), metrics, actor="fault-suite")
     raise ValueError(stage)
 
 

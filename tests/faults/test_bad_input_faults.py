@@ -61,7 +61,7 @@ def test_checkpoint_from_another_model_is_refused_registry_unchanged(trained: Tr
     (state / "publish.json").unlink()
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics)], tmp_path / "other.log")
     assert rc == 2, out[-3000:]
-    assert "checkpoint from another model" in out and trained.job.run_dir().name in out
+    assert "checkpoint from another model" in out and trained.run_dir().name in out
     assert job.registry().show("tiny-gpt") == before
     assert snapshot(Path(job.data["publish"]["store_url"])) == store_before
     assert not (state / "publish.json").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.data import make_data
 from tasks.train.checkpoint import ckpt_root, read_latest
 from tests.faults.conftest import (
     Job,
@@ -29,9 +30,16 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
     sqlite_job: Job, tmp_path: Path, no_leftovers: None
 ) -> None:
     job, state = sqlite_job, tmp_path / "state"
+    # Last week's run finished in the same output dir; this week's data is new. The retry below must
+    # resume this week's own checkpoint, never last week's finished one (that trained zero steps once).
+    last_week = tmp_path / "last-week"
+    rc, out = run_task(driver(job, last_week, "plan", "warm", "train"), tmp_path / "last-week.log")
+    assert rc == 0, out[-2000:]
+    make_data(str(tmp_path / "store" / "data"), name="tiny-gpt", seed=99, n_train_shards=2, tokens_per_shard=16384)
     rc, out = run_task(driver(job, state, "plan", "warm"), tmp_path / "warm.log")
     assert rc == 0, out[-2000:]
-    root = ckpt_root(job.run_dir())
+    assert job.run_dir(state) != job.run_dir(last_week)
+    root = ckpt_root(job.run_dir(state))
 
     # Step 4's checkpoint files are written, its commit is paused: kill the task process right there.
     env = task_env(RETRAINER_FAULT_CKPT_DELAY="4:120")
@@ -51,6 +59,8 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
     assert summary["resumed_from_step"] == 2
     assert summary["checkpoint_tag"] == "step-000006"
     assert len(summary["losses"]) == 6  # the two steps before the crash + the four after it
+    assert summary["checkpoint_dir"].startswith(str(job.run_dir(state)))
+    assert read_latest(ckpt_root(job.run_dir(last_week))) == "step-000006"  # last week's run untouched
     assert read_latest(root) == "step-000006"
     assert not list(root.glob("tmp-*"))  # the interrupted commit was swept, never loaded
     assert "removing incomplete checkpoint" in out

@@ -127,7 +127,8 @@ def test_concurrent_publish_and_rollback_storm_keeps_one_history_chain(
     for i, tag in enumerate(["step-000002", "step-000004", "step-000002", "step-000004"]):
         state = tmp_path / f"state-{i}"
         state.mkdir()
-        (state / "warm.json").write_text((trained.state / "warm.json").read_text())
+        for name in ("plan", "warm"):  # the run that trained these checkpoints (its identity and data)
+            (state / f"{name}.json").write_text((trained.state / f"{name}.json").read_text())
         summary = read_json(trained.state / "train.json")
         summary["checkpoint_dir"] = str(Path(summary["checkpoint_dir"]).parent / tag)
         (state / "train.json").write_text(json.dumps(summary))

@@ -69,8 +69,8 @@ def test_nan_at_step_k_fails_publishes_nothing_alias_unchanged(
     assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
     assert registry.live_version("tiny-gpt", "production").version == 1
     assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt")] == [(None, 1)]
-    assert not (job.run_dir() / "summary.json").exists()
-    assert read_latest(ckpt_root(job.run_dir())) == "step-000004"  # the last good checkpoint stays
+    assert not (job.run_dir(state) / "summary.json").exists()
+    assert read_latest(ckpt_root(job.run_dir(state))) == "step-000004"  # the last good checkpoint stays
 
 
 def test_duplicate_trigger_is_refused_by_the_lock_naming_the_holder(
@@ -85,7 +85,7 @@ def test_duplicate_trigger_is_refused_by_the_lock_naming_the_holder(
     first = TaskProcess(driver(job, tmp_path / "a", "train"), tmp_path / "first.log",
                         task_env(RETRAINER_FAULT_STEP_DELAY_S="3"))
     first.wait_for(lambda: "checkpoint committed" in first.text(), "the first run's first checkpoint")
-    root = ckpt_root(job.run_dir())
+    root = ckpt_root(job.run_dir(tmp_path / "a"))
     before = {p.name: sha256_file(p / "consolidated.pt") for p in root.glob("step-*")}
 
     rc, out = run_task(driver(job, tmp_path / "b", "train"), tmp_path / "second.log")
@@ -105,7 +105,7 @@ def test_checkpoint_disk_full_fails_clearly_previous_checkpoint_intact(
     job, state = sqlite_job, tmp_path / "state"
     rc, out = run_task(driver(job, state, "warm"), tmp_path / "warm.log")
     assert rc == 0, out[-2000:]
-    root = ckpt_root(job.run_dir())
+    root = ckpt_root(job.run_dir(state))
     with small_tmpfs(root, "64m"):
         # Once step 2 is committed, fill what is left of the disk: the step-4 checkpoint cannot fit.
         task = TaskProcess(driver(job, state, "train"), tmp_path / "train.log",

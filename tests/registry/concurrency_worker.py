@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from tasks.registry import ANY, ArtifactRef, ConflictError, Lineage, NothingToRollBackError, Registry
@@ -22,14 +23,19 @@ def run(url: str, worker: int, ops: int, barrier: Any, results: Any) -> None:
     try:
         with Registry(url) as reg:
             barrier.wait(timeout=120)
-            for op in range(ops):
-                if role == "rollback":
+            if role == "rollback":
+                # Until the publishers have switched at least once there is nothing to roll back to; keep
+                # trying (bounded) so the rollbacks really race the publishers however the OS schedules us.
+                for attempt in range(2000):
+                    if len(out["switches"]) == ops:
+                        break
                     try:
-                        rec = reg.rollback(MODEL, ALIAS, actor=f"w{worker}", reason=f"rollback {op}")
+                        rec = reg.rollback(MODEL, ALIAS, actor=f"w{worker}", reason=f"rollback {attempt}")
                     except NothingToRollBackError:
+                        time.sleep(0.005)
                         continue
                     out["switches"].append(rec.to_dict())
-                    continue
+            for op in range(ops if role != "rollback" else 0):
                 d = digest_for(worker, op)
                 v = reg.publish_version(MODEL, ArtifactRef(d, f"file:///s/{d}", op),
                                         Lineage("c", "m", "r", f"w{worker}-{op}"), {"op": op}, f"w{worker}")

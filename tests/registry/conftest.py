@@ -14,18 +14,29 @@ from tasks.config import JobConfig, load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, experiment_key: str | None = None) -> Path:
-    """A checkpoint dir as the trainer leaves it: torch.save'd weights + COMPLETE marker."""
+def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, *, data_manifest_hash: str = "m",
+                    fingerprint: str | None = None) -> Path:
+    """A checkpoint dir as the trainer leaves it: torch.save'd weights + COMPLETE marker with the run identity."""
     import torch
+
+    from tasks.run import identity, scratch
+    from tasks.train.checkpoint import make_marker
 
     ckpt = root / tag
     ckpt.mkdir(parents=True)
     gen = torch.Generator().manual_seed(seed)
     state = {"wte.weight": torch.randn(16, 8, generator=gen), "head.bias": torch.randn(16, generator=gen)}
     torch.save(state, ckpt / "consolidated.pt")
-    marker = {"tag": tag, "step": 10 * (seed + 1), "experiment_key": experiment_key or cfg.experiment_key()}
+    run = identity(cfg, data_manifest_hash, scratch(cfg))
+    marker = make_marker(cfg, run, tag, 10 * (seed + 1), cfg.parallel.world_size)
+    if fingerprint is not None:
+        marker["config_fingerprint"] = fingerprint
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     return ckpt
+
+
+def experiment_key_of(checkpoint: Path) -> str:
+    return json.loads((checkpoint / "COMPLETE").read_text())["experiment_key"]
 
 
 @pytest.fixture

@@ -17,16 +17,17 @@ def test_cli_lifecycle(
 ) -> None:
     db = ["--db", registry_url]
     rc, out, _ = cli("db", "upgrade", *db, "--json")
-    assert rc == 0 and json.loads(out)["current"] == "0002"
-    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0002")
+    assert rc == 0 and json.loads(out)["current"] == "0003"
+    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0003")
 
     cfg = job_config(registry_url)
     config_file = tmp_path / "job.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     metrics = tmp_path / "metrics.json"
     metrics.write_text(json.dumps({"loss": 1.5}))
+    checkpoints = []
     for seed, tag in enumerate(("step-10", "step-20")):
-        ckpt = make_checkpoint(tmp_path / "ckpt", cfg, tag, seed=seed)
+        checkpoints.append(ckpt := make_checkpoint(tmp_path / "ckpt", cfg, tag, seed=seed))
         rc, out, err = cli("publish", str(config_file), "--checkpoint", str(ckpt), "--metrics", str(metrics), "--json")
         assert rc == 0, err
         assert json.loads(out)["version"] == seed + 1
@@ -56,8 +57,15 @@ def test_cli_lifecycle(
     rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db, "--json")
     info = json.loads(out)
     assert info["aliases"]["production"]["version"] == 2 and len(info["versions"]) == 2
+    assert all("created" not in v and v["parent_version"] is None for v in info["versions"])
+    # The `rollback` above moved production away from v1: v1 is marked, and an automatic publish of
+    # v1's checkpoint cannot put it back (an explicit promote could).
+    assert info["versions"][0]["rolled_back_from"]["production"]["to_version"] == 2
+    assert info["versions"][1]["rolled_back_from"] == {}
+    rc, out, err = cli("publish", str(config_file), "--checkpoint", str(checkpoints[0]), "--metrics", str(metrics))
+    assert rc == 1 and "version 1 was rolled back from it" in err
     rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db)
-    assert "production -> 2" in out
+    assert "production -> 2" in out and "rolled back from production" in out
     rc, out, _ = cli("registry", "models", *db, "--json")
     assert json.loads(out) == [{"model": "tiny-gpt", "versions": 2, "aliases": {"production": 2}}]
     rc, out, err = cli("registry", "show", "--model", "nope", *db)

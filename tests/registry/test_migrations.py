@@ -12,9 +12,9 @@ from tasks.registry.migrate import VERSION_TABLE, current
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == "0002"
+    assert current(registry_url) == "0003"
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())

@@ -18,7 +18,7 @@ from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.publish import publish
 from tasks.registry import ArtifactStore, Registry, upgrade
-from tests.registry.conftest import ROOT, make_checkpoint
+from tests.registry.conftest import ROOT, experiment_key_of, make_checkpoint
 
 METRICS = {"loss": 2.5, "tokens": 4096}
 
@@ -28,20 +28,21 @@ def test_publish_uploads_records_lineage_and_moves_alias(
 ) -> None:
     monkeypatch.setenv("RETRAINER_CODE_REVISION", "deadbeef")
     cfg = job_config(registry_url)
-    c1 = make_checkpoint(tmp_path / "ckpt", cfg, "step-10", seed=1)
-    c2 = make_checkpoint(tmp_path / "ckpt", cfg, "step-20", seed=2)
-    r1 = publish(cfg, c1, METRICS, data_manifest_hash="m1", serving_bytes=1 << 20, actor="ci")
+    c1 = make_checkpoint(tmp_path / "ckpt", cfg, "step-10", seed=1, data_manifest_hash="m1")
+    c2 = make_checkpoint(tmp_path / "ckpt", cfg, "step-20", seed=2, data_manifest_hash="m2")
+    r1 = publish(cfg, c1, METRICS, serving_bytes=1 << 20, actor="ci")
     assert (r1.version, r1.previous_version, r1.created, r1.switched) == (1, None, True, True)
-    r2 = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
+    r2 = publish(cfg, c2, {"loss": 2.0}, actor="ci")
     assert (r2.version, r2.previous_version) == (2, 1)
     assert r2.asset_uri == "model://tiny-gpt/production"
-    again = publish(cfg, c2, {"loss": 2.0}, data_manifest_hash="m2", actor="ci")
+    again = publish(cfg, c2, {"loss": 2.0}, actor="ci")
     assert (again.version, again.created, again.switched) == (2, False, False)
 
     with Registry(registry_url) as reg:
         v1 = reg.get_version("tiny-gpt", 1)
         assert (v1.code_revision, v1.config_hash, v1.data_manifest_hash, v1.checkpoint_tag) == (
-            "deadbeef", cfg.experiment_key(), "m1", "step-10")
+            "deadbeef", experiment_key_of(c1), "m1", "step-10")
+        assert (v1.parent_version, v1.init_digest, v1.data_url) == (None, None, cfg.data.source_url)
         assert v1.metrics == METRICS and v1.serving_bytes == 1 << 20 and v1.created_by == "ci"
         assert reg.live_version("tiny-gpt", "production").version == 2
         assert [(h.action, h.from_version, h.to_version) for h in reg.history("tiny-gpt")] == [
@@ -55,7 +56,7 @@ def test_publish_to_s3_store(
     sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path, s3, s3_bucket: str
 ) -> None:
     cfg = job_config(sqlite_url, f"s3://{s3_bucket}/models", **{"publish.storage_options": s3.storage_options})
-    res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, data_manifest_hash="m", actor="ci")
+    res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, actor="ci")
     assert res.artifact_url == f"s3://{s3_bucket}/models/sha256/{res.digest[:2]}/{res.digest}"
     assert s3.filesystem().exists(res.artifact_url)
 
@@ -66,16 +67,16 @@ def test_publish_refuses_bad_checkpoints(
     cfg = job_config(sqlite_url)
     incomplete = make_checkpoint(tmp_path, cfg, "step-10")
     (incomplete / "COMPLETE").unlink()
-    with pytest.raises(InvalidInputError, match=rf"{incomplete}: no COMPLETE marker"):
-        publish(cfg, incomplete, METRICS, data_manifest_hash="m")
-    foreign = make_checkpoint(tmp_path, cfg, "step-20", experiment_key="0" * 64)
+    with pytest.raises(InvalidInputError, match=rf"{incomplete}: not a complete checkpoint \(no COMPLETE marker\)"):
+        publish(cfg, incomplete, METRICS)
+    foreign = make_checkpoint(tmp_path, cfg, "step-20", fingerprint="0" * 64)
     with pytest.raises(InvalidInputError, match="checkpoint from another model"):
-        publish(cfg, foreign, METRICS, data_manifest_hash="m")
+        publish(cfg, foreign, METRICS)
     with pytest.raises(InvalidInputError, match="does not exist"):
-        publish(cfg, tmp_path / "nope", METRICS, data_manifest_hash="m")
+        publish(cfg, tmp_path / "nope", METRICS)
     ok = make_checkpoint(tmp_path, cfg, "step-30")
     with pytest.raises(InvalidInputError, match="non-finite"):
-        publish(cfg, ok, {"loss": float("inf")}, data_manifest_hash="m")
+        publish(cfg, ok, {"loss": float("inf")})
     # Nothing half-written: no version, no pointer, no artifact uploaded.
     upgrade(sqlite_url)
     with Registry(sqlite_url) as reg:
@@ -91,7 +92,7 @@ def _publish_process(cfg: JobConfig, ckpt: Path, tmp_path: Path, **env: str) -> 
     metrics_file.write_text(json.dumps(METRICS))
     return subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", "publish", str(config_file), "--checkpoint", str(ckpt),
-         "--metrics", str(metrics_file), "--manifest-hash", "m", "--json"],
+         "--metrics", str(metrics_file), "--json"],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -110,8 +111,8 @@ def test_publish_cas_fails_cleanly_when_pointer_moved(
 ) -> None:
     """Someone promotes another version while publish runs: publish fails with a conflict, no lost update."""
     cfg = job_config(registry_url)
-    publish(cfg, make_checkpoint(tmp_path, cfg, "a", seed=1), METRICS, data_manifest_hash="m")
-    publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS, data_manifest_hash="m")
+    publish(cfg, make_checkpoint(tmp_path, cfg, "a", seed=1), METRICS)
+    publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS)
     release = tmp_path / "release"
     proc = _publish_process(cfg, make_checkpoint(tmp_path, cfg, "c", seed=3), tmp_path,
                             RETRAINER_FAULT="after_version_insert", RETRAINER_FAULT_RELEASE=str(release))
@@ -135,7 +136,7 @@ def test_sigkill_between_version_insert_and_switch(
     pg_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
 ) -> None:
     cfg = job_config(pg_url)
-    first = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10", seed=1), METRICS, data_manifest_hash="m")
+    first = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10", seed=1), METRICS)
     ckpt2 = make_checkpoint(tmp_path, cfg, "step-20", seed=2)
     proc = _publish_process(cfg, ckpt2, tmp_path, RETRAINER_FAULT="after_version_insert")
     try:
@@ -153,7 +154,7 @@ def test_sigkill_between_version_insert_and_switch(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    rerun = publish(cfg, ckpt2, METRICS, data_manifest_hash="m")
+    rerun = publish(cfg, ckpt2, METRICS)
     assert (rerun.version, rerun.created, rerun.previous_version, rerun.switched) == (2, False, 1, True)
     with Registry(pg_url) as reg:
         assert reg.live_version("tiny-gpt", "production").version == 2

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tasks.fsutil import sha256_file
+from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 from tasks.train.launch import torchrun_command
 from tasks.train.model import num_params
@@ -41,7 +42,9 @@ def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: P
 
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == summary
-    assert summary["experiment_key"] == cfg.experiment_key()
+    run = for_dataset(cfg, dataset_dir)
+    assert summary["experiment_key"] == run.experiment_key
+    assert summary["trained_steps"] == 6 and summary["started_from"] == run.init.note
     assert summary["steps"] == 6 and len(summary["losses"]) == 6
     assert all(math.isfinite(x) for x in summary["losses"])
     assert summary["final_loss"] == summary["losses"][-1]
@@ -55,7 +58,8 @@ def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: P
     assert committed == ["step-000004", "step-000006"]  # keep_last=2 pruned step 2
     assert not list(root.glob("tmp-*"))
     marker = json.loads((root / "step-000006" / ck.MARKER).read_text())
-    assert marker == {"tag": "step-000006", "step": 6, "experiment_key": cfg.experiment_key(), "world_size": 2,
+    assert marker == {"tag": "step-000006", "step": 6, "experiment_key": run.experiment_key,
+                      "config_fingerprint": cfg.fingerprint(), "run": run.to_dict(), "world_size": 2,
                       "layout": {"tp": 1, "pp": 1, "dp": 2}}
     for rank in range(2):
         state = ck.load_rank_state(root / "step-000006", rank)

@@ -23,6 +23,7 @@ import yaml
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
+from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 from tasks.train.launch import torchrun_command, train, worker_env, write_config_json
 from tasks.train.weights import load_state, state_digest
@@ -69,7 +70,7 @@ def _rank_of(pid: int) -> int | None:
 
 def _start(cfg: JobConfig, dataset: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
     out = Path(cfg.train.output_dir)
-    cmd = torchrun_command(cfg, dataset, write_config_json(cfg, out))
+    cmd = torchrun_command(cfg, dataset, write_config_json(cfg, out, for_dataset(cfg, dataset)))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, env=worker_env(extra_env), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -136,7 +137,7 @@ def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight) -> None:
     assert ck.read_latest(ckroot) == "step-000003"
     assert tmp.is_dir() and not (tmp / ck.MARKER).exists() and not (ckroot / "step-000006").exists()
     with pytest.raises(InvalidInputError, match="not a complete checkpoint"):
-        ck.validate_checkpoint_dir(tmp, cfg.experiment_key())
+        ck.validate_checkpoint_dir(tmp, cfg.fingerprint())
 
     resumed = train(cfg, dataset)
     assert resumed["resumed_from_step"] == 3
@@ -150,7 +151,7 @@ def test_checkpoint_from_another_model_is_refused(straight) -> None:
     with pytest.raises(TrainingFailedError, match="checkpoint from another model"):
         train(other, dataset)
     with pytest.raises(InvalidInputError, match="checkpoint from another model"):
-        ck.find_resume(ck.ckpt_root(other.train.output_dir), other.experiment_key())
+        ck.find_resume(ck.ckpt_root(other.train.output_dir), for_dataset(other, dataset))
     assert json.loads((Path(reference["checkpoint_dir"]) / ck.MARKER).read_text())["step"] == 6
 
 

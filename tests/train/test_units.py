@@ -66,14 +66,17 @@ def test_pointer_prune_and_sweep(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     root.mkdir()
     assert ck.read_latest(root) is None
-    marker = {"experiment_key": "k"}
+    from tasks.run import RunIdentity, StartingWeights
+
+    run = RunIdentity("k", "f", "d", "url", StartingWeights("scratch"))
+    marker = {"experiment_key": "k", "config_fingerprint": "f"}
     for step in (2, 4, 6):
         tmp = root / f"tmp-{ck.tag_for(step)}"
         tmp.mkdir()
         (tmp / "payload").write_bytes(b"x")
         ck.finalize(root, ck.tag_for(step), {**marker, "step": step}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000004", "step-000006"]
-    assert ck.find_resume(root, "k") == ("step-000006", {**marker, "step": 6})
+    assert ck.find_resume(root, run) == ("step-000006", {**marker, "step": 6})
     (root / "tmp-step-000008").mkdir()
     ck.sweep_incomplete(root)
     assert not (root / "tmp-step-000008").exists()

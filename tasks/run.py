@@ -1,0 +1,194 @@
+"""Run identity: the experiment key of a training run, and the weights it starts from.
+
+What a run produces is decided by three things: the config fields that define training
+(`JobConfig.fingerprint`), the exact data (the manifest hash) and the exact starting
+weights (their digest). Their hash is the experiment key. Same key = same result: a
+finished checkpoint of that key is reused and the experiment lock keeps two apart. New
+data or new starting weights = a new key, hence a new run directory and a real training
+run. The identity is resolved once per run (the plan stage, when the run starts: `live`
+means the alias's version at that moment) and handed to every later stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.config import JobConfig, sha256_json
+from tasks.errors import InvalidInputError
+from tasks.fsutil import atomic_write_json, sha256_file
+
+if TYPE_CHECKING:
+    from tasks.registry import Registry
+
+log = logging.getLogger(__name__)
+
+RUN_MARKER = "run.json"
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """Where a run's weights come from. `digest` None = scratch (seeded random init)."""
+
+    requested: str  # train.init_from as configured
+    version: int | None = None  # the registry version these weights are (live / version:N)
+    digest: str | None = None  # sha256 identity of the weights
+    url: str | None = None  # where they are fetched from
+    note: str = "scratch"  # one line for logs and summaries
+    trained_on: str | None = None  # the data manifest hash that version was trained on (registry versions)
+
+    @property
+    def scratch(self) -> bool:
+        return self.digest is None
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Everything that decides what one training run produces, and its key."""
+
+    experiment_key: str
+    config_fingerprint: str
+    data_manifest_hash: str
+    data_url: str
+    init: StartingWeights
+
+    @property
+    def run_id(self) -> str:
+        return self.experiment_key[:16]
+
+    def run_dir(self, cfg: JobConfig) -> Path:
+        """The run's own directory: checkpoints, telemetry, summary (keyed, so a new run never resumes another)."""
+        return Path(cfg.train.output_dir) / self.run_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunIdentity:
+        return cls(**{**data, "init": StartingWeights(**data["init"])})
+
+
+def nothing_new(run: RunIdentity) -> str | None:
+    """Why a `live` run has nothing to do (the live version was trained on exactly this data), else None.
+
+    Without it, a schedule firing with no new data would fine-tune production on the data it has
+    already seen, every time, under a new key each time (the live version changes)."""
+    init = run.init
+    if init.requested != "live" or init.trained_on is None or init.trained_on != run.data_manifest_hash:
+        return None
+    return (f"no new data: {init.note} was trained on this data already (manifest {run.data_manifest_hash[:12]} "
+            f"at {run.data_url}); nothing to train")
+
+
+def experiment_key(config_fingerprint: str, data_manifest_hash: str, init_digest: str | None) -> str:
+    return sha256_json({"config": config_fingerprint, "data": data_manifest_hash, "init": init_digest or "scratch"})
+
+
+def identity(cfg: JobConfig, data_manifest_hash: str, init: StartingWeights) -> RunIdentity:
+    fingerprint = cfg.fingerprint()
+    return RunIdentity(
+        experiment_key=experiment_key(fingerprint, data_manifest_hash, init.digest),
+        config_fingerprint=fingerprint, data_manifest_hash=data_manifest_hash, data_url=cfg.data.source_url,
+        init=init,
+    )
+
+
+def scratch(cfg: JobConfig) -> StartingWeights:
+    return StartingWeights(requested=cfg.train.init_from, note=f"scratch (seeded init, seed {cfg.train.seed})")
+
+
+def resolve_starting_weights(cfg: JobConfig, registry: Registry) -> StartingWeights:
+    """Turn `train.init_from` into concrete weights: a registry version (live / version:N), a path, or scratch."""
+    requested = cfg.train.init_from
+    model, alias = cfg.publish.model_name, cfg.publish.alias
+    if requested == "scratch":
+        return scratch(cfg)
+    if requested == "live":
+        live = registry.live_version(model, alias)
+        if live is None:
+            log.info("train.init_from live: %s/%s has no live version yet: starting from scratch", model, alias)
+            return StartingWeights(requested=requested,
+                                   note=f"scratch: no live version of {model}/{alias} yet")
+        return StartingWeights(requested=requested, version=live.version, digest=live.artifact_digest,
+                               url=live.artifact_url, note=f"{model} v{live.version} (live on {alias})",
+                               trained_on=live.data_manifest_hash)
+    if requested.startswith("version:"):
+        from tasks.registry import NotFoundError
+
+        number = int(requested.split(":", 1)[1])
+        try:
+            record = registry.get_version(model, number)
+        except NotFoundError as exc:
+            raise InvalidInputError(f"train.init_from {requested}: {exc}") from None
+        return StartingWeights(requested=requested, version=number, digest=record.artifact_digest,
+                               url=record.artifact_url, note=f"{model} v{number}",
+                               trained_on=record.data_manifest_hash)
+    path = Path(requested).expanduser()
+    if not path.is_file():
+        raise InvalidInputError(f"train.init_from: {requested}: no such weights file")
+    digest = sha256_file(path)
+    return StartingWeights(requested=requested, digest=digest, url=str(path.resolve()),
+                           note=f"weights file {path} (sha256 {digest[:12]})")
+
+
+def for_dataset(cfg: JobConfig, dataset_dir: str | Path) -> RunIdentity:
+    """The identity of a scratch run on an already-warmed dataset (`retrainer train`, launcher tests)."""
+    from tasks.dataset_format import MANIFEST_KEY, manifest_hash
+
+    raw = (Path(dataset_dir) / MANIFEST_KEY).read_bytes()
+    return identity(cfg, manifest_hash(raw), scratch(cfg))
+
+
+def claim_run_dir(run_dir: Path, run: RunIdentity) -> None:
+    """Mark `run_dir` as this key's; refuse a directory that belongs to another key (never reuse it)."""
+    marker = run_dir / RUN_MARKER
+    try:
+        owner = json.loads(marker.read_text()).get("experiment_key")
+    except FileNotFoundError:
+        atomic_write_json(marker, run.to_dict())
+        return
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{marker}: unreadable run marker: {exc}") from None
+    if owner != run.experiment_key:
+        raise InvalidInputError(
+            f"{run_dir}: run directory belongs to experiment {owner}, not to this run's {run.experiment_key}; "
+            "refusing to reuse it"
+        )
+
+
+def resolve_identity(cfg: JobConfig, registry: Registry) -> RunIdentity:
+    """The identity of a run starting now: the data at `data.source_url` as it is, `train.init_from` resolved."""
+    from tasks.warm import remote_manifest_hash
+
+    data_hash = remote_manifest_hash(cfg.data.source_url, cfg.data.manifest, cfg.data.storage_options)
+    return identity(cfg, data_hash, resolve_starting_weights(cfg, registry))
+
+
+def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None:
+    """Local, digest-verified starting weights whose shapes match the model (None for scratch).
+
+    Registry versions are fetched from the artifact store into `<data.cache_dir>/weights/` once
+    (named by digest, written only after verification); every shape is checked here, before any
+    rank starts, so weights of another model fail naming the tensor."""
+    from tasks.train.weights import check_shapes
+
+    if init.scratch:
+        return None
+    assert init.digest is not None and init.url is not None
+    if init.version is None:
+        path = Path(init.url)
+        if sha256_file(path) != init.digest:
+            raise InvalidInputError(f"train.init_from: {path} changed since this run was planned "
+                                    f"(sha256 was {init.digest[:12]}...); start a new run")
+    else:
+        from tasks.registry import ArtifactStore
+
+        path = Path(cfg.data.cache_dir) / "weights" / f"{init.digest}.pt"
+        if not path.is_file():
+            log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
+            ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options).get(init.digest, path)
+    check_shapes(path, cfg.model)
+    return path

@@ -1,0 +1,130 @@
+"""The weekly retrain as a platform team runs it, through the real `retrainer` CLI, in order.
+
+Same config every week (`train.init_from: live`), new data at the same URL, an operator's rollback
+in between, the schedule firing again after it: did each run train, from what, and what is live.
+(The same sequence through Airflow's `dag.test()` on PostgreSQL is in tests/dags/test_lifecycle_e2e.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.multiproc
+
+
+def week_config(tmp: Path) -> Path:
+    """The demo config shrunk to one CPU rank; its model, schedule and init_from are the demo's."""
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
+    cfg["parallel"].update(dp=1)
+    cfg["train"].update(steps=8, checkpoint_every=4, micro_batch_size=8, warmup_steps=2, lr=1e-2,
+                        output_dir=str(tmp / "runs"))
+    cfg["data"].update(source_url=str(tmp / "store" / "corpus"), cache_dir=str(tmp / "cache"))
+    cfg["cluster"]["master_port"] = free_port()
+    cfg["evaluate"].update(batches=2, batch_size=8)
+    cfg["publish"].update(registry_url=f"sqlite:///{tmp / 'registry.db'}", store_url=str(tmp / "store" / "models"))
+    assert cfg["train"]["init_from"] == "live"
+    path = tmp / "tiny-gpt.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def retrainer(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAINER_HOME": str(tmp / "home")}
+    env.pop("RETRAINER_DB_URL", None)
+    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=ROOT)
+
+
+def run(config: Path, tmp: Path) -> dict[str, Any]:
+    done = retrainer("run", str(config), "--json", tmp=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def new_week(config: Path, tmp: Path, seed: int) -> None:
+    done = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", tmp=tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def show(tmp: Path) -> dict[str, Any]:
+    done = retrainer("registry", "show", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp / 'registry.db'}", "--json",
+                     tmp=tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollback(tmp_path: Path) -> None:
+    config = week_config(tmp_path)
+    steps = 8
+
+    # Week 1: nothing is live yet, so the run starts from scratch and says so.
+    new_week(config, tmp_path, seed=101)
+    week1 = run(config, tmp_path)
+    assert week1["run"]["init"]["digest"] is None and "no live version" in week1["run"]["init"]["note"]
+    assert week1["train"]["outcome"] == "trained" and week1["train"]["trained_steps"] == steps
+    assert week1["publish"]["version"] == 1 and week1["publish"]["parent_version"] is None
+    scratch_first_loss = week1["train"]["first_loss"]
+
+    # Week 2: new data at the same URL, the same config: a real run of every step, from v1's weights.
+    new_week(config, tmp_path, seed=202)
+    week2 = run(config, tmp_path)
+    assert week2["run"]["data_manifest_hash"] != week1["run"]["data_manifest_hash"]
+    assert week2["experiment_key"] != week1["experiment_key"]
+    assert week2["train"]["outcome"] == "trained" and week2["train"]["resumed_from_step"] is None
+    assert week2["train"]["trained_steps"] == steps and len(week2["train"]["losses"]) == steps
+    assert week2["train"]["first_loss"] < scratch_first_loss - 1.0  # it continued from v1, not from random
+    assert week2["publish"]["version"] == 2 and week2["publish"]["switched"]
+    versions = {v["version"]: v for v in show(tmp_path)["versions"]}
+    assert versions[2]["parent_version"] == 1
+    assert versions[2]["init_digest"] == versions[1]["artifact_digest"]
+    assert versions[2]["artifact_digest"] != versions[1]["artifact_digest"]
+    assert versions[2]["data_manifest_hash"] == week2["run"]["data_manifest_hash"]
+
+    # The operator rolls production back to v1.
+    back = retrainer("rollback", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
+                     "--reason", "bad answers in prod", tmp=tmp_path)
+    assert back.returncode == 0 and "version 2 -> version 1" in back.stdout, back.stderr
+
+    # The schedule fires again on week 2's data: the same run (v1 + week 2) is v2 again; not put back.
+    again = run(config, tmp_path)
+    assert again["experiment_key"] == week2["experiment_key"]
+    assert again["train"]["outcome"] == "reused" and again["train"]["trained_steps"] == 0
+    assert not again["gate"]["publish"] and "publish" not in again
+    assert "rolled back from production" in again["gate"]["reason"] and "bad answers in prod" in again["gate"]["reason"]
+    info = show(tmp_path)
+    assert info["aliases"]["production"]["version"] == 1
+    assert "production" in {v["version"]: v for v in info["versions"]}[2]["rolled_back_from"]
+
+    # Week 3: new data; the run starts from what is live now (v1) and becomes v3.
+    new_week(config, tmp_path, seed=303)
+    week3 = run(config, tmp_path)
+    assert week3["train"]["outcome"] == "trained" and week3["run"]["init"]["version"] == 1
+    assert week3["publish"]["version"] == 3 and week3["publish"]["parent_version"] == 1
+    info = show(tmp_path)
+    assert info["aliases"]["production"]["version"] == 3
+    assert [v["parent_version"] for v in info["versions"]] == [None, 1, 1]
+    assert all("created" not in v for v in info["versions"])
+
+    # What a person reads: where the run started, and that it trained.
+    done = retrainer("registry", "history", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
+                     tmp=tmp_path)
+    assert "3 (from v1)" in done.stdout
+    # The schedule fires again before new data lands: production was trained on this data, nothing to do
+    # (it must not fine-tune production on the same data again every week).
+    text = retrainer("run", str(config), tmp=tmp_path)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "started from tiny-gpt v3 (live on production)" in text.stdout
+    assert "no new data" in text.stdout and "nothing to train" in text.stdout
+    assert show(tmp_path)["aliases"]["production"]["version"] == 3
