@@ -68,10 +68,9 @@ class Launcher(ABC):
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
-    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *,
-            startup_timeout_s: float | None = None) -> dict[str, Any]:
-        """Train; return the trainer's summary. `startup_timeout_s` (default: cluster.hang_timeout_s) is the
-        allowance before the first step of this launch (imports, rendezvous, one-off op builds)."""
+    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+        """Train; return the trainer's summary. Before the first step of this launch (imports, rendezvous,
+        one-off op builds) the allowance is `cluster.startup_timeout_s` (default: cluster.hang_timeout_s)."""
         from tasks.train.data import read_manifest
         from tasks.train.launch import write_config_json
 
@@ -83,7 +82,7 @@ class Launcher(ABC):
         summary_path = out / "summary.json"
         summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
         watcher = ProgressWatcher(out / "telemetry.jsonl", cfg.cluster.hang_timeout_s,
-                                  startup_timeout_s=startup_timeout_s)
+                                  startup_timeout_s=cfg.cluster.startup_timeout_s)
         config_json = write_config_json(cfg, out)
         tag = new_tag()
         try:
