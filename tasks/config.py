@@ -145,7 +145,7 @@ class SshConfig(_Strict):
     port: int = Field(22, ge=1, le=65535)
     identity_file: str | None = Field(None, min_length=1, description="private key (with IdentitiesOnly=yes)")
     ssh_options: tuple[str, ...] = Field((), description="extra `-o Key=Value` options")
-    python: str = Field(default_factory=lambda: sys.executable, description="interpreter on every node")
+    python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
     connect_timeout_s: int = Field(10, ge=1, description="ssh ConnectTimeout (whole seconds)")
     grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace when a node is stopped")
@@ -166,7 +166,7 @@ class SlurmConfig(_Strict):
     time_limit: str = Field("24:00:00", description="sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S")
     gpus_per_node: int | None = Field(None, ge=1, description="sbatch --gpus-per-node; None: not requested")
     sbatch_args: tuple[str, ...] = Field((), description="extra #SBATCH lines, e.g. --account=ml")
-    python: str = Field(default_factory=lambda: sys.executable, description="interpreter on every node")
+    python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
     cancel_timeout_s: float = Field(180.0, gt=0, description="how long scancel may take to end every step")
 
@@ -231,8 +231,8 @@ class ClusterConfig(_Strict):
     """
 
     launcher: Literal["local", "ssh", "slurm", "kubernetes"] = "local"
-    nproc_per_node: int | None = Field(None, ge=1, description="ranks per node; default gpus_per_node "
-                                       "(local: tp x pp x dp, all on this machine)")
+    nproc_per_node: int | None = Field(None, ge=1, description="ranks per node; unset: tp x pp x dp / nodes, "
+                                       "which the planner requires to be gpus_per_node (whole nodes)")
     hosts: list[Annotated[str, Field(pattern=_HOST)]] = Field(default_factory=list,
                                                               description="ssh: one host per node")
     master_addr: str = "127.0.0.1"
@@ -248,7 +248,8 @@ class ClusterConfig(_Strict):
     kubernetes: KubernetesConfig = KubernetesConfig()
     # Hardware, for the planner.
     gpu_memory_gib: float = Field(80.0, gt=0, description="GiB per GPU")
-    gpus_per_node: int = Field(8, ge=1)
+    gpus_per_node: int = Field(8, ge=1, description="GPUs in one node: the planner's node size (the engine "
+                               "sections' gpus_per_node is what a job asks for)")
     intra_node_gbytes_per_s: float = Field(450.0, gt=0, description="GB/s per GPU inside a node (NVLink)")
     inter_node_gbytes_per_s: float | None = Field(None, gt=0, description="GB/s per node between nodes; "
                                                   "default 50 (or give inter_node_gbits_per_s)")
