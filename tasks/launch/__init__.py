@@ -3,41 +3,42 @@
 `get_launcher(cfg).run(cfg, dataset_dir)` trains and returns the trainer's
 summary, whichever engine runs the ranks: `local` (torchrun here), `ssh`
 (torchrun per node over SSH), `slurm` (`sbatch` + `srun torchrun`),
-`kubernetes` (a Kubeflow PyTorchJob). Engine options the config does not carry
-yet are keyword arguments of the launcher classes.
+`kubernetes` (a Kubeflow PyTorchJob). Each engine takes its typed config section
+(`cluster.ssh`, `cluster.slurm`, `cluster.kubernetes`), validated at load.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
 from tasks.launch.base import Job, LaunchCancelled, Launcher
 
 __all__ = ["Job", "LaunchCancelled", "Launcher", "get_launcher", "pool_for"]
 
 
-def get_launcher(cfg: JobConfig, **options: Any) -> Launcher:
-    """The launcher for `cfg.cluster.launcher`; `options` go to its constructor."""
-    kind = cfg.cluster.launcher
-    if kind == "local":
-        from tasks.launch.local import LocalLauncher
+def get_launcher(cfg: JobConfig, *, env: dict[str, str] | None = None) -> Launcher:
+    """The launcher for `cfg.cluster.launcher`, built from its config section.
 
-        return LocalLauncher(**options)
-    if kind == "ssh":
+    `env`: extra environment for the processes this machine starts (the ranks, and the engine's
+    client commands, e.g. SLURM_CONF); a PyTorchJob's pods get `cluster.kubernetes.env` instead.
+    """
+    c = cfg.cluster
+    if c.launcher == "ssh":
         from tasks.launch.ssh import SshLauncher
 
-        return SshLauncher(**options)
-    if kind == "slurm":
+        return SshLauncher(c.ssh, env=env)
+    if c.launcher == "slurm":
         from tasks.launch.slurm import SlurmLauncher
 
-        return SlurmLauncher(**options)
-    if kind == "kubernetes":
+        return SlurmLauncher(c.slurm, env=env)
+    if c.launcher == "kubernetes":
         from tasks.launch.kubernetes import KubernetesLauncher
 
-        return KubernetesLauncher(**options)
-    raise InvalidInputError(f"cluster.launcher: unknown launcher {kind!r}")
+        if env:
+            raise ValueError("get_launcher: env does not reach a PyTorchJob's pods; use cluster.kubernetes.env")
+        return KubernetesLauncher(c.kubernetes)
+    from tasks.launch.local import LocalLauncher
+
+    return LocalLauncher(env=env)
 
 
 def pool_for(cfg: JobConfig) -> tuple[str, int]:

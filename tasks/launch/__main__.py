@@ -1,7 +1,9 @@
-"""`python -m tasks.launch --config C --dataset-dir D [--options JSON]`: train through the configured launcher.
+"""`python -m tasks.launch --config C --dataset-dir D`: train through the configured launcher.
 
 Why a module entry point: a separate process to kill in tests, and a way for operators
 to run one launch by hand; prints the summary JSON, exits with the error's exit code.
+Every engine option comes from the config's `cluster` section; the ranks inherit this
+process's environment.
 """
 
 from __future__ import annotations
@@ -21,20 +23,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.launch")
     parser.add_argument("--config", required=True, help="job config (YAML or JSON)")
     parser.add_argument("--dataset-dir", required=True, help="warmed dataset directory")
-    parser.add_argument("--options", default="{}", help="JSON object of launcher keyword options")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        options = json.loads(args.options)
-        if not isinstance(options, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        print(f"--options: invalid JSON object: {exc}", file=sys.stderr)
-        return 2
-    try:
         cfg = load_config(args.config)
-        summary = get_launcher(cfg, **options).run(cfg, args.dataset_dir)
+        summary = get_launcher(cfg).run(cfg, args.dataset_dir)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

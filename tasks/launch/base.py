@@ -72,12 +72,12 @@ class Launcher(ABC):
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
-            init_path: Path | None = None, startup_timeout_s: float | None = None) -> dict[str, Any]:
+            init_path: Path | None = None) -> dict[str, Any]:
         """Train into `cfg.train.output_dir`; return the trainer's summary.
 
         `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
-        starting weights a fresh run loads. `startup_timeout_s` (default: cluster.hang_timeout_s) is
-        the allowance before the first step of this launch (imports, rendezvous, one-off op builds)."""
+        starting weights a fresh run loads. Before the first step of this launch (imports, rendezvous,
+        one-off op builds) the allowance is `cluster.startup_timeout_s` (default: cluster.hang_timeout_s)."""
         from tasks.run import for_dataset
         from tasks.train.data import read_manifest
         from tasks.train.launch import write_config_json
@@ -91,7 +91,7 @@ class Launcher(ABC):
         summary_path = out / "summary.json"
         summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
         watcher = ProgressWatcher(out / "telemetry.jsonl", cfg.cluster.hang_timeout_s,
-                                  startup_timeout_s=startup_timeout_s)
+                                  startup_timeout_s=cfg.cluster.startup_timeout_s)
         config_json = write_config_json(cfg, out, run, init_path)
         tag = new_tag()
         try:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
-                    r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
-_QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY_PATTERN}]}
+from tasks.config import K8S_QUANTITY_PATTERN  # the config checks cpu/memory with the same pattern at load
+
+_QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": K8S_QUANTITY_PATTERN}]}
 _RESOURCE_LIST = {"type": "object", "additionalProperties": _QUANTITY}
 _DNS_LABEL = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 
@@ -29,7 +29,11 @@ _CONTAINER = {
         "args": {"type": "array", "items": {"type": "string"}},
         "env": {"type": "array", "items": {
             "type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string", "minLength": 1}, "value": {"type": "string"}}}},
+            "properties": {"name": {"type": "string", "minLength": 1}, "value": {"type": "string"},
+                           "valueFrom": {"type": "object", "properties": {"secretKeyRef": {
+                               "type": "object", "required": ["key"],
+                               "properties": {"name": {"type": "string"}, "key": {"type": "string", "minLength": 1},
+                                              "optional": {"type": "boolean"}}}}}}}},
         "ports": {"type": "array", "items": {
             "type": "object", "required": ["containerPort"],
             "properties": {"containerPort": {"type": "integer", "minimum": 1, "maximum": 65535},

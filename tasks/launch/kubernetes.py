@@ -11,7 +11,9 @@ container port named `pytorchjob-port`) and RANK (the pod's index); the
 trainer's torchrun command gets node rank and rendezvous from them. The SSD
 cache is a hostPath volume mounted at `data.cache_dir`, the output dir a
 shared PersistentVolumeClaim mounted at `train.output_dir` (same paths as
-here), /dev/shm an in-memory emptyDir. Status is followed until a Succeeded
+here), /dev/shm an in-memory emptyDir. `cluster.kubernetes.env` is rendered as
+values, `env_from_secrets` as `valueFrom.secretKeyRef`: a secret's value never
+passes through the launcher or the manifest. Status is followed until a Succeeded
 or Failed condition; the Master's log is streamed into `logging`; cancelling
 deletes the job (foreground propagation) and waits until no pod of it is left.
 """
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config import JobConfig, KubernetesConfig
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
@@ -43,10 +45,7 @@ def job_name(cfg: JobConfig, tag: str) -> str:
     return f"retrainer-{base}-{tag[:8]}"
 
 
-def render_pytorchjob(cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, *, nodes: int,
-                      gpus_per_node: int, cpu: str | None = None, memory: str | None = None,
-                      output_claim: str, cache_host_path: str | None = None, python: str = "python",
-                      env: dict[str, str] | None = None, service_account: str | None = None,
+def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str, *,
                       shm_size: str = "8Gi") -> dict[str, Any]:
     """The PyTorchJob manifest as the API server receives it (a plain dict)."""
     from kubernetes import client as k
@@ -55,21 +54,21 @@ def render_pytorchjob(cfg: JobConfig, dataset_dir: Path, config_json: Path, tag:
 
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=python)
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
-    limits: dict[str, str] = {}
-    if gpus_per_node:
-        limits["nvidia.com/gpu"] = str(gpus_per_node)
-    if cpu:
-        limits["cpu"] = cpu
-    if memory:
-        limits["memory"] = memory
-    variables = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), TAG_VAR: tag}
+    per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // k8s.nodes
+    gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
+    wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
+    limits = {name: quantity for name, quantity in wanted.items() if quantity}
+    plain = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **k8s.env, TAG_VAR: tag}
+    env = [k.V1EnvVar(name=n, value=v) for n, v in plain.items()]
+    env += [k.V1EnvVar(name=n, value_from=k.V1EnvVarSource(secret_key_ref=k.V1SecretKeySelector(
+        name=ref.secret, key=ref.key))) for n, ref in k8s.env_from_secrets.items()]
     container = k.V1Container(
         name="pytorch",  # the operator finds the training container by this name
         image=cfg.cluster.image,
         command=["bash", "-c", f"exec {line}"],
-        env=[k.V1EnvVar(name=n, value=v) for n, v in sorted(variables.items())],
+        env=sorted(env, key=lambda e: e.name),
         ports=[k.V1ContainerPort(name="pytorchjob-port", container_port=cfg.cluster.master_port)],
         resources=k.V1ResourceRequirements(limits=limits or None, requests=dict(limits) or None),
         volume_mounts=[
@@ -80,21 +79,21 @@ def render_pytorchjob(cfg: JobConfig, dataset_dir: Path, config_json: Path, tag:
     )
     volumes = [
         k.V1Volume(name="ssd-cache", host_path=k.V1HostPathVolumeSource(
-            path=cache_host_path or cfg.data.cache_dir, type="DirectoryOrCreate")),
+            path=k8s.cache_host_path or cfg.data.cache_dir, type="DirectoryOrCreate")),
         k.V1Volume(name="output", persistent_volume_claim=k.V1PersistentVolumeClaimVolumeSource(
-            claim_name=output_claim)),
+            claim_name=k8s.output_claim)),
         k.V1Volume(name="dshm", empty_dir=k.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
     ]
     labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, tag)[:63]}
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels=labels),
         spec=k.V1PodSpec(containers=[container], volumes=volumes, restart_policy="Never",
-                         service_account_name=service_account),
+                         service_account_name=k8s.service_account),
     )
     rendered = k.ApiClient().sanitize_for_serialization(template)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": rendered}}
-    if nodes > 1:
-        replicas["Worker"] = {"replicas": nodes - 1, "restartPolicy": "Never", "template": rendered}
+    if k8s.nodes > 1:
+        replicas["Worker"] = {"replicas": k8s.nodes - 1, "restartPolicy": "Never", "template": rendered}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "PyTorchJob",
@@ -176,36 +175,27 @@ class KubernetesJob(Job):
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        deadline = time.monotonic() + self.launcher.cancel_timeout_s
+        deadline = time.monotonic() + self.launcher.section.cancel_timeout_s
         while True:
             pods = self.launcher.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={self.name}")
             if not pods.items:
                 break
             if time.monotonic() > deadline:
                 raise RetrainerError(f"PyTorchJob {self.name}: {len(pods.items)} pod(s) still present "
-                                     f"{self.launcher.cancel_timeout_s:.0f}s after delete")
+                                     f"{self.launcher.section.cancel_timeout_s:.0f}s after delete")
             time.sleep(2.0)
         self._done.set()
         self._logs.join(timeout=10)
 
 
 class KubernetesLauncher(Launcher):
-    """Options the config does not carry yet: nodes (default len(cluster.hosts) or 1), GPUs per node
-    (default: ranks per node), cpu/memory limits, the output PVC name, the cache hostPath, the in-image
-    python, extra env, service account, kubeconfig context (in-cluster config is tried first)."""
+    """Creates the PyTorchJob `cluster.kubernetes` describes (kubeconfig context: in-cluster config first)."""
 
     name = "kubernetes"
     poll_interval_s = 5.0
 
-    def __init__(self, *, nodes: int | None = None, gpus_per_node: int | None = None, cpu: str | None = None,
-                 memory: str | None = None, output_claim: str = "retrainer-output",
-                 cache_host_path: str | None = None, python: str = "python", env: dict[str, str] | None = None,
-                 service_account: str | None = None, context: str | None = None,
-                 cancel_timeout_s: float = 300.0) -> None:
-        self.nodes, self.gpus_per_node, self.cpu, self.memory = nodes, gpus_per_node, cpu, memory
-        self.output_claim, self.cache_host_path, self.python = output_claim, cache_host_path, python
-        self.env, self.service_account, self.context = dict(env or {}), service_account, context
-        self.cancel_timeout_s = cancel_timeout_s
+    def __init__(self, section: KubernetesConfig) -> None:
+        self.section = section
         self._custom: Any = None
         self._core: Any = None
 
@@ -215,7 +205,7 @@ class KubernetesLauncher(Launcher):
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config(context=self.context)
+            config.load_kube_config(context=self.section.kube_context)
         self._custom, self._core = client.CustomObjectsApi(), client.CoreV1Api()
 
     @property
@@ -231,13 +221,7 @@ class KubernetesLauncher(Launcher):
         return self._core
 
     def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> dict[str, Any]:
-        nodes = self.nodes or max(1, len(cfg.cluster.hosts))
-        per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // nodes
-        manifest = render_pytorchjob(
-            cfg, dataset_dir, config_json, tag, nodes=nodes,
-            gpus_per_node=per_node if self.gpus_per_node is None else self.gpus_per_node, cpu=self.cpu,
-            memory=self.memory, output_claim=self.output_claim, cache_host_path=self.cache_host_path,
-            python=self.python, env=self.env, service_account=self.service_account)
+        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag)
         validate_manifest(manifest)
         return manifest
 

@@ -16,13 +16,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.config import JobConfig
-from tasks.errors import InvalidInputError, RetrainerError
+from tasks.config import JobConfig, SlurmConfig
+from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_bytes
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
@@ -31,19 +29,17 @@ from tasks.launch.shell import per_node_line
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
-def render_script(cfg: JobConfig, dataset_dir: Path, config_json: Path, *, nodes: int, python: str,
-                  workdir: str | Path, time_limit: str, gpus_per_node: int | None = None,
-                  sbatch_args: Sequence[str] = ()) -> str:
+def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path) -> str:
     """The batch script: one `srun` step, one torchrun per node, node rank and master from Slurm."""
     from tasks.train.launch import torchrun_command
 
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=python)
+    nodes = slurm.nodes
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = Path(cfg.train.output_dir)
     lines = [
@@ -52,16 +48,16 @@ def render_script(cfg: JobConfig, dataset_dir: Path, config_json: Path, *, nodes
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={out}/slurm-%j.out",
-        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --time={slurm.time_limit}",
     ]
     if cfg.cluster.partition:
         lines.append(f"#SBATCH --partition={cfg.cluster.partition}")
-    if gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
-    lines += [f"#SBATCH {arg}" for arg in sbatch_args]
+    if slurm.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={slurm.gpus_per_node}")
+    lines += [f"#SBATCH {arg}" for arg in slurm.sbatch_args]
     lines += [
         "set -euo pipefail",
-        f"cd {shlex.quote(str(workdir))}",
+        f"cd {shlex.quote(slurm.workdir)}",
         'RETRAINER_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "export RETRAINER_MASTER_ADDR",
         'echo "retrainer: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $RETRAINER_MASTER_ADDR"',
@@ -114,33 +110,28 @@ class SlurmJob(Job):
             if state not in ENDED and state != "GONE":
                 log.warning("slurm: scancel %s (state %s)", self.job_id, state)
                 self.launcher.slurm("scancel", self.job_id, check=False)
-            deadline = time.monotonic() + self.launcher.cancel_timeout_s
+            timeout_s = self.launcher.section.cancel_timeout_s
+            deadline = time.monotonic() + timeout_s
             while True:  # ended, and not COMPLETING: every node has reaped the step
                 state, _ = self.state()
                 if state in ENDED or state == "GONE":
                     break
                 if time.monotonic() > deadline:
-                    raise RetrainerError(f"slurm job {self.job_id} still {state} {self.launcher.cancel_timeout_s:.0f}s "
-                                         "after scancel; check the nodes")
+                    raise RetrainerError(f"slurm job {self.job_id} still {state} {timeout_s:.0f}s after scancel; "
+                                         "check the nodes")
                 time.sleep(0.5)
         finally:
             self.tail.stop()
 
 
 class SlurmLauncher(Launcher):
-    """Options the config does not carry yet: node count (default: len(cluster.hosts) or 1), time limit,
-    GPUs per node, extra #SBATCH lines, remote python/workdir, env (also used for the Slurm client calls,
-    e.g. SLURM_CONF)."""
+    """Submits the allocation `cluster.slurm` describes; `env` also reaches the Slurm client calls (SLURM_CONF)."""
 
     name = "slurm"
     poll_interval_s = 1.0
 
-    def __init__(self, *, nodes: int | None = None, time_limit: str = "24:00:00", gpus_per_node: int | None = None,
-                 sbatch_args: Sequence[str] = (), python: str = sys.executable, workdir: str | Path = REPO_ROOT,
-                 env: dict[str, str] | None = None, cancel_timeout_s: float = 180.0) -> None:
-        self.nodes, self.time_limit, self.gpus_per_node = nodes, time_limit, gpus_per_node
-        self.sbatch_args, self.python, self.workdir = list(sbatch_args), python, workdir
-        self.env, self.cancel_timeout_s = dict(env or {}), cancel_timeout_s
+    def __init__(self, section: SlurmConfig, *, env: dict[str, str] | None = None) -> None:
+        self.section, self.env = section, dict(env or {})
 
     def slurm(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=60)
@@ -148,24 +139,15 @@ class SlurmLauncher(Launcher):
             raise RetrainerError(f"{cmd[0]} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
         return done
 
-    def _nodes(self, cfg: JobConfig) -> int:
-        nodes = self.nodes or max(1, len(cfg.cluster.hosts))
-        if nodes < 1:
-            raise InvalidInputError(f"slurm launcher: nodes must be >= 1, got {nodes}")
-        return nodes
-
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        render_script(cfg, dataset_dir, Path("config.json"), nodes=self._nodes(cfg), python=self.python,
-                      workdir=self.workdir, time_limit=self.time_limit)  # validates the node/process split
+        render_script(cfg, self.section, dataset_dir, Path("config.json"))  # validates the node/process split
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
         from tasks.train.launch import worker_env
 
         out = Path(cfg.train.output_dir)
         script = out / "slurm-job.sbatch"
-        atomic_write_bytes(script, render_script(
-            cfg, dataset_dir, config_json, nodes=self._nodes(cfg), python=self.python, workdir=self.workdir,
-            time_limit=self.time_limit, gpus_per_node=self.gpus_per_node, sbatch_args=self.sbatch_args).encode())
+        atomic_write_bytes(script, render_script(cfg, self.section, dataset_dir, config_json).encode())
         env = worker_env({**self.env, TAG_VAR: tag})
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)

@@ -18,12 +18,10 @@ import logging
 import os
 import shlex
 import subprocess
-import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.config import JobConfig
+from tasks.config import JobConfig, SshConfig
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
@@ -32,7 +30,6 @@ from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
 log = logging.getLogger(__name__)
 
 ENV_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "RETRAINER_", "MKL_", "TP_SOCKET_IFNAME")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SshJob(Job):
@@ -71,7 +68,7 @@ class SshJob(Job):
             if proc.stdin and not proc.stdin.closed:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
-        wait_s = 2 * self.launcher.grace_s + 30
+        wait_s = 2 * self.launcher.section.grace_s + 30
         for host, proc in zip(self.hosts, self.procs, strict=True):
             try:
                 proc.wait(timeout=wait_s)
@@ -86,32 +83,26 @@ class SshJob(Job):
 
 
 class SshLauncher(Launcher):
-    """Options the config does not carry yet: ssh port/user/key/extra options, the remote python and
-    working directory (defaults: this interpreter and this repository, the same paths on every node)."""
+    """Reaches every host of `cluster.hosts` as `cluster.ssh` says; `env` adds variables for the ranks."""
 
     name = "ssh"
 
-    def __init__(self, *, hosts: Sequence[str] | None = None, port: int = 22, user: str | None = None,
-                 identity_file: str | None = None, ssh_options: Sequence[str] = (), python: str = sys.executable,
-                 workdir: str | Path = REPO_ROOT, env: dict[str, str] | None = None, grace_s: float = 15.0,
-                 connect_timeout_s: float = 10.0) -> None:
-        self.hosts = list(hosts) if hosts else None
-        self.port, self.user, self.identity_file = port, user, identity_file
-        self.ssh_options, self.python, self.workdir = list(ssh_options), python, str(workdir)
-        self.env, self.grace_s, self.connect_timeout_s = dict(env or {}), grace_s, connect_timeout_s
+    def __init__(self, section: SshConfig, *, env: dict[str, str] | None = None) -> None:
+        self.section, self.env = section, dict(env or {})
 
     def ssh_base(self, host: str) -> list[str]:
-        cmd = ["ssh", "-p", str(self.port), "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-               "-o", f"ConnectTimeout={int(self.connect_timeout_s)}",
+        s = self.section
+        cmd = ["ssh", "-p", str(s.port), "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+               "-o", f"ConnectTimeout={s.connect_timeout_s}",
                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
-        if self.identity_file:
-            cmd += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
-        for opt in self.ssh_options:
+        if s.identity_file:
+            cmd += ["-i", s.identity_file, "-o", "IdentitiesOnly=yes"]
+        for opt in s.ssh_options:
             cmd += ["-o", opt]
-        return [*cmd, f"{self.user}@{host}" if self.user else host]
+        return [*cmd, f"{s.user}@{host}" if s.user else host]
 
     def _hosts(self, cfg: JobConfig) -> list[str]:
-        hosts = self.hosts or list(cfg.cluster.hosts)
+        hosts = list(cfg.cluster.hosts)
         if not hosts:
             raise InvalidInputError("cluster.hosts: the ssh launcher needs at least one host")
         if len(set(hosts)) != len(hosts):
@@ -124,20 +115,21 @@ class SshLauncher(Launcher):
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
         from tasks.train.launch import torchrun_command
 
-        hosts = self._hosts(cfg)
-        torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.python)  # validates split
+        hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
+        torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python)
 
     def remote_command(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
         from tasks.train.launch import torchrun_command, worker_env
 
-        cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank, python=self.python)
+        cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
+                               python=self.section.python)
         env = {k: v for k, v in worker_env(self.env).items() if k.startswith(ENV_PREFIXES) or k in self.env}
         env[TAG_VAR] = node_tag(tag, node_rank)
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
-        agent = [self.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
-                 "--grace", str(self.grace_s), "--"]
-        return (f"cd {shlex.quote(self.workdir)} && exec env {assignments} "
+        agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
+                 "--grace", str(self.section.grace_s), "--"]
+        return (f"cd {shlex.quote(self.section.workdir)} && exec env {assignments} "
                 + " ".join(shlex.quote(a) for a in [*agent, *cmd]))
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
@@ -150,11 +142,11 @@ class SshLauncher(Launcher):
 
     def reap(self, host: str, tag: str) -> bool:
         """Stop any leftover of the launch on `host`; True when the node confirms none is left."""
-        remote = (f"cd {shlex.quote(self.workdir)} && exec {shlex.quote(self.python)} -m tasks.launch.agent reap "
-                  f"--tag {tag} --grace {self.grace_s}")
+        remote = (f"cd {shlex.quote(self.section.workdir)} && exec {shlex.quote(self.section.python)} "
+                  f"-m tasks.launch.agent reap --tag {tag} --grace {self.section.grace_s}")
         try:
             done = subprocess.run([*self.ssh_base(host), remote], stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, timeout=2 * self.grace_s + 60)
+                                  text=True, timeout=2 * self.section.grace_s + 60)
         except subprocess.TimeoutExpired:
             log.error("ssh: reap on %s timed out", host)
             return False

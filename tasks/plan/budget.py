@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
+from tasks.plan.layout import ranks_per_node, validate_layout
 from tasks.plan.shapes import Stage, param_counts, pipeline_stages, total_params
 
 log = logging.getLogger(__name__)
@@ -196,23 +196,10 @@ def _tp_payload(cfg: JobConfig, blocks: int, b: Bytes) -> int:
 def _bandwidth(cfg: JobConfig, span: int) -> float:
     """Bytes/s per GPU for a group spanning `span` consecutive ranks (TP innermost, then DP, then PP)."""
     c = cfg.cluster
-    if span <= c.gpus_per_node:
-        return c.intra_node_gbps * 1e9
-    return c.inter_node_gbps * 1e9 / c.gpus_per_node
-
-
-def validate_layout(cfg: JobConfig, world_size: int | None) -> None:
-    """The layout must match the GPU count; everything else about it JobConfig validated at load."""
-    if world_size is None:
-        return
-    p = cfg.parallel
-    if world_size <= 0:
-        raise InvalidInputError(f"--gpus must be positive, got {world_size}")
-    if p.world_size != world_size:
-        raise InvalidInputError(
-            f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {p.world_size} "
-            f"does not match the GPU count {world_size}"
-        )
+    per_node, _ = ranks_per_node(c)
+    if span <= per_node:
+        return c.intra_node_gbytes_per_s * 1e9
+    return c.inter_node_bytes_per_s / per_node
 
 
 def plan(
@@ -220,16 +207,16 @@ def plan(
     *,
     world_size: int | None = None,
     device: str | None = None,
-    reserve_gb: float = 0.0,
+    reserve_gib: float = 0.0,
     comm_warn_share: float = COMM_WARN_SHARE,
     bubble_warn: float = BUBBLE_WARN,
     attention: Literal["sdpa", "materialized"] = "sdpa",
 ) -> Plan:
     """Budget one launch of `cfg` and say whether it can work.
 
-    world_size: GPU count the layout must match (tp x pp x dp); None trusts the config.
+    world_size: GPU count the layout must match (tp x pp x dp); None: the cluster's nodes x ranks per node.
     device: "cuda"/"gpu" or "cpu" to resolve precision "auto" (None: ask torch).
-    reserve_gb: memory kept back per GPU (CUDA context, allocator slack).
+    reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
     """
     validate_layout(cfg, world_size)
@@ -281,7 +268,7 @@ def plan(
 
     per_stage = [stage_memory(st) for st in stages]
     busiest = max(per_stage, key=lambda s: (s["total"], -s["stage"]))
-    capacity = int(c.gpu_memory_gb * GIB - reserve_gb * GIB)
+    capacity = int((c.gpu_memory_gib - reserve_gib) * GIB)
     mem = Memory(
         weights=busiest["weights"],
         gradients=busiest["gradients"],
@@ -418,8 +405,9 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "activations: Korthikanti et al. 2022 per-layer terms; attention "
         + ("scores materialised" if attention == "materialized" else "by fused SDPA (no s x s tensors kept)"),
         f"compute at {mfu:.0%} MFU of peak; FLOPs = (6N + 12 L s h) per token (+2N with recomputation)",
-        "communication not overlapped with compute (conservative); a group within gpus_per_node uses "
-        "intra_node_gbps, otherwise inter_node_gbps / gpus_per_node",
-        f"capacity {capacity} B = gpu_memory_gb GiB minus reserve; comm buffers = DeepSpeed bucket "
+        "communication not overlapped with compute (conservative); a group within one node (ranks per node: "
+        "nproc_per_node or gpus_per_node) gets intra_node_gbytes_per_s per GPU, otherwise the node's "
+        "inter-node bandwidth (GB/s) / ranks per node",
+        f"capacity {capacity} B = gpu_memory_gib GiB minus reserve; comm buffers = DeepSpeed bucket "
         f"(min({DS_BUCKET_ELEMENTS} elements, params)) + p2p/TP staging",
     ]

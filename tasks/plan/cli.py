@@ -22,7 +22,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("config", help="job config YAML")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--gpus", type=int, help="GPU count the layout must match (tp x pp x dp)")
+    p.add_argument("--gpus", type=int, help="GPU count the layout must match (tp x pp x dp), instead of the "
+                   "cluster's nodes x ranks per node")
     p.add_argument("--search", type=int, metavar="GPUS", help="rank feasible (tp, pp, dp, micro-batch) layouts")
     p.add_argument("--top", type=int, default=10, help="with --search: how many layouts to show")
     p.add_argument("--tp", type=int)
@@ -34,9 +35,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", choices=["cpu", "gpu"], help="resolves precision auto (default: detect)")
     p.add_argument("--attention", choices=["sdpa", "materialized"], default="sdpa",
                    help="activation model: fused SDPA (our model) or materialised s x s scores")
-    p.add_argument("--reserve-gb", type=float, default=0.0, help="memory kept back per GPU")
-    p.add_argument("--serve-concurrency", type=int, default=1, help="serving estimate: concurrent sequences")
-    p.add_argument("--serve-context", type=int, help="serving estimate: tokens per sequence (default seq_len)")
+    p.add_argument("--reserve-gib", type=float, default=0.0, help="memory kept back per GPU")
+    p.add_argument("--serve-concurrency", type=int, help="serving.concurrency override")
+    p.add_argument("--serve-context", type=int, help="serving.context_len override")
+    p.add_argument("--serve-dtype", help="serving.dtype override")
     p.set_defaults(handler=run)
 
 
@@ -44,7 +46,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     pairs = {
         "parallel.tp": args.tp, "parallel.pp": args.pp, "parallel.dp": args.dp,
         "parallel.zero_stage": args.zero, "train.micro_batch_size": args.micro_batch,
-        "parallel.micro_batches": args.micro_batches,
+        "parallel.micro_batches": args.micro_batches, "serving.concurrency": args.serve_concurrency,
+        "serving.context_len": args.serve_context, "serving.dtype": args.serve_dtype,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -52,22 +55,23 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from tasks.errors import InvalidInputError
 
-    if args.reserve_gb < 0:
-        raise InvalidInputError(f"--reserve-gb must be >= 0, got {args.reserve_gb}")
+    if args.reserve_gib < 0:
+        raise InvalidInputError(f"--reserve-gib must be >= 0, got {args.reserve_gib}")
     cfg = load_config(args.config)
     overrides = _overrides(args)
     if overrides:
         cfg = cfg.with_overrides(overrides)
-    serving = serving_estimate(cfg, args.serve_concurrency, args.serve_context)
+    serving = serving_estimate(cfg)
     if args.search is not None:
-        ranked = search(cfg, args.search, device=args.device, reserve_gb=args.reserve_gb, attention=args.attention)
+        ranked = search(cfg, args.search, device=args.device, reserve_gib=args.reserve_gib,
+                        attention=args.attention)
         if args.json:
             print(json.dumps({"gpus": args.search, "plans": [r.to_dict() for r in ranked[: args.top]],
                               "feasible": len(ranked), "serving": serving}, indent=2))
         else:
             print(render_search(ranked[: args.top], args.search, len(ranked)))
         return EXIT_FITS if ranked else EXIT_DOES_NOT_FIT
-    result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gb=args.reserve_gb,
+    result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gib=args.reserve_gib,
                   attention=args.attention)
     if args.json:
         print(json.dumps({**result.to_dict(), "serving": serving}, indent=2))

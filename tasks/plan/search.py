@@ -15,7 +15,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gb: float = 0.0,
+def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gib: float = 0.0,
            include_infeasible: bool = False, attention: str = "sdpa") -> list[Plan]:
     """Every valid layout for `gpus`, keeping the global batch (micro_batch_size x micro_batches x dp).
 
@@ -43,7 +43,7 @@ def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gb: 
                 }
                 try:
                     candidate = cfg.with_overrides(overrides)
-                    result = plan(candidate, world_size=gpus, device=device, reserve_gb=reserve_gb,
+                    result = plan(candidate, world_size=gpus, device=device, reserve_gib=reserve_gib,
                                   attention=attention)  # type: ignore[arg-type]
                 except (ConfigError, InvalidInputError) as exc:
                     log.debug("layout %s refused: %s", overrides, exc)

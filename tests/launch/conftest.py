@@ -48,12 +48,18 @@ class NetnsHosts:
     bridge: str
     sshd: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def launcher_options(self) -> dict[str, object]:
+    def overrides(self) -> dict[str, object]:
+        """The config of an ssh job on these hosts (dotted overrides)."""
         return {
-            "hosts": self.addrs, "user": "root", "identity_file": str(self.key),
-            "ssh_options": ["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null"],
-            "env": {"GLOO_SOCKET_IFNAME": "rt0"},
+            "cluster.launcher": "ssh", "cluster.hosts": self.addrs, "cluster.master_addr": self.addrs[0],
+            "cluster.ssh.user": "root", "cluster.ssh.identity_file": str(self.key),
+            "cluster.ssh.ssh_options": ["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null"],
         }
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The ranks' gloo traffic must use the namespaces' interface."""
+        return {"GLOO_SOCKET_IFNAME": "rt0"}
 
     def pids(self, i: int) -> set[int]:
         """Every process whose network namespace is host i's (its process table, from outside)."""

@@ -18,23 +18,22 @@ from tasks.config import JobConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def spawn_launcher(cfg: JobConfig, dataset_dir: Path, options: dict[str, object], log: Path) -> subprocess.Popen[bytes]:
-    """The launcher in a separate process, as an Airflow task would run it."""
+def spawn_launcher(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The launcher in a separate process, as an Airflow task would run it; `env` adds to its environment."""
     config = Path(cfg.train.output_dir).parent / f"{Path(cfg.train.output_dir).name}.config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(cfg.model_dump(mode="json")))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as fh:
         return subprocess.Popen([sys.executable, "-m", "tasks.launch", "--config", str(config), "--dataset-dir",
-                                 str(dataset_dir), "--options", json.dumps(options)],
-                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+                                 str(dataset_dir)],
+                                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=fh,
+                                stderr=subprocess.STDOUT)
 
 
 @contextmanager
-def launched(cfg: JobConfig, dataset_dir: Path, options: dict[str, object], log: Path
-             ) -> Iterator[subprocess.Popen[bytes]]:
+def launched(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`spawn_launcher`, killed and reaped on the way out if the test left it running."""
-    launcher = spawn_launcher(cfg, dataset_dir, options, log)
+    launcher = spawn_launcher(cfg, dataset_dir, env, log)
     try:
         yield launcher
     finally:

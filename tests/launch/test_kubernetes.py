@@ -20,19 +20,23 @@ from tests.launch.conftest import tiny_config
 
 def k8s_config(tmp_path: Path, **overrides: object) -> JobConfig:
     return tiny_config(tmp_path, {"cluster.launcher": "kubernetes", "cluster.image": "registry.example/retrainer:1",
-                                  "cluster.namespace": "ml-train", "cluster.hosts": ["n0", "n1"],
+                                  "cluster.namespace": "ml-train", "cluster.kubernetes.nodes": 2,
                                   "parallel.dp": 4, **overrides})
 
 
-def render(tmp_path: Path, **options: object) -> dict:
-    cfg = k8s_config(tmp_path)
-    launcher = get_launcher(cfg, **options)
+def render(tmp_path: Path, **overrides: object) -> dict:
+    cfg = k8s_config(tmp_path, **overrides)
+    launcher = get_launcher(cfg)
     assert isinstance(launcher, KubernetesLauncher)
     return launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16)
 
 
+def pod_spec(job: dict, replica: str = "Master") -> dict:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]
+
+
 def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes(tmp_path: Path) -> None:
-    job = render(tmp_path, memory="32Gi", cpu="8")
+    job = render(tmp_path, **{"cluster.kubernetes.memory": "32Gi", "cluster.kubernetes.cpu": "8"})
     jsonschema.Draft7Validator.check_schema(PYTORCHJOB_SCHEMA)
     jsonschema.validate(job, PYTORCHJOB_SCHEMA)
 
@@ -44,7 +48,7 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     (container,) = pod["containers"]
     assert container["name"] == "pytorch" and container["image"] == "registry.example/retrainer:1"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"]}  # plain values only: no secret configured
     assert env["RETRAINER_LAUNCH_ID"] == "ab" * 16 and env["OMP_NUM_THREADS"] == "1"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -60,13 +64,44 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     assert "--master-port=$MASTER_PORT" in words and "tasks.train.worker" in words
 
 
+def test_resources_service_account_and_secret_env_come_from_the_config(tmp_path: Path) -> None:
+    section = {"nodes": 2, "gpus_per_node": 8, "cpu": "16", "memory": "64Gi", "output_claim": "train-out",
+               "cache_host_path": "/mnt/nvme/cache", "python": "/usr/bin/python3", "service_account": "trainer",
+               "env": {"NCCL_DEBUG": "WARN"},
+               "env_from_secrets": {"HF_TOKEN": {"secret": "hf-credentials", "key": "token"}}}
+    job = render(tmp_path, **{"cluster.kubernetes": section})
+    jsonschema.validate(job, PYTORCHJOB_SCHEMA)
+    validate_manifest(job)
+    for replica in ("Master", "Worker"):
+        pod = pod_spec(job, replica)
+        assert pod["serviceAccountName"] == "trainer"
+        (container,) = pod["containers"]
+        quantities = {"nvidia.com/gpu": "8", "cpu": "16", "memory": "64Gi"}
+        assert container["resources"] == {"limits": quantities, "requests": quantities}
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
+        assert env["HF_TOKEN"] == {"name": "HF_TOKEN",
+                                   "valueFrom": {"secretKeyRef": {"name": "hf-credentials", "key": "token"}}}
+        assert shlex.split(container["command"][2])[1] == "/usr/bin/python3"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["ssd-cache"]["hostPath"]["path"] == "/mnt/nvme/cache"
+        assert volumes["output"]["persistentVolumeClaim"]["claimName"] == "train-out"
+
+
+def test_schema_refuses_a_secret_reference_without_its_key(tmp_path: Path) -> None:
+    job = render(tmp_path, **{"cluster.kubernetes.env_from_secrets": {"TOKEN": {"secret": "s", "key": "k"}}})
+    (container,) = pod_spec(job)["containers"]
+    ref = next(e for e in container["env"] if e["name"] == "TOKEN")["valueFrom"]["secretKeyRef"]
+    del ref["key"]
+    with pytest.raises(InvalidInputError, match="secretKeyRef"):
+        validate_manifest(job)
+
+
 def test_single_node_job_has_only_a_master(tmp_path: Path) -> None:
-    cfg = k8s_config(tmp_path, **{"cluster.hosts": []})
-    job = KubernetesLauncher(gpus_per_node=0).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "cd" * 16)
+    job = render(tmp_path, **{"cluster.kubernetes.nodes": 1, "cluster.kubernetes.gpus_per_node": 0})
     validate_manifest(job)
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
-    limits = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]
-    assert limits == {}  # no GPU asked for, no limits rendered
+    assert pod_spec(job)["containers"][0]["resources"] == {}  # no GPU asked for, no limits rendered
 
 
 @pytest.mark.parametrize(("path", "value", "field"), [
@@ -101,4 +136,4 @@ def test_bad_quantity_and_missing_container_name_are_refused(tmp_path: Path) -> 
 def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "kubernetes"})
     with pytest.raises(InvalidInputError, match=r"cluster\.image"):
-        KubernetesLauncher().manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16)
+        get_launcher(cfg).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiproc
 def test_sigterm_to_local_launcher_leaves_no_rank(tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 200}, out="local")
-    with launched(cfg, dataset, {"env": {"RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}, tmp_path / "l.log") as launcher:
+    with launched(cfg, dataset, {"RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, tmp_path / "l.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         running = training_processes(cfg.train.output_dir)
         assert len(running) >= 3  # torchrun + 2 ranks

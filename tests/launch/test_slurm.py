@@ -33,8 +33,9 @@ def job_processes(job_id: str) -> list[int]:
 
 def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
-    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "test"}, out="slurm")
-    summary = get_launcher(cfg, env=slurm_cluster.env, time_limit="00:10:00").run(cfg, dataset)
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "test",
+                                 "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
+    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, dataset)
 
     out = Path(cfg.train.output_dir)
     job_id = (out / "slurm-job-id").read_text().strip()
@@ -49,9 +50,10 @@ def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_p
 
 def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
-    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 200}, out="slurm")
-    options = {"env": {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, "time_limit": "00:10:00"}
-    with launched(cfg, dataset, options, tmp_path / "launcher.log") as launcher:
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 200,
+                                 "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
+    env = {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
+    with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         job_id = (Path(cfg.train.output_dir) / "slurm-job-id").read_text().strip()
         assert len(job_processes(job_id)) >= 2  # torchrun + its rank (at least), really running under Slurm

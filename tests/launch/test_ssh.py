@@ -23,14 +23,13 @@ def is_rank(cmdline: list[str]) -> bool:
 
 
 def ssh_config(tmp_path: Path, hosts: NetnsHosts, out: str, **overrides: object) -> JobConfig:
-    return tiny_config(tmp_path, {"cluster.launcher": "ssh", "cluster.hosts": hosts.addrs,
-                                  "cluster.master_addr": hosts.addrs[0], **overrides}, out=out)
+    return tiny_config(tmp_path, {**hosts.overrides(), **overrides}, out=out)
 
 
 def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     multi_cfg = ssh_config(tmp_path, netns_hosts, "multi", **{"parallel.dp": 4})
-    multi = get_launcher(multi_cfg, **netns_hosts.launcher_options()).run(multi_cfg, dataset)
+    multi = get_launcher(multi_cfg, env=netns_hosts.env).run(multi_cfg, dataset)
 
     single_cfg = tiny_config(tmp_path, {"parallel.dp": 4}, out="single")
     single = get_launcher(single_cfg).run(single_cfg, dataset)
@@ -45,9 +44,8 @@ def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, 
 def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = ssh_config(tmp_path, netns_hosts, "killed", **{"parallel.dp": 2, "train.steps": 200})
-    options = {**netns_hosts.launcher_options(), "env": {"GLOO_SOCKET_IFNAME": "rt0",
-                                                         "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}
-    with launched(cfg, dataset, options, tmp_path / "launcher.log") as launcher:
+    env = {**netns_hosts.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
+    with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         assert netns_hosts.training_pids(0) and netns_hosts.training_pids(1)  # really running on both nodes
         launcher.send_signal(signal.SIGTERM)
@@ -64,9 +62,8 @@ def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHos
 def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = ssh_config(tmp_path, netns_hosts, "hung", **{"parallel.dp": 2, "train.steps": 100,
-                                                       "cluster.hang_timeout_s": 20})
-    options = {**netns_hosts.launcher_options(), "env": {"GLOO_SOCKET_IFNAME": "rt0",
-                                                         "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}}
+                                                       "cluster.hang_timeout_s": 20, "cluster.startup_timeout_s": 300})
+    env = {**netns_hosts.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
     stopped: list[int] = []
 
     def hang_the_rank_on_node_2() -> None:
@@ -79,7 +76,7 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
     thread = threading.Thread(target=hang_the_rank_on_node_2, daemon=True)
     thread.start()
     with pytest.raises(TrainingFailedError, match=r"hung .*last finished step \d+.*cancelled on every node"):
-        get_launcher(cfg, **options).run(cfg, dataset, startup_timeout_s=300)
+        get_launcher(cfg, env=env).run(cfg, dataset)
     thread.join(timeout=10)
     assert stopped, "the rank was never stopped"
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -12,8 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.config import ConfigError, SlurmConfig
 from tasks.errors import InvalidInputError
 from tasks.launch import get_launcher, pool_for
+from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged
 from tasks.launch.slurm import render_script
 from tasks.launch.watch import ProgressWatcher
@@ -84,14 +88,71 @@ def test_missing_dataset_fails_before_any_launch(tmp_path: Path) -> None:
 
 
 def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_slurm(tmp_path: Path) -> None:
-    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "gpu", "parallel.dp": 4})
-    script = render_script(cfg, tmp_path / "ds", tmp_path / "c.json", nodes=2, python="/opt/py", workdir="/srv",
-                           time_limit="02:00:00", gpus_per_node=2)
-    assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=gpu" in script
-    assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --time=02:00:00" in script
-    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "gpu", "parallel.dp": 4,
+                                 "cluster.slurm": {"nodes": 2, "time_limit": "1-02:00", "gpus_per_node": 2,
+                                                   "sbatch_args": ["--account=ml", "--exclusive"],
+                                                   "python": "/opt/py", "workdir": "/srv"}})
+    script = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json")
+    lines = script.splitlines()
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --partition=gpu" in lines
+    assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --time=1-02:00" in lines
+    assert "#SBATCH --account=ml" in lines and "#SBATCH --exclusive" in lines and "cd /srv" in lines
+    srun = next(line for line in lines if line.startswith("srun "))
     assert '--node-rank="$SLURM_NODEID"' in srun and '--master-addr="$RETRAINER_MASTER_ADDR"' in srun
     assert "--nnodes=2" in srun and "--nproc-per-node=2" in srun and "--kill-on-bad-exit=1" in srun
+    assert srun.split("bash -c ")[1].startswith("'/opt/py -m torch.distributed.run")
+    default = render_script(tiny_config(tmp_path), SlurmConfig(), tmp_path / "ds", tmp_path / "c.json")
+    assert "#SBATCH --time=24:00:00" in default and "--gpus-per-node" not in default  # CPU partitions ask none
+
+
+def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "ssh", "cluster.hosts": ["10.0.0.1", "10.0.0.2"],
+                                 "cluster.master_addr": "10.0.0.1", "parallel.dp": 2,
+                                 "cluster.ssh": {"user": "ml", "port": 2222, "identity_file": "/keys/id",
+                                                 "ssh_options": ["ProxyJump=bastion"], "connect_timeout_s": 7,
+                                                 "python": "/opt/py", "workdir": "/srv/retrainer", "grace_s": 4}})
+    launcher = get_launcher(cfg, env={"NCCL_IB_HCA": "mlx5"})
+    cmd = launcher.ssh_base("10.0.0.2")
+    pairs = {cmd[i + 1] for i, word in enumerate(cmd) if word == "-o"}
+    assert cmd[:3] == ["ssh", "-p", "2222"] and cmd[-1] == "ml@10.0.0.2"
+    assert {"ConnectTimeout=7", "ProxyJump=bastion", "IdentitiesOnly=yes", "BatchMode=yes"} <= pairs
+    assert cmd[cmd.index("-i") + 1] == "/keys/id"
+    remote = launcher.remote_command(cfg, tmp_path / "ds", tmp_path / "c.json", "ab" * 16, 2, 1)
+    words = shlex.split(remote)
+    assert words[:2] == ["cd", "/srv/retrainer"] and "NCCL_IB_HCA=mlx5" in words
+    agent = words.index("tasks.launch.agent")
+    assert words[agent - 2 : agent] == ["/opt/py", "-m"] and words[words.index("--grace") + 1] == "4.0"
+    assert "--node-rank=1" in words and "--nproc-per-node=1" in words
+
+
+@pytest.mark.parametrize(("section", "values", "field"), [
+    ("slurm", {"time_limit": "2 hours"}, "cluster.slurm.time_limit"),
+    ("slurm", {"time_limit": "1:75:00"}, "cluster.slurm.time_limit"),
+    ("slurm", {"sbatch_args": ["account=ml"]}, "cluster.slurm.sbatch_args"),
+    ("slurm", {"nodes": 0}, "cluster.slurm.nodes"),
+    ("ssh", {"port": 0}, "cluster.ssh.port"),
+    ("ssh", {"port": 65536}, "cluster.ssh.port"),
+    ("ssh", {"user": "-oProxyCommand=x"}, "cluster.ssh.user"),
+    ("ssh", {"ssh_options": ["-v"]}, "cluster.ssh.ssh_options"),
+    ("ssh", {"workdir": "relative/dir"}, "cluster.ssh.workdir"),
+    ("kubernetes", {"cpu": "eight"}, "cluster.kubernetes.cpu"),
+    ("kubernetes", {"memory": "64GB"}, "cluster.kubernetes.memory"),
+    ("kubernetes", {"env_from_secrets": {"TOKEN": {"secret": "Bad_Name", "key": "k"}}},
+     "cluster.kubernetes.env_from_secrets.TOKEN.secret"),
+    ("kubernetes", {"env": {"A": "1"}, "env_from_secrets": {"A": {"secret": "s", "key": "k"}}},
+     "cluster.kubernetes.env and env_from_secrets both set ['A']"),
+    ("kubernetes", {"service_account": "Trainer"}, "cluster.kubernetes.service_account"),
+    ("kubernetes", {"replicas": 2}, "cluster.kubernetes.replicas"),
+])
+def test_engine_sections_are_validated_at_load_naming_the_field(tmp_path: Path, section: str, values: dict,
+                                                               field: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        tiny_config(tmp_path, {f"cluster.{section}": values})
+
+
+def test_a_section_of_another_engine_is_carried_but_unused(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, {"cluster.slurm.time_limit": "00:30:00", "cluster.kubernetes.cpu": "4"})
+    assert isinstance(get_launcher(cfg), LocalLauncher) and cfg.cluster.slurm.time_limit == "00:30:00"
 
 
 def test_pool_is_per_cluster_and_sized_in_ranks(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from tasks.config import JobConfig
 
 
 def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None,
-                train: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None) -> JobConfig:
+                train: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None,
+                serving: dict[str, Any] | None = None) -> JobConfig:
     return JobConfig.model_validate({
         "name": "plan-test",
         "model": model or {},
@@ -18,6 +19,7 @@ def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | 
         "parallel": parallel or {},
         "train": {"output_dir": "/nonexistent/out", **(train or {})},
         "cluster": cluster or {},
+        "serving": serving or {},
         "publish": {"registry_url": "sqlite://", "store_url": "/nonexistent/store", "model_name": "m"},
     })
 

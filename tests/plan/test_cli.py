@@ -43,7 +43,7 @@ def test_json_output_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
 def test_does_not_fit_exits_3_naming_the_term(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _write(tmp_path, model={"vocab_size": 50304, "seq_len": 2048, "n_layers": 32, "d_model": 4096,
                                   "n_heads": 32, "n_kv_heads": 32, "d_ff": 16384},
-                 cluster={"gpu_memory_gb": 24}, parallel={"dp": 1})
+                 cluster={"gpu_memory_gib": 24}, parallel={"dp": 1})
     assert main([str(cfg), "--device", "gpu"]) == 3
     captured = capsys.readouterr()
     assert "DOES NOT FIT" in captured.out and "does not fit" in captured.err
@@ -54,7 +54,7 @@ def test_search_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     doc = json.loads(capsys.readouterr().out)
     assert doc["feasible"] > 0 and all(p["fits"] for p in doc["plans"])
     huge = _write(tmp_path, model={"vocab_size": 50304, "seq_len": 2048, "n_layers": 8, "d_model": 8192,
-                                   "n_heads": 64, "n_kv_heads": 64}, cluster={"gpu_memory_gb": 1})
+                                   "n_heads": 64, "n_kv_heads": 64}, cluster={"gpu_memory_gib": 1})
     assert main([str(huge), "--search", "2", "--device", "gpu"]) == 3
 
 
@@ -67,8 +67,10 @@ def test_search_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--dp", "-1"], {}, "parallel.dp"),
         (["--micro-batch", "0"], {}, "train.micro_batch_size"),
         ([], {"model": {"d_model": -64}}, "model.d_model"),
-        ([], {"cluster": {"gpu_memory_gb": -1}}, "cluster.gpu_memory_gb"),
-        (["--serve-context", "-5"], {}, "serving context"),
+        ([], {"cluster": {"gpu_memory_gib": -1}}, "cluster.gpu_memory_gib"),
+        (["--serve-context", "-5"], {}, "serving.context_len"),
+        (["--serve-dtype", "fp8"], {}, "serving.dtype"),
+        ([], {"serving": {"concurrency": 0}}, "serving.concurrency"),
         (["--search", "0"], {}, "--search"),
     ],
 )
@@ -78,6 +80,72 @@ def test_invalid_input_exits_2_with_the_reason(
     cfg = _write(tmp_path, **sections)
     assert main([str(cfg), "--device", "cpu", *args]) == 2
     assert reason in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("gpu_memory_gb", "cluster.gpu_memory_gib (GiB per GPU)"),
+    ("intra_node_gbps", "cluster.intra_node_gbytes_per_s (GB/s per GPU inside a node)"),
+    ("inter_node_gbps", "cluster.inter_node_gbytes_per_s (GB/s per node between nodes), or inter_node_gbits_per_s"),
+])
+def test_old_unit_names_are_refused_with_the_new_name(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      old: str, new: str) -> None:
+    assert main([str(_write(tmp_path, cluster={old: 10}))]) == 2
+    assert f"cluster.{old} was renamed to {new}" in capsys.readouterr().err
+
+
+def test_inter_node_bandwidth_takes_one_unit_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    both = _write(tmp_path, cluster={"inter_node_gbytes_per_s": 50, "inter_node_gbits_per_s": 400})
+    assert main([str(both)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.inter_node_gbytes_per_s" in err and "cluster.inter_node_gbits_per_s" in err
+
+
+def test_serving_section_sizes_the_estimate_and_flags_override_it(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _write(tmp_path, serving={"concurrency": 3, "context_len": 32, "dtype": "fp32"})
+    assert main([str(cfg), "--json", "--device", "cpu"]) == 0
+    serving = json.loads(capsys.readouterr().out)["serving"]
+    # KV per token: 4 layers x 4 kv heads x 16 head dim x 2 (K, V) x 4 B (fp32) = 2048
+    assert (serving["concurrency"], serving["context"], serving["dtype"]) == (3, 32, "fp32")
+    assert serving["kv_cache_bytes"] == 2048 * 3 * 32 and serving["weights_bytes"] == 4 * 236928
+    assert main([str(cfg), "--json", "--device", "cpu", "--serve-concurrency", "5", "--serve-dtype", "bf16"]) == 0
+    serving = json.loads(capsys.readouterr().out)["serving"]
+    assert (serving["concurrency"], serving["context"], serving["dtype"]) == (5, 32, "bf16")
+
+
+TWO_SSH_HOSTS = {"launcher": "ssh", "hosts": ["10.0.0.1", "10.0.0.2"], "master_addr": "10.0.0.1"}
+
+
+@pytest.mark.parametrize(("cluster", "parallel", "reason"), [
+    (TWO_SSH_HOSTS, {"dp": 8}, "parallel.tp x pp x dp = 8 but cluster.hosts (2) x cluster.gpus_per_node (8) = 16"),
+    ({"launcher": "slurm", "slurm": {"nodes": 4}, "nproc_per_node": 2}, {"dp": 4},
+     "parallel.tp x pp x dp = 4 but cluster.slurm.nodes (4) x cluster.nproc_per_node (2) = 8"),
+    ({"launcher": "kubernetes", "kubernetes": {"nodes": 3}, "gpus_per_node": 1}, {"dp": 2},
+     "parallel.tp x pp x dp = 2 but cluster.kubernetes.nodes (3) x cluster.gpus_per_node (1) = 3"),
+    ({"gpus_per_node": 1}, {"dp": 2}, "parallel.tp x pp x dp = 2 but cluster.launcher local runs 1 node of at most "
+                                      "cluster.gpus_per_node (1) ranks"),
+    ({"nproc_per_node": 4}, {"dp": 2}, "parallel.tp x pp x dp = 2 but cluster.launcher local (1 node) x "
+                                       "cluster.nproc_per_node (4) = 4"),
+    ({"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 2}, {"tp": 4, "dp": 1},
+     "parallel.tp (4) must fit inside one node: it must divide cluster.gpus_per_node (2)"),
+])
+def test_layout_that_the_cluster_cannot_run_exits_2_naming_the_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict, parallel: dict, reason: str
+) -> None:
+    assert main([str(_write(tmp_path, cluster=cluster, parallel=parallel)), "--device", "gpu"]) == 2
+    assert reason in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("cluster", "parallel"), [
+    (TWO_SSH_HOSTS, {"dp": 16}),
+    ({**TWO_SSH_HOSTS, "nproc_per_node": 2}, {"dp": 4}),
+    ({"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 2}, {"tp": 2, "dp": 2}),
+    ({"launcher": "kubernetes", "kubernetes": {"nodes": 2}, "gpus_per_node": 4}, {"tp": 4, "dp": 2}),
+    ({}, {"dp": 8}),  # local: up to gpus_per_node ranks on this machine
+])
+def test_layout_that_fills_the_cluster_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict,
+                                             parallel: dict) -> None:
+    assert main([str(_write(tmp_path, cluster=cluster, parallel=parallel)), "--device", "gpu"]) == 0
 
 
 def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,7 +100,7 @@ def test_step_comm_flops_and_bubble_by_hand() -> None:
         model=DEMO, parallel={"tp": 2, "pp": 2, "dp": 2, "zero_stage": 0, "micro_batches": 6},
         # grad_clip 0: JobConfig refuses tp > 1 with ZeRO-0 and clipping (DeepSpeed clips wrongly there).
         train={"precision": "bf16", "micro_batch_size": 2, "grad_clip": 0.0},
-        cluster={"gpus_per_node": 8, "intra_node_gbps": 100, "peak_tflops": 100, "assumed_mfu": 0.5},
+        cluster={"gpus_per_node": 8, "intra_node_gbytes_per_s": 100, "peak_tflops": 100, "assumed_mfu": 0.5},
     )
     r = plan(cfg)
     st = r.step
@@ -129,17 +129,22 @@ def test_step_comm_flops_and_bubble_by_hand() -> None:
 
 def test_inter_node_links_slow_the_dp_reduction() -> None:
     base = {"model": DEMO, "parallel": {"dp": 16}, "train": {"precision": "bf16"}}
-    inside = plan(make_config(**base, cluster={"gpus_per_node": 16, "intra_node_gbps": 400}))
-    across = plan(make_config(**base, cluster={"gpus_per_node": 8, "inter_node_gbps": 50}))
+    inside = plan(make_config(**base, cluster={"gpus_per_node": 16, "intra_node_gbytes_per_s": 400}))
+    two_nodes = {"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 8}
+    across = plan(make_config(**base, cluster={**two_nodes, "inter_node_gbytes_per_s": 50}))
     # across nodes each GPU gets 50/8 GB/s instead of 400: 64x slower
     assert across.step.dp_comm_s == pytest.approx(inside.step.dp_comm_s * 64)
+    # A 10 Gbit/s NIC is 1.25 GB/s per node: 40x slower than 50 GB/s, not "10 GB/s".
+    nic = plan(make_config(**base, cluster={**two_nodes, "inter_node_gbits_per_s": 10}))
+    assert nic.step.dp_comm_s == pytest.approx(across.step.dp_comm_s * 40)
+    assert make_config(cluster={"inter_node_gbits_per_s": 10}).cluster.inter_node_bytes_per_s == 1.25e9
 
 
 def test_does_not_fit_names_the_term_and_the_overflow() -> None:
     # 1.5B-ish model, bf16, one 16 GiB GPU: 12 B/param optimizer alone overflows
     big = {"vocab_size": 50304, "seq_len": 1024, "n_layers": 24, "d_model": 2048, "n_heads": 16}
     r = plan(make_config(model=big, train={"precision": "bf16", "micro_batch_size": 1},
-                         cluster={"gpu_memory_gb": 16}))
+                         cluster={"gpu_memory_gib": 16}))
     assert not r.fits and r.verdict == "does_not_fit"
     assert r.overflow is not None and r.overflow["term"] == "optimizer_states"
     assert r.overflow["by_bytes"] == r.memory.total - 16 * 1024**3 > 0
@@ -155,7 +160,7 @@ def test_warnings_for_bubble_and_communication() -> None:
 def test_search_ranks_only_feasible_layouts_that_keep_the_global_batch() -> None:
     big = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16}
     cfg = make_config(model=big, parallel={"dp": 1, "zero_stage": 1, "micro_batches": 8},
-                      train={"precision": "bf16", "micro_batch_size": 1}, cluster={"gpu_memory_gb": 16})
+                      train={"precision": "bf16", "micro_batch_size": 1}, cluster={"gpu_memory_gib": 16})
     assert not plan(cfg).fits
     ranked = search(cfg, 8)
     assert ranked and all(r.fits for r in ranked)
@@ -168,12 +173,14 @@ def test_search_ranks_only_feasible_layouts_that_keep_the_global_batch() -> None
 
 
 def test_serving_estimate_by_hand() -> None:
-    cfg = make_config(model={**DEMO, "n_kv_heads": 2})
-    est = serving_estimate(cfg, concurrency=8, context=1000)
+    cfg = make_config(model={**DEMO, "n_kv_heads": 2}, serving={"concurrency": 8, "context_len": 1000})
+    est = serving_estimate(cfg)
     # KV per token: 4 layers x 2 kv heads x 16 hd x 2 (K, V) x 2 B = 512
     assert est["kv_cache_bytes_per_token"] == 512
     assert est["kv_cache_bytes"] == 512 * 8 * 1000
     n = total_params(cfg.model)
     assert est["weights_bytes"] == 2 * n
     assert est["serving_bytes"] == 2 * n + 4_096_000
-    assert math.isclose(serving_estimate(cfg, 1, dtype="fp32")["kv_cache_bytes_per_token"], 1024)
+    fp32 = cfg.with_overrides({"serving.dtype": "fp32", "serving.context_len": None})
+    assert math.isclose(serving_estimate(fp32)["kv_cache_bytes_per_token"], 1024)
+    assert serving_estimate(fp32)["context"] == 64  # model.seq_len by default
