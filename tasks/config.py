@@ -28,8 +28,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RopeScaling(_Strict):
+    """Llama-3 rotary frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bands(self) -> RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"model.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                             f"model.rope_scaling.low_freq_factor ({self.low_freq_factor})")
+        return self
+
+
 class ModelConfig(_Strict):
-    """GPT-style decoder sizes."""
+    """Decoder sizes; `family` picks the architecture (tasks.models). Llama-only fields are ignored by gpt."""
 
     vocab_size: int = Field(256, gt=0)
     seq_len: int = Field(64, gt=0)
@@ -39,6 +56,13 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    family: Literal["gpt", "llama"] = "gpt"
+    # Llama family only (gpt ignores them).
+    rope_theta: float = Field(10000.0, gt=0)
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = Field(1e-5, gt=0)
+    tie_embeddings: bool = False
+    qkv_bias: bool = Field(False, description="bias on q/k/v projections (Qwen2-style)")
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:
@@ -46,6 +70,13 @@ class ModelConfig(_Strict):
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+        if self.family == "llama":
+            if self.dropout:
+                raise ValueError(f"model.dropout ({self.dropout}) must be 0 for model.family 'llama' "
+                                 "(Llama has no dropout layers)")
+            if self.head_dim % 2:
+                raise ValueError(f"model.d_model / model.n_heads ({self.head_dim}) must be even for rotary "
+                                 "embeddings (model.family 'llama')")
         return self
 
     @property

@@ -20,50 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.config import ModelConfig
+from tasks.models.parallel import CopyToTP as _CopyToTP
+from tasks.models.parallel import TPGroup
+from tasks.models.parallel import row_parallel as _row_parallel
 
 INIT_STD = 0.02
 # Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
 EMBED, HEAD = "embed", "head"
-
-
-class TPGroup:
-    """The tensor-parallel slice of the pipeline grid (size 1 = no TP, no collectives)."""
-
-    def __init__(self, group: object | None = None, rank: int = 0, size: int = 1) -> None:
-        self.group, self.rank, self.size = group, rank, size
-
-
-class _CopyToTP(torch.autograd.Function):
-    """Identity forward, all-reduce of the gradient backward (input of a column-parallel linear)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
-        ctx.tp = tp
-        return x
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return _all_reduce(grad, ctx.tp), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """All-reduce forward, identity backward (output of a row-parallel linear)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
-        return _all_reduce(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad, None
-
-
-def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    from deepspeed import comm as dist  # timed by DeepSpeed's comms logger (telemetry)
-
-    x = x.contiguous().clone()
-    dist.all_reduce(x, group=tp.group)
-    return x
 
 
 def _gen(seed: int, layer: int) -> torch.Generator:
@@ -145,14 +108,6 @@ class Attention(nn.Module):
         )
         y = y.transpose(1, 2).reshape(b, t, self.nq * self.hd)
         return _row_parallel(y, self.out, self.tp)
-
-
-def _row_parallel(x: torch.Tensor, lin: nn.Linear, tp: TPGroup) -> torch.Tensor:
-    """Local matmul, all-reduce across TP, then the (unsharded) bias."""
-    y = F.linear(x, lin.weight)
-    if tp.size > 1:
-        y = _ReduceFromTP.apply(y, tp)
-    return y + lin.bias
 
 
 class MLP(nn.Module):

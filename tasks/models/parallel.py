@@ -1,0 +1,161 @@
+"""Megatron-style tensor-parallel pieces shared by every model family.
+
+Why here: each family (GPT, Llama, ...) shards its linears the same way, and the
+collectives must run on the pipeline grid's model-parallel group
+(`PipelineParallelGrid.get_slice_parallel_group()`), not on DeepSpeed AutoTP
+(which crashes inside a PipelineModule). With `tp.size == 1` every piece is the
+plain op and issues no collective.
+
+Vocabulary parallelism: the embedding table and the LM head are split by vocab
+rows, and the cross entropy is computed from the local logit slices, so no rank
+ever holds full-vocab logits.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.errors import ConfigError
+
+
+class TPGroup:
+    """The tensor-parallel slice of the pipeline grid (size 1 = no TP, no collectives)."""
+
+    def __init__(self, group: object | None = None, rank: int = 0, size: int = 1) -> None:
+        self.group, self.rank, self.size = group, rank, size
+
+
+def all_reduce(x: torch.Tensor, tp: TPGroup, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
+    """All-reduce a copy of `x` over the TP group (the input is left untouched)."""
+    from deepspeed import comm as dist  # timed by DeepSpeed's comms logger (telemetry)
+
+    x = x.contiguous().clone()
+    dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=tp.group)
+    return x
+
+
+class CopyToTP(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient backward (input of a column-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
+        ctx.tp = tp
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return all_reduce(grad, ctx.tp), None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward, identity backward (output of a row-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
+        return all_reduce(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return CopyToTP.apply(x, tp) if tp.size > 1 else x
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return ReduceFromTP.apply(x, tp) if tp.size > 1 else x
+
+
+def row_parallel(x: torch.Tensor, lin: nn.Linear, tp: TPGroup) -> torch.Tensor:
+    """Local matmul, all-reduce across TP, then the (unsharded) bias if the linear has one."""
+    y = reduce_from_tp(F.linear(x, lin.weight), tp)
+    return y if lin.bias is None else y + lin.bias
+
+
+def shard_range(size: int, tp_rank: int, tp_size: int, field: str) -> tuple[int, int]:
+    """[start, end) of a dimension of `size` that a TP rank holds; `field` names it in the error."""
+    if size % tp_size:
+        raise ConfigError(f"{field} ({size}) must be divisible by parallel.tp ({tp_size})")
+    per = size // tp_size
+    return tp_rank * per, (tp_rank + 1) * per
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocab rows: ids outside this rank's rows give zeros, then a TP all-reduce."""
+
+    def __init__(self, vocab_size: int, dim: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, self.end = shard_range(vocab_size, tp.rank, tp.size, "model.vocab_size")
+        self.weight = nn.Parameter(torch.empty(self.end - self.start, dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        outside = (ids < self.start) | (ids >= self.end)
+        local = (ids - self.start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.tp)
+
+
+def vocab_parallel_logits(x: torch.Tensor, weight: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """LM head, column-parallel over the vocab: local logits [b, s, vocab/tp] from a [vocab/tp, d] weight."""
+    return F.linear(copy_to_tp(x, tp), weight)
+
+
+class VocabParallelHead(nn.Module):
+    """An untied LM head (no bias) holding this rank's vocab rows."""
+
+    def __init__(self, dim: int, vocab_size: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        start, end = shard_range(vocab_size, tp.rank, tp.size, "model.vocab_size")
+        self.weight = nn.Parameter(torch.empty(end - start, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_logits(x, self.weight, self.tp)
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Per-token cross entropy from vocab-sharded logits [n, vocab/tp] (Megatron's vocab-parallel CE).
+
+    Forward: global max (all-reduce MAX), then one all-reduce SUM of (sum of exp, target logit).
+    Backward: softmax minus one-hot on this rank's slice, no communication.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:  # type: ignore[override]
+        ctx.dtype = logits.dtype
+        logits = logits.float()
+        per = logits.shape[-1]
+        start = tp.rank * per
+        logits = logits - all_reduce(logits.max(dim=-1).values, tp, op="max").unsqueeze(-1)
+        local = labels - start
+        outside = (local < 0) | (local >= per)
+        local = local.masked_fill(outside, 0)
+        target = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = logits.exp()
+        sums = all_reduce(torch.stack([exp.sum(dim=-1), target]), tp)
+        sum_exp, target = sums[0], sums[1]
+        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, outside)
+        return sum_exp.log() - target
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        softmax, local, outside = ctx.saved_tensors
+        hit = (~outside).to(softmax.dtype).unsqueeze(-1)
+        grad_logits = softmax.scatter_add(-1, local.unsqueeze(-1), -hit) * grad.unsqueeze(-1)
+        return grad_logits.to(ctx.dtype), None, None
+
+
+def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Mean next-token cross entropy in fp32 over the whole vocab, from each rank's logit slice."""
+    flat = local_logits.reshape(-1, local_logits.shape[-1])
+    if tp.size == 1:
+        return F.cross_entropy(flat.float(), labels.reshape(-1))
+    return _VocabParallelCE.apply(flat, labels.reshape(-1), tp).mean()

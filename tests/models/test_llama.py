@@ -1,0 +1,172 @@
+"""The Llama family against transformers: same logits, same names, same counts; bad configs named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from tasks.config import ModelConfig
+from tasks.errors import ConfigError, InvalidInputError
+from tasks.models import get_family, llama
+from tasks.models.parallel import TPGroup
+
+SIZES = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=512, max_position_embeddings=128, rms_norm_eps=1e-5)
+# original_max_position_embeddings=64 puts head_dim 16's frequencies in all three llama3 bands.
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a copy)
+    "llama3-untied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=500000.0, rope_scaling=dict(LLAMA3))),
+    "llama-tied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=10000.0, tie_word_embeddings=True)),
+    "qwen2-qkv-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SIZES, rope_theta=1e6)),
+}
+
+
+def _hf_model(variant: str) -> torch.nn.Module:
+    """A transformers model with every tensor random (norms and biases too, so each one is exercised)."""
+    torch.manual_seed(0)
+    hf = VARIANTS[variant]().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    return hf
+
+
+def _config_json(hf: torch.nn.Module) -> dict:
+    """What `save_pretrained` writes as config.json."""
+    return {**json.loads(hf.config.to_json_string()), "architectures": [type(hf).__name__]}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) -> None:
+    hf = _hf_model(variant)
+    m = ModelConfig(**llama.model_fields_from_hf(_config_json(hf)))
+    assert m.tie_embeddings == (variant == "llama-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
+    hf_state = hf.state_dict()
+    if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
+        assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()
+        del hf_state["lm_head.weight"]
+    assert {n: tuple(t.shape) for n, t in hf_state.items()} == {llama.hf_name(n): s for n, s in
+                                                                  llama.full_shapes(m).items()}
+
+    reference = llama.Reference(m, seed=1).eval()
+    reference.load_state_dict({llama.ref_name(n): t for n, t in hf_state.items()}, strict=True)
+    tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        torch.testing.assert_close(reference(tokens), expected, rtol=0, atol=1e-5)
+
+    # Out again: our config.json loads in transformers as the right class and our weights give the same logits.
+    exported = llama.hf_config(m, torch_dtype="float32")
+    (tmp_path / "config.json").write_text(json.dumps(exported))
+    back = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32).eval()
+    assert type(back) is type(hf)
+    back.load_state_dict({llama.hf_name(n): t for n, t in reference.state_dict().items()}, strict=not m.tie_embeddings)
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens).logits, expected, rtol=0, atol=1e-5)
+    assert ModelConfig(**llama.model_fields_from_hf(exported)) == m
+    assert ModelConfig(**llama.model_fields_from_hf(json.loads(back.config.to_json_string())
+                                                    | {"architectures": exported["architectures"]})) == m
+
+
+def test_rope_scaling_parameters_reach_the_frequencies() -> None:
+    m = ModelConfig(family="llama", d_model=64, n_heads=4, rope_theta=500000.0, rope_scaling=LLAMA3)
+    plain = llama.inv_freq(m.model_copy(update={"rope_scaling": None}))
+    scaled = llama.inv_freq(m)
+    assert torch.equal(scaled[:1], plain[:1])  # high frequencies untouched
+    torch.testing.assert_close(scaled[-1], plain[-1] / 8.0)  # low frequencies divided by factor
+    assert ((scaled < plain) & (scaled > plain / 8.0)).any()  # a smoothed middle band
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_counts_equal_the_real_modules(tied: bool) -> None:
+    m = ModelConfig(family="llama", vocab_size=512, n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
+                    tie_embeddings=tied, qkv_bias=not tied)
+    numel = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    reference = llama.Reference(m, seed=0)
+    hf_cls = Qwen2ForCausalLM if m.qkv_bias else LlamaForCausalLM
+    hf_config_cls = Qwen2Config if m.qkv_bias else LlamaConfig
+    hf = hf_cls(hf_config_cls(**llama.hf_config(m, torch_dtype="float32")))
+    assert llama.total_params(m) == numel(reference) == numel(hf)
+    c = llama.param_counts(m, 1)  # pp=1: a tied head's matrix is the embedding itself, one tensor
+    assert numel(reference) == c.embedding + m.n_layers * c.block + c.head - (c.embedding if tied else 0)
+    for tp in (1, 2):
+        for rank in range(tp):
+            group = TPGroup(None, rank, tp)
+            embed, head = llama.Embedding(m, 0, group), llama.Head(m, 0, group)
+            counts = llama.param_counts(m, tp)
+            assert counts.embedding == numel(embed)
+            assert counts.block == numel(llama.TransformerBlock(m, 2, 0, group))
+            # Tied: the last stage holds its own copy of the embedding (DeepSpeed's tied module).
+            assert counts.head == numel(head) + (numel(embed) if tied else 0)
+    # N: no embedding lookup, but the LM-head matmul (for a tied model: the one shared matrix) counts.
+    matmul_params = llama.total_params(m) - (0 if tied else m.vocab_size * m.d_model)
+    assert llama.flops_per_token(m) == 6 * matmul_params + 12 * m.n_layers * m.seq_len * m.d_model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_tp_slices_reassemble_to_the_reference(tied: bool) -> None:
+    m = ModelConfig(family="llama", vocab_size=256, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                    tie_embeddings=tied, qkv_bias=True)
+    full = llama.Reference(m, seed=3).state_dict()
+    shards = [llama.Reference(m, seed=3, tp=TPGroup(None, r, 2)).state_dict() for r in range(2)]
+    assert set(full) == set(llama.full_shapes(m)) == set(shards[0])
+    for name, tensor in full.items():
+        pieces = [s[name] for s in shards]
+        assert torch.equal(llama.unshard(m, name, pieces), tensor), name
+        spec = llama.shard_spec(m, name, 1, 2)
+        if spec is None:
+            assert name.endswith("norm.weight") and torch.equal(pieces[0], tensor)
+        else:
+            assert torch.equal(pieces[1], tensor.index_select(*spec))
+    assert llama.shard_spec(m, "embed.tok.weight", 1, 2)[1].tolist() == list(range(128, 256))
+
+
+def test_names_map_both_ways() -> None:
+    assert llama.hf_name("blocks.3.attn.q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert llama.ref_name("model.layers.3.self_attn.q_proj.weight") == "blocks.3.attn.q.weight"
+    assert llama.hf_name("head.out.weight") == "lm_head.weight"
+    assert llama.ref_name("model.norm.weight") == "head.norm.weight"
+    with pytest.raises(ValueError, match="rotary_emb"):
+        llama.ref_name("model.layers.0.self_attn.rotary_emb.inv_freq")
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.weight"):
+        llama.hf_name("blocks.0.attn.qkv.weight")
+
+
+def test_families_by_name() -> None:
+    assert get_family("llama") is llama
+    assert get_family("gpt").__name__ == "tasks.train.model"
+    with pytest.raises(ValueError, match=r"model\.family 'bert'"):
+        get_family("bert")
+
+
+def test_bad_configs_name_the_field() -> None:
+    with pytest.raises(ValidationError, match=r"model\.dropout"):
+        ModelConfig(family="llama", dropout=0.1)
+    ModelConfig(dropout=0.1, tie_embeddings=True, rope_theta=5.0)  # gpt ignores the llama-only fields
+    with pytest.raises(ValidationError, match=r"model\.rope_scaling\.high_freq_factor"):
+        ModelConfig(family="llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5})
+    m = ModelConfig(family="llama", vocab_size=250)
+    with pytest.raises(ConfigError, match=r"model\.vocab_size \(250\) must be divisible by parallel\.tp \(4\)"):
+        llama.Embedding(m, 0, TPGroup(None, 0, 4))
+    with pytest.raises(ConfigError, match=r"model\.vocab_size"):
+        llama.param_counts(m, 4)
+
+    good = _config_json(_hf_model("llama3-untied"))
+    cases = {
+        "architectures": {"architectures": ["GPT2LMHeadModel"]},
+        "attention_bias": {"attention_bias": True},
+        "hidden_act": {"hidden_act": "gelu"},
+        "head_dim": {"head_dim": 32},
+        "rope_scaling.rope_type": {"rope_parameters": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        "hidden_size": {"hidden_size": None},
+    }
+    for key, change in cases.items():
+        bad = {k: v for k, v in {**good, **change}.items() if v is not None}
+        with pytest.raises(InvalidInputError, match=rf"config\.json.*{key}"):
+            llama.model_fields_from_hf(bad)

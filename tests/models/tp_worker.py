@@ -1,0 +1,96 @@
+"""torchrun worker (2 gloo ranks): the Llama pipeline layers at tp=2 against the tp=1 Reference.
+
+Launched by tests/models/test_llama_tp.py. Each rank builds the layers through
+`pipeline_layers` inside a one-stage PipelineModule (how the trainer builds
+them; no engine), runs one forward and backward, and writes `<out>/rank<R>.json`
+with what it holds and how far it is from the Reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+
+from tasks.config import ModelConfig
+from tasks.models import llama
+from tasks.models.parallel import TPGroup
+from tasks.train.model import local_named_params
+
+SEED = 5
+# Untied with llama3 rope scaling and the qkv bias; tied with plain rope.
+CONFIGS = {
+    "untied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                   d_ff=128, rope_theta=500000.0, qkv_bias=True,
+                   rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64}),
+    "tied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                 d_ff=128, tie_embeddings=True),
+}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
+    from deepspeed.pipe import PipelineModule
+
+    tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size())
+    module = PipelineModule(layers=llama.pipeline_layers(m, SEED, tp), loss_fn=llama.make_loss_fn(tp), topology=topo,
+                            partition_method="type:TransformerBlock")
+    reference = llama.Reference(m, SEED)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)
+    labels = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)
+
+    local = module(tokens)
+    pieces = [torch.empty_like(local) for _ in range(tp.size)]
+    tdist.all_gather(pieces, local.detach().contiguous(), group=tp.group)
+    loss = llama.make_loss_fn(tp)(local, labels)
+    loss.backward()
+
+    full = reference(tokens)
+    ref_loss = F.cross_entropy(full.reshape(-1, m.vocab_size), labels.reshape(-1))
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+
+    params = dict(local_named_params(module))
+    lm_matrix = "embed.tok.weight" if m.tie_embeddings else "head.out.weight"
+    grads = {}
+    for name in ("blocks.1.attn.q.weight", "blocks.0.mlp.down.weight", lm_matrix):
+        dim, idx = llama.shard_spec(m, name, tp.rank, tp.size)
+        want = ref_grads[name].index_select(dim, idx)
+        grads[name] = {"diff": _max_diff(params[name].grad, want), "scale": want.abs().max().item()}
+    return {
+        "shapes": {n: list(p.shape) for n, p in params.items()},
+        "logits": _max_diff(torch.cat(pieces, dim=-1), full.detach()),
+        "local_logits_shape": list(local.shape),
+        "loss": abs(loss.item() - ref_loss.item()),
+        "grads": grads,
+    }
+
+
+def main() -> None:
+    import deepspeed
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    topo = PipeModelDataParallelTopology(num_pp=1, num_mp=tdist.get_world_size(), num_dp=1)
+    grid = PipelineParallelGrid(topology=topo)
+    report = {name: check(ModelConfig(**fields), grid, topo) for name, fields in CONFIGS.items()}
+    (args.out / f"rank{tdist.get_rank()}.json").write_text(json.dumps(report))
+    tdist.barrier()
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
