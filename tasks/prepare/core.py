@@ -117,6 +117,8 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
              tok.eos_id, opts.workers)
     try:
         _tokenize(files, opts, _settings(opts, tok, dtype), writers, stats)
+        if opts.heldout_fraction and not writers["heldout"].tokens:
+            log.warning("prepare-data: no document landed in the held-out split (too few documents?)")
         name = opts.name or dest.root.rstrip("/").rsplit("/", 1)[-1] or "dataset"
         manifest = Manifest(name=name, dtype=dtype, vocab_size=tok.vocab_size,
                             files=[f for split in SPLITS for f in writers[split].close()])
