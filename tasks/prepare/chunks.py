@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Whole rows of one input file: bytes of complete lines (jsonl, text) or a list of values (parquet)."""
+    """Whole rows of one input file: bytes of complete lines (jsonl, text) or raw values (parquet)."""
 
     file_index: int
     kind: str

@@ -2,7 +2,7 @@
 
 A bad row is skipped, never guessed at: a JSONL line that is not JSON, not an
 object, lacks the text field or holds a non-string there; a text block that is
-not valid UTF-8; a null Parquet value. Blank lines are not rows.
+not valid UTF-8; a null or non-UTF-8 Parquet value. Blank lines are not rows.
 
 Plain text: one document per block of non-blank lines (a blank line is empty or
 whitespace only); a document keeps its inner newlines and loses the final one.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from tasks.prepare.chunks import Chunk
 
@@ -100,11 +99,14 @@ def _text(payload: bytes, first_line: int) -> Rows:
     return out
 
 
-def _values(values: list[Any], first_row: int) -> Rows:
+def _values(values: list[bytes | None], first_row: int) -> Rows:
     out = Rows()
     for i, value in enumerate(values):
         if value is None:
             out.reject(first_row + i, "null value")
-        else:
-            out.add(value)
+            continue
+        try:
+            out.add(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.reject(first_row + i, "invalid UTF-8")
     return out

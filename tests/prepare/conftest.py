@@ -53,11 +53,14 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
     return path
 
 
-def write_parquet(path: Path, docs: list[str | None], row_group_size: int = 40) -> Path:
+def write_parquet(path: Path, docs: list[str | bytes | None], row_group_size: int = 40) -> Path:
+    """A string column; bytes values go in unvalidated, as a non-validating writer would store them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), path, row_group_size=row_group_size)
+    raw = [d.encode() if isinstance(d, str) else d for d in docs]
+    column = pa.array(raw, pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"id": list(range(len(docs))), "text": column}), path, row_group_size=row_group_size)
     return path
 
 

@@ -24,7 +24,7 @@ def _bad_corpus(tmp_path: Path) -> list[Path]:
     (tmp_path / "rows.jsonl").write_text(BAD_JSONL)
     (tmp_path / "notes.txt").write_bytes(b"first block\n\nsecond block\nbad \xff byte here\n\nthird\n")
     return [tmp_path / "rows.jsonl", tmp_path / "notes.txt",
-            write_parquet(tmp_path / "t.parquet", ["x", "y", None, "z"])]
+            write_parquet(tmp_path / "t.parquet", ["x", "y", None, "z", b"\xffnot utf-8"])]
 
 
 def test_bad_rows_are_reported_per_file(tmp_path: Path, bpe_dir: Path, prepare,
@@ -35,7 +35,7 @@ def test_bad_rows_are_reported_per_file(tmp_path: Path, bpe_dir: Path, prepare,
     assert run.summary["bad_rows"] == {
         str(tmp_path / "rows.jsonl"): {"bad": 4, "rows": 6, "first": "line 2: not valid JSON"},
         str(tmp_path / "notes.txt"): {"bad": 1, "rows": 3, "first": "line 4: invalid UTF-8"},
-        str(tmp_path / "t.parquet"): {"bad": 1, "rows": 4, "first": "row 3: null value"},
+        str(tmp_path / "t.parquet"): {"bad": 2, "rows": 5, "first": "row 3: null value"},
     }
     assert run.summary["documents"] == {"train": 2 + 2 + 3, "heldout": 0}
     assert "rows.jsonl: 4 of 6 rows bad, skipped (first: line 2: not valid JSON)" in caplog.text
