@@ -25,6 +25,7 @@ from tasks.errors import ConfigError, RetrainerError
 COMMAND_MODULES = {
     "make-data": "tasks.data",
     "manifest": "tasks.data",
+    "prepare-data": "tasks.prepare.cli",
     "plan": "tasks.plan",
     "warm": "tasks.warm.cli",
     "warm-url": "tasks.warm.cli",

@@ -1,8 +1,9 @@
 """Datasets: the manifest format, `make-data` (a seeded synthetic corpus) and `manifest URL`.
 
 A dataset is `manifest.json` plus token shards under one fsspec prefix. Shards are
-flat little-endian uint16 token arrays; splits are key prefixes (`train/`,
-`heldout/`). The manifest lists every object with its size and sha256, so a warm
+flat little-endian token arrays of the manifest's `dtype` (uint16 when the vocabulary
+fits, else uint32: `tasks.dataset_format.TOKEN_DTYPES`); splits are key prefixes
+(`train/`, `heldout/`). The manifest lists every object with its size and sha256, so a warm
 can verify every byte; the *manifest hash* (sha256 of the manifest file's bytes as
 stored) names the dataset in the cache and in a published version's lineage.
 """
@@ -17,10 +18,20 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from tasks.dataset_format import FORMAT, MANIFEST_KEY, manifest_hash, validate_key
+from tasks.dataset_format import (
+    FORMAT,
+    MANIFEST_KEY,
+    MAX_VOCAB,
+    TOKEN_DTYPES,
+    dtype_capacity,
+    manifest_hash,
+    shard_key,
+    validate_key,
+)
 from tasks.errors import InvalidInputError, validation_problems
+from tasks.fsutil import put_object
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +57,26 @@ class Manifest(BaseModel):
 
     format: Literal["retrainer-dataset/1"] = FORMAT
     name: str = Field(min_length=1)
-    dtype: Literal["uint16"] = "uint16"
-    vocab_size: int = Field(256, gt=0, le=65536)
+    dtype: str = "uint16"
+    vocab_size: int = Field(256, gt=0, le=MAX_VOCAB)
     files: list[ManifestFile]
 
     _raw: bytes | None = PrivateAttr(default=None)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in TOKEN_DTYPES:
+            raise ValueError(f"must be one of {sorted(TOKEN_DTYPES)}, got {v!r}")
+        return v
+
+    @field_validator("vocab_size")
+    @classmethod
+    def _fits_dtype(cls, v: int, info: ValidationInfo) -> int:
+        dtype = info.data.get("dtype")
+        if dtype is not None and v > dtype_capacity(dtype):
+            raise ValueError(f"{v} token ids do not fit {dtype} (at most {dtype_capacity(dtype)})")
+        return v
 
     @field_validator("files")
     @classmethod
@@ -159,7 +185,7 @@ def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
 def _tokens(data: bytes) -> bytes:
     import numpy as np
 
-    return np.frombuffer(data, dtype=np.uint8).astype("<u2").tobytes()
+    return np.frombuffer(data, dtype=np.uint8).astype(TOKEN_DTYPES["uint16"]).tobytes()
 
 
 def make_data(
@@ -202,25 +228,15 @@ def make_data(
     files: list[ManifestFile] = []
     for i, chunk in enumerate(chunks):
         split, idx = ("train", i) if i < n_train_shards else ("heldout", i - n_train_shards)
-        key = f"{split}/shard-{idx:05d}.bin"
+        key = shard_key(split, idx)
         blob = _tokens(chunk)
-        _put(fs, _join(root, key), blob)
+        put_object(fs, _join(root, key), blob)
         files.append(ManifestFile(key=key, size=len(blob), sha256=hashlib.sha256(blob).hexdigest()))
     manifest = Manifest(name=name, vocab_size=256, files=files)
-    _put(fs, _join(root, MANIFEST_KEY), manifest.to_bytes())
+    put_object(fs, _join(root, MANIFEST_KEY), manifest.to_bytes())
     log.info("make-data: %d shards (%d tokens each) + manifest %s under %s",
              len(files), tokens_per_shard, manifest.hash[:16], dest_url)
     return manifest
-
-
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write one object; on a local filesystem atomically (temp + fsync + rename)."""
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        from tasks.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(path, data)
-    else:
-        fs.pipe_file(path, data)
 
 
 def build_manifest(
@@ -262,7 +278,7 @@ def build_manifest(
     if not files:
         raise InvalidInputError(f"{prefix_url}: no objects under this prefix")
     manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
-    _put(fs, _join(root, output_key), manifest.to_bytes())
+    put_object(fs, _join(root, output_key), manifest.to_bytes())
     log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
     return manifest
 

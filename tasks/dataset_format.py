@@ -10,6 +10,32 @@ import hashlib
 
 FORMAT = "retrainer-dataset/1"
 MANIFEST_KEY = "manifest.json"
+SPLITS = ("train", "heldout")
+
+# Token dtype as the manifest names it -> the numpy dtype of its shards (flat, little-endian).
+# Every writer and reader takes its dtypes from here.
+TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+
+
+def dtype_capacity(name: str) -> int:
+    """How many token ids a dtype holds (ids 0 .. capacity - 1)."""
+    return 1 << (8 * int(TOKEN_DTYPES[name][2:]))
+
+
+MAX_VOCAB = max(dtype_capacity(name) for name in TOKEN_DTYPES)
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The narrowest token dtype holding every id of the vocabulary: uint16 when it fits, else uint32."""
+    for name in sorted(TOKEN_DTYPES, key=dtype_capacity):
+        if vocab_size <= dtype_capacity(name):
+            return name
+    raise ValueError(f"vocab_size {vocab_size} exceeds the widest token dtype ({MAX_VOCAB} ids)")
+
+
+def shard_key(split: str, index: int) -> str:
+    """The object key of one token shard of a split."""
+    return f"{split}/shard-{index:05d}.bin"
 
 
 def validate_key(key: str) -> str:

@@ -2,6 +2,7 @@
 
 A reader must never see a partial file: write to a temporary name in the same
 directory, fsync the file, rename over the final name, fsync the directory.
+`put_object` routes a write through fsspec onto these when the filesystem is local.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def is_local_fs(fs: Any) -> bool:
+    """Whether an fsspec filesystem is this machine's own disk (then writes go through `atomic_writer`)."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def put_object(fs: Any, path: str, data: bytes) -> None:
+    """Write one object through fsspec; on a local filesystem atomically (temp + fsync + rename)."""
+    if is_local_fs(fs):
+        atomic_write_bytes(path, data)
+    else:
+        fs.pipe_file(path, data)
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -6,9 +6,10 @@ seeded by (seed, epoch) with epoch = s // steps_per_epoch, so the "data
 position" saved in a checkpoint is just the step; no iterator state to pickle.
 Each DP rank takes a disjoint slice of every micro-batch.
 
-Dataset format (written by `tasks.data` / `tasks.warm`): `manifest.json` with
-`format: retrainer-dataset/1`, `dtype: uint16`, `files: [{key, size, sha256}]`;
-shards are flat little-endian uint16 tokens; the split is the key prefix.
+Dataset format (written by `tasks.data` / `tasks.prepare`, copied by `tasks.warm`):
+`manifest.json` with `format: retrainer-dataset/1`, `dtype` (`uint16` or `uint32`,
+`tasks.dataset_format.TOKEN_DTYPES`), `files: [{key, size, sha256}]`; shards are flat
+little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES
 from tasks.errors import InvalidInputError
-
-FORMAT = "retrainer-dataset/1"
 
 
 def read_manifest(dataset_dir: str | Path) -> dict:
     """Load and check the manifest; InvalidInputError names the file and the problem."""
-    path = Path(dataset_dir) / "manifest.json"
+    path = Path(dataset_dir) / MANIFEST_KEY
     try:
         manifest = json.loads(path.read_text())
     except OSError as exc:
@@ -36,8 +36,8 @@ def read_manifest(dataset_dir: str | Path) -> dict:
         raise InvalidInputError(f"{path}: malformed manifest JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InvalidInputError(f"{path}: format must be {FORMAT!r}")
-    if manifest.get("dtype") != "uint16":
-        raise InvalidInputError(f"{path}: dtype must be 'uint16', got {manifest.get('dtype')!r}")
+    if manifest.get("dtype") not in TOKEN_DTYPES:
+        raise InvalidInputError(f"{path}: dtype must be one of {sorted(TOKEN_DTYPES)}, got {manifest.get('dtype')!r}")
     if not isinstance(manifest.get("files"), list):
         raise InvalidInputError(f"{path}: 'files' must be a list")
     return manifest
@@ -51,9 +51,10 @@ class TokenWindows:
         manifest = read_manifest(root)
         if int(manifest.get("vocab_size", 0)) > vocab_size:
             raise InvalidInputError(
-                f"{root / 'manifest.json'}: vocab_size {manifest['vocab_size']} exceeds model.vocab_size {vocab_size}"
+                f"{root / MANIFEST_KEY}: vocab_size {manifest['vocab_size']} exceeds model.vocab_size {vocab_size}"
             )
         self.seq_len = seq_len
+        dtype = np.dtype(TOKEN_DTYPES[manifest["dtype"]])
         self.shards: list[np.memmap] = []
         index: list[tuple[int, int]] = []
         for entry in sorted(manifest["files"], key=lambda f: f["key"]):
@@ -62,7 +63,11 @@ class TokenWindows:
             path = root / entry["key"]
             if not path.is_file() or path.stat().st_size != int(entry["size"]):
                 raise InvalidInputError(f"{path}: missing or wrong size (manifest says {entry['size']} bytes)")
-            tokens = np.memmap(path, dtype="<u2", mode="r")
+            if int(entry["size"]) % dtype.itemsize:
+                raise InvalidInputError(
+                    f"{path}: {entry['size']} bytes is not a whole number of {manifest['dtype']} tokens"
+                )
+            tokens = np.memmap(path, dtype=dtype, mode="r")
             shard = len(self.shards)
             self.shards.append(tokens)
             index.extend((shard, start) for start in range(0, len(tokens) - seq_len, seq_len))
