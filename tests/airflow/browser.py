@@ -8,8 +8,11 @@ Also a tiny PNG decoder (zlib + filters) to check that the screenshot is not bla
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -31,7 +34,8 @@ def screenshot(url: str, token: str, port: int, binary: str, timeout: float = 60
     """Open `url` with the `_token` cookie set; return a PNG of the viewport and the page's title."""
     from websockets.sync.client import connect
 
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes may still write the profile while it is removed: ignore that.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}",
                                  f"--user-data-dir={profile}", "about:blank"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -49,7 +53,8 @@ def screenshot(url: str, token: str, port: int, binary: str, timeout: float = 60
                 shot = cdp.call("Page.captureScreenshot", format="png")
                 return base64.b64decode(shot["data"]), title
         finally:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):  # the browser and its helpers (one session)
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
 
 
