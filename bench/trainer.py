@@ -81,7 +81,7 @@ def dd_gbps(directory: Path, nbytes: int) -> float:
 
 
 def engine_run(cfg: JobConfig, dataset: Path) -> tuple[list[dict], list[dict]]:
-    from tasks.train.launch import train
+    from tasks.launch import train
 
     train(cfg, dataset)
     out = Path(cfg.train.output_dir)

@@ -74,6 +74,8 @@ def build_retrain_dag(config_path: Path):
                                    description="gradient accumulation / pipeline micro-batches"),
             "alias": Param(cfg.publish.alias, type="string", minLength=1, maxLength=200,
                            pattern=NAME_PATTERN, description="alias to move on publish"),
+            "slurm_time_limit": Param(None, type=["null", "string"], minLength=1, maxLength=32,
+                                      description="Slurm time limit (cluster.slurm.time_limit), e.g. 2-00:00:00"),
             "dry_run": Param(False, type="boolean", description="plan and warm only"),
             "force": Param(False, type="boolean", description="launch even if the plan says it cannot fit"),
         },

@@ -14,6 +14,13 @@ if ! { .venv/bin/pip install --upgrade pip && .venv/bin/pip install -e ".[test]"
   echo "setup: pip install failed (full log: $log)" >&2
   exit 1
 fi
+# DeepSpeed's CPU shared-memory op, built once into this venv's extension cache (the ranks' default
+# TORCH_EXTENSIONS_DIR, tasks/launch/torchrun.py) instead of on the first training (about a minute).
+if ! .venv/bin/python -m tasks.launch.torchrun --prebuild >"$log" 2>&1; then
+  tail -20 "$log" >&2
+  echo "setup: building DeepSpeed's CPU op failed (full log: $log)" >&2
+  exit 1
+fi
 rm -f "$log" .venv/.installed-*
 touch "$stamp"
 echo "setup: done" >&2

@@ -138,9 +138,6 @@ class TrainConfig(_Strict):
     keep_last: int = Field(3, ge=1)
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary")
-    nan_at_step: int | None = Field(
-        None, ge=1, description="fault injection: make the loss non-finite at this step (tests)"
-    )
 
     @field_validator("init_from")
     @classmethod
@@ -356,6 +353,26 @@ class PublishConfig(_Strict):
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+class RankCluster(_Strict):
+    """What a rank needs of `cluster`: the collective timeout and the peak for its MFU figure."""
+
+    hang_timeout_s: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0)
+
+
+class TrainingJob(_Strict):
+    """What the training ranks receive: the job without data source, registry, store or engine options.
+
+    Nothing here is a credential, so the file a launcher writes into the (often shared) run directory
+    and every rank's environment stay free of secrets."""
+
+    name: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    train: TrainConfig
+    cluster: RankCluster
+
+
 class JobConfig(_Strict):
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     schedule: str | None = Field(None, description="cron expression or preset for the retrain DAG")
@@ -392,7 +409,7 @@ class JobConfig(_Strict):
     def fingerprint(self) -> str:
         """sha256 of the config fields that define what training computes (tasks/run.py adds data and weights).
 
-        Run-time knobs (cluster, cache location, publish target, evaluation, fault injection) and
+        Run-time knobs (cluster, cache location, publish target, evaluation) and
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
@@ -400,9 +417,14 @@ class JobConfig(_Strict):
             "name": self.name,
             "model": self.model.model_dump(mode="json"),
             "parallel": self.parallel.model_dump(mode="json"),
-            "train": self.train.model_dump(mode="json", exclude={"output_dir", "nan_at_step", "init_from"}),
+            "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from"}),
         }
         return sha256_json(defining)
+
+    def training_job(self) -> TrainingJob:
+        c = self.cluster
+        return TrainingJob(name=self.name, model=self.model, parallel=self.parallel, train=self.train,
+                           cluster=RankCluster(hang_timeout_s=c.hang_timeout_s, peak_tflops=c.peak_tflops))
 
     def with_overrides(self, overrides: dict[str, Any]) -> JobConfig:
         """Apply dotted overrides (`{"train.steps": 5}`) and validate the result again."""

@@ -5,9 +5,6 @@ training layout, and the number the gate compares must be reproducible. The
 windows are a deterministic function of the config (evaluate.batches x
 evaluate.batch_size windows, evenly spaced over the `heldout/` split), and the
 model runs in eval mode (no dropout).
-
-Fault hook (tests only): `RETRAINER_FAULT_EVAL_DELAY_S=SECONDS` sleeps before
-every evaluation batch, so a test can kill the task mid-evaluate.
 """
 
 from __future__ import annotations
@@ -16,8 +13,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +58,8 @@ def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Pat
     # Evenly spaced windows; wraps around when the split holds fewer windows than requested.
     order = (np.arange(total) * max(1, len(windows) // total)) % len(windows)
     loss_sum, tokens = 0.0, 0
-    delay = float(os.environ.get("RETRAINER_FAULT_EVAL_DELAY_S", "0") or 0)
     with torch.no_grad():
         for b in range(e.batches):
-            if delay > 0:
-                log.info("evaluate: fault hook: sleeping %.1f s before batch %d", delay, b + 1)
-                time.sleep(delay)
             x, y = split_inputs(windows.get(order[b * e.batch_size : (b + 1) * e.batch_size]))
             n = y.numel()
             loss_sum += float(lm_loss(model(x), y)) * n

@@ -28,10 +28,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 @contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[BinaryIO]:
+def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a file object; on clean exit it is fsynced and renamed onto `path`.
 
-    On error the temporary file is removed and `path` is left as it was.
+    On error the temporary file is removed and `path` is left as it was. `durable=False` skips
+    the fsyncs (still atomic, not crash-durable): for files rewritten every step, like a status.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,16 +43,18 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_writer(path) as fh:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    with atomic_writer(path, durable=durable) as fh:
         fh.write(data)
 
 

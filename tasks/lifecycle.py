@@ -39,6 +39,7 @@ PARAM_OVERRIDES = {
     "dp": "parallel.dp",
     "micro_batches": "parallel.micro_batches",
     "alias": "publish.alias",
+    "slurm_time_limit": "cluster.slurm.time_limit",
 }
 
 

@@ -12,7 +12,6 @@ import getpass
 import logging
 import os
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,6 @@ from tasks.registry.core import check_metrics
 log = logging.getLogger(__name__)
 
 ARTIFACT_NAME = "consolidated.pt"
-FAULT_ENV = "RETRAINER_FAULT"  # test-only fault injection point
-FAULT_RELEASE_ENV = "RETRAINER_FAULT_RELEASE"  # optional: a file whose appearance releases the fault
 
 
 @dataclass(frozen=True)
@@ -65,16 +62,6 @@ def code_revision() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def _fault(point: str) -> None:
-    """Test hook: block at `point` (forever, or until the release file exists) so a test can act there."""
-    if os.environ.get(FAULT_ENV) != point:
-        return
-    release = os.environ.get(FAULT_RELEASE_ENV)
-    log.warning("fault injection: blocking at %s", point)
-    while not (release and os.path.exists(release)):
-        time.sleep(0.05)
 
 
 def publish(
@@ -120,7 +107,6 @@ def publish(
             init_digest=run.init.digest, data_url=run.data_url,
         )
         record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
-        _fault("after_version_insert")
         switched = False
         if previous != record.version:
             reg.switch_alias(pub.model_name, pub.alias, record.version, expect=previous, actor=actor,

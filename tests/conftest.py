@@ -86,3 +86,17 @@ def airflow_db() -> str:
 @pytest.fixture(scope="session")
 def in_ci() -> bool:
     return IN_CI
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch):
+    """Test hooks for launchers this test process runs: `hooked(HOOK_STEP_DELAY_S="1")` (tests/hooks)."""
+    from tests import hooks
+
+    def install(**env: str) -> None:
+        for name, value in env.items():
+            assert name.startswith(hooks.PREFIX), name
+            monkeypatch.setenv(name, value)
+        hooks.install(monkeypatch.setattr)
+
+    return install

@@ -9,10 +9,18 @@ summary, whichever engine runs the ranks: `local` (torchrun here), `ssh`
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from tasks.config import JobConfig
 from tasks.launch.base import Job, LaunchCancelled, Launcher
 
-__all__ = ["Job", "LaunchCancelled", "Launcher", "get_launcher", "pool_for"]
+__all__ = ["Job", "LaunchCancelled", "Launcher", "get_launcher", "pool_for", "train"]
+
+
+def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], **run: Any) -> dict[str, Any]:
+    """Run one training job through the config's launcher; the summary, or TrainingFailedError."""
+    return get_launcher(cfg).run(cfg, dataset_dir, **run)
 
 
 def get_launcher(cfg: JobConfig, *, env: dict[str, str] | None = None) -> Launcher:

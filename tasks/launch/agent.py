@@ -1,20 +1,27 @@
-"""The per-node agent the `ssh` launcher starts: runs torchrun there and guarantees cleanup there.
+"""The per-node agent: runs torchrun on a node, guarantees cleanup there, and relays the run's status.
 
 Why an agent: killing an ssh client does not kill what it started on the
 remote host (no tty, no signal is forwarded), and torchrun puts every rank in
 its own session. The agent runs on the node, holds the job as a child, and
 stops every process carrying the launch tag when its stdin closes (the
-launcher cancelled, or the launcher/ssh connection died), or on SIGTERM/SIGHUP.
-`reap` is the launcher's second check: it stops any leftover of a launch on a
-node and exits 0 only when none is left.
+launcher cancelled, or the launcher/ssh connection died; `--watch-stdin`), or on
+SIGTERM/SIGHUP. With `--env-stdin` the first line on stdin is the ranks'
+environment as JSON (so no value ever sits on a command line, where `ps` on the
+node would show it). With `--relay-status PATH` it prints each new status of the
+run (tasks/train/status.py) as one `RETRAINER-STATUS` line on its output, which
+the launcher follows: the run directory may be on this node's own disk. `reap`
+is the launcher's second check: it stops any leftover of a launch on a node and
+exits 0 only when none is left.
 
-    python -m tasks.launch.agent run --tag TAG [--grace S] -- CMD...
+    python -m tasks.launch.agent run --tag TAG [--grace S] [--watch-stdin] [--env-stdin]
+                                     [--relay-status PATH] -- CMD...
     python -m tasks.launch.agent reap --tag TAG [--grace S]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -22,18 +29,54 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
+from tasks.train.status import read_status, relay_line
 
 log = logging.getLogger("tasks.launch.agent")
 
 CANCELLED = 143
 
 
-def run(tag: str, cmd: Sequence[str], grace_s: float) -> int:
-    cancel = threading.Event()
+def _read_env_line() -> dict[str, str]:
+    """The first line on stdin: the ranks' environment as a JSON object (read byte-wise: the rest of
+    stdin is the liveness channel)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        line += chunk
+    env = json.loads(line or b"{}")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SystemExit("agent: --env-stdin expects one JSON object of strings")
+    return env
 
-    def watch_stdin() -> None:
+
+class _StatusRelay:
+    """Prints the run's status as a relay line whenever the status file changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._last = path, ""
+
+    def once(self) -> None:
+        status = read_status(self.path)
+        if status is not None and (line := relay_line(status)) != self._last:
+            self._last = line
+            print(line, flush=True)
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            self.once()
+
+
+def run(tag: str, cmd: Sequence[str], grace_s: float, *, watch_stdin: bool, env_stdin: bool,
+        relay_status: Path | None) -> int:
+    cancel = threading.Event()
+    extra = _read_env_line() if env_stdin else {}
+
+    def watch() -> None:
         try:  # os.read, not sys.stdin: a daemon thread must not hold the buffered reader's lock at exit
             while os.read(0, 4096):
                 pass
@@ -43,19 +86,29 @@ def run(tag: str, cmd: Sequence[str], grace_s: float) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda s, f: cancel.set())
-    env = {**os.environ, TAG_VAR: tag}
+    env = {**os.environ, **extra, TAG_VAR: tag}
     child = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                              preexec_fn=die_with_parent)
     log.info("agent pid %d: job pid %d started", os.getpid(), child.pid)
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    while child.poll() is None and not cancel.wait(0.2):
-        pass
-    if cancel.is_set() and child.poll() is None:
-        log.warning("agent: cancel received; stopping the job on this node")
-        stop_all(tag, root_pid=child.pid, grace_s=grace_s)
-        child.wait()
-        return CANCELLED
-    rc = child.wait()
+    if watch_stdin:
+        threading.Thread(target=watch, daemon=True).start()
+    relay = _StatusRelay(relay_status) if relay_status else None
+    relay_stop = threading.Event()
+    if relay:
+        threading.Thread(target=relay.loop, args=(relay_stop,), daemon=True).start()
+    try:
+        while child.poll() is None and not cancel.wait(0.2):
+            pass
+        if cancel.is_set() and child.poll() is None:
+            log.warning("agent: cancel received; stopping the job on this node")
+            stop_all(tag, root_pid=child.pid, grace_s=grace_s)
+            child.wait()
+            return CANCELLED
+        rc = child.wait()
+    finally:
+        relay_stop.set()
+        if relay:
+            relay.once()  # the ranks' last word (a failure reason) is written just before they exit
     leftovers = stop_all(tag, grace_s=grace_s)
     if leftovers:
         log.warning("agent: job exited %d leaving %d process(es); stopped them", rc, leftovers)
@@ -74,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("action", choices=["run", "reap"])
     parser.add_argument("--tag", required=True)
     parser.add_argument("--grace", type=float, default=15.0)
+    parser.add_argument("--watch-stdin", action="store_true", help="stop the job when stdin closes")
+    parser.add_argument("--env-stdin", action="store_true", help="first stdin line: the job's env as JSON")
+    parser.add_argument("--relay-status", type=Path, help="print the run's status file as relay lines")
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -83,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return reap(args.tag, args.grace)
     if not cmd:
         parser.error("run needs a command after --")
-    return run(args.tag, cmd, args.grace)
+    return run(args.tag, cmd, args.grace, watch_stdin=args.watch_stdin, env_stdin=args.env_stdin,
+               relay_status=args.relay_status)
 
 
 if __name__ == "__main__":

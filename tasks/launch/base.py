@@ -3,10 +3,12 @@
 Why one supervise loop for every engine: the guarantees the Airflow task needs
 are the same whether ranks run here, over SSH, under Slurm or in Kubernetes:
 logs stream into `logging`, the exit status becomes the result or a
-`TrainingFailedError`, a hang (no telemetry line for `cluster.hang_timeout_s`)
-fails the task naming the last step, and SIGTERM, a timeout exception or any
-other error cancels the job on every node and waits until nothing is left.
-Engines only say how to start, poll and stop a job.
+`TrainingFailedError` carrying the reason from the run's status file, a hang
+(the status's step does not move for `cluster.hang_timeout_s`) fails the task
+naming the last step, and SIGTERM, a timeout exception or any other error
+cancels the job on every node and waits until nothing is left. Before starting,
+a launcher cancels a job of the same run an earlier attempt left alive. Engines
+only say how to start, poll, read the status of and stop a job.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tasks.config import JobConfig
 from tasks.errors import RetrainerError, TrainingFailedError
 from tasks.launch.procs import new_tag
 from tasks.launch.watch import ProgressWatcher
+from tasks.train.status import STATUS_FILE, Status
 
 if TYPE_CHECKING:
     from tasks.run import RunIdentity
@@ -43,15 +46,13 @@ class LaunchCancelled(RetrainerError):
 class Job(ABC):
     """A started training job on one or more nodes."""
 
-    failure: str | None = None  # the trainer's own failure line, when one was seen in the logs
-
     @abstractmethod
     def poll(self) -> int | None:
         """None while running; the job's exit status once it ended (non-zero if any node failed)."""
 
-    def log_progress(self) -> int | None:
-        """The last step seen in the job's logs (progress where the telemetry file is not visible)."""
-        return None
+    @abstractmethod
+    def status(self) -> Status | None:
+        """The run's latest status as this engine sees it (the status file, or a node agent's relay)."""
 
     @abstractmethod
     def stop(self) -> None:
@@ -65,11 +66,16 @@ class Launcher(ABC):
     poll_interval_s = 0.5
 
     @abstractmethod
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
         """Start the job; every process it creates must carry the launch tag (see procs.TAG_VAR)."""
 
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
         """Validate engine-specific inputs before anything is written (override as needed)."""
+
+    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:  # noqa: B027 (optional hook)
+        """Cancel a job of this run that an earlier, killed attempt left on the engine (say so), and wait
+        until it is gone: two jobs of one run would race on its checkpoints. Engines whose jobs die with
+        the launcher (local, ssh: parent-death signal, agent on the ssh channel) have nothing to do."""
 
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
             init_path: Path | None = None) -> dict[str, Any]:
@@ -78,9 +84,9 @@ class Launcher(ABC):
         `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
         starting weights a fresh run loads. Before the first step of this launch (imports, rendezvous,
         one-off op builds) the allowance is `cluster.startup_timeout_s` (default: cluster.hang_timeout_s)."""
+        from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
         from tasks.train.data import read_manifest
-        from tasks.train.launch import write_config_json
 
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(dataset_dir)  # fail fast, before any node is touched
@@ -90,14 +96,15 @@ class Launcher(ABC):
         out.mkdir(parents=True, exist_ok=True)
         summary_path = out / "summary.json"
         summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
-        watcher = ProgressWatcher(out / "telemetry.jsonl", cfg.cluster.hang_timeout_s,
-                                  startup_timeout_s=cfg.cluster.startup_timeout_s)
-        config_json = write_config_json(cfg, out, run, init_path)
+        (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
+        watcher = ProgressWatcher(cfg.cluster.hang_timeout_s, startup_timeout_s=cfg.cluster.startup_timeout_s)
+        self.cancel_earlier(cfg, run)
+        config_json = write_worker_config(cfg, out, run, init_path)
         tag = new_tag()
         try:
             with _sigterm_cancels() as cancel:
                 with cancel.deferred():  # never leave a half-started job untracked
-                    job = self.start(cfg, dataset_dir, config_json, tag)
+                    job = self.start(cfg, dataset_dir, config_json, tag, run)
                 try:
                     rc = self._supervise(cfg, job, watcher)
                 finally:
@@ -105,9 +112,10 @@ class Launcher(ABC):
                         job.stop()
         finally:
             config_json.unlink(missing_ok=True)
+        watcher.observe(job.status())  # a rank's last word (its failure reason) lands as it exits
         if rc != 0:
             summary_path.unlink(missing_ok=True)
-            detail = job.failure or f"exit status {rc}"
+            detail = watcher.failure or f"exit status {rc}"
             raise TrainingFailedError(f"training of {cfg.name} failed ({self.name} launcher): {detail}")
         try:
             return json.loads(summary_path.read_text())
@@ -116,7 +124,7 @@ class Launcher(ABC):
 
     def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher) -> int:
         while (rc := job.poll()) is None:
-            watcher.note_step(job.log_progress())
+            watcher.observe(job.status())
             if watcher.hung():
                 reason = watcher.describe()
                 log.error("%s job of %s hung: %s; cancelling", self.name, cfg.name, reason)

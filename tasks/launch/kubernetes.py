@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
+from tasks.run import RunIdentity
+from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +43,26 @@ GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 JOB_LABEL = "training.kubeflow.org/job-name"  # set by the operator on every pod of a job
 
 
-def job_name(cfg: JobConfig, tag: str) -> str:
+def job_name(cfg: JobConfig, run_id: str) -> str:
+    """The PyTorchJob name of one run (a DNS label): how a later attempt finds the job an earlier one left."""
     base = re.sub(r"[^a-z0-9-]+", "-", cfg.name.lower()).strip("-")[:40] or "job"
-    return f"retrainer-{base}-{tag[:8]}"
+    return f"retrainer-{base}-{run_id[:12]}"
 
 
-def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str, *,
-                      shm_size: str = "8Gi") -> dict[str, Any]:
+def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str,
+                      run_id: str, *, shm_size: str = "8Gi") -> dict[str, Any]:
     """The PyTorchJob manifest as the API server receives it (a plain dict)."""
     from kubernetes import client as k
 
-    from tasks.train.launch import torchrun_command
+    from tasks.launch.torchrun import torchrun_command
 
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
     cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
+    # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
+    agent = [k8s.python, "-m", "tasks.launch.agent", "run", "--tag", tag, "--relay-status",
+             str(Path(cfg.train.output_dir) / STATUS_FILE), "--"]
     per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // k8s.nodes
     gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
     wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
@@ -67,7 +74,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     container = k.V1Container(
         name="pytorch",  # the operator finds the training container by this name
         image=cfg.cluster.image,
-        command=["bash", "-c", f"exec {line}"],
+        command=["bash", "-c", "exec " + " ".join(shlex.quote(a) for a in agent) + " " + line],
         env=sorted(env, key=lambda e: e.name),
         ports=[k.V1ContainerPort(name="pytorchjob-port", container_port=cfg.cluster.master_port)],
         resources=k.V1ResourceRequirements(limits=limits or None, requests=dict(limits) or None),
@@ -84,7 +91,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
             claim_name=k8s.output_claim)),
         k.V1Volume(name="dshm", empty_dir=k.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
     ]
-    labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, tag)[:63]}
+    labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, run_id)}
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels=labels),
         spec=k.V1PodSpec(containers=[container], volumes=volumes, restart_policy="Never",
@@ -97,7 +104,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "PyTorchJob",
-        "metadata": {"name": job_name(cfg, tag), "namespace": cfg.cluster.namespace, "labels": labels},
+        "metadata": {"name": job_name(cfg, run_id), "namespace": cfg.cluster.namespace, "labels": labels},
         "spec": {
             # Retries are Airflow's (they resume from the latest checkpoint); the job itself never restarts.
             "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0},
@@ -128,12 +135,8 @@ class KubernetesJob(Job):
         self._logs = threading.Thread(target=self._stream_master_log, name=f"log-{name}", daemon=True)
         self._logs.start()
 
-    @property
-    def failure(self) -> str | None:  # type: ignore[override]
-        return self.sink.failure
-
-    def log_progress(self) -> int | None:
-        return self.sink.last_step
+    def status(self) -> Status | None:
+        return self.sink.status
 
     def _stream_master_log(self) -> None:
         pod = f"{self.name}-master-0"
@@ -164,28 +167,11 @@ class KubernetesJob(Job):
         if self._stopped:
             return
         self._stopped = True
-        from kubernetes.client import V1DeleteOptions
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            self.launcher.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name,
-                body=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=30))
-            log.warning("PyTorchJob %s deleted; waiting for its pods to go", self.name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        deadline = time.monotonic() + self.launcher.section.cancel_timeout_s
-        while True:
-            pods = self.launcher.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={self.name}")
-            if not pods.items:
-                break
-            if time.monotonic() > deadline:
-                raise RetrainerError(f"PyTorchJob {self.name}: {len(pods.items)} pod(s) still present "
-                                     f"{self.launcher.section.cancel_timeout_s:.0f}s after delete")
-            time.sleep(2.0)
-        self._done.set()
-        self._logs.join(timeout=10)
+            self.launcher.delete(self.name, self.namespace)
+        finally:
+            self._done.set()
+            self._logs.join(timeout=10)
 
 
 class KubernetesLauncher(Launcher):
@@ -220,16 +206,47 @@ class KubernetesLauncher(Launcher):
             self._connect()
         return self._core
 
-    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> dict[str, Any]:
-        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag)
+    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run_id: str) -> dict[str, Any]:
+        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id)
         validate_manifest(manifest)
         return manifest
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32)
+    def delete(self, name: str, namespace: str) -> bool:
+        """Delete a PyTorchJob (foreground) and wait until no pod of it is left; False if there was none."""
+        from kubernetes.client import V1DeleteOptions
+        from kubernetes.client.exceptions import ApiException
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
-        body = self.manifest(cfg, dataset_dir, config_json, tag)
+        existed = True
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                body=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=30))
+            log.warning("PyTorchJob %s deleted; waiting for its pods to go", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            existed = False
+        deadline = time.monotonic() + self.section.cancel_timeout_s
+        while True:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}")
+            if not pods.items:
+                return existed
+            if time.monotonic() > deadline:
+                raise RetrainerError(f"PyTorchJob {name}: {len(pods.items)} pod(s) still present "
+                                     f"{self.section.cancel_timeout_s:.0f}s after delete")
+            time.sleep(2.0)
+
+    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:
+        name = job_name(cfg, run.run_id)
+        if self.delete(name, cfg.cluster.namespace):
+            log.warning("kubernetes: PyTorchJob %s of this run was still there from an earlier attempt: deleted "
+                        "it before launching", name)
+
+    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
+        self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32, "0" * 16)
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+        body = self.manifest(cfg, dataset_dir, config_json, tag, run.run_id)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         log.info("kubernetes: created PyTorchJob %s/%s (%d pod(s))", namespace, name,

@@ -1,7 +1,7 @@
 """`local`: torchrun on this machine (the default, and what tests use).
 
-It is the trainer's own path (`tasks.train.launch.torchrun_command` and
-`worker_env`) behind the launcher interface, plus what the trainer alone does
+It is the trainer's own path (`tasks.launch.torchrun.torchrun_command` and
+`rank_env`) behind the launcher interface, plus what the trainer alone does
 not give: hang detection and a cleanup that also reaches ranks torchrun put in
 their own sessions.
 """
@@ -16,13 +16,15 @@ from tasks.config import JobConfig
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
+from tasks.run import RunIdentity
+from tasks.train.status import STATUS_FILE, Status, read_status
 
 log = logging.getLogger(__name__)
 
 
 class LocalJob(Job):
-    def __init__(self, cmd: list[str], env: dict[str, str], tag: str, *, grace_s: float) -> None:
-        self.tag, self.grace_s = tag, grace_s
+    def __init__(self, cmd: list[str], env: dict[str, str], tag: str, status_path: Path, *, grace_s: float) -> None:
+        self.tag, self.grace_s, self.status_path = tag, grace_s, status_path
         self.sink = LineSink(logging.getLogger("tasks.launch.ranks"))
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -31,9 +33,8 @@ class LocalJob(Job):
         self.reader = pump(self.proc.stdout, self.sink, name="torchrun-log")
         self._stopped = False
 
-    @property
-    def failure(self) -> str | None:  # type: ignore[override]
-        return self.sink.failure
+    def status(self) -> Status | None:
+        return read_status(self.status_path)
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -55,9 +56,10 @@ class LocalLauncher(Launcher):
     def __init__(self, *, env: dict[str, str] | None = None, grace_s: float = 15.0) -> None:
         self.env, self.grace_s = dict(env or {}), grace_s
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
-        from tasks.train.launch import torchrun_command, worker_env
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+        from tasks.launch.torchrun import rank_env, torchrun_command
 
         cmd = torchrun_command(cfg, dataset_dir, config_json)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
-        return LocalJob(cmd, worker_env({**self.env, TAG_VAR: tag}), tag, grace_s=self.grace_s)
+        return LocalJob(cmd, rank_env({**self.env, TAG_VAR: tag}), tag,
+                        Path(cfg.train.output_dir) / STATUS_FILE, grace_s=self.grace_s)

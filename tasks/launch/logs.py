@@ -7,41 +7,31 @@ while output arrives; a blocked read must never stall cancellation.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-# The worker's own failure line ("training failed: <reason>", e.g. "non-finite loss at step 7 (nan)" or
-# "checkpoint from another model"), kept for the error message; the bare non-finite form as a fallback.
-FAILED_REASON = re.compile(r"training failed: (.+)$")
-FAILED_STEP = re.compile(r"non-finite (loss|grad norm) at step (\d+)[^\n]*")
-# Rank 0's per-step log line ("tasks.train.worker: step N loss ..."): progress when telemetry is not visible here.
-STEP_LINE = re.compile(r"tasks\.train\.worker: step (\d+) loss")
+from tasks.train.status import Status, parse_relay
 
 
 class LineSink:
-    """Logs each line with a prefix and remembers the first failure line the trainer printed."""
+    """Logs each line with a prefix. A status a node agent relays (tasks/train/status.py) is kept as the
+    job's latest status, not logged: supervision never reads the log text itself."""
 
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:
         self.logger, self.prefix = logger, prefix
-        self.failure: str | None = None
-        self.last_step: int | None = None
+        self.status: Status | None = None
         self._lock = threading.Lock()
 
     def __call__(self, line: str) -> None:
         line = line.rstrip("\r\n")
-        reason = FAILED_REASON.search(line)
-        match = FAILED_STEP.search(line)
-        step = STEP_LINE.search(line)
-        with self._lock:
-            if reason and self.failure is None:
-                self.failure = reason.group(1)
-            elif match and self.failure is None:
-                self.failure = match.group(0)
-            if step:
-                self.last_step = int(step.group(1))
+        relayed = parse_relay(line)
+        if relayed is not None:
+            with self._lock:
+                if self.status is None or relayed.at >= self.status.at:
+                    self.status = relayed
+            return
         self.logger.info("%s%s", self.prefix, line)
 
 

@@ -1,6 +1,6 @@
 """Turn the trainer's torchrun command into a shell line whose node rank and rendezvous come from the engine.
 
-Why: `tasks.train.launch.torchrun_command` builds one node's command with fixed values; under
+Why: `tasks.launch.torchrun.torchrun_command` builds one node's command with fixed values; under
 Slurm or Kubernetes each node learns its rank and the master address only at run time (from
 SLURM_NODEID, or RANK/MASTER_ADDR/MASTER_PORT set by the PyTorchJob operator). The builder's
 output is reused as is, with just those flags filled from shell variables.

@@ -26,6 +26,8 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
+from tasks.run import RunIdentity
+from tasks.train.status import STATUS_FILE, Status, read_status
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +36,14 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
-def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path) -> str:
+def job_name(cfg: JobConfig, run_id: str) -> str:
+    """The Slurm job name of one run: how a later attempt finds (and cancels) a job an earlier one left."""
+    return f"retrainer-{cfg.name}-{run_id}"
+
+
+def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path, run_id: str) -> str:
     """The batch script: one `srun` step, one torchrun per node, node rank and master from Slurm."""
-    from tasks.train.launch import torchrun_command
+    from tasks.launch.torchrun import torchrun_command
 
     nodes = slurm.nodes
     cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python)
@@ -44,7 +51,7 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
     out = Path(cfg.train.output_dir)
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=retrainer-{cfg.name}",
+        f"#SBATCH --job-name={job_name(cfg, run_id)}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={out}/slurm-%j.out",
@@ -68,33 +75,23 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
 
 
 class SlurmJob(Job):
-    def __init__(self, launcher: SlurmLauncher, job_id: str, output: Path) -> None:
-        self.launcher, self.job_id = launcher, job_id
+    """One submitted allocation; its status file is on the output dir (Slurm needs it shared: the job's
+    output file is there too)."""
+
+    def __init__(self, launcher: SlurmLauncher, job_id: str, output: Path, status_path: Path) -> None:
+        self.launcher, self.job_id, self.status_path = launcher, job_id, status_path
         self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[slurm {job_id}] ")
         self.tail = FileTail(output, self.sink)
         self._stopped = False
         self._rc: int | None = None
 
-    @property
-    def failure(self) -> str | None:  # type: ignore[override]
-        return self.sink.failure
-
-    def state(self) -> tuple[str, int]:
-        """(JobState, exit status) as Slurm reports them; ('GONE', 1) once the record is purged."""
-        done = self.launcher.slurm("scontrol", "show", "job", "-o", self.job_id, check=False)
-        fields = dict(_FIELD.findall(done.stdout))
-        if done.returncode != 0 or "JobState" not in fields:
-            return "GONE", 1
-        code, _, sig = fields.get("ExitCode", "1:0").partition(":")
-        rc = int(code) if code.isdigit() else 1
-        if sig not in ("", "0") and rc == 0:
-            rc = 128 + int(sig) if sig.isdigit() else 1
-        return fields["JobState"], rc
+    def status(self) -> Status | None:
+        return read_status(self.status_path)
 
     def poll(self) -> int | None:
         if self._rc is not None:
             return self._rc
-        state, rc = self.state()
+        state, rc = self.launcher.state(self.job_id)
         if state not in ENDED and state != "GONE":
             return None
         self._rc = 0 if state == "COMPLETED" else (rc or 1)
@@ -106,20 +103,7 @@ class SlurmJob(Job):
             return
         self._stopped = True
         try:
-            state, _ = self.state()
-            if state not in ENDED and state != "GONE":
-                log.warning("slurm: scancel %s (state %s)", self.job_id, state)
-                self.launcher.slurm("scancel", self.job_id, check=False)
-            timeout_s = self.launcher.section.cancel_timeout_s
-            deadline = time.monotonic() + timeout_s
-            while True:  # ended, and not COMPLETING: every node has reaped the step
-                state, _ = self.state()
-                if state in ENDED or state == "GONE":
-                    break
-                if time.monotonic() > deadline:
-                    raise RetrainerError(f"slurm job {self.job_id} still {state} {timeout_s:.0f}s after scancel; "
-                                         "check the nodes")
-                time.sleep(0.5)
+            self.launcher.cancel(self.job_id)
         finally:
             self.tail.stop()
 
@@ -139,16 +123,53 @@ class SlurmLauncher(Launcher):
             raise RetrainerError(f"{cmd[0]} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
         return done
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        render_script(cfg, self.section, dataset_dir, Path("config.json"))  # validates the node/process split
+    def state(self, job_id: str) -> tuple[str, int]:
+        """(JobState, exit status) as Slurm reports them; ('GONE', 1) once the record is purged."""
+        done = self.slurm("scontrol", "show", "job", "-o", job_id, check=False)
+        fields = dict(_FIELD.findall(done.stdout))
+        if done.returncode != 0 or "JobState" not in fields:
+            return "GONE", 1
+        code, _, sig = fields.get("ExitCode", "1:0").partition(":")
+        rc = int(code) if code.isdigit() else 1
+        if sig not in ("", "0") and rc == 0:
+            rc = 128 + int(sig) if sig.isdigit() else 1
+        return fields["JobState"], rc
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
-        from tasks.train.launch import worker_env
+    def cancel(self, job_id: str) -> None:
+        """scancel (if still running) and wait until the job ended and is no longer COMPLETING: every node
+        has reaped the step."""
+        state, _ = self.state(job_id)
+        if state not in ENDED and state != "GONE":
+            log.warning("slurm: scancel %s (state %s)", job_id, state)
+            self.slurm("scancel", job_id, check=False)
+        deadline = time.monotonic() + self.section.cancel_timeout_s
+        while True:
+            state, _ = self.state(job_id)
+            if state in ENDED or state == "GONE":
+                return
+            if time.monotonic() > deadline:
+                raise RetrainerError(f"slurm job {job_id} still {state} {self.section.cancel_timeout_s:.0f}s after "
+                                     "scancel; check the nodes")
+            time.sleep(0.5)
+
+    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:
+        name = job_name(cfg, run.run_id)
+        listed = self.slurm("squeue", "-h", "--name", name, "-o", "%i", check=True)
+        for job_id in listed.stdout.split():
+            log.warning("slurm: job %s (%s) of this run is still alive from an earlier attempt: cancelling it "
+                        "before launching", job_id, name)
+            self.cancel(job_id)
+
+    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
+        render_script(cfg, self.section, dataset_dir, Path("config.json"), "0" * 16)  # validates the node split
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+        from tasks.launch.torchrun import rank_env
 
         out = Path(cfg.train.output_dir)
         script = out / "slurm-job.sbatch"
-        atomic_write_bytes(script, render_script(cfg, self.section, dataset_dir, config_json).encode())
-        env = worker_env({**self.env, TAG_VAR: tag})
+        atomic_write_bytes(script, render_script(cfg, self.section, dataset_dir, config_json, run.run_id).encode())
+        env = rank_env({**self.env, TAG_VAR: tag})
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)
         if done.returncode != 0:
@@ -158,4 +179,4 @@ class SlurmLauncher(Launcher):
             raise RetrainerError(f"sbatch returned no job id: {done.stdout.strip()!r}")
         atomic_write_bytes(out / "slurm-job-id", f"{job_id}\n".encode())
         log.info("slurm: submitted job %s (%s); output %s", job_id, script, out / f"slurm-{job_id}.out")
-        return SlurmJob(self, job_id, out / f"slurm-{job_id}.out")
+        return SlurmJob(self, job_id, out / f"slurm-{job_id}.out", out / STATUS_FILE)

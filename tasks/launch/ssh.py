@@ -5,15 +5,18 @@ fan-out): every node's job runs under `tasks.launch.agent`, whose stdin is our
 ssh channel, so a cancelled or killed launcher always takes the ranks with it,
 and each node's exit status comes back separately. The rendezvous is
 torchrun's static one at `cluster.master_addr:cluster.master_port` (the first
-host). The environment the ranks need (OMP/NCCL/GLOO/TORCH/PYTHON*/CUDA/
-RETRAINER_* variables and explicit extras) is propagated on the command line;
-values are never logged. Every node must see the repository, the dataset and
-the output dir at the same paths (shared filesystem), like DeepSpeed's launcher.
+host). The environment the ranks need (the OMP/NCCL/GLOO/TORCH/PYTHON/CUDA/MKL part
+of the ranks' allow-listed environment, and explicit extras) goes to each agent as
+the first line on its stdin: never on a command line (`ps` on a node shows those),
+never in a file. Node 0's agent relays the run's status file, so the run directory
+may be on the nodes' own disks. Every node must see the repository and the
+dataset at the same paths.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -26,31 +29,40 @@ from tasks.errors import InvalidInputError, RetrainerError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
+from tasks.run import RunIdentity
+from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "RETRAINER_", "MKL_", "TP_SOCKET_IFNAME")
+# What of the ranks' environment (tasks/launch/torchrun.py) crosses to another host: not this host's
+# PATH, HOME or user, which the node has its own of.
+FORWARD_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "MKL_", "KMP_", "TP_SOCKET_IFNAME",
+                    "DS_ACCELERATOR")
 
 
 class SshJob(Job):
-    def __init__(self, launcher: SshLauncher, hosts: list[str], remote_cmds: list[str], tag: str) -> None:
+    def __init__(self, launcher: SshLauncher, hosts: list[str], remote_cmds: list[str], envs: list[dict[str, str]],
+                 tag: str) -> None:
         self.launcher, self.hosts, self.tag = launcher, hosts, tag
         self.procs: list[subprocess.Popen[str]] = []
         self.readers: list[tuple[LineSink, threading.Thread]] = []
         self._stopped = False
-        for host, remote in zip(hosts, remote_cmds, strict=True):
+        for host, remote, env in zip(hosts, remote_cmds, envs, strict=True):
             proc = subprocess.Popen(
                 [*launcher.ssh_base(host), remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=die_with_parent,
                 env={**os.environ, TAG_VAR: node_tag(tag, "client")},
             )
             self.procs.append(proc)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(env) + "\n")  # the agent's --env-stdin line; stdin then stays open
+            proc.stdin.flush()
             sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[{host}] ")
             self.readers.append((sink, pump(proc.stdout, sink, name=f"ssh-{host}")))  # type: ignore[arg-type]
 
-    @property
-    def failure(self) -> str | None:  # type: ignore[override]
-        return next((s.failure for s, _ in self.readers if s.failure), None)
+    def status(self) -> Status | None:
+        relayed = [s.status for s, _ in self.readers if s.status is not None]
+        return max(relayed, key=lambda st: st.at) if relayed else None
 
     def poll(self) -> int | None:
         codes = [p.poll() for p in self.procs]
@@ -113,32 +125,40 @@ class SshLauncher(Launcher):
         return hosts
 
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        from tasks.train.launch import torchrun_command
+        from tasks.launch.torchrun import torchrun_command
 
         hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
         torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python)
 
     def remote_command(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
-        from tasks.train.launch import torchrun_command, worker_env
+        """The node's command line: the agent (env from stdin, stdin = liveness) running torchrun. No values."""
+        from tasks.launch.torchrun import torchrun_command
 
         cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
                                python=self.section.python)
-        env = {k: v for k, v in worker_env(self.env).items() if k.startswith(ENV_PREFIXES) or k in self.env}
-        env[TAG_VAR] = node_tag(tag, node_rank)
-        assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
-                 "--grace", str(self.section.grace_s), "--"]
-        return (f"cd {shlex.quote(self.section.workdir)} && exec env {assignments} "
-                + " ".join(shlex.quote(a) for a in [*agent, *cmd]))
+                 "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin"]
+        if node_rank == 0:  # rank 0 runs there: its agent relays the status file
+            agent += ["--relay-status", str(Path(cfg.train.output_dir) / STATUS_FILE)]
+        return f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [*agent, "--",
+                                                                                                     *cmd])
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str) -> Job:
+    def node_env(self, tag: str, node_rank: int) -> dict[str, str]:
+        """What node `node_rank`'s ranks get in their environment (sent on the agent's stdin)."""
+        from tasks.launch.torchrun import rank_env
+
+        env = {k: v for k, v in rank_env(self.env).items() if k.startswith(FORWARD_PREFIXES) or k in self.env}
+        return {**env, TAG_VAR: node_tag(tag, node_rank)}
+
+    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
         hosts = self._hosts(cfg)
         remotes = [self.remote_command(cfg, dataset_dir, config_json, tag, len(hosts), i) for i in range(len(hosts))]
-        log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (env keys propagated: %s)",
+        envs = [self.node_env(tag, i) for i in range(len(hosts))]
+        log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,
-                 cfg.cluster.master_port, ", ".join(sorted(_propagated_keys(remotes[0]))))
-        return SshJob(self, hosts, remotes, tag)
+                 cfg.cluster.master_port, ", ".join(sorted(envs[0])))
+        return SshJob(self, hosts, remotes, envs, tag)
 
     def reap(self, host: str, tag: str) -> bool:
         """Stop any leftover of the launch on `host`; True when the node confirms none is left."""
@@ -158,9 +178,3 @@ def node_tag(tag: str, node: int | str) -> str:
     """Each node's processes get their own tag, so one node's cleanup never touches another's
     (hosts that share a process table, like the network-namespace test hosts, stay independent)."""
     return f"{tag}.{node}"
-
-
-def _propagated_keys(remote: str) -> list[str]:
-    words = shlex.split(remote)
-    start = words.index("env") + 1
-    return [w.split("=", 1)[0] for w in words[start:] if "=" in w and not w.startswith("-")][: 64]

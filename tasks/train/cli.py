@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
 def _handle(args: argparse.Namespace) -> int:
     from tasks.config import load_config
     from tasks.errors import InvalidInputError
-    from tasks.train.launch import train
+    from tasks.launch import train
 
     cfg = load_config(args.config)
     if args.steps is not None:

@@ -22,6 +22,8 @@ import torch
 log = logging.getLogger(__name__)
 
 COMM_WARN_FRACTION = 0.2
+COMM_WARN_WINDOW = 20  # steps the share must stay above the threshold before the one warning
+MAX_PROGRESS_LINES = 20  # a run logs about this many progress lines, however long it is
 
 
 def comms_config() -> dict[str, Any]:
@@ -52,16 +54,27 @@ def flops_per_token(n_params: int, n_layers: int, seq_len: int, d_model: int) ->
     return 6.0 * n_params + 12.0 * n_layers * seq_len * d_model
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
 class Telemetry:
-    """Rank 0 appends one JSON line per step; warns when communication exceeds 20% of a step."""
+    """Rank 0 appends one JSON line per step, logs a progress line every few steps (tokens/s, ETA), and
+    warns once if communication stays above 20% of the step for a whole window of steps."""
 
     def __init__(self, path: Path, *, enabled: bool, fresh: bool, tokens_per_step: int,
-                 flops_per_token: float, peak_flops_total: float | None) -> None:
+                 flops_per_token: float, peak_flops_total: float | None, steps: int, first_step: int = 1) -> None:
         self.path, self.enabled = path, enabled
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak_flops_total = peak_flops_total
-        self._warned_at = -10**9
+        self.steps, self.first_step = steps, first_step
+        self.every = max(1, (steps - first_step + 1) // MAX_PROGRESS_LINES)
+        self._window: list[tuple[float, float]] = []  # (comm_s, step_s) of the last steps
+        self._warned = False
+        self._t_start = time.perf_counter()
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "w" if fresh else "a")  # noqa: SIM115 (kept open for the run)
@@ -89,13 +102,31 @@ class Telemetry:
         if self.enabled:
             self._fh.write(json.dumps(row) + "\n")
             self._fh.flush()
-            if comm_s > COMM_WARN_FRACTION * step_s and step - self._warned_at >= 10:
-                self._warned_at = step
-                log.warning(
-                    "step %d: communication %.1f%% of the step (%.3fs of %.3fs) exceeds %d%%: layout may be wrong",
-                    step, 100 * comm_s / step_s, comm_s, step_s, int(COMM_WARN_FRACTION * 100),
-                )
+            self._progress(row)
+            self._comm_window(step, comm_s, step_s)
         return row
+
+    def _progress(self, row: dict[str, Any]) -> None:
+        step = row["step"]
+        if (step - self.first_step) % self.every and step != self.steps:
+            return
+        done = step - self.first_step + 1
+        eta = (time.perf_counter() - self._t_start) / done * (self.steps - step)
+        mfu = f", MFU {row['mfu']:.0%}" if row["mfu"] is not None else ""
+        log.info("step %d/%d (%d%%): loss %.4f, %.0f tokens/s%s, ETA %s", step, self.steps,
+                 100 * step // self.steps, row["loss"], row["tokens_per_s"], mfu, _duration(eta))
+
+    def _comm_window(self, step: int, comm_s: float, step_s: float) -> None:
+        self._window = [*self._window, (comm_s, step_s)][-COMM_WARN_WINDOW:]
+        if self._warned or len(self._window) < COMM_WARN_WINDOW:
+            return
+        comm, total = sum(c for c, _ in self._window), sum(t for _, t in self._window)
+        if all(c > COMM_WARN_FRACTION * t for c, t in self._window):
+            self._warned = True
+            log.warning("communication was %.0f%% of every step over steps %d-%d (%.3fs of %.3fs per step, "
+                        "threshold %d%%): the layout may be wrong for these links (see `retrainer plan`)",
+                        100 * comm / total, step - COMM_WARN_WINDOW + 1, step, comm / COMM_WARN_WINDOW,
+                        total / COMM_WARN_WINDOW, int(COMM_WARN_FRACTION * 100))
 
     def close(self) -> None:
         if self.enabled:

@@ -1,20 +1,19 @@
 """One training rank, started by torchrun: `python -m tasks.train.worker --config C.json --dataset-dir D`.
 
 Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
-(also for pp=1, so there is one code path); the config arrives as the JSON the
-launcher wrote, so CLI overrides survive. A non-finite loss or gradient norm
-raises at once, naming the step, and the rank exits non-zero; no summary is
-written for such a run.
-
-Fault-injection hooks for tests (environment, off by default):
-`RETRAINER_FAULT_STEP_DELAY_S=SECONDS` sleeps after every step;
-`RETRAINER_FAULT_CKPT_DELAY=STEP:SECONDS` sleeps inside the commit of the
-checkpoint at STEP, after its files are written and before it is committed.
+(also for pp=1, so there is one code path); the job arrives as the JSON the
+launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
+non-finite loss or gradient norm raises at once, naming the step, and the rank
+exits non-zero; no summary is written for such a run. Rank 0 keeps the run's
+status file current (tasks/train/status.py): that, not the log, is what the
+launcher supervises.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import math
@@ -22,6 +21,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,14 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from tasks.config import JobConfig
+from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_json, atomic_writer, sha256_file
 from tasks.run import RunIdentity
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, split_inputs
 from tasks.train.model import TPGroup, lm_loss, local_named_params, num_params, pipeline_layers, unshard
+from tasks.train.status import State, Status, now, write_status
 from tasks.train.telemetry import Telemetry, comms_config, flops_per_token
 from tasks.train.weights import load_into
 
@@ -57,14 +58,14 @@ class WarmupCosine:
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def use_bf16(cfg: JobConfig) -> bool:
+def use_bf16(cfg: TrainingJob) -> bool:
     p = cfg.train.precision
     if p == "bf16" and not torch.cuda.is_available():
         raise InvalidInputError("train.precision: bf16 needs a GPU; use 'auto' or 'fp32' on CPU")
     return p == "bf16" or (p == "auto" and torch.cuda.is_available())
 
 
-def deepspeed_config(cfg: JobConfig) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainingJob) -> dict[str, Any]:
     t, p = cfg.train, cfg.parallel
     return {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
@@ -80,11 +81,11 @@ def deepspeed_config(cfg: JobConfig) -> dict[str, Any]:
     }
 
 
-def make_optimizer(params: Any, cfg: JobConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Any, cfg: TrainingJob) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
 
-def make_scheduler(cfg: JobConfig):
+def make_scheduler(cfg: TrainingJob):
     return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(cfg.train.warmup_steps, cfg.train.steps))
 
 
@@ -101,7 +102,7 @@ def check_finite(value: float | None, what: str, step: int) -> None:
         raise TrainingFailedError(f"non-finite {what} at step {step} ({value})")
 
 
-def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: JobConfig) -> dict[str, torch.Tensor] | None:
+def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: TrainingJob) -> dict[str, torch.Tensor] | None:
     """Full fp32 reference state dict on global rank 0 (TP pieces reassembled, stages merged)."""
     payload = None
     if grid.get_data_parallel_rank() == 0:
@@ -129,7 +130,7 @@ def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: JobConfig) -> d
 class Trainer:
     """Builds the engine, resumes, runs the steps, commits checkpoints, writes the summary."""
 
-    def __init__(self, cfg: JobConfig, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None) -> None:
+    def __init__(self, cfg: TrainingJob, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None) -> None:
         import deepspeed
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
@@ -139,7 +140,8 @@ class Trainer:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before the first NCCL collective
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
+        with _deepspeed_prints_to_debug():
+            deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         if self.world != p.world_size:
             raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
@@ -150,36 +152,32 @@ class Trainer:
 
         self.windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
         self.sampler = Sampler(len(self.windows), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed)
-        self.current_step = 0  # 1-based step being run, read by the loss (NaN injection)
         # Decided before the engine exists: a run's own checkpoint wins; only a fresh run loads starting weights.
         self.root = ck.ckpt_root(cfg.train.output_dir)
+        self.last_step = 0
         self.resume_from = self._resume_point()
 
-        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            loss = lm_loss(logits, labels)
-            if cfg.train.nan_at_step == self.current_step:
-                loss = loss * float("nan")
-            return loss
-
-        module = PipelineModule(
-            layers=pipeline_layers(m, cfg.train.seed, tp),
-            loss_fn=loss_fn,
-            topology=topo,
-            partition_method="type:TransformerBlock",
-            activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
-        )
+        with _deepspeed_prints_to_debug():
+            module = PipelineModule(
+                layers=pipeline_layers(m, cfg.train.seed, tp),
+                loss_fn=lambda logits, labels: lm_loss(logits, labels),
+                topology=topo,
+                partition_method="type:TransformerBlock",
+                activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
+            )
         if self.resume_from is None and init_path is not None:
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
                 log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=module,
-            model_parameters=[q for q in module.parameters() if q.requires_grad],
-            optimizer=make_optimizer([q for q in module.parameters() if q.requires_grad], cfg),
-            lr_scheduler=make_scheduler(cfg),
-            config=deepspeed_config(cfg),
-        )
+        with _deepspeed_prints_to_debug():
+            self.engine, _, _, _ = deepspeed.initialize(
+                model=module,
+                model_parameters=[q for q in module.parameters() if q.requires_grad],
+                optimizer=make_optimizer([q for q in module.parameters() if q.requires_grad], cfg),
+                lr_scheduler=make_scheduler(cfg),
+                config=deepspeed_config(cfg),
+            )
         seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         if self.rank == 0:
@@ -197,7 +195,6 @@ class Trainer:
         if state is not None:
             with atomic_writer(tmp / ck.CONSOLIDATED) as fh:
                 torch.save(state, fh)
-        _fault_ckpt_delay(step)
         tdist.barrier()
         final = root / tag
         if self.rank == 0:
@@ -263,12 +260,12 @@ class Trainer:
         telemetry = Telemetry(
             out / "telemetry.jsonl", enabled=self.rank == 0, fresh=start == 0, tokens_per_step=tokens,
             flops_per_token=flops_per_token(num_params(m), m.n_layers, m.seq_len, m.d_model), peak_flops_total=peak,
+            steps=cfg.train.steps, first_step=start + 1,
         )
-        step_delay = float(os.environ.get("RETRAINER_FAULT_STEP_DELAY_S", "0") or 0)
+        self.report("training", start, losses[-1] if losses else None)
         final_dir = None
         for step0 in range(start, cfg.train.steps):
             step = step0 + 1
-            self.current_step = step
             data = self.batches(step0)
             t0 = telemetry.start()
             loss_t = self.engine.train_batch(data_iter=iter(data))
@@ -276,14 +273,11 @@ class Trainer:
             check_finite(loss, "loss", step)
             norm = self.engine.get_global_grad_norm()
             check_finite(None if norm is None else float(norm), "grad norm", step)
-            row = telemetry.record(step, loss, t0)
+            telemetry.record(step, loss, t0)
             losses.append(loss)
-            if self.rank == 0:
-                log.info("step %d loss %.6f tokens/s %.0f comm %.3fs", step, loss, row["tokens_per_s"], row["comm_s"])
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
                 final_dir = self.save(root, step, losses)
-            if step_delay:
-                time.sleep(step_delay)
+            self.report("training", step, loss)
         telemetry.close()
         if final_dir is None:  # resumed at the last step: nothing left to run
             final_dir = root / ck.tag_for(cfg.train.steps)
@@ -313,16 +307,36 @@ class Trainer:
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)
+        self.report("finished", self.cfg.train.steps, summary["final_loss"])
         return summary
 
+    def report(self, state: State, step: int, loss: float | None) -> None:
+        """Rank 0 keeps the status file current (the launcher's view of the run)."""
+        self.last_step = step
+        if self.rank == 0:
+            write_status(self.cfg.train.output_dir,
+                         Status(state=state, step=step, steps=self.cfg.train.steps, loss=loss, at=now()))
 
-def _fault_ckpt_delay(step: int) -> None:
-    spec = os.environ.get("RETRAINER_FAULT_CKPT_DELAY", "")
-    if spec:
-        at, seconds = spec.split(":")
-        if int(at) == step:
-            log.warning("fault injection: pausing %s s inside the commit of step %d", seconds, step)
-            time.sleep(float(seconds))
+
+@contextlib.contextmanager
+def _deepspeed_prints_to_debug():
+    """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        for line in buf.getvalue().splitlines():
+            log.debug("deepspeed: %s", line)
+
+
+def quiet_start_up() -> None:
+    """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
+    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,27 +348,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s"
     )
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    quiet_start_up()
     spec = json.loads(Path(args.config).read_text())
-    cfg = JobConfig.model_validate(spec["job"])
+    cfg = TrainingJob.model_validate(spec["job"])
     init_path = Path(spec["init_path"]) if spec.get("init_path") else None
+    trainer = None
     try:
         trainer = Trainer(cfg, Path(args.dataset_dir), RunIdentity.from_dict(spec["run"]), init_path)
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)
+        # Any rank that knows why the run failed says so (atomic replace: a concurrent writer's reason is as true).
+        write_status(cfg.train.output_dir, Status(
+            state="failed", step=trainer.last_step if trainer else 0, steps=cfg.train.steps, at=now(),
+            reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
         return 1
     tdist.barrier()
     tdist.destroy_process_group()
     return 0
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """Run `main` and leave without interpreter teardown: by now every checkpoint is fsynced and the
+    process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
+    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
     code = main()
-    # Leave without interpreter teardown: by now every checkpoint is fsynced and the process group is
-    # destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now and then on CPU
-    # ("terminate called without an active exception", SIGABRT, seen in a full test run under load).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -156,6 +156,14 @@ def no_leftovers(tmp_path: Path) -> Iterator[None]:
     reap(processes_mentioning(str(tmp_path)))
 
 
+def finished_steps(run_dir: Path) -> int:
+    """The last finished step the run's status file reports (0 before the first)."""
+    from tasks.train.status import STATUS_FILE, read_status
+
+    status = read_status(run_dir / STATUS_FILE)
+    return status.step if status is not None and status.state == "training" else 0
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 

@@ -25,6 +25,7 @@ from tasks.config import ConfigError
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
 from tasks.run import RunIdentity
+from tests import hooks
 
 STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")
 
@@ -58,6 +59,7 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    hooks.install()  # the fault suite's hooks (HOOK_* variables), on the driver and its ranks
     parser = argparse.ArgumentParser(prog="tests.faults.driver")
     parser.add_argument("config", type=Path)
     parser.add_argument("state", type=Path)

@@ -15,6 +15,7 @@ from tests.faults.conftest import (
     Job,
     TaskProcess,
     driver,
+    finished_steps,
     processes_mentioning,
     read_json,
     reap,
@@ -42,7 +43,7 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
     root = ckpt_root(job.run_dir(state))
 
     # Step 4's checkpoint files are written, its commit is paused: kill the task process right there.
-    env = task_env(RETRAINER_FAULT_CKPT_DELAY="4:120")
+    env = task_env(HOOK_CKPT_DELAY="4:120")
     task = TaskProcess(driver(job, state, "train"), tmp_path / "train-1.log", env)
     task.wait_for(lambda: "pausing 120 s inside the commit of step 4" in task.text(), "the step-4 commit")
     task.sigkill()
@@ -83,8 +84,8 @@ def test_sigkill_of_the_task_process_leaves_no_rank_running(
     rc, out = run_task(driver(job, state, "warm"), tmp_path / "warm.log")
     assert rc == 0, out[-2000:]
     task = TaskProcess(driver(job, state, "train"), tmp_path / "train.log",
-                       task_env(RETRAINER_FAULT_STEP_DELAY_S="5"))
-    task.wait_for(lambda: "step 1 loss" in task.text(), "step 1")
+                       task_env(HOOK_STEP_DELAY_S="5"))
+    task.wait_for(lambda: finished_steps(job.run_dir(state)) >= 1, "step 1")
     task.sigkill()
     time.sleep(3)  # give a parent-death signal time to land
     assert processes_mentioning(str(tmp_path)) == []

@@ -24,7 +24,7 @@ def test_sigkill_during_evaluate_then_rerun_publishes_once_with_the_same_metrics
     state = trained.state_for(tmp_path)
     assert job.data["evaluate"]["batches"] >= 2  # so "before batch 2" is mid-evaluate
     task = TaskProcess(driver(job, state, "evaluate", "gate", "publish"), tmp_path / "evaluate-1.log",
-                       task_env(RETRAINER_FAULT_EVAL_DELAY_S="5"))
+                       task_env(HOOK_EVAL_DELAY_S="5"))
     # Batch 1 is scored; the kill lands in the 5 s pause before batch 2.
     task.wait_for(lambda: "before batch 2" in task.text(), "evaluate's second batch", timeout=120)
     task.sigkill()

@@ -69,8 +69,8 @@ def test_sigkill_between_version_insert_and_pointer_switch(
     job, state = trained.job_for(tmp_path, pg_url), trained.state_for(tmp_path)
     argv = [*driver(job, state, "publish"), "--metrics", str(metrics_file(tmp_path, state))]
 
-    task = TaskProcess(argv, tmp_path / "publish-1.log", task_env(RETRAINER_FAULT="after_version_insert"))
-    task.wait_for(lambda: "blocking at after_version_insert" in task.text(), "the version insert")
+    task = TaskProcess(argv, tmp_path / "publish-1.log", task_env(HOOK_PUBLISH_BLOCK="after_version_insert"))
+    task.wait_for(lambda: "blocking after the version insert" in task.text(), "the version insert")
     task.sigkill()
     registry = job.registry()
     assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]  # an unpointed version: harmless

@@ -59,9 +59,10 @@ def test_nan_at_step_k_fails_publishes_nothing_alias_unchanged(
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics_file(tmp_path, state))],
                        tmp_path / "seed.log")
     assert rc == 0, out[-3000:]  # v1 is live before the bad run
-    job.update("train", steps=6, nan_at_step=5)  # a new experiment (6 steps) that goes NaN at step 5
+    job.update("train", steps=6)  # a new experiment (6 steps); it goes NaN at step 5
 
-    rc, out = run_task(driver(job, state, "train", "evaluate", "gate", "publish"), tmp_path / "nan.log")
+    rc, out = run_task(driver(job, state, "train", "evaluate", "gate", "publish"), tmp_path / "nan.log",
+                       task_env(HOOK_NAN_AT_STEP="5"))
     assert rc == 1, out[-3000:]
     assert "non-finite loss at step 5" in out
     assert read_json(state / "train.json")["steps"] == 4  # the seed's summary: nothing new was recorded
@@ -83,7 +84,7 @@ def test_duplicate_trigger_is_refused_by_the_lock_naming_the_holder(
     (tmp_path / "b" / "warm.json").write_text((tmp_path / "a" / "warm.json").read_text())
 
     first = TaskProcess(driver(job, tmp_path / "a", "train"), tmp_path / "first.log",
-                        task_env(RETRAINER_FAULT_STEP_DELAY_S="3"))
+                        task_env(HOOK_STEP_DELAY_S="3"))
     first.wait_for(lambda: "checkpoint committed" in first.text(), "the first run's first checkpoint")
     root = ckpt_root(job.run_dir(tmp_path / "a"))
     before = {p.name: sha256_file(p / "consolidated.pt") for p in root.glob("step-*")}
@@ -109,7 +110,7 @@ def test_checkpoint_disk_full_fails_clearly_previous_checkpoint_intact(
     with small_tmpfs(root, "64m"):
         # Once step 2 is committed, fill what is left of the disk: the step-4 checkpoint cannot fit.
         task = TaskProcess(driver(job, state, "train"), tmp_path / "train.log",
-                           task_env(RETRAINER_FAULT_STEP_DELAY_S="1"))
+                           task_env(HOOK_STEP_DELAY_S="1"))
         task.wait_for(lambda: "ckpt/step-000002" in task.text(), "the step-2 commit")
         fill(root / "filler")
         rc, out = task.finish(timeout=600), task.text()

@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn_launcher(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """The launcher in a separate process, as an Airflow task would run it; `env` adds to its environment."""
+    """`retrainer train` in a separate process, as an Airflow task would run it, with the test hooks
+    installed (tests/hooks: `HOOK_*` variables in `env` switch them on); `env` adds to its environment."""
     config = Path(cfg.train.output_dir).parent / f"{Path(cfg.train.output_dir).name}.config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(cfg.model_dump(mode="json")))
     with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "tasks.launch", "--config", str(config), "--dataset-dir",
+        return subprocess.Popen([sys.executable, "-m", "tests.hooks.cli", "train", str(config), "--dataset-dir",
                                  str(dataset_dir)],
                                 cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=fh,
                                 stderr=subprocess.STDOUT)
@@ -44,18 +45,25 @@ def launched(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) 
 
 def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[bytes] | None = None,
                   timeout_s: float = 240.0) -> None:
-    """Block until rank 0's telemetry shows `step` finished."""
-    path = Path(output_dir) / "telemetry.jsonl"
+    """Block until the run's status file says `step` finished."""
+    from tasks.train.status import STATUS_FILE, read_status
+
+    path = Path(output_dir) / STATUS_FILE
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"launcher exited ({proc.returncode}) before step {step}")
-        if path.exists():
-            steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-            if steps and max(steps) >= step:
-                return
+        status = read_status(path)
+        if status is not None and status.state in ("training", "finished") and status.step >= step:
+            return
         time.sleep(0.2)
     raise AssertionError(f"no step {step} in {path} after {timeout_s}s")
+
+
+def is_rank(cmdline: list[str]) -> bool:
+    """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not torchrun or an agent."""
+    return bool({"tasks.train.worker", "tests.hooks.worker"} & set(cmdline)) and not (
+        {"torch.distributed.run", "tasks.launch.agent"} & set(cmdline))
 
 
 def training_processes(output_dir: str | Path) -> list[psutil.Process]:

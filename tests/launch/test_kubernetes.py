@@ -28,7 +28,8 @@ def render(tmp_path: Path, **overrides: object) -> dict:
     cfg = k8s_config(tmp_path, **overrides)
     launcher = get_launcher(cfg)
     assert isinstance(launcher, KubernetesLauncher)
-    return launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16)
+    return launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
+                             "0123456789abcdef")
 
 
 def pod_spec(job: dict, replica: str = "Master") -> dict:
@@ -62,6 +63,11 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     assert "--nnodes=2" in words and "--nproc-per-node=2" in words
     assert "--node-rank=$RANK" in words and "--master-addr=$MASTER_ADDR" in words
     assert "--master-port=$MASTER_PORT" in words and "tasks.train.worker" in words
+    # Under the node agent, which relays the run's status file into the log the launcher follows.
+    assert words[2:6] == ["-m", "tasks.launch.agent", "run", "--tag"]
+    assert words[words.index("--relay-status") + 1] == str(tmp_path / "run" / "status.json")
+    # One name per run: a retry finds (and deletes) the job an earlier attempt left.
+    assert job["metadata"]["name"] == "retrainer-tiny-test-0123456789ab"
 
 
 def test_resources_service_account_and_secret_env_come_from_the_config(tmp_path: Path) -> None:
@@ -136,4 +142,4 @@ def test_bad_quantity_and_missing_container_name_are_refused(tmp_path: Path) -> 
 def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "kubernetes"})
     with pytest.raises(InvalidInputError, match=r"cluster\.image"):
-        get_launcher(cfg).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16)
+        get_launcher(cfg).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16, "0123456789abcdef")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.conftest import tiny_config, write_dataset
-from tests.launch.helpers import launched, training_processes, wait_for_step
+from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -17,14 +17,34 @@ pytestmark = pytest.mark.multiproc
 def test_sigterm_to_local_launcher_leaves_no_rank(tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 200}, out="local")
-    with launched(cfg, dataset, {"RETRAINER_FAULT_STEP_DELAY_S": "0.3"}, tmp_path / "l.log") as launcher:
+    with launched(cfg, dataset, {"HOOK_STEP_DELAY_S": "0.3"}, tmp_path / "l.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         running = training_processes(cfg.train.output_dir)
         assert len(running) >= 3  # torchrun + 2 ranks
-        assert len({p.pid for p in running if "tasks.train.worker" in p.cmdline()}) >= 2
+        assert len({p.pid for p in running if is_rank(p.cmdline())}) >= 2
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(timeout=120)
     log = (tmp_path / "l.log").read_text()
     assert rc == 143, log[-3000:]
     assert training_processes(cfg.train.output_dir) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+
+def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hooked) -> None:
+    """Every worker log line reworded (HOOK_REWORD_LOGS): the failure reason and hang detection still come
+    through, because launchers read the run's status file, never the log text."""
+    from tasks.errors import TrainingFailedError
+    from tasks.launch import train
+
+    dataset = write_dataset(tmp_path / "dataset")
+    nan = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 5}, out="nan")
+    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="3")
+    with pytest.raises(TrainingFailedError, match=r"non-finite loss at step 3"):
+        train(nan, dataset)
+
+    hung = tiny_config(tmp_path, {"train.steps": 50, "cluster.hang_timeout_s": 4, "cluster.startup_timeout_s": 300},
+                       out="hung")
+    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="0", HOOK_STEP_DELAY_S="60")  # step 1, then a stall
+    with pytest.raises(TrainingFailedError, match=r"hung .*last finished step 1\b"):
+        train(hung, dataset)
+    assert training_processes(hung.train.output_dir) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_p
     assert "#SBATCH --partition=test" in (out / "slurm-job.sbatch").read_text()
     job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
     assert "JobState=COMPLETED" in job and "ExitCode=0:0" in job
-    assert "tasks.train.worker: step 5 loss" in (out / f"slurm-{job_id}.out").read_text()
+    assert "step 5/5 (100%)" in (out / f"slurm-{job_id}.out").read_text()  # the ranks' log reaches the output
     assert job_processes(job_id) == []
 
 
@@ -52,7 +53,7 @@ def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_
     dataset = write_dataset(tmp_path / "dataset")
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 200,
                                  "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
-    env = {**slurm_cluster.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
+    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "0.3"}
     with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         job_id = (Path(cfg.train.output_dir) / "slurm-job-id").read_text().strip()
@@ -65,3 +66,34 @@ def test_killing_the_launcher_scancels_the_job(slurm_cluster: SlurmCluster, tmp_
     assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
     assert job_processes(job_id) == []
     assert training_processes(cfg.train.output_dir) == []
+
+
+def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A SIGKILLed Airflow task runs no cleanup: its Slurm job would train on to its time limit next to the
+    retry. The retry finds the job of the same run by its name, cancels it, says so, then resumes."""
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 12, "train.checkpoint_every": 2,
+                                 "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
+    out = Path(cfg.train.output_dir)
+    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "0.5"}
+    with launched(cfg, dataset, env, tmp_path / "first.log") as first:
+        wait_for_step(out, 4, first)
+        old_job = (out / "slurm-job-id").read_text().strip()
+        first.kill()  # SIGKILL: no handler runs, nothing is cancelled
+        first.wait()
+    assert job_processes(old_job), "the orphaned Slurm job should still be running"
+
+    with launched(cfg, dataset, slurm_cluster.env, tmp_path / "retry.log") as retry:
+        rc = retry.wait(timeout=300)
+    log = (tmp_path / "retry.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert f"job {old_job} (retrainer-{cfg.name}-" in log and "cancelling it before launching" in log
+    assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", old_job).stdout
+    assert job_processes(old_job) == []
+    new_job = (out / "slurm-job-id").read_text().strip()
+    assert new_job != old_job
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 4
+    assert len(summary["losses"]) == 12

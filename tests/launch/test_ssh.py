@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,14 +13,9 @@ from tasks.config import JobConfig
 from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
-from tests.launch.helpers import launched, training_processes, wait_for_step
+from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
-
-
-def is_rank(cmdline: list[str]) -> bool:
-    """A training rank itself (`python -u -m tasks.train.worker`), not torchrun or the node agent."""
-    return "tasks.train.worker" in cmdline and not {"torch.distributed.run", "tasks.launch.agent"} & set(cmdline)
 
 
 def ssh_config(tmp_path: Path, hosts: NetnsHosts, out: str, **overrides: object) -> JobConfig:
@@ -44,7 +40,7 @@ def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, 
 def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = ssh_config(tmp_path, netns_hosts, "killed", **{"parallel.dp": 2, "train.steps": 200})
-    env = {**netns_hosts.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
+    env = {**netns_hosts.env, "HOOK_STEP_DELAY_S": "0.3"}
     with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         assert netns_hosts.training_pids(0) and netns_hosts.training_pids(1)  # really running on both nodes
@@ -59,11 +55,13 @@ def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHos
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
 
-def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: NetnsHosts, tmp_path: Path,
+                                                                    hooked) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = ssh_config(tmp_path, netns_hosts, "hung", **{"parallel.dp": 2, "train.steps": 100,
                                                        "cluster.hang_timeout_s": 20, "cluster.startup_timeout_s": 300})
-    env = {**netns_hosts.env, "RETRAINER_FAULT_STEP_DELAY_S": "0.3"}
+    hooked(HOOK_STEP_DELAY_S="0.3")
+    env = netns_hosts.env
     stopped: list[int] = []
 
     def hang_the_rank_on_node_2() -> None:
@@ -82,3 +80,41 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
     assert training_processes(cfg.train.output_dir) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+
+def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_kill(
+    netns_hosts: NetnsHosts, tmp_path: Path
+) -> None:
+    """The launcher's environment and config carry secrets; no node's process table, no rank's environment
+    and no file under the run directory may show them, while the ranks run and after a SIGKILL."""
+    import secrets
+
+    from tests.secrets_scan import argv_containing, environments_containing, files_containing
+
+    password, aws_secret = f"dbpw-{secrets.token_hex(8)}", f"aws-{secrets.token_hex(16)}"
+    values = [password, aws_secret]
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = ssh_config(tmp_path, netns_hosts, "secret", **{
+        "parallel.dp": 2, "train.steps": 200,
+        "publish.registry_url": f"postgresql+psycopg://u:{password}@db.internal/registry",
+        "data.storage_options": {"key": "AKIA0", "secret": aws_secret}})
+    env = {**netns_hosts.env, "HOOK_STEP_DELAY_S": "0.3", "AWS_SECRET_ACCESS_KEY": aws_secret,
+           "RETRAINER_DB_URL": f"postgresql://u:{password}@db.internal/registry"}
+    out = Path(cfg.train.output_dir)
+    with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
+        wait_for_step(out, 2, launcher)
+        on_nodes = netns_hosts.training_pids(0) + netns_hosts.training_pids(1)
+        assert len([p for p in training_processes(out) if is_rank(p.cmdline())]) == 2
+        assert argv_containing(values, netns_hosts.names) == []
+        assert environments_containing(on_nodes, values) == []
+        run_files = [p for p in out.iterdir() if p.is_file() and p.suffix == ".json"]
+        assert run_files  # the worker config and the status are there, and clean
+        assert files_containing([out], values) == []
+        launcher.kill()  # SIGKILL of the task: no cleanup code runs on this side
+        launcher.wait()
+    assert files_containing([out], values) == []
+    assert "dbpw-" not in (tmp_path / "launcher.log").read_text()
+    deadline = time.monotonic() + 90  # each node's agent tears its node down once its ssh channel is gone
+    while (netns_hosts.training_pids(0) or netns_hosts.training_pids(1)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []

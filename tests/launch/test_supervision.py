@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -21,6 +20,7 @@ from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged
 from tasks.launch.slurm import render_script
 from tasks.launch.watch import ProgressWatcher
+from tasks.train.status import Status
 from tests.launch.conftest import tiny_config, write_dataset
 
 
@@ -47,22 +47,23 @@ def test_stop_all_reaches_stopped_orphaned_and_new_session_processes() -> None:
     assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
 
 
-def test_progress_watcher_counts_only_new_lines_and_names_the_last_step(tmp_path: Path) -> None:
-    path = tmp_path / "telemetry.jsonl"
-    path.write_text(json.dumps({"step": 7, "loss": 1.0}) + "\n")  # a previous attempt's lines
-    watcher = ProgressWatcher(path, timeout_s=0.3)
-    assert not watcher.poll() and watcher.last_step is None
-    with open(path, "a") as fh:
-        fh.write(json.dumps({"step": 8, "loss": 0.9}) + "\n" + '{"step": 9, "lo')  # a half-written line
-    assert watcher.poll() and watcher.last_step == 8
+def test_progress_watcher_follows_the_status_and_names_the_last_step() -> None:
+    def status(step: int, state: str = "training", reason: str | None = None) -> Status:
+        return Status(state=state, step=step, steps=20, loss=1.0, at=time.time(), reason=reason)  # type: ignore
+
+    watcher = ProgressWatcher(timeout_s=0.3, startup_timeout_s=5)
+    watcher.observe(None)
+    watcher.observe(status(7))  # where this launch starts (a resumed run)
     time.sleep(0.4)
-    assert watcher.hung()
-    assert "last finished step 8" in watcher.describe()
-    with open(path, "a") as fh:
-        fh.write('ss": 0.8}\n')
+    assert not watcher.hung()  # still starting up: the startup allowance applies
+    watcher.observe(status(8))
+    assert watcher.last_step == 8
+    time.sleep(0.4)
+    assert watcher.hung() and "last finished step 8" in watcher.describe()
+    watcher.observe(status(9))
     assert not watcher.hung() and watcher.last_step == 9
-    path.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")  # a fresh run truncates
-    assert watcher.poll() and watcher.last_step == 1
+    watcher.observe(status(9, "failed", "non-finite loss at step 10 (nan)"))
+    assert watcher.failure == "non-finite loss at step 10 (nan)"
 
 
 def test_ssh_launcher_refuses_bad_hosts_before_writing_anything(tmp_path: Path) -> None:
@@ -92,7 +93,7 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
                                  "cluster.slurm": {"nodes": 2, "time_limit": "1-02:00", "gpus_per_node": 2,
                                                    "sbatch_args": ["--account=ml", "--exclusive"],
                                                    "python": "/opt/py", "workdir": "/srv"}})
-    script = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json")
+    script = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json", "0123456789abcdef")
     lines = script.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --partition=gpu" in lines
     assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --time=1-02:00" in lines
@@ -101,7 +102,8 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
     assert '--node-rank="$SLURM_NODEID"' in srun and '--master-addr="$RETRAINER_MASTER_ADDR"' in srun
     assert "--nnodes=2" in srun and "--nproc-per-node=2" in srun and "--kill-on-bad-exit=1" in srun
     assert srun.split("bash -c ")[1].startswith("'/opt/py -m torch.distributed.run")
-    default = render_script(tiny_config(tmp_path), SlurmConfig(), tmp_path / "ds", tmp_path / "c.json")
+    assert "#SBATCH --job-name=retrainer-tiny-test-0123456789abcdef" in lines  # how a retry finds this run's job
+    default = render_script(tiny_config(tmp_path), SlurmConfig(), tmp_path / "ds", tmp_path / "c.json", "0" * 16)
     assert "#SBATCH --time=24:00:00" in default and "--gpus-per-node" not in default  # CPU partitions ask none
 
 
@@ -119,7 +121,10 @@ def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> No
     assert cmd[cmd.index("-i") + 1] == "/keys/id"
     remote = launcher.remote_command(cfg, tmp_path / "ds", tmp_path / "c.json", "ab" * 16, 2, 1)
     words = shlex.split(remote)
-    assert words[:2] == ["cd", "/srv/retrainer"] and "NCCL_IB_HCA=mlx5" in words
+    assert words[:2] == ["cd", "/srv/retrainer"]
+    # The environment travels on the agent's stdin, never on its command line (`ps` would show it).
+    assert not any("NCCL_IB_HCA" in w for w in words) and "--env-stdin" in words
+    assert launcher.node_env("ab" * 16, 1)["NCCL_IB_HCA"] == "mlx5"
     agent = words.index("tasks.launch.agent")
     assert words[agent - 2 : agent] == ["/opt/py", "-m"] and words[words.index("--grace") + 1] == "4.0"
     assert "--node-rank=1" in words and "--nproc-per-node=1" in words

@@ -85,13 +85,13 @@ def test_publish_refuses_bad_checkpoints(
 
 
 def _publish_process(cfg: JobConfig, ckpt: Path, tmp_path: Path, **env: str) -> subprocess.Popen[bytes]:
-    """`retrainer publish` in its own process (the real entry point)."""
+    """`retrainer publish` in its own process (the real entry point, with the test hooks installed)."""
     config_file = tmp_path / f"job-{ckpt.name}.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     metrics_file = tmp_path / "metrics.json"
     metrics_file.write_text(json.dumps(METRICS))
     return subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", "publish", str(config_file), "--checkpoint", str(ckpt),
+        [sys.executable, "-m", "tests.hooks.cli", "publish", str(config_file), "--checkpoint", str(ckpt),
          "--metrics", str(metrics_file), "--json"],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -115,7 +115,7 @@ def test_publish_cas_fails_cleanly_when_pointer_moved(
     publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS)
     release = tmp_path / "release"
     proc = _publish_process(cfg, make_checkpoint(tmp_path, cfg, "c", seed=3), tmp_path,
-                            RETRAINER_FAULT="after_version_insert", RETRAINER_FAULT_RELEASE=str(release))
+                            HOOK_PUBLISH_BLOCK="after_version_insert", HOOK_PUBLISH_RELEASE=str(release))
     try:
         with Registry(registry_url) as reg:
             _wait_for_versions(reg, 3, proc)
@@ -138,7 +138,7 @@ def test_sigkill_between_version_insert_and_switch(
     cfg = job_config(pg_url)
     first = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10", seed=1), METRICS)
     ckpt2 = make_checkpoint(tmp_path, cfg, "step-20", seed=2)
-    proc = _publish_process(cfg, ckpt2, tmp_path, RETRAINER_FAULT="after_version_insert")
+    proc = _publish_process(cfg, ckpt2, tmp_path, HOOK_PUBLISH_BLOCK="after_version_insert")
     try:
         with Registry(pg_url) as reg:
             _wait_for_versions(reg, 2, proc)

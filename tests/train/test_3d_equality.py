@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.train.launch import train
+from tasks.launch import train
 from tasks.train.reference import train_reference
 from tasks.train.weights import load_state
 

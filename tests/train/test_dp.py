@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tasks.fsutil import sha256_file
+from tasks.launch.torchrun import torchrun_command
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
-from tasks.train.launch import torchrun_command
 from tasks.train.model import num_params
 from tasks.train.weights import load_reference
 

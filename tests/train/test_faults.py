@@ -23,9 +23,9 @@ import yaml
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
+from tasks.launch import torchrun, train
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
-from tasks.train.launch import torchrun_command, train, worker_env, write_config_json
 from tasks.train.weights import load_state, state_digest
 from tests.train.conftest import tiny_config, write_dataset
 
@@ -68,11 +68,12 @@ def _rank_of(pid: int) -> int | None:
     return None
 
 
-def _start(cfg: JobConfig, dataset: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(cfg: JobConfig, dataset: Path) -> subprocess.Popen[bytes]:
+    """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
     out = Path(cfg.train.output_dir)
-    cmd = torchrun_command(cfg, dataset, write_config_json(cfg, out, for_dataset(cfg, dataset)))
+    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(cfg, out, for_dataset(cfg, dataset)))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(cmd, env=worker_env(extra_env), stdout=log, stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, env=torchrun.rank_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 
@@ -101,12 +102,13 @@ def _assert_same_final_weights(summary: dict, reference: dict) -> None:
     assert summary["weights_sha256"] == reference["weights_sha256"]
 
 
-def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight) -> None:
+def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeypatch) -> None:
     root, dataset, reference = straight
     cfg = tiny_config(root, EXPERIMENT, out="killed")
     ckroot = ck.ckpt_root(cfg.train.output_dir)
     Path(cfg.train.output_dir).mkdir(parents=True)
-    proc = _start(cfg, dataset, {"RETRAINER_FAULT_STEP_DELAY_S": "1.0"})
+    hooked(HOOK_STEP_DELAY_S="1.0")
+    proc = _start(cfg, dataset)
     try:
         _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
         ranks = {_rank_of(pid): pid for pid in _children(proc.pid)}
@@ -117,18 +119,20 @@ def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight) -> None:
     assert ck.read_latest(ckroot) == "step-000003"
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
+    monkeypatch.delenv("HOOK_STEP_DELAY_S")
     resumed = train(cfg, dataset)
     assert resumed["resumed_from_step"] == 3
     _assert_same_final_weights(resumed, reference)
 
 
-def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight) -> None:
+def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight, hooked, monkeypatch) -> None:
     root, dataset, reference = straight
     cfg = tiny_config(root, EXPERIMENT, out="crashed")
     ckroot = ck.ckpt_root(cfg.train.output_dir)
     Path(cfg.train.output_dir).mkdir(parents=True)
     tmp = ckroot / "tmp-step-000006"
-    proc = _start(cfg, dataset, {"RETRAINER_FAULT_CKPT_DELAY": "6:120"})
+    hooked(HOOK_CKPT_DELAY="6:120")
+    proc = _start(cfg, dataset)
     try:  # rank 0 writes consolidated.pt, then pauses before the marker and the rename
         _wait_for(lambda: (tmp / ck.CONSOLIDATED).exists(), proc, "the step-6 checkpoint files")
         os.killpg(proc.pid, signal.SIGKILL)
@@ -139,6 +143,7 @@ def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight) -> None:
     with pytest.raises(InvalidInputError, match="not a complete checkpoint"):
         ck.validate_checkpoint_dir(tmp, cfg.fingerprint())
 
+    monkeypatch.delenv("HOOK_CKPT_DELAY")
     resumed = train(cfg, dataset)
     assert resumed["resumed_from_step"] == 3
     assert not tmp.exists()  # swept, never loaded
@@ -155,8 +160,9 @@ def test_checkpoint_from_another_model_is_refused(straight) -> None:
     assert json.loads((Path(reference["checkpoint_dir"]) / ck.MARKER).read_text())["step"] == 6
 
 
-def test_nan_at_step_fails_naming_the_step(make_config, dataset_dir: Path) -> None:
-    cfg = make_config({"parallel.dp": 2, "train.steps": 5, "train.checkpoint_every": 2, "train.nan_at_step": 3})
+def test_nan_at_step_fails_naming_the_step(make_config, dataset_dir: Path, hooked) -> None:
+    cfg = make_config({"parallel.dp": 2, "train.steps": 5, "train.checkpoint_every": 2})
+    hooked(HOOK_NAN_AT_STEP="3")
     with pytest.raises(TrainingFailedError, match="non-finite loss at step 3"):
         train(cfg, dataset_dir)
     out = Path(cfg.train.output_dir)
@@ -183,10 +189,10 @@ def test_sigterm_to_the_cli_stops_every_rank(make_config, dataset_dir: Path, tmp
     cfg = make_config({"parallel.dp": 2, "train.steps": 50, "train.checkpoint_every": 1})
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    marker = f"RETRAINER_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAINER_FAULT_STEP_DELAY_S": "0.5",
+    marker = f"HOOK_RUN_MARKER={uuid.uuid4().hex}"  # a HOOK_ variable: the hooks forward it to the ranks
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOOK_STEP_DELAY_S": "0.5",
            marker.split("=")[0]: marker.split("=")[1]}
-    cli = subprocess.Popen([sys.executable, "-m", "tasks.cli", "train", str(config_path),
+    cli = subprocess.Popen([sys.executable, "-m", "tests.hooks.cli", "train", str(config_path),
                             "--dataset-dir", str(dataset_dir)], env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,0 +1,111 @@
+"""How every launcher starts the ranks: the `torchrun` command, the ranks' environment, their input file.
+
+Every launcher (local, ssh, slurm, kubernetes) builds its per-node command here, so the
+ranks start the same way everywhere. What reaches a rank is only what training needs:
+- the worker file holds a `TrainingJob` (no data source, registry or store: no credentials),
+  the run's identity and the local starting weights;
+- the environment is an allow-list of the caller's (runtime, threading, NCCL/gloo, torch,
+  Python, Slurm) plus the launcher's explicit extras; registry URLs, AWS keys and Airflow
+  Connections in the caller's environment never reach a rank.
+
+DeepSpeed's CPU shared-memory op is JIT-built by `deepspeed.init_distributed` into torch's
+extension cache. The ranks' cache is per Python environment (`<sys.prefix>/torch-extensions`
+unless TORCH_EXTENSIONS_DIR is set), so two checkouts with their own venvs never rebuild each
+other's op (a shared `~/.cache/torch_extensions` alternated between them), and
+`scripts/setup.sh` builds it once at install time (`prebuild_ops`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+from tasks.run import RunIdentity
+
+# The training worker module torchrun runs on every node (tests swap in their hooked worker here).
+WORKER_MODULE = "tasks.train.worker"
+EXTENSIONS_VAR = "TORCH_EXTENSIONS_DIR"
+
+# The caller's environment a rank may inherit: what the runtime needs, never credentials.
+RANK_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "SHELL",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "TP_SOCKET_IFNAME", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "DS_ACCELERATOR",
+})
+RANK_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "NVIDIA_", "PYTHON",
+                     "SLURM_")
+
+
+def default_extensions_dir() -> str:
+    return str(Path(sys.prefix) / "torch-extensions")
+
+
+def torchrun_command(
+    cfg: JobConfig,
+    dataset_dir: str | os.PathLike[str],
+    config_json: str | os.PathLike[str],
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    nproc_per_node: int | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The torchrun invocation for one node (static rendezvous at cluster.master_addr:master_port)."""
+    world = cfg.parallel.world_size
+    per_node = nproc_per_node or cfg.cluster.nproc_per_node or world // nnodes
+    if per_node * nnodes != world:
+        raise InvalidInputError(f"cluster: {nnodes} node(s) x {per_node} processes != tp x pp x dp = {world}")
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={per_node}",
+        f"--master-addr={cfg.cluster.master_addr}",
+        f"--master-port={cfg.cluster.master_port}",
+        "-m", WORKER_MODULE,
+        "--config", str(config_json),
+        "--dataset-dir", str(dataset_dir),
+    ]  # fmt: skip
+
+
+def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The ranks' environment: the allow-listed part of ours, one OpenMP thread per rank, our extras."""
+    env = {k: v for k, v in os.environ.items() if k in RANK_ENV_NAMES or k.startswith(RANK_ENV_PREFIXES)}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(EXTENSIONS_VAR, default_extensions_dir())
+    env.update(extra or {})
+    return env
+
+
+def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None) -> Path:
+    """The ranks' input file: the training job (no credentials), the run's identity, the starting weights."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="worker-config.", suffix=".json", dir=directory)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"job": cfg.training_job().model_dump(mode="json"), "run": run.to_dict(),
+                   "init_path": str(init_path) if init_path else None}, fh)
+    return Path(path)
+
+
+def prebuild_ops() -> str:
+    """Build DeepSpeed's CPU shared-memory comm op into this environment's extension cache (setup time)."""
+    os.environ.setdefault(EXTENSIONS_VAR, default_extensions_dir())
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        builder.load(verbose=False)
+    return os.environ[EXTENSIONS_VAR]
+
+
+if __name__ == "__main__":  # `python -m tasks.launch.torchrun --prebuild` (scripts/setup.sh)
+    if sys.argv[1:] != ["--prebuild"]:
+        sys.exit("usage: python -m tasks.launch.torchrun --prebuild")
+    print(f"DeepSpeed ops built into {prebuild_ops()}")

@@ -1,0 +1,74 @@
+"""The run's status file: what supervisors read instead of parsing log lines.
+
+Rank 0 replaces `<output_dir>/status.json` atomically after every step (step, loss, time,
+state); a rank that fails with a known reason (non-finite loss, a foreign checkpoint, ...)
+writes `failed` and the reason. Launchers supervise from it: hang detection is "the step
+has not moved for hang_timeout_s", the failure reason is the file's `reason`. Log lines are
+for people and may be reworded freely.
+
+Where the launcher cannot read the run directory (a node-local disk over ssh, a pod), the
+node agent relays each new status as one line `RETRAINER-STATUS <json>` on its output,
+which the launcher already follows (`relay_line` / `parse_relay`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tasks.fsutil import atomic_write_bytes
+
+STATUS_FILE = "status.json"
+RELAY_PREFIX = "RETRAINER-STATUS "
+State = Literal["starting", "training", "finished", "failed"]
+
+
+@dataclass(frozen=True)
+class Status:
+    state: State
+    step: int  # last finished step (0: none yet)
+    steps: int  # steps the run trains to
+    loss: float | None = None
+    at: float = 0.0  # unix time of this status
+    reason: str | None = None  # why the run failed
+    rank: int = 0  # who wrote it
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Status | None:
+        try:
+            data: Any = json.loads(text)
+            return cls(**data) if isinstance(data, dict) else None
+        except (ValueError, TypeError):
+            return None
+
+
+def write_status(output_dir: str | Path, status: Status) -> None:
+    atomic_write_bytes(Path(output_dir) / STATUS_FILE, status.to_json().encode(), durable=False)
+
+
+def read_status(path: str | Path) -> Status | None:
+    try:
+        return Status.from_json(Path(path).read_text())
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+
+
+def now() -> float:
+    return time.time()
+
+
+def relay_line(status: Status) -> str:
+    return RELAY_PREFIX + status.to_json()
+
+
+def parse_relay(line: str) -> Status | None:
+    """The status a relayed line carries, or None for an ordinary log line."""
+    if not line.startswith(RELAY_PREFIX):
+        return None
+    return Status.from_json(line[len(RELAY_PREFIX):])

@@ -1,0 +1,77 @@
+"""Fault injection for the tests, kept out of the product (tasks/ has no hooks).
+
+Each hook is switched on by a `HOOK_*` environment variable that only this package reads:
+- `HOOK_STEP_DELAY_S=S`: every rank sleeps S seconds after each step (time to kill or hang a run);
+- `HOOK_NAN_AT_STEP=N`: the loss of step N is NaN;
+- `HOOK_CKPT_DELAY=STEP:S`: rank 0 pauses S seconds inside the commit of step STEP's checkpoint (its files
+  written, not committed);
+- `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
+- `HOOK_EVAL_DELAY_S=S`: evaluation sleeps before every batch;
+- `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
+  `HOOK_PUBLISH_RELEASE` exists (or forever).
+
+`install()` (launcher side: the fault driver, `python -m tests.hooks.cli`, or a test through `hooked`)
+makes torchrun start `tests.hooks.worker` instead of the product's worker and forwards the `HOOK_*`
+variables to the ranks; `tests.hooks.worker` patches the rank-side hooks in and runs the product's worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("tests.hooks")
+
+PREFIX = "HOOK_"
+WORKER = "tests.hooks.worker"
+
+
+def hook_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(PREFIX)}
+
+
+def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Launcher-side hooks; `patch` is `setattr` in a process of its own, `monkeypatch.setattr` in pytest."""
+    from tasks.launch import ssh, torchrun
+
+    product_rank_env = torchrun.rank_env
+    patch(torchrun, "WORKER_MODULE", WORKER)
+    patch(torchrun, "rank_env", lambda extra=None: product_rank_env({**hook_env(), **(extra or {})}))
+    patch(ssh, "FORWARD_PREFIXES", (*ssh.FORWARD_PREFIXES, PREFIX))
+    if delay := float(os.environ.get("HOOK_EVAL_DELAY_S") or 0):
+        _delay_evaluation(patch, delay)
+    if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
+        _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))
+
+
+def _delay_evaluation(patch: Callable[[Any, str, Any], None], delay: float) -> None:
+    from tasks.train import data
+
+    product_split = data.split_inputs
+    batch = {"n": 0}
+
+    def split_inputs(window):  # evaluate calls it once per batch
+        batch["n"] += 1
+        log.info("evaluate: hook: sleeping %.1f s before batch %d", delay, batch["n"])
+        time.sleep(delay)
+        return product_split(window)
+
+    patch(data, "split_inputs", split_inputs)
+
+
+def _block_after_version_insert(patch: Callable[[Any, str, Any], None], release: str | None) -> None:
+    from tasks.registry.core import Registry
+
+    product_publish = Registry.publish_version
+
+    def publish_version(self, *args, **kwargs):
+        record = product_publish(self, *args, **kwargs)
+        log.warning("hook: blocking after the version insert")
+        while not (release and os.path.exists(release)):
+            time.sleep(0.05)
+        return record
+
+    patch(Registry, "publish_version", publish_version)
