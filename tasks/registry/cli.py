@@ -1,16 +1,17 @@
-"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models.
+"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models/pull.
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
-publish.registry_url unless `--db` is given). The schema is upgraded before every
-command, so a fresh database just works. `--json` prints machine-readable output.
+publish.registry_url unless `--db` is given). Only `db upgrade` changes the schema;
+every other verb checks it and, on a database that is not at the newest revision
+(or was never migrated), stops with one line naming the database and exit code 1
+(SchemaVersionError). `--json` prints machine-readable output.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,7 @@ def default_db_url() -> str:
 
 
 def _db(args: argparse.Namespace) -> str:
-    from tasks.registry.migrate import upgrade
-
-    url = args.db or default_db_url()
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    upgrade(url)
-    return url
+    return args.db or default_db_url()
 
 
 def _expect(text: str) -> int | str | None:
@@ -80,7 +76,7 @@ def _switch_text(rec: Any) -> str:
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from tasks.registry.migrate import current, upgrade
 
-    url = args.db or default_db_url()
+    url = _db(args)
     applied = upgrade(url)
     head = current(url)
     _emit(args, {"applied": applied, "current": head},
@@ -99,7 +95,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"{args.metrics}: cannot read metrics file: {exc.strerror}") from None
     except ValueError as exc:
         raise InvalidInputError(f"{args.metrics}: metrics file is not JSON: {exc}") from None
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     result = publish(cfg, Path(args.checkpoint), metrics, serving_bytes=args.serving_bytes, actor=args.actor,
                      reason=args.reason, registry_url=args.db)
     verb = "published" if result.created else "already published as"

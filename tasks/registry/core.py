@@ -30,6 +30,7 @@ from tasks.registry.db import make_engine
 from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
 from tasks.registry.names import check_digest, check_name, check_text, check_version
 from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
+from tasks.registry.schema import require_head
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,17 @@ def _check_expect(expect: Any) -> Expect:
 
 
 class Registry:
-    """Python API over the registry database; one instance per process is enough (it pools connections)."""
+    """Python API over the registry database; one instance per process is enough (it pools connections).
+
+    The schema is checked, never changed: the first query finds out once whether the database is at the
+    revision this code speaks (SchemaVersionError naming it otherwise; `retrainer db upgrade` migrates).
+    """
 
     def __init__(self, db_url: str, *, engine: sa.Engine | None = None) -> None:
         self.db_url = db_url
         self.engine = engine or make_engine(db_url)
         self._pg = self.engine.dialect.name == "postgresql"
+        self._schema_checked = False
 
     def close(self) -> None:
         self.engine.dispose()
@@ -150,6 +156,13 @@ class Registry:
         self.close()
 
     # -- helpers ------------------------------------------------------------
+    def _db(self) -> sa.Engine:
+        """The engine, once the database is known to be at the schema revision this code needs."""
+        if not self._schema_checked:
+            require_head(self.engine)
+            self._schema_checked = True
+        return self.engine
+
     def _insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> None:
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         conn.execute(dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
@@ -217,7 +230,7 @@ class Registry:
         check_text(artifact.url, "artifact.url", max_len=4096)
         metrics = check_metrics(metrics)
         now = _now()
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             self._insert_ignore(conn, t.models, {"name": model, "created_at": now}, ["name"])
             model_id = self._model_id(conn, model, lock=True)
             existing = conn.execute(
@@ -263,7 +276,7 @@ class Registry:
             raise InvalidInputError(f"action: unknown switch action {action!r}")
         if self._pg:
             return self._pg_move(model, alias, to_version, expect, actor, reason, action, rollback=False)
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             # Versions are immutable: checking the target before taking the lock is as good as after.
             self._get_version(conn, model_id, model, to_version)
@@ -291,7 +304,7 @@ class Registry:
         import psycopg
         from psycopg.rows import dict_row
 
-        pooled = self.engine.raw_connection()  # the pool's checkout checks still run
+        pooled = self._db().raw_connection()  # the pool's checkout checks still run
         try:
             pg = pooled.driver_connection
             pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT round trips
@@ -403,7 +416,7 @@ class Registry:
             check_version(to, "to")
         if self._pg:
             return self._pg_move(model, alias, to, expect, actor, reason, "rollback", rollback=True)
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             locked = self._lock_alias(conn, model_id, alias)
             current = None if locked is None else locked[0]
@@ -447,7 +460,7 @@ class Registry:
     def find_version(self, model: str, config_hash: str, checkpoint_tag: str) -> VersionRecord | None:
         """The version published from this run's checkpoint (same experiment key and tag), if any."""
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             row = conn.execute(
                 sa.select(t.versions).select_from(t.versions.join(t.models, t.models.c.id == t.versions.c.model_id))
                 .where(t.models.c.name == model, t.versions.c.config_hash == config_hash,
@@ -460,7 +473,7 @@ class Registry:
         """The version an alias points to, or None (unknown model/alias or empty pointer)."""
         check_name(model, "model")
         check_name(alias, "alias")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             row = conn.execute(
                 sa.select(t.versions)
                 .select_from(t.aliases.join(t.models, t.models.c.id == t.aliases.c.model_id).join(
@@ -474,12 +487,12 @@ class Registry:
     def get_version(self, model: str, version: int) -> VersionRecord:
         check_name(model, "model")
         check_version(version)
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             return self._get_version(conn, self._model_id(conn, model), model, version)
 
     def list_versions(self, model: str) -> list[VersionRecord]:
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 sa.select(t.versions).where(t.versions.c.model_id == mid).order_by(t.versions.c.version)
@@ -493,7 +506,7 @@ class Registry:
         if alias is not None:
             check_name(alias, "alias")
             q = q.where(t.history.c.alias == alias)
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 q.where(t.history.c.model_id == mid).order_by(t.history.c.alias, t.history.c.seq)
@@ -502,7 +515,7 @@ class Registry:
 
     def aliases(self, model: str) -> dict[str, dict[str, Any]]:
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 sa.select(t.aliases).where(t.aliases.c.model_id == mid).order_by(t.aliases.c.name)
@@ -515,7 +528,7 @@ class Registry:
 
     def models(self) -> list[dict[str, Any]]:
         """Every model with its version count and alias pointers."""
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             counts = dict(conn.execute(
                 sa.select(t.models.c.name, sa.func.count(t.versions.c.version))
                 .select_from(t.models.outerjoin(t.versions, t.versions.c.model_id == t.models.c.id))
