@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -29,7 +29,7 @@ from tasks.registry import schema as t
 from tasks.registry.db import make_engine
 from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
 from tasks.registry.names import check_digest, check_name, check_text, check_version
-from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
+from tasks.registry.records import ArtifactKind, ArtifactRef, Lineage, SwitchRecord, VersionRecord
 from tasks.registry.schema import require_head
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,8 @@ class Registry:
             data_manifest_hash=m["data_manifest_hash"], code_revision=m["code_revision"],
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
             created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
-            init_digest=m["init_digest"], data_url=m["data_url"], created=created,
+            init_digest=m["init_digest"], data_url=m["data_url"], artifact_kind=m["artifact_kind"],
+            created=created,
         )
 
     @staticmethod
@@ -209,12 +210,17 @@ class Registry:
     def publish_version(
         self, model: str, artifact: ArtifactRef, lineage: Lineage, metrics: dict[str, Any], created_by: str
     ) -> VersionRecord:
-        """Insert an immutable version with the next number; idempotent on the artifact digest."""
+        """Insert an immutable version with the next number; idempotent on the artifact digest.
+
+        `artifact` is a single file (`ArtifactStore.put`) or a committed tree (`ArtifactStore.commit_tree`):
+        its `kind` is recorded with the version."""
         check_name(model, "model")
         check_name(created_by, "created_by")
         check_digest(artifact.digest, "artifact.digest")
         for field in ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag"):
             check_name(getattr(lineage, field), f"lineage.{field}")
+        if artifact.kind not in get_args(ArtifactKind):
+            raise InvalidInputError(f"artifact.kind: must be one of {get_args(ArtifactKind)}, got {artifact.kind!r}")
         if not isinstance(artifact.size, int) or artifact.size < 0:
             raise InvalidInputError(f"artifact.size: must be a non-negative integer, got {artifact.size!r}")
         if lineage.serving_bytes is not None and (
@@ -253,7 +259,7 @@ class Registry:
                 "checkpoint_tag": lineage.checkpoint_tag, "metrics": metrics,
                 "serving_bytes": lineage.serving_bytes, "created_by": created_by, "created_at": now,
                 "parent_version": lineage.parent_version, "init_digest": lineage.init_digest,
-                "data_url": lineage.data_url,
+                "data_url": lineage.data_url, "artifact_kind": artifact.kind,
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])
