@@ -1,13 +1,11 @@
 """Alembic environment for the registry schema.
 
-Run only through `tasks.registry.migrate.upgrade`, which hands over an open
-connection (already inside a transaction and, on PostgreSQL, holding an advisory
-lock so concurrent upgrades apply each migration once).
+Run only with a config from `tasks.registry.migrate.alembic_config` (as `upgrade` does), which
+hands over an open connection (already inside a transaction and, on PostgreSQL, holding an advisory
+lock so concurrent upgrades apply each migration once) and the version table's name.
 """
 
 from alembic import context
-
-VERSION_TABLE = "retrainer_schema_version"
 
 config = context.config
 connection = config.attributes["connection"]
@@ -22,7 +20,7 @@ def _record(*, ctx, step, heads, run_args) -> None:
 context.configure(
     connection=connection,
     target_metadata=None,
-    version_table=VERSION_TABLE,
+    version_table=config.attributes["version_table"],
     on_version_apply=_record,
 )
 with context.begin_transaction():

@@ -43,7 +43,10 @@ def _run(cfg, title: str) -> dict:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from tasks.registry import upgrade
+
     cfg = resolve_config(args.config)
+    upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself
     _new_week_of_data(cfg, 1)
     _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
     _new_week_of_data(cfg, 2)

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tasks.errors import InvalidInputError
+
 CHUNK = 1 << 20
 
 
@@ -97,3 +99,31 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
             finally:
                 os.close(fd)
         fsync_dir(dirpath)
+
+
+@contextmanager
+def fresh_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary directory beside `dest`; on clean exit it is fsynced and renamed onto `dest`.
+
+    `dest` must be absent or an empty directory (else InvalidInputError): a download never mixes
+    into other files. On error the temporary directory is removed and `dest` is left as it was.
+    """
+    import shutil
+    import tempfile
+
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InvalidInputError(f"{dest}: destination exists and is not an empty directory; choose a new one")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        try:
+            os.rename(tmp, dest)  # replaces an empty directory; fails on a non-empty one
+        except OSError as exc:
+            raise InvalidInputError(f"{dest}: destination was filled meanwhile ({exc.strerror})") from None
+        fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

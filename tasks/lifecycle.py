@@ -165,10 +165,9 @@ def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], wa
 
 
 def registry_for(cfg: JobConfig):
-    """The registry of a job, its schema brought up to date first (idempotent, cheap)."""
-    from tasks.registry import Registry, upgrade
+    """The registry of a job; its schema is checked on first use, never changed (`retrainer db upgrade`)."""
+    from tasks.registry import Registry
 
-    upgrade(cfg.publish.registry_url)
     return Registry(cfg.publish.registry_url)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
-from tasks.registry import ArtifactStore, Lineage, Registry, alias_asset_uri, upgrade
+from tasks.registry import ArtifactStore, Lineage, Registry, alias_asset_uri
 from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ def publish(
 
     pub = cfg.publish
     url = registry_url or pub.registry_url
-    upgrade(url)
-    with Registry(url) as reg:
+    with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
         ref = ArtifactStore(pub.store_url, pub.storage_options).put(artifact)

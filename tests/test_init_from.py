@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.registry import Registry
+from tasks.registry import Registry, upgrade
 from tests.test_weekly_retrain import retrainer, week_config
 
 CASES = {
@@ -27,6 +27,7 @@ def test_init_from_that_cannot_work_fails_clearly_and_publishes_nothing(tmp_path
 
     config = week_config(tmp_path)
     cfg = yaml.safe_load(config.read_text())
+    upgrade(cfg["publish"]["registry_url"])
     path = tmp_path / "other-model.pt"
     if case == "version:7":
         cfg["train"]["init_from"] = "version:7"

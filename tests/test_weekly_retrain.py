@@ -68,6 +68,8 @@ def show(tmp: Path) -> dict[str, Any]:
 def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollback(tmp_path: Path) -> None:
     config = week_config(tmp_path)
     steps = 8
+    # Once per deployment: the registry schema (no other command changes it).
+    assert retrainer("db", "upgrade", "--db", f"sqlite:///{tmp_path / 'registry.db'}", tmp=tmp_path).returncode == 0
 
     # Week 1: nothing is live yet, so the run starts from scratch and says so.
     new_week(config, tmp_path, seed=101)

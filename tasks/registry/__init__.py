@@ -1,8 +1,10 @@
 """Model registry: immutable versions, content-addressed artifacts, audited alias pointers.
 
-Public API: `upgrade(db_url)`, `Registry`, `ArtifactStore`, the record types and
-the errors. `alias_asset_uri(model, alias)` names the Airflow Asset (`model://<name>/<alias>`, issue 8) a DAG emits
-when an alias moves.
+Public API: `upgrade(db_url)` (the only schema change; `Registry` checks the revision and raises
+SchemaVersionError on a database that is not at it), `Registry`, `ArtifactStore` (single files and
+content-addressed trees, whose manifest format is `tasks.registry.tree`), the record types and the errors.
+`alias_asset_uri(model, alias)` names the Airflow Asset (`model://<name>/<alias>`, issue 8) a DAG
+emits when an alias moves.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tasks.registry.errors import (
     NotFoundError,
     NothingToRollBackError,
     RolledBackError,
+    SchemaVersionError,
 )
 from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
 
@@ -53,6 +56,7 @@ __all__ = [
     "NothingToRollBackError",
     "Registry",
     "RolledBackError",
+    "SchemaVersionError",
     "SwitchRecord",
     "VersionRecord",
     "alias_asset_uri",

@@ -1,16 +1,17 @@
-"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models.
+"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models/pull.
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
-publish.registry_url unless `--db` is given). The schema is upgraded before every
-command, so a fresh database just works. `--json` prints machine-readable output.
+publish.registry_url unless `--db` is given). Only `db upgrade` changes the schema;
+every other verb checks it and, on a database that is not at the newest revision
+(or was never migrated), stops with one line naming the database and exit code 1
+(SchemaVersionError). `--json` prints machine-readable output.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,7 @@ def default_db_url() -> str:
 
 
 def _db(args: argparse.Namespace) -> str:
-    from tasks.registry.migrate import upgrade
-
-    url = args.db or default_db_url()
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    upgrade(url)
-    return url
+    return args.db or default_db_url()
 
 
 def _expect(text: str) -> int | str | None:
@@ -59,6 +55,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _storage_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--storage-options: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--storage-options: must be a JSON object")
+    return value
+
+
 def _emit(args: argparse.Namespace, obj: Any, human: str) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) if args.json else human)
 
@@ -80,7 +86,7 @@ def _switch_text(rec: Any) -> str:
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from tasks.registry.migrate import current, upgrade
 
-    url = args.db or default_db_url()
+    url = _db(args)
     applied = upgrade(url)
     head = current(url)
     _emit(args, {"applied": applied, "current": head},
@@ -99,7 +105,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"{args.metrics}: cannot read metrics file: {exc.strerror}") from None
     except ValueError as exc:
         raise InvalidInputError(f"{args.metrics}: metrics file is not JSON: {exc}") from None
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     result = publish(cfg, Path(args.checkpoint), metrics, serving_bytes=args.serving_bytes, actor=args.actor,
                      reason=args.reason, registry_url=args.db)
     verb = "published" if result.created else "already published as"
@@ -177,6 +182,36 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Fetch a version, verified, into an empty or new DEST: a tree as the directory itself, ready for
+    `from_pretrained(DEST)`; a single-file version as DEST/consolidated.pt. Nothing is left on failure."""
+    from tasks.fsutil import fresh_dir
+    from tasks.publish import ARTIFACT_NAME
+    from tasks.registry import ArtifactStore, NotFoundError, Registry
+
+    with Registry(_db(args)) as reg:
+        if args.version is not None:
+            rec = reg.get_version(args.model, args.version)
+        else:
+            alias = args.alias or MAIN_ALIAS
+            rec = reg.live_version(args.model, alias)
+            if rec is None:
+                raise NotFoundError(f"model {args.model!r} alias {alias!r} points to no version")
+    store_url = args.store or ArtifactStore.root_of(rec.artifact_url, rec.artifact_digest, rec.artifact_kind)
+    store = ArtifactStore(store_url, args.storage_options)
+    dest = Path(args.dest)
+    if rec.artifact_kind == "tree":
+        store.get_tree(rec.artifact_digest, dest)
+    else:
+        with fresh_dir(dest) as tmp:
+            store.get(rec.artifact_digest, tmp / ARTIFACT_NAME)
+    _emit(args, {"model": rec.model, "version": rec.version, "kind": rec.artifact_kind, "digest": rec.artifact_digest,
+                 "size_bytes": rec.size_bytes, "store": store.url, "dest": str(dest)},
+          f"{rec.model} v{rec.version}: {rec.artifact_kind} {rec.artifact_digest[:12]} ({rec.size_bytes} bytes, "
+          f"verified) -> {dest}")
+    return 0
+
+
 # -- wiring -----------------------------------------------------------------
 
 
@@ -238,3 +273,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models = reg_sub.add_parser("models", help="all models with version counts and aliases")
     _common(models)
     models.set_defaults(handler=cmd_models)
+    pull = reg_sub.add_parser("pull", help="fetch a version, verified, into an empty or new directory")
+    pull.add_argument("--model", required=True)
+    which = pull.add_mutually_exclusive_group()
+    which.add_argument("--alias", help=f"the version this alias points to (default {MAIN_ALIAS})")
+    which.add_argument("--version", type=_positive, help="this version")
+    pull.add_argument("dest", metavar="DEST", help="destination directory (must be absent or empty)")
+    pull.add_argument("--store", help="artifact store URL (default: the store the version's artifact URL names)")
+    pull.add_argument("--storage-options", type=_storage_options, default={}, metavar="JSON",
+                      help="fsspec options for the store, e.g. an endpoint_url (credentials: from the environment)")
+    _common(pull)
+    pull.set_defaults(handler=cmd_pull)

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -29,7 +29,8 @@ from tasks.registry import schema as t
 from tasks.registry.db import make_engine
 from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
 from tasks.registry.names import check_digest, check_name, check_text, check_version
-from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
+from tasks.registry.records import ArtifactKind, ArtifactRef, Lineage, SwitchRecord, VersionRecord
+from tasks.registry.schema import require_head
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,17 @@ def _check_expect(expect: Any) -> Expect:
 
 
 class Registry:
-    """Python API over the registry database; one instance per process is enough (it pools connections)."""
+    """Python API over the registry database; one instance per process is enough (it pools connections).
+
+    The schema is checked, never changed: the first query finds out once whether the database is at the
+    revision this code speaks (SchemaVersionError naming it otherwise; `retrainer db upgrade` migrates).
+    """
 
     def __init__(self, db_url: str, *, engine: sa.Engine | None = None) -> None:
         self.db_url = db_url
         self.engine = engine or make_engine(db_url)
         self._pg = self.engine.dialect.name == "postgresql"
+        self._schema_checked = False
 
     def close(self) -> None:
         self.engine.dispose()
@@ -150,6 +156,13 @@ class Registry:
         self.close()
 
     # -- helpers ------------------------------------------------------------
+    def _db(self) -> sa.Engine:
+        """The engine, once the database is known to be at the schema revision this code needs."""
+        if not self._schema_checked:
+            require_head(self.engine)
+            self._schema_checked = True
+        return self.engine
+
     def _insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> None:
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         conn.execute(dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
@@ -172,7 +185,8 @@ class Registry:
             data_manifest_hash=m["data_manifest_hash"], code_revision=m["code_revision"],
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
             created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
-            init_digest=m["init_digest"], data_url=m["data_url"], created=created,
+            init_digest=m["init_digest"], data_url=m["data_url"], artifact_kind=m["artifact_kind"],
+            created=created,
         )
 
     @staticmethod
@@ -196,12 +210,17 @@ class Registry:
     def publish_version(
         self, model: str, artifact: ArtifactRef, lineage: Lineage, metrics: dict[str, Any], created_by: str
     ) -> VersionRecord:
-        """Insert an immutable version with the next number; idempotent on the artifact digest."""
+        """Insert an immutable version with the next number; idempotent on the artifact digest.
+
+        `artifact` is a single file (`ArtifactStore.put`) or a committed tree (`ArtifactStore.commit_tree`):
+        its `kind` is recorded with the version."""
         check_name(model, "model")
         check_name(created_by, "created_by")
         check_digest(artifact.digest, "artifact.digest")
         for field in ("config_hash", "data_manifest_hash", "code_revision", "checkpoint_tag"):
             check_name(getattr(lineage, field), f"lineage.{field}")
+        if artifact.kind not in get_args(ArtifactKind):
+            raise InvalidInputError(f"artifact.kind: must be one of {get_args(ArtifactKind)}, got {artifact.kind!r}")
         if not isinstance(artifact.size, int) or artifact.size < 0:
             raise InvalidInputError(f"artifact.size: must be a non-negative integer, got {artifact.size!r}")
         if lineage.serving_bytes is not None and (
@@ -217,7 +236,7 @@ class Registry:
         check_text(artifact.url, "artifact.url", max_len=4096)
         metrics = check_metrics(metrics)
         now = _now()
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             self._insert_ignore(conn, t.models, {"name": model, "created_at": now}, ["name"])
             model_id = self._model_id(conn, model, lock=True)
             existing = conn.execute(
@@ -240,7 +259,7 @@ class Registry:
                 "checkpoint_tag": lineage.checkpoint_tag, "metrics": metrics,
                 "serving_bytes": lineage.serving_bytes, "created_by": created_by, "created_at": now,
                 "parent_version": lineage.parent_version, "init_digest": lineage.init_digest,
-                "data_url": lineage.data_url,
+                "data_url": lineage.data_url, "artifact_kind": artifact.kind,
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])
@@ -263,7 +282,7 @@ class Registry:
             raise InvalidInputError(f"action: unknown switch action {action!r}")
         if self._pg:
             return self._pg_move(model, alias, to_version, expect, actor, reason, action, rollback=False)
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             # Versions are immutable: checking the target before taking the lock is as good as after.
             self._get_version(conn, model_id, model, to_version)
@@ -291,7 +310,7 @@ class Registry:
         import psycopg
         from psycopg.rows import dict_row
 
-        pooled = self.engine.raw_connection()  # the pool's checkout checks still run
+        pooled = self._db().raw_connection()  # the pool's checkout checks still run
         try:
             pg = pooled.driver_connection
             pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT round trips
@@ -403,7 +422,7 @@ class Registry:
             check_version(to, "to")
         if self._pg:
             return self._pg_move(model, alias, to, expect, actor, reason, "rollback", rollback=True)
-        with self.engine.begin() as conn:
+        with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             locked = self._lock_alias(conn, model_id, alias)
             current = None if locked is None else locked[0]
@@ -447,7 +466,7 @@ class Registry:
     def find_version(self, model: str, config_hash: str, checkpoint_tag: str) -> VersionRecord | None:
         """The version published from this run's checkpoint (same experiment key and tag), if any."""
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             row = conn.execute(
                 sa.select(t.versions).select_from(t.versions.join(t.models, t.models.c.id == t.versions.c.model_id))
                 .where(t.models.c.name == model, t.versions.c.config_hash == config_hash,
@@ -460,7 +479,7 @@ class Registry:
         """The version an alias points to, or None (unknown model/alias or empty pointer)."""
         check_name(model, "model")
         check_name(alias, "alias")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             row = conn.execute(
                 sa.select(t.versions)
                 .select_from(t.aliases.join(t.models, t.models.c.id == t.aliases.c.model_id).join(
@@ -474,12 +493,12 @@ class Registry:
     def get_version(self, model: str, version: int) -> VersionRecord:
         check_name(model, "model")
         check_version(version)
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             return self._get_version(conn, self._model_id(conn, model), model, version)
 
     def list_versions(self, model: str) -> list[VersionRecord]:
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 sa.select(t.versions).where(t.versions.c.model_id == mid).order_by(t.versions.c.version)
@@ -493,7 +512,7 @@ class Registry:
         if alias is not None:
             check_name(alias, "alias")
             q = q.where(t.history.c.alias == alias)
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 q.where(t.history.c.model_id == mid).order_by(t.history.c.alias, t.history.c.seq)
@@ -502,7 +521,7 @@ class Registry:
 
     def aliases(self, model: str) -> dict[str, dict[str, Any]]:
         check_name(model, "model")
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             mid = self._model_id(conn, model)
             rows = conn.execute(
                 sa.select(t.aliases).where(t.aliases.c.model_id == mid).order_by(t.aliases.c.name)
@@ -515,7 +534,7 @@ class Registry:
 
     def models(self) -> list[dict[str, Any]]:
         """Every model with its version count and alias pointers."""
-        with self.engine.connect() as conn:
+        with self._db().connect() as conn:
             counts = dict(conn.execute(
                 sa.select(t.models.c.name, sa.func.count(t.versions.c.version))
                 .select_from(t.models.outerjoin(t.versions, t.versions.c.model_id == t.models.c.id))

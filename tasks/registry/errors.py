@@ -27,3 +27,11 @@ class NothingToRollBackError(RetrainerError):
 
 class CorruptArtifactError(RetrainerError):
     """An artifact's bytes do not match its content address."""
+
+
+class SchemaVersionError(RetrainerError):
+    """The registry database is not at the schema revision this code needs (`retrainer db upgrade` fixes it).
+
+    Exit code 1: the database is not ready (a deployment step is missing, or another process is upgrading
+    it right now), not a wrong argument.
+    """

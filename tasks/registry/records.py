@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+# 'file': one object whose bytes hash to the digest; 'tree': a directory whose manifest hashes to it
+# (tasks/registry/tree.py). A version records which (migration 0004), so readers know how to fetch it.
+ArtifactKind = Literal["file", "tree"]
 
 
 @dataclass(frozen=True)
 class ArtifactRef:
-    """Where an artifact lives and what it must hash to."""
+    """Where an artifact lives and what it must hash to (`size`: a tree's is the sum of its files)."""
 
     digest: str
     url: str
     size: int
+    kind: ArtifactKind = "file"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +57,7 @@ class VersionRecord:
     parent_version: int | None = None
     init_digest: str | None = None
     data_url: str | None = None
+    artifact_kind: ArtifactKind = "file"
     created: bool = field(default=False, compare=False)  # this call inserted it (publish's answer, not a fact)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,13 +1,24 @@
-"""Table definitions the registry code queries (SQLAlchemy Core).
+"""Table definitions the registry code queries (SQLAlchemy Core), and the schema revision they mirror.
 
 The DDL that creates them lives in the migrations under `sql/versions/`, which
-are frozen snapshots; this module mirrors the latest schema. Table names carry a
+are frozen snapshots; this module mirrors the latest schema (`HEAD`). Table names carry a
 `registry_` prefix because the registry may share a database with Airflow.
+
+Only `retrainer db upgrade` changes the schema. Everything else checks it once per
+engine (`require_head`: one read of the version table, no alembic import), so task
+users need no DDL rights and a database that is not at `HEAD` fails with one line.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
+
+from tasks.registry.errors import SchemaVersionError
+
+# alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
+VERSION_TABLE = "retrainer_schema_version"
+# The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
+HEAD = "0004"
 
 metadata = sa.MetaData()
 
@@ -38,6 +49,7 @@ versions = sa.Table(
     sa.Column("parent_version", sa.Integer, nullable=True),
     sa.Column("init_digest", sa.String(64), nullable=True),
     sa.Column("data_url", sa.Text, nullable=True),
+    sa.Column("artifact_kind", sa.String(16), nullable=False, server_default="file"),
     sa.UniqueConstraint("model_id", "artifact_digest"),
 )
 
@@ -70,3 +82,22 @@ history = sa.Table(
 )
 
 IMMUTABLE_TABLES = ("registry_versions", "registry_alias_history")
+
+
+def revision(conn: sa.Connection) -> str | None:
+    """The schema revision the database is at (None when never migrated)."""
+    if not sa.inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+
+
+def require_head(engine: sa.Engine) -> None:
+    """Refuse a database whose schema is not the one this code speaks, naming it (password hidden)."""
+    with engine.connect() as conn:
+        found = revision(conn)
+    if found == HEAD:
+        return
+    where = engine.url.render_as_string(hide_password=True)
+    state = "has no registry schema (never migrated)" if found is None else f"is at schema revision {found}"
+    raise SchemaVersionError(
+        f"registry database {where} {state}, this retrainer needs revision {HEAD}: run `retrainer db upgrade`")

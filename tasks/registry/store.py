@@ -1,30 +1,95 @@
-"""Content-addressed artifact store on fsspec (local folder or s3://).
+"""Content-addressed artifact store on fsspec (local folder or s3://): single files and directory trees.
 
-Every object lives at `<root>/sha256/<2 hex>/<hash>`: names given by users never
-form paths, so nothing can escape the store. Uploads go to a temporary key and are
-then moved into place, so a reader never sees a partial object. Every download
-is hashed while streaming and refused on mismatch, leaving nothing at the destination.
+Layout under the root:
+- `sha256/<2 hex>/<digest>`: a single-file artifact; its bytes hash to the digest.
+- `trees/<2 hex>/<digest>/`: a tree (a Hugging Face model directory): its files and `manifest.json`,
+  whose bytes hash to the digest (`tasks.registry.tree`). The manifest is the commit marker: a
+  reader that finds it finds every file; without it the tree is not there.
+- `tmp/<32 hex>`: uploads and staging areas in progress.
+Digests are the only user-influenced part of a store path, besides a tree's own file paths,
+which the manifest rules keep inside the tree. Uploads of single files go to a temporary key
+and are then moved into place. Every download is hashed while streaming and refused on
+mismatch, leaving nothing at the destination.
+
+A tree is written in two steps so that many writers (training ranks, on other machines) can
+fill one: `stage()` gives a fresh staging URL, each writer puts its files there (`stage_file`,
+or its own fsspec code) and reports (path, size, sha256), and `commit_tree(staging, manifest)`
+checks that every listed file is there with its size, then moves the staging area to its
+content address: one rename on a local disk, server-side copies on S3, the manifest last.
+The commit does not re-read the bytes (hundreds of GB): the writers hashed while writing,
+and every download verifies them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
+import re
+import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from tasks.errors import InvalidInputError
-from tasks.fsutil import CHUNK, atomic_writer, fsync_dir, sha256_file
+from tasks.errors import InvalidInputError, RetrainerError
+from tasks.fsutil import (
+    CHUNK,
+    atomic_write_bytes,
+    atomic_writer,
+    fresh_dir,
+    fsync_dir,
+    fsync_tree,
+    sha256_bytes,
+    sha256_file,
+)
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
-from tasks.registry.records import ArtifactRef
+from tasks.registry.records import ArtifactKind, ArtifactRef
+from tasks.registry.tree import MANIFEST_NAME, TreeFile, TreeManifest, check_path
 
 log = logging.getLogger(__name__)
+
+FILES_DIR = "sha256"
+TREES_DIR = "trees"
+TMP_DIR = "tmp"
+_STAGING_NAME = re.compile(r"^[0-9a-f]{32}$")
+_MAX_PROBLEMS = 5
+
+
+def _copy_hashing(fin: Any, fout: BinaryIO | None) -> tuple[str, int]:
+    """Stream `fin` into `fout` (None: read only) chunk by chunk; return (sha256 hex, bytes)."""
+    h = hashlib.sha256()
+    n = 0
+    while chunk := fin.read(CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+        if fout is not None:
+            fout.write(chunk)
+    return h.hexdigest(), n
+
+
+def _local_files(root: Path) -> list[tuple[str, Path]]:
+    """Every file under `root` as (tree path, local path), sorted; refuse what a tree cannot hold."""
+    if not root.is_dir():
+        raise InvalidInputError(f"{root}: not a directory")
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise InvalidInputError(f"{os.path.join(dirpath, name)}: a symlinked folder (a tree holds files)")
+        for name in filenames:
+            path = Path(dirpath) / name
+            if not path.is_file():
+                raise InvalidInputError(f"{path}: not a regular file")
+            out.append((check_path(path.relative_to(root).as_posix(), str(path)), path))
+    if not out:
+        raise InvalidInputError(f"{root}: no files (a tree holds at least one)")
+    return sorted(out)
 
 
 class ArtifactStore:
@@ -38,19 +103,34 @@ class ArtifactStore:
         if self.local:
             root = os.path.abspath(root)
         self.root = root.rstrip("/")
+        self.url = self.fs.unstrip_protocol(self.root)
 
     # -- addressing ---------------------------------------------------------
     def path_for(self, digest: str) -> str:
         digest = check_digest(digest)
-        return f"{self.root}/sha256/{digest[:2]}/{digest}"
+        return f"{self.root}/{FILES_DIR}/{digest[:2]}/{digest}"
 
     def url_for(self, digest: str) -> str:
         return self.fs.unstrip_protocol(self.path_for(digest))
 
+    def tree_path(self, digest: str) -> str:
+        digest = check_digest(digest)
+        return f"{self.root}/{TREES_DIR}/{digest[:2]}/{digest}"
+
+    @staticmethod
+    def root_of(artifact_url: str, digest: str, kind: ArtifactKind) -> str:
+        """The store URL an artifact URL (a version's `artifact_url`) lives under: a reader needs only the registry."""
+        digest = check_digest(digest)
+        suffix = f"/{TREES_DIR if kind == 'tree' else FILES_DIR}/{digest[:2]}/{digest}"
+        if not artifact_url.endswith(suffix) or artifact_url == suffix:
+            raise InvalidInputError(
+                f"artifact URL {artifact_url!r} does not end in {suffix!r}, so its store is unknown: give the store")
+        return artifact_url[: -len(suffix)]
+
     def exists(self, digest: str) -> bool:
         return bool(self.fs.exists(self.path_for(digest)))
 
-    # -- writing ------------------------------------------------------------
+    # -- single files: writing ------------------------------------------------
     def put(self, local_path: str | os.PathLike[str], *, verify_existing: bool = True) -> ArtifactRef:
         """Upload a file under its sha256; skip the upload if the store already holds those bytes."""
         src = Path(local_path)
@@ -79,7 +159,7 @@ class ArtifactStore:
         fsync_dir(Path(dest).parent.parent)
 
     def _put_remote(self, src: Path, dest: str, size: int) -> None:
-        tmp = f"{self.root}/tmp/{uuid.uuid4().hex}"
+        tmp = f"{self.root}/{TMP_DIR}/{uuid.uuid4().hex}"
         try:
             self.fs.put_file(str(src), tmp)
             self.fs.mv(tmp, dest)
@@ -94,32 +174,204 @@ class ArtifactStore:
     def _matches(self, path: str, digest: str, size: int) -> bool:
         if self.fs.info(path)["size"] != size:
             return False
-        h = hashlib.sha256()
         with self.fs.open(path, "rb") as fh:
-            while chunk := fh.read(CHUNK):
-                h.update(chunk)
-        return h.hexdigest() == digest
+            return _copy_hashing(fh, None)[0] == digest
 
-    # -- reading ------------------------------------------------------------
+    # -- single files: reading ------------------------------------------------
     def get(self, digest: str, dest_path: str | os.PathLike[str]) -> Path:
         """Download to `dest_path`, verifying sha256 while streaming; raise and leave nothing on mismatch."""
         src = self.path_for(digest)
         dest = Path(dest_path)
         if not self.fs.exists(src):
-            raise NotFoundError(f"artifact {digest} not found in store {self.fs.unstrip_protocol(self.root)}")
-        h = hashlib.sha256()
+            raise NotFoundError(f"artifact {digest} not found in store {self.url}")
         with self.fs.open(src, "rb") as fin, atomic_writer(dest) as fout:
-            while chunk := fin.read(CHUNK):
-                h.update(chunk)
-                fout.write(chunk)
-            if h.hexdigest() != digest:
+            got, _ = _copy_hashing(fin, fout)
+            if got != digest:
                 # Raising inside atomic_writer removes the temporary file: dest is untouched.
                 raise CorruptArtifactError(
-                    f"artifact {digest} in store is corrupt (content hashes to {h.hexdigest()}); download refused"
-                )
+                    f"artifact {digest} in store is corrupt (content hashes to {got}); download refused")
         return dest
 
     def verify(self, digest: str) -> bool:
         """True if the stored object exists and its bytes hash to `digest`."""
         path = self.path_for(digest)
         return bool(self.fs.exists(path)) and self._matches(path, digest, self.fs.info(path)["size"])
+
+    # -- trees: writing -------------------------------------------------------
+    def stage(self) -> str:
+        """A fresh, empty staging area (URL) for one tree; writers anywhere fill it, `commit_tree` publishes it."""
+        path = f"{self.root}/{TMP_DIR}/{uuid.uuid4().hex}"
+        if self.local:
+            os.makedirs(path)
+        return self.fs.unstrip_protocol(path)
+
+    def _staging_path(self, staging: str) -> str:
+        """The store path of a URL `stage()` returned; anything else is refused (nothing outside tmp/ moves)."""
+        url = staging.rstrip("/")
+        path = f"{self.root}/{TMP_DIR}/{url.rsplit('/', 1)[-1]}"
+        if not _STAGING_NAME.match(path.rsplit("/", 1)[-1]) or url not in (path, self.fs.unstrip_protocol(path)):
+            raise InvalidInputError(f"staging: {staging!r} is not a staging area of store {self.url}")
+        return path
+
+    def stage_file(self, staging: str, path: str, local_file: str | os.PathLike[str]) -> TreeFile:
+        """Upload one local file into a staging area as `path`, hashing while streaming (what a writer reports)."""
+        rel = check_path(path)
+        dest = f"{self._staging_path(staging)}/{rel}"
+        if self.local:
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        with open(local_file, "rb") as fin, self.fs.open(dest, "wb") as fout:
+            digest, size = _copy_hashing(fin, fout)
+        return TreeFile(path=rel, size=size, sha256=digest)
+
+    def discard(self, staging: str) -> None:
+        """Remove a staging area and whatever writers put there (an abandoned or failed tree)."""
+        path = self._staging_path(staging)
+        if self.local:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(path, recursive=True)
+
+    def put_tree(self, local_dir: str | os.PathLike[str]) -> ArtifactRef:
+        """Upload a local directory as a tree (each file read once, hashed while uploading) and commit it."""
+        files = _local_files(Path(local_dir))
+        staging = self.stage()
+        try:
+            manifest = TreeManifest.of(self.stage_file(staging, rel, src) for rel, src in files)
+            return self.commit_tree(staging, manifest)
+        except BaseException:
+            self.discard(staging)
+            raise
+
+    def commit_tree(self, staging: str, manifest: TreeManifest) -> ArtifactRef:
+        """Publish a filled staging area as the tree `manifest` describes; idempotent on its digest.
+
+        Every listed file must be in staging with its listed size, and nothing else (the bytes are not
+        re-read: their writers hashed them, and every download verifies). Refused: nothing committed, the
+        staging area kept for a look. Already committed: the staging area is discarded."""
+        path = self._staging_path(staging)
+        digest = manifest.digest
+        final = self.tree_path(digest)
+        ref = ArtifactRef(digest=digest, url=self.fs.unstrip_protocol(final), size=manifest.size, kind="tree")
+        if self._committed(digest):
+            log.info("tree %s already in store: commit skipped, staging discarded", digest[:12])
+            self.discard(staging)
+            return ref
+        self._check_staged(path, staging, manifest)
+        if self.local:
+            self._commit_local(path, final, manifest)
+        else:
+            self._commit_remote(path, final, manifest)
+        log.info("tree %s committed (%d files, %d bytes) to %s", digest[:12], len(manifest.files), manifest.size,
+                 ref.url)
+        return ref
+
+    def _committed(self, digest: str) -> bool:
+        if not self.local:
+            self.fs.invalidate_cache(self.tree_path(digest))
+        return bool(self.fs.exists(f"{self.tree_path(digest)}/{MANIFEST_NAME}"))
+
+    def _check_staged(self, path: str, staging: str, manifest: TreeManifest) -> None:
+        if not self.local:
+            self.fs.invalidate_cache(path)  # writers elsewhere filled it after any listing we cached
+        try:
+            listing = self.fs.find(path, detail=True)
+        except FileNotFoundError:
+            listing = {}
+        found = {name[len(path) + 1:]: info for name, info in listing.items()}
+        found.pop(MANIFEST_NAME, None)  # left by an interrupted local commit of this staging area; rewritten
+        problems = []
+        for f in manifest.files:
+            info = found.pop(f.path, None)
+            if info is None:
+                problems.append(f"{f.path} is missing")
+            elif info["type"] != "file":
+                problems.append(f"{f.path} is not a regular file")
+            elif info["size"] != f.size:
+                problems.append(f"{f.path} is {info['size']} bytes, the manifest says {f.size}")
+        problems += [f"{name} is not in the manifest" for name, info in sorted(found.items())
+                     if info["type"] != "directory"]
+        if problems:
+            more = f"; and {len(problems) - _MAX_PROBLEMS} more" if len(problems) > _MAX_PROBLEMS else ""
+            raise InvalidInputError(f"tree commit refused, nothing committed (staging {staging} kept): "
+                                    f"{'; '.join(problems[:_MAX_PROBLEMS])}{more}")
+
+    def _commit_local(self, path: str, final: str, manifest: TreeManifest) -> None:
+        """Manifest last into staging, everything fsynced, then one rename: the tree appears whole or not at all."""
+        atomic_write_bytes(Path(path) / MANIFEST_NAME, manifest.to_bytes())
+        fsync_tree(path)
+        parent = Path(final).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(path, final)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            if not self._committed(manifest.digest):
+                raise RetrainerError(f"{final} exists without its {MANIFEST_NAME} (not written by retrainer?): "
+                                     "remove it and commit again") from None
+            log.info("tree %s was committed concurrently; staging discarded", manifest.digest[:12])
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        fsync_dir(parent)
+        fsync_dir(parent.parent)
+
+    def _commit_remote(self, path: str, final: str, manifest: TreeManifest) -> None:
+        """Server-side copies (s3fs: CopyObject, multipart UploadPartCopy for big files), then the manifest."""
+        self.fs.copy([f"{path}/{f.path}" for f in manifest.files], [f"{final}/{f.path}" for f in manifest.files])
+        self.fs.pipe_file(f"{final}/{MANIFEST_NAME}", manifest.to_bytes())
+        self.fs.rm(path, recursive=True)
+
+    # -- trees: reading -------------------------------------------------------
+    def tree_manifest(self, digest: str) -> TreeManifest:
+        """The committed manifest of a tree, checked against its digest."""
+        marker = f"{self.tree_path(digest)}/{MANIFEST_NAME}"
+        try:
+            raw = self.fs.cat_file(marker)
+        except FileNotFoundError:
+            raise NotFoundError(f"tree {digest} not found in store {self.url}") from None
+        if sha256_bytes(raw) != digest:
+            raise CorruptArtifactError(f"tree {digest}: {MANIFEST_NAME} is corrupt in the store "
+                                       f"(hashes to {sha256_bytes(raw)}); refused")
+        return TreeManifest.from_bytes(raw, f"tree {digest} {MANIFEST_NAME}")
+
+    def get_tree(self, digest: str, dest_dir: str | os.PathLike[str]) -> Path:
+        """Download a tree into `dest_dir` (absent or empty), every file verified while streaming.
+
+        Files land in a temporary directory beside `dest_dir`, renamed onto it only when all match:
+        on any mismatch CorruptArtifactError names the file and `dest_dir` is left as it was."""
+        manifest = self.tree_manifest(digest)
+        base = self.tree_path(digest)
+        with fresh_dir(dest_dir) as tmp:
+            for f in manifest.files:
+                target = tmp / f.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with self.fs.open(f"{base}/{f.path}", "rb") as fin, open(target, "wb") as fout:
+                        got, size = _copy_hashing(fin, fout)
+                except FileNotFoundError:
+                    raise CorruptArtifactError(f"tree {digest}: {f.path} is missing from the store; refused, "
+                                               "nothing written") from None
+                if (got, size) != (f.sha256, f.size):
+                    raise CorruptArtifactError(
+                        f"tree {digest}: {f.path} is corrupt in the store ({size} bytes hashing to {got}, the "
+                        f"manifest says {f.size} bytes, {f.sha256}); refused, nothing written")
+        log.info("tree %s: %d files, %d bytes verified into %s", digest[:12], len(manifest.files), manifest.size,
+                 dest_dir)
+        return Path(dest_dir)
+
+    def verify_tree(self, digest: str) -> bool:
+        """True if the tree is committed, its manifest hashes to `digest` and every file's bytes match it."""
+        try:
+            manifest = self.tree_manifest(digest)
+        except (InvalidInputError, CorruptArtifactError):
+            return False
+        base = self.tree_path(digest)
+        for f in manifest.files:
+            try:
+                with self.fs.open(f"{base}/{f.path}", "rb") as fin:
+                    if _copy_hashing(fin, None) != (f.sha256, f.size):
+                        return False
+            except FileNotFoundError:
+                return False
+        return True

@@ -121,9 +121,11 @@ def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> Non
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
     from tasks.data import make_data
+    from tasks.registry import upgrade
 
     home = tmp_path_factory.mktemp("standalone")
     config_path = write_test_config(home)
+    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     make_data(str(home / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
     port = free_port()
     env = {

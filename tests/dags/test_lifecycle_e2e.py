@@ -68,8 +68,9 @@ def model_events(uri: str) -> int:
 
 def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.data import make_data
-    from tasks.registry import Registry
+    from tasks.registry import Registry, upgrade
 
+    upgrade(registry_url)  # what `retrainer db upgrade` (the compose init service) does before any run
     config = write_config(tmp_path, registry_url)
     data_url = str(tmp_path / "store" / "data")
     retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-gpt"]

@@ -66,9 +66,12 @@ class Job:
 
 
 def make_job(tmp: Path, registry_url: str, *, steps: int = 6, checkpoint_every: int = 2) -> Job:
-    """The e2e test's shrunk demo config (imported, not copied) + a small synthetic dataset."""
+    """The e2e test's shrunk demo config (imported, not copied) + a small synthetic dataset + its registry,
+    migrated (as `retrainer db upgrade` does before any task runs)."""
     from tasks.data import make_data
+    from tasks.registry import upgrade
 
+    upgrade(registry_url)
     config = write_config(tmp, registry_url)
     job = Job(tmp=tmp, config=config, registry_url=registry_url)
     job.update("train", steps=steps, checkpoint_every=checkpoint_every, keep_last=3)
@@ -180,7 +183,10 @@ class Trained:
     state: Path
 
     def job_for(self, tmp: Path, registry_url: str) -> Job:
-        """The same experiment (same run dir, same checkpoints) publishing to another registry."""
+        """The same experiment (same run dir, same checkpoints) publishing to another registry (migrated)."""
+        from tasks.registry import upgrade
+
+        upgrade(registry_url)
         cfg = self.job.data
         cfg["publish"]["registry_url"] = registry_url
         config = tmp / "job.yaml"

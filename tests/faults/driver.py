@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args.state.mkdir(parents=True, exist_ok=True)
     try:
         for stage in args.stages:
+            logging.getLogger("fault-driver").info("stage %s starts", stage)
             out = run_stage(stage, args.config, args.state, args.metrics)
             atomic_write_json(args.state / f"{stage}.json", out)
             logging.getLogger("fault-driver").info("stage %s done", stage)

@@ -47,6 +47,9 @@ def test_db_password_from_an_airflow_connection_never_leaks(
     password = f"s3cr3t-{uuid.uuid4().hex}"
     db = make_url(pg_cluster.create_database()).database
     uri = f"postgresql://postgres:{password}@127.0.0.1:{pg_cluster.port}/{db}"
+    from tasks.registry import upgrade
+
+    upgrade(uri)  # the deployment's `retrainer db upgrade`
     monkeypatch.setenv("AIRFLOW_CONN_RETRAINER_REGISTRY", uri)
 
     # It is an Airflow Connection: Airflow's secrets lookup finds it, with this password.

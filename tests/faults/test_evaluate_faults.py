@@ -30,10 +30,8 @@ def test_sigkill_during_evaluate_then_rerun_publishes_once_with_the_same_metrics
     task.sigkill()
     assert processes_mentioning(str(tmp_path)) == []
     assert not any((state / f"{s}.json").exists() for s in ("evaluate", "gate", "publish"))
-    from tasks.registry import upgrade
     from tasks.registry.errors import NotFoundError
 
-    upgrade(job.registry_url)  # what publish does first; idempotent
     with pytest.raises(NotFoundError):  # nothing published by the killed attempt
         job.registry().list_versions("tiny-gpt")
 

@@ -98,8 +98,8 @@ def test_postgres_restart_during_publish_fails_cleanly_or_completes_and_retry_su
     argv = [*driver(job, state, "publish"), "--metrics", str(metrics_file(tmp_path, state))]
 
     task = TaskProcess(argv, tmp_path / "publish-1.log")
-    # As soon as the publish process is up (alembic is imported), restart the server under it.
-    task.wait_for(lambda: "alembic" in task.text(), "publish to start")
+    # As soon as the publish stage starts (its first query comes next), restart the server under it.
+    task.wait_for(lambda: "stage publish starts" in task.text(), "publish to start")
     restart(pg_cluster)
     rc = task.finish(timeout=300)
     first = task.text()

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from tasks.config import JobConfig
+from tasks.registry.schema import HEAD
 from tests.registry.conftest import make_checkpoint
 
 
@@ -17,8 +18,8 @@ def test_cli_lifecycle(
 ) -> None:
     db = ["--db", registry_url]
     rc, out, _ = cli("db", "upgrade", *db, "--json")
-    assert rc == 0 and json.loads(out)["current"] == "0003"
-    assert cli("db", "upgrade", *db)[1].startswith("schema already at 0003")
+    assert rc == 0 and json.loads(out)["current"] == HEAD
+    assert cli("db", "upgrade", *db)[1].startswith(f"schema already at {HEAD}")
 
     cfg = job_config(registry_url)
     config_file = tmp_path / "job.yaml"
@@ -77,6 +78,7 @@ def test_cli_default_db_under_retrainer_home(
 ) -> None:
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    assert cli("db", "upgrade")[0] == 0
     rc, out, _ = cli("registry", "models", "--json")
     assert rc == 0 and json.loads(out) == []
     assert (tmp_path / "home" / "registry.db").is_file()

@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from tasks.errors import InvalidInputError
 from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
 from tasks.registry.db import make_engine
 from tasks.registry.migrate import VERSION_TABLE, current
+from tasks.registry.schema import HEAD
 
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002", "0003"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == "0003"
+    assert current(registry_url) == HEAD == "0004"  # the code's HEAD is the migrations' head
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
@@ -67,4 +69,47 @@ def test_truncate_refused_on_postgres(pg_url: str, table: str) -> None:
         conn.exec_driver_sql(f"TRUNCATE {table} CASCADE")
     with engine.connect() as conn:
         assert conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar() == 1
+    engine.dispose()
+
+
+def _at_revision(url: str, target: str) -> None:
+    """Migrate only up to `target` (what an older retrainer left behind)."""
+    from alembic import command
+
+    from tasks.registry.migrate import alembic_config
+
+    engine = make_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), target)
+    engine.dispose()
+
+
+def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
+    _at_revision(registry_url, "0003")
+    engine = make_engine(registry_url, poolclass=sa.NullPool)
+    with engine.begin() as conn:  # a version as the 0003 code wrote it (no artifact_kind)
+        conn.exec_driver_sql("INSERT INTO registry_models (id, name, created_at) VALUES (1, 'm', CURRENT_TIMESTAMP)")
+        conn.exec_driver_sql(
+            "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, config_hash, "
+            "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) VALUES "
+            f"(1, 1, '{'ab' * 32}', 'file:///s/x', 3, 'c', 'd', 'r', 't', '{{}}', 'alice', CURRENT_TIMESTAMP)")
+    engine.dispose()
+    assert upgrade(registry_url) == ["0004"]
+    with Registry(registry_url) as reg:
+        assert reg.get_version("m", 1).artifact_kind == "file"
+        tree = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/trees/cd/x", 9, kind="tree"),
+                                   Lineage("c", "d", "r", "t2"), {}, "alice")
+        assert reg.get_version("m", tree.version).artifact_kind == "tree"
+        with pytest.raises(InvalidInputError, match=r"artifact\.kind"):
+            reg.publish_version("m", ArtifactRef("ef" * 32, "u", 1, kind="dir"), Lineage("c", "d", "r", "t3"), {}, "a")
+
+
+def test_0004_postgres_refuses_an_unknown_artifact_kind(pg_url: str) -> None:
+    _seed(pg_url)
+    engine = make_engine(pg_url)
+    with pytest.raises(sa.exc.IntegrityError, match="ck_registry_versions_artifact_kind"), engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, config_hash, "
+            "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at, artifact_kind) "
+            "SELECT id, 2, 'x', 'u', 1, 'c', 'd', 'r', 't', '{}', 'a', now(), 'dir' FROM registry_models")
     engine.dispose()

@@ -27,6 +27,7 @@ def test_publish_uploads_records_lineage_and_moves_alias(
     registry_url: str, job_config: Callable[..., JobConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RETRAINER_CODE_REVISION", "deadbeef")
+    upgrade(registry_url)
     cfg = job_config(registry_url)
     c1 = make_checkpoint(tmp_path / "ckpt", cfg, "step-10", seed=1, data_manifest_hash="m1")
     c2 = make_checkpoint(tmp_path / "ckpt", cfg, "step-20", seed=2, data_manifest_hash="m2")
@@ -55,6 +56,7 @@ def test_publish_uploads_records_lineage_and_moves_alias(
 def test_publish_to_s3_store(
     sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path, s3, s3_bucket: str
 ) -> None:
+    upgrade(sqlite_url)
     cfg = job_config(sqlite_url, f"s3://{s3_bucket}/models", **{"publish.storage_options": s3.storage_options})
     res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, actor="ci")
     assert res.artifact_url == f"s3://{s3_bucket}/models/sha256/{res.digest[:2]}/{res.digest}"
@@ -110,6 +112,7 @@ def test_publish_cas_fails_cleanly_when_pointer_moved(
     registry_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
 ) -> None:
     """Someone promotes another version while publish runs: publish fails with a conflict, no lost update."""
+    upgrade(registry_url)
     cfg = job_config(registry_url)
     publish(cfg, make_checkpoint(tmp_path, cfg, "a", seed=1), METRICS)
     publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS)
@@ -135,6 +138,7 @@ def test_publish_cas_fails_cleanly_when_pointer_moved(
 def test_sigkill_between_version_insert_and_switch(
     pg_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
 ) -> None:
+    upgrade(pg_url)
     cfg = job_config(pg_url)
     first = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10", seed=1), METRICS)
     ckpt2 = make_checkpoint(tmp_path, cfg, "step-20", seed=2)

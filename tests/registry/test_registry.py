@@ -133,3 +133,14 @@ def test_show_and_models_are_json_able(reg: Registry) -> None:
     assert reg.models() == [{"model": "m", "versions": 2, "aliases": {"production": 2, "staging": 1}}]
     with pytest.raises(NotFoundError):
         reg.show("nope")
+
+
+def test_a_tree_version_records_its_kind_and_is_idempotent_on_its_digest(reg: Registry) -> None:
+    digest = hashlib.sha256(b"a tree manifest").hexdigest()
+    tree = ArtifactRef(digest, f"s3://b/models/trees/{digest[:2]}/{digest}", 10**11, kind="tree")
+    v = reg.publish_version("m", tree, LINEAGE, {}, "alice")
+    assert (v.version, v.artifact_kind, v.size_bytes) == (1, "tree", 10**11)
+    assert reg.publish_version("m", tree, LINEAGE, {}, "bob") == v
+    assert reg.get_version("m", 1).artifact_kind == "tree"
+    assert publish(reg, 1) == 2 and reg.get_version("m", 2).artifact_kind == "file"
+    assert [x["artifact_kind"] for x in reg.show("m")["versions"]] == ["tree", "file"]

@@ -1,0 +1,113 @@
+"""`retrainer registry pull`: a version fetched, verified, into a directory, from the registry alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tasks.registry import ArtifactRef, ArtifactStore, Lineage, Registry, upgrade
+from tests.registry.conftest import ROOT
+from tests.registry.test_tree import model_dir, same_tree
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+def publish(url: str, ref: ArtifactRef, tag: str = "step-10") -> int:
+    with Registry(url) as reg:
+        version = reg.publish_version("m", ref, Lineage("cfg", "data", "rev", tag), {"loss": 1.0}, "ci").version
+        reg.switch_alias("m", "production", version, actor="ci", reason="publish", action="publish")
+    return version
+
+
+def test_pull_a_tree_version_from_s3_knowing_only_the_registry(
+    registry_url: str, cli: Cli, s3, s3_bucket: str, tmp_path: Path
+) -> None:
+    upgrade(registry_url)
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options)
+    src = model_dir(tmp_path / "src")
+    ref = store.put_tree(src)
+    assert publish(registry_url, ref) == 1
+    assert publish(registry_url, store.put_tree(model_dir(tmp_path / "src2")), "step-20") == 2
+    opts = ["--db", registry_url, "--storage-options", json.dumps(s3.storage_options)]
+    dl = tmp_path / "dl"
+
+    rc, out, err = cli("registry", "pull", "--model", "m", "--version", "1", str(dl / "v1"), *opts, "--json")
+    assert rc == 0, err
+    assert json.loads(out) | {"dest": "-"} == {"model": "m", "version": 1, "kind": "tree", "digest": ref.digest,
+                                               "size_bytes": ref.size, "store": store.url, "dest": "-"}
+    assert same_tree(src, dl / "v1")
+    rc, out, err = cli("registry", "pull", "--model", "m", str(dl / "live"), *opts)  # default: production
+    assert rc == 0 and out.startswith("m v2: tree "), err
+    assert same_tree(tmp_path / "src2", dl / "live")
+
+    rc, _, err = cli("registry", "pull", "--model", "m", str(dl / "v1"), *opts)
+    assert rc == 2 and "v1: destination exists and is not an empty directory" in err
+    rc, _, err = cli("registry", "pull", "--model", "m", "--alias", "staging", str(dl / "x"), *opts)
+    assert rc == 2 and "alias 'staging' points to no version" in err
+    rc, _, err = cli("registry", "pull", "--model", "m", "--storage-options", "[1]", str(dl / "x"))
+    assert rc == 2 and "--storage-options: must be a JSON object" in err
+
+    shard = f"{store.tree_path(ref.digest)}/model-00002-of-00002.safetensors"
+    store.fs.pipe_file(shard, b"\0" * store.fs.info(shard)["size"])
+    rc, out, err = cli("registry", "pull", "--model", "m", "--version", "1", str(dl / "bad"), *opts)
+    assert rc == 1 and out == ""
+    assert "model-00002-of-00002.safetensors is corrupt in the store" in err
+    assert sorted(p.name for p in dl.iterdir()) == ["live", "v1"]  # no x, no bad, no temporaries
+
+
+def test_pull_an_old_single_file_version_through_the_real_cli(sqlite_url: str, tmp_path: Path) -> None:
+    upgrade(sqlite_url)
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(os.urandom(2 * (1 << 20) + 3))
+    ref = ArtifactStore(f"file://{tmp_path / 'store'}").put(weights)
+    assert ref.kind == "file"
+    publish(sqlite_url, ref)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "registry", "pull", "--model", "m", "--db", sqlite_url,
+                           str(tmp_path / "dest")], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"m v1: file {ref.digest[:12]}")
+    assert [p.name for p in (tmp_path / "dest").iterdir()] == ["consolidated.pt"]
+    assert (tmp_path / "dest" / "consolidated.pt").read_bytes() == weights.read_bytes()
+
+
+def test_a_tiny_hugging_face_model_published_as_a_tree_loads_after_pull(
+    sqlite_url: str, cli: Cli, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=512)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded, with an index, as ranks will write
+    written = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert "model.safetensors.index.json" in written and "config.json" in written
+
+    upgrade(sqlite_url)
+    publish(sqlite_url, ArtifactStore(str(tmp_path / "store")).put_tree(tmp_path / "hf"))
+    rc, _, err = cli("registry", "pull", "--model", "m", str(tmp_path / "pulled"), "--db", sqlite_url)
+    assert rc == 0, err
+    assert sorted(p.name for p in (tmp_path / "pulled").iterdir()) == written
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pulled").eval()
+    tokens = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+
+
+@pytest.mark.parametrize("url", ["file:///elsewhere/weights.pt", "s3://bucket/models/sha256/ab/" + "cd" * 32])
+def test_pull_needs_the_store_when_the_artifact_url_does_not_name_it(
+    sqlite_url: str, cli: Cli, tmp_path: Path, url: str
+) -> None:
+    upgrade(sqlite_url)
+    publish(sqlite_url, ArtifactRef("ab" * 32, url, 1))
+    rc, _, err = cli("registry", "pull", "--model", "m", str(tmp_path / "dest"), "--db", sqlite_url)
+    assert rc == 2 and "so its store is unknown: give the store" in err
+    assert not (tmp_path / "dest").exists()

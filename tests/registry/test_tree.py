@@ -1,0 +1,234 @@
+"""Content-addressed trees: the manifest format, and staging -> commit -> verified download on a local
+folder and on S3 (moto HTTP server via s3fs), with real writer processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.errors import InvalidInputError
+from tasks.registry import ArtifactStore, CorruptArtifactError, NotFoundError
+from tasks.registry.tree import FORMAT, MANIFEST_NAME, TreeFile, TreeManifest
+from tests.registry import tree_writer
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_and_options(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ArtifactStore, dict[str, Any]]:
+    if request.param == "local":
+        return ArtifactStore(str(tmp_path / "store")), {}
+    s3 = request.getfixturevalue("s3")
+    bucket = request.getfixturevalue("s3_bucket")
+    return ArtifactStore(f"s3://{bucket}/models", s3.storage_options), s3.storage_options
+
+
+@pytest.fixture
+def store(store_and_options: tuple[ArtifactStore, dict[str, Any]]) -> ArtifactStore:
+    return store_and_options[0]
+
+
+def model_dir(root: Path) -> Path:
+    """A model-like folder: nested paths, a multi-chunk shard, an empty file."""
+    files = {
+        "config.json": b'{"model_type": "llama"}',
+        "model-00001-of-00002.safetensors": os.urandom(3 * (1 << 20) + 5),
+        "model-00002-of-00002.safetensors": os.urandom(1000),
+        "tokenizer/tokenizer.json": b'{"version": "1.0"}',
+        "tokenizer/extra/added_tokens.txt": b"",
+    }
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    def files(root: Path) -> dict[str, bytes]:
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    return files(a) == files(b)
+
+
+def store_files(store: ArtifactStore) -> list[str]:
+    store.fs.invalidate_cache()
+    return sorted(p[len(store.root) + 1:] for p in store.fs.find(store.root))
+
+
+def tf(path: str, data: bytes) -> TreeFile:
+    return TreeFile(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+# -- the manifest ---------------------------------------------------------------------------
+
+
+def test_manifest_is_canonical_and_its_digest_is_the_sha256_of_its_bytes() -> None:
+    a, b = tf("b/x.bin", b"xx"), tf("a.json", b"{}")
+    m = TreeManifest.of([a, b.to_dict()])
+    assert [f.path for f in m.files] == ["a.json", "b/x.bin"]  # sorted, whatever the writers' order
+    raw = m.to_bytes()
+    assert raw == json.dumps({"format": FORMAT, "files": [b.to_dict(), a.to_dict()]}, sort_keys=True,
+                             separators=(",", ":")).encode()
+    assert m.digest == hashlib.sha256(raw).hexdigest() and m.size == 4
+    assert TreeManifest.from_bytes(raw) == m
+    with pytest.raises(InvalidInputError, match="canonical"):
+        TreeManifest.from_bytes(json.dumps(json.loads(raw), indent=1).encode())
+    with pytest.raises(InvalidInputError, match="not a retrainer-tree/1 manifest"):
+        TreeManifest.from_bytes(b'{"format": "other", "files": []}')
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    ([tf("../x", b"")], r"files\[0\]\.path: key '\.\./x' has an empty, '\.' or '\.\.' segment"),
+    ([tf("/etc/passwd", b"")], "absolute"),
+    ([tf(MANIFEST_NAME, b"")], "reserved for the manifest"),
+    ([tf("a", b""), tf("a", b"")], "a is listed twice"),
+    ([tf("a", b""), tf("a/b", b"")], "a is both a file and a folder"),
+    ([TreeFile("a", -1, "0" * 64)], r"files\[0\]\.size \(a\): must be a non-negative integer"),
+    ([TreeFile("a", 1, "XYZ")], r"files\[0\]\.sha256 \(a\): not a sha256 hex digest"),
+    ([{"path": "a", "size": 1}], "exactly path, size, sha256"),
+    ([], "lists no file"),
+])
+def test_manifest_refuses_bad_entries_naming_them(files: list[Any], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        TreeManifest.of(files)
+
+
+# -- staging, commit, download ----------------------------------------------------------------
+
+
+def test_put_tree_get_tree_roundtrip_with_nested_paths(store: ArtifactStore, tmp_path: Path) -> None:
+    src = model_dir(tmp_path / "src")
+    ref = store.put_tree(src)
+    assert ref.kind == "tree" and ref.size == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    assert ref.url == store.fs.unstrip_protocol(f"{store.root}/trees/{ref.digest[:2]}/{ref.digest}")
+    assert ArtifactStore.root_of(ref.url, ref.digest, "tree") == store.url
+    manifest = store.tree_manifest(ref.digest)
+    assert len(manifest.files) == 5 and manifest.digest == ref.digest
+    prefix = f"trees/{ref.digest[:2]}/{ref.digest}/"
+    assert store_files(store) == sorted([prefix + MANIFEST_NAME] + [prefix + f.path for f in manifest.files])
+    assert store.verify_tree(ref.digest)
+    out = store.get_tree(ref.digest, tmp_path / "dl" / "model")
+    assert same_tree(src, out)
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["model"]  # no temporary left beside it
+    assert store.put_tree(src) == ref  # idempotent: same digest, staging discarded
+    assert store_files(store) == sorted([prefix + MANIFEST_NAME] + [prefix + f.path for f in manifest.files])
+
+
+def test_concurrent_writer_processes_fill_one_staging_area_then_one_commit(
+    store_and_options: tuple[ArtifactStore, dict[str, Any]], tmp_path: Path
+) -> None:
+    store, options = store_and_options
+    staging = store.stage()
+    paths = [f"model-{i + 1:05d}-of-00004.safetensors" for i in range(3)] + ["tokenizer/tokenizer.json"]
+    with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(tree_writer.write, store.url, options, staging, p, i, str(tmp_path))
+                   for i, p in enumerate(paths)]
+        reports = [f.result(timeout=120) for f in futures]
+    ref = store.commit_tree(staging, TreeManifest.of(reversed(reports)))
+    out = store.get_tree(ref.digest, tmp_path / "dest")
+    for i, p in enumerate(paths):
+        assert (out / p).read_bytes() == tree_writer.payload(i)
+    assert not [p for p in store_files(store) if p.startswith("tmp/")]  # the staging area is gone
+
+
+def test_commit_refuses_missing_wrong_size_or_unlisted_files_and_commits_nothing(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    (tmp_path / "a").write_bytes(b"aaaa")
+    staging = store.stage()
+    good = store.stage_file(staging, "a", tmp_path / "a")
+    store.stage_file(staging, "sub/b", tmp_path / "a")
+    store.stage_file(staging, "stray", tmp_path / "a")
+    manifest = TreeManifest.of([good, TreeFile("sub/b", 5, good.sha256), TreeFile("c/missing.bin", 4, good.sha256)])
+    with pytest.raises(InvalidInputError) as err:
+        store.commit_tree(staging, manifest)
+    assert str(err.value) == (f"tree commit refused, nothing committed (staging {staging} kept): "
+                              "c/missing.bin is missing; sub/b is 4 bytes, the manifest says 5; "
+                              "stray is not in the manifest")
+    assert not [p for p in store_files(store) if p.startswith("trees/")]
+    with pytest.raises(NotFoundError):
+        store.tree_manifest(manifest.digest)
+    with pytest.raises(InvalidInputError, match="is not a staging area"):
+        store.commit_tree(staging.replace("/tmp/", "/trees/"), manifest)
+    with pytest.raises(InvalidInputError, match="is not a staging area"):
+        store.stage_file(f"{staging}/../../sha256", "x", tmp_path / "a")
+    store.discard(staging)
+    assert store_files(store) == []
+
+
+def test_recommit_of_a_committed_tree_is_skipped_and_leaves_it_untouched(store: ArtifactStore, tmp_path: Path) -> None:
+    src = model_dir(tmp_path / "src")
+    ref = store.put_tree(src)
+    shard = f"{store.tree_path(ref.digest)}/model-00002-of-00002.safetensors"
+    before = store.fs.info(shard)
+    staging = store.stage()
+    entries = [store.stage_file(staging, f.path, src / f.path) for f in store.tree_manifest(ref.digest).files]
+    assert store.commit_tree(staging, TreeManifest.of(entries)) == ref
+    store.fs.invalidate_cache()
+    after = store.fs.info(shard)
+    assert after.get("mtime", after.get("LastModified")) == before.get("mtime", before.get("LastModified"))
+    assert not [p for p in store_files(store) if p.startswith("tmp/")]
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "missing file"])
+def test_corrupt_tree_is_refused_on_download_naming_the_file(
+    store: ArtifactStore, tmp_path: Path, damage: str
+) -> None:
+    ref = store.put_tree(model_dir(tmp_path / "src"))
+    victim = f"{store.tree_path(ref.digest)}/tokenizer/tokenizer.json"
+    if damage == "flipped byte":
+        with store.fs.open(victim, "wb") as fh:
+            fh.write(b'{"version": "1.1"}')  # same size
+    else:
+        store.fs.rm_file(victim)
+    store.fs.invalidate_cache()
+    assert not store.verify_tree(ref.digest)
+    what = "is corrupt in the store" if damage == "flipped byte" else "is missing from the store"
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CorruptArtifactError, match=f"tokenizer/tokenizer.json {what}"):
+        store.get_tree(ref.digest, out / "dest")
+    assert list(out.iterdir()) == []  # no dest, no temporary directory
+    (out / "empty").mkdir()
+    with pytest.raises(CorruptArtifactError):
+        store.get_tree(ref.digest, out / "empty")
+    assert list(out.iterdir()) == [out / "empty"] and list((out / "empty").iterdir()) == []
+
+
+def test_get_tree_refuses_a_non_empty_destination_and_unknown_trees(store: ArtifactStore, tmp_path: Path) -> None:
+    ref = store.put_tree(model_dir(tmp_path / "src"))
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "keep.txt").write_text("mine")
+    with pytest.raises(InvalidInputError, match="dest: destination exists and is not an empty directory"):
+        store.get_tree(ref.digest, tmp_path / "dest")
+    assert [p.name for p in (tmp_path / "dest").iterdir()] == ["keep.txt"]
+    with pytest.raises(NotFoundError, match=f"tree {'0' * 64} not found"):
+        store.get_tree("0" * 64, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+
+def test_s3_commit_copies_server_side_and_never_reads_the_bytes(s3, s3_bucket: str, tmp_path: Path) -> None:
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options)
+    src = model_dir(tmp_path / "src")
+    staging = store.stage()
+    manifest = TreeManifest.of(store.stage_file(staging, p.relative_to(src).as_posix(), p)
+                               for p in sorted(src.rglob("*")) if p.is_file())
+    calls: list[str] = []
+    real = store.fs._call_s3
+
+    async def spy(method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    store.fs._call_s3 = spy
+    try:
+        store.commit_tree(staging, manifest)
+    finally:
+        del store.fs._call_s3
+    assert calls.count("copy_object") == len(manifest.files) and "put_object" in calls  # files, then the manifest
+    assert not {"get_object", "upload_part"} & set(calls)
