@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,10 +103,7 @@ def _file_lock(database: Path, experiment_key: str, holder: str) -> Iterator[Non
     try:
         lock.acquire()
     except Timeout:
-        try:
-            current = json.loads(holder_path.read_text())["holder"]
-        except (OSError, ValueError, KeyError):
-            current = "another process"
+        current = _file_holder(holder_path)
         raise LockHeldError(f"experiment {experiment_key[:12]} is already being trained by {current}") from None
     try:
         holder_path.write_text(json.dumps({"holder": holder}))
@@ -114,3 +112,16 @@ def _file_lock(database: Path, experiment_key: str, holder: str) -> Iterator[Non
     finally:
         holder_path.unlink(missing_ok=True)
         lock.release()
+
+
+def _file_holder(holder_path: Path, wait_s: float = 5.0) -> str:
+    """The holder's name; it writes it just after taking the lock, so a contender that lost the race
+    by microseconds polls briefly instead of reporting an anonymous holder."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return json.loads(holder_path.read_text())["holder"]
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                return "another process"
+            time.sleep(0.02)
