@@ -66,7 +66,6 @@ def cpu_model_states() -> list[str]:
 
 def cpu_activations() -> list[str]:
     import torch
-
     from tasks.train.model import GPT, lm_loss
 
     rows = ["| model (fp32, SDPA) | mbs x seq | measured saved | planner | planner/measured |",
@@ -106,7 +105,6 @@ def gpu_peak() -> list[str]:
     if not torch.cuda.is_available():
         return ["GPU peak memory: not measured: no GPU lent"]
     import deepspeed
-
     from tasks.train.model import GPT, lm_loss
 
     one_b = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16,

@@ -63,6 +63,13 @@ class ModelConfig(_Strict):
     rms_norm_eps: float = Field(1e-5, gt=0)
     tie_embeddings: bool = False
     qkv_bias: bool = Field(False, description="bias on q/k/v projections (Qwen2-style)")
+    pretrained: str | None = Field(
+        None, min_length=1,
+        description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "
+                    "config.json, and train.init_from 'pretrained' (or 'live' before a first version) starts "
+                    "from its weights",
+    )
+    pretrained_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:
@@ -121,7 +128,8 @@ class ParallelConfig(_Strict):
         return self.tp * self.pp * self.dp
 
 
-INIT_FROM_HELP = "scratch, live (the alias's version when the run starts), version:N, or a path/URL of weights"
+INIT_FROM_HELP = ("scratch, pretrained (model.pretrained), live (the alias's version when the run starts; "
+                  "before a first version: model.pretrained if set, else scratch), version:N, or a path of weights")
 
 
 class TrainConfig(_Strict):
@@ -351,6 +359,7 @@ class PublishConfig(_Strict):
     model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    export_dtype: Literal["bf16", "fp32"] = Field("bf16", description="dtype of the published safetensors")
 
 
 class RankCluster(_Strict):
@@ -395,6 +404,8 @@ class JobConfig(_Strict):
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
+        if self.train.init_from == "pretrained" and m.pretrained is None:
+            raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:
             raise ValueError(f"parallel.pp ({p.pp}) cannot exceed model.n_layers ({m.n_layers})")
         if p.pp > 1 and p.zero_stage > 1:
@@ -415,7 +426,8 @@ class JobConfig(_Strict):
         """
         defining = {
             "name": self.name,
-            "model": self.model.model_dump(mode="json"),
+            # Where a pretrained model lives is not what it is: its weights enter the key by digest.
+            "model": self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"}),
             "parallel": self.parallel.model_dump(mode="json"),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from"}),
         }
@@ -423,7 +435,8 @@ class JobConfig(_Strict):
 
     def training_job(self) -> TrainingJob:
         c = self.cluster
-        return TrainingJob(name=self.name, model=self.model, parallel=self.parallel, train=self.train,
+        model = self.model.model_copy(update={"pretrained_storage_options": {}})  # ranks get local weights
+        return TrainingJob(name=self.name, model=model, parallel=self.parallel, train=self.train,
                            cluster=RankCluster(hang_timeout_s=c.hang_timeout_s, peak_tflops=c.peak_tflops))
 
     def with_overrides(self, overrides: dict[str, Any]) -> JobConfig:
@@ -510,4 +523,10 @@ def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
 def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
     """Expand `${VAR}`s and validate a config document (from a file or a run's snapshot)."""
     os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
-    return _validate(_expand(document), source=source)
+    cfg = _validate(_expand(document), source=source)
+    if cfg.model.pretrained is None:
+        return cfg
+    from tasks.models.pretrained import sizes_from_pretrained
+
+    model = sizes_from_pretrained(cfg.model, source)
+    return _validate({**cfg.model_dump(mode="json"), "model": model}, source=source)

@@ -1,7 +1,10 @@
 """Evaluate stage: held-out loss and perplexity of a committed checkpoint.
 
-Why single-process from `consolidated.pt`: evaluation must not depend on the
-training layout, and the number the gate compares must be reproducible. The
+Why single-process: evaluation must not depend on the training layout, and the
+number the gate compares must be reproducible. It reads a checkpoint's layer
+files or a published Hugging Face directory (tasks/models/weights.py); at model
+size it has to run as ranks on the cluster (not yet: see the issue on
+distributed evaluation). The
 windows are a deterministic function of the config (evaluate.batches x
 evaluate.batch_size windows, evenly spaced over the `heldout/` split), and the
 model runs in eval mode (no dropout).
@@ -23,18 +26,22 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
-             experiment_key: str | None = None) -> dict[str, Any]:
-    """Held-out metrics of the checkpoint; InvalidInputError for incomplete checkpoints, another model's, or
-    (with `experiment_key`) another run's."""
+             experiment_key: str | None = None, base_dir: Path | None = None) -> dict[str, Any]:
+    """Held-out metrics of the checkpoint's export (the very directory publish uploads: what is judged is
+    what is served, in `publish.export_dtype`); InvalidInputError for incomplete checkpoints, another
+    model's, or (with `experiment_key`) another run's."""
+    from tasks.publish import export
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
     marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), experiment_key)
-    metrics = evaluate_weights(cfg, checkpoint_dir, dataset_dir)
+    exported = export(cfg, checkpoint_dir, base_dir)
+    metrics = evaluate_weights(cfg, exported, dataset_dir)
     return {
         **metrics,
         "checkpoint_dir": str(checkpoint_dir),
         "checkpoint_tag": marker.get("tag"),
+        "export_dir": str(exported),
         "step": marker.get("step"),
         "experiment_key": marker["experiment_key"],
     }
@@ -46,11 +53,13 @@ def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Pat
     import numpy as np
     import torch
 
+    from tasks.models import get_family
+    from tasks.models.parallel import TPGroup
+    from tasks.models.weights import load_reference
     from tasks.train.data import TokenWindows, split_inputs
-    from tasks.train.model import lm_loss
-    from tasks.train.weights import load_reference
 
     model = load_reference(weights, cfg.model)
+    lm_loss = get_family(cfg.model.family).make_loss_fn(TPGroup())
     model.eval()
     m, e = cfg.model, cfg.evaluate
     windows = TokenWindows(dataset_dir, "heldout", m.seq_len, m.vocab_size)
@@ -74,7 +83,8 @@ def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Pat
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("evaluate", help="held-out loss/perplexity of a committed checkpoint")
     p.add_argument("config", help="job config YAML")
-    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE)")
+    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE); evaluated "
+                   "through its Hugging Face export, written beside the run's checkpoints if absent")
     p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
     p.add_argument("--output", help="also write the metrics JSON to this file (atomically)")
     p.set_defaults(handler=_handle)

@@ -159,7 +159,7 @@ def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], wa
     from tasks.evaluate import evaluate
 
     metrics = evaluate(cfg, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]),
-                       experiment_key=run.experiment_key)
+                       experiment_key=run.experiment_key, base_dir=fetch_starting_weights(cfg, run.init))
     log.info("evaluate: held-out loss %.4f, perplexity %.2f", metrics["loss"], metrics["perplexity"])
     return metrics
 
@@ -182,8 +182,11 @@ def _live_loss(cfg: JobConfig, live: Any, warm: dict[str, Any]) -> float | None:
         return float(live.metrics["loss"])
     store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
     with tempfile.TemporaryDirectory() as tmp:
-        weights = Path(tmp) / "weights.pt"
-        store.get(live.artifact_digest, weights)
+        weights = Path(tmp) / "weights"
+        if live.artifact_kind == "tree":
+            store.get_tree(live.artifact_digest, weights)
+        else:
+            store.get(live.artifact_digest, weights)
         metrics = evaluate_weights(cfg, weights, Path(warm["dataset_dir"]))
     return float(metrics["loss"])
 
@@ -229,6 +232,7 @@ def stage_publish(
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
         reason=reason,
+        base_dir=fetch_starting_weights(cfg, run.init),
     )
     out = result.to_dict()
     log.info("publish: %s v%s (from %s) is now %s (artifact %s)", out["model"], out["version"],

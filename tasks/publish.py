@@ -1,6 +1,8 @@
-"""Publish stage: upload a finished checkpoint, record an immutable version, move the alias.
+"""Publish stage: export a finished checkpoint, upload it, record an immutable version, move the alias.
 
-The order is the protocol: 1) content-addressed upload, 2) insert the version
+The artifact is a Hugging Face model directory (tasks/models/export.py), uploaded as a
+content-addressed tree. The order is the protocol: 0) export into the run directory (atomic,
+reused by a retry), 1) content-addressed upload, 2) insert the version
 (idempotent on the artifact digest), 3) switch the alias with a compare-and-swap
 on the version that was live when publish started. A crash between 2 and 3 leaves
 an unpointed version (harmless; a re-run picks it up), never a dangling pointer.
@@ -23,7 +25,7 @@ from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_NAME = "consolidated.pt"
+EXPORT_DIR = "export"
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,11 @@ def publish(
     actor: str | None = None,
     reason: str = "publish",
     registry_url: str | None = None,
+    base_dir: Path | None = None,
 ) -> PublishResult:
-    """Publish `checkpoint_dir/consolidated.pt` as the next version and point `cfg.publish.alias` at it.
+    """Publish `checkpoint_dir`, exported as a Hugging Face directory, as the next version and point
+    `cfg.publish.alias` at it. `base_dir`: the Hugging Face directory the run started from (its
+    tokenizer and context length go with the export).
 
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
@@ -90,16 +95,13 @@ def publish(
     marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), experiment_key)
     run = RunIdentity.from_dict(marker["run"])
     metrics = check_metrics(metrics)
-    artifact = checkpoint_dir / ARTIFACT_NAME
-    if not artifact.is_file():
-        raise InvalidInputError(f"{artifact}: consolidated weights missing from the checkpoint")
 
     pub = cfg.publish
     url = registry_url or pub.registry_url
     with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
-        ref = ArtifactStore(pub.store_url, pub.storage_options).put(artifact)
+        ref = ArtifactStore(pub.store_url, pub.storage_options).put_tree(export(cfg, checkpoint_dir, base_dir))
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
@@ -116,3 +118,18 @@ def publish(
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,
         asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=run.init.version,
     )
+
+
+def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
+    """The checkpoint's Hugging Face export beside the run's checkpoints (`<run>/export/<tag>`), written
+    once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
+    from tasks.models.export import export_checkpoint
+    from tasks.models.weights import HF_INDEX
+
+    dest = checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{cfg.publish.export_dtype}"
+    if (dest / HF_INDEX).is_file():
+        log.info("export: reusing %s", dest)
+        return dest
+    return export_checkpoint(cfg.model, checkpoint_dir, dest, stages=cfg.parallel.pp,
+                             dtype=cfg.publish.export_dtype,
+                             base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None)

@@ -39,6 +39,7 @@ class StartingWeights:
     url: str | None = None  # where they are fetched from
     note: str = "scratch"  # one line for logs and summaries
     trained_on: str | None = None  # the data manifest hash that version was trained on (registry versions)
+    kind: str = "file"  # "file" (weights file), "tree" (a directory, e.g. a registry tree), "pretrained"
 
     @property
     def scratch(self) -> bool:
@@ -106,15 +107,21 @@ def resolve_starting_weights(cfg: JobConfig, registry: Registry) -> StartingWeig
     model, alias = cfg.publish.model_name, cfg.publish.alias
     if requested == "scratch":
         return scratch(cfg)
+    if requested == "pretrained":
+        return pretrained(cfg, requested)
     if requested == "live":
         live = registry.live_version(model, alias)
+        if live is None and cfg.model.pretrained is not None:
+            log.info("train.init_from live: %s/%s has no live version yet: starting from model.pretrained",
+                     model, alias)
+            return pretrained(cfg, requested)
         if live is None:
             log.info("train.init_from live: %s/%s has no live version yet: starting from scratch", model, alias)
             return StartingWeights(requested=requested,
                                    note=f"scratch: no live version of {model}/{alias} yet")
         return StartingWeights(requested=requested, version=live.version, digest=live.artifact_digest,
                                url=live.artifact_url, note=f"{model} v{live.version} (live on {alias})",
-                               trained_on=live.data_manifest_hash)
+                               trained_on=live.data_manifest_hash, kind=live.artifact_kind)
     if requested.startswith("version:"):
         from tasks.registry import NotFoundError
 
@@ -125,13 +132,35 @@ def resolve_starting_weights(cfg: JobConfig, registry: Registry) -> StartingWeig
             raise InvalidInputError(f"train.init_from {requested}: {exc}") from None
         return StartingWeights(requested=requested, version=number, digest=record.artifact_digest,
                                url=record.artifact_url, note=f"{model} v{number}",
-                               trained_on=record.data_manifest_hash)
+                               trained_on=record.data_manifest_hash, kind=record.artifact_kind)
     path = Path(requested).expanduser()
+    if path.is_dir():
+        digest = local_tree_digest(path)
+        return StartingWeights(requested=requested, digest=digest, url=str(path.resolve()), kind="tree",
+                               note=f"weights directory {path} (tree {digest[:12]})")
     if not path.is_file():
-        raise InvalidInputError(f"train.init_from: {requested}: no such weights file")
+        raise InvalidInputError(f"train.init_from: {requested}: no such weights file or directory")
     digest = sha256_file(path)
     return StartingWeights(requested=requested, digest=digest, url=str(path.resolve()),
                            note=f"weights file {path} (sha256 {digest[:12]})")
+
+
+def pretrained(cfg: JobConfig, requested: str) -> StartingWeights:
+    """The weights of `model.pretrained`, identified by its listing (names, sizes, ETags) as it is now."""
+    from tasks.models.pretrained import listing_digest
+
+    url = cfg.model.pretrained
+    assert url is not None
+    digest = listing_digest(url, cfg.model.pretrained_storage_options)
+    return StartingWeights(requested=requested, digest=digest, url=url, kind="pretrained",
+                           note=f"pretrained {url} (listing {digest[:12]})")
+
+
+def local_tree_digest(path: Path) -> str:
+    """The tree digest of a local directory (the registry's: a manifest of path, size, sha256)."""
+    from tasks.registry.store import local_tree_manifest
+
+    return local_tree_manifest(path).digest
 
 
 def for_dataset(cfg: JobConfig, dataset_dir: str | Path) -> RunIdentity:
@@ -168,27 +197,40 @@ def resolve_identity(cfg: JobConfig, registry: Registry) -> RunIdentity:
 
 
 def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None:
-    """Local, digest-verified starting weights whose shapes match the model (None for scratch).
+    """Local, verified starting weights whose shapes match the model (None for scratch).
 
     Registry versions are fetched from the artifact store into `<data.cache_dir>/weights/` once
-    (named by digest, written only after verification); every shape is checked here, before any
-    rank starts, so weights of another model fail naming the tensor."""
-    from tasks.train.weights import check_shapes
+    (named by digest, written only after verification); a pretrained directory is warmed into
+    `<data.cache_dir>/models/`; every shape is checked here, before any rank starts, so weights of
+    another model fail naming the tensor."""
+    from tasks.models.weights import check_shapes
 
     if init.scratch:
         return None
     assert init.digest is not None and init.url is not None
-    if init.version is None:
+    if init.kind == "pretrained":
+        from tasks.models.pretrained import warm_pretrained
+
+        path = warm_pretrained(init.url, cfg.model.pretrained_storage_options, cfg.data.cache_dir, init.digest)
+    elif init.version is None:
         path = Path(init.url)
-        if sha256_file(path) != init.digest:
+        now = local_tree_digest(path) if init.kind == "tree" else sha256_file(path)
+        if now != init.digest:
             raise InvalidInputError(f"train.init_from: {path} changed since this run was planned "
-                                    f"(sha256 was {init.digest[:12]}...); start a new run")
+                                    f"(digest was {init.digest[:12]}...); start a new run")
     else:
         from tasks.registry import ArtifactStore
 
-        path = Path(cfg.data.cache_dir) / "weights" / f"{init.digest}.pt"
-        if not path.is_file():
-            log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
-            ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options).get(init.digest, path)
+        store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
+        if init.kind == "tree":
+            path = Path(cfg.data.cache_dir) / "weights" / init.digest
+            if not path.is_dir():
+                log.info("starting weights: fetching %s (tree %s) into %s", init.note, init.digest[:12], path)
+                store.get_tree(init.digest, path)
+        else:
+            path = Path(cfg.data.cache_dir) / "weights" / f"{init.digest}.pt"
+            if not path.is_file():
+                log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
+                store.get(init.digest, path)
     check_shapes(path, cfg.model)
     return path

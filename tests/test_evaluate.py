@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tasks.train.model import GPT
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.evaluate import evaluate
 from tasks.train import checkpoint as ck
-from tasks.train.model import GPT
 from tasks.train.reference import train_reference
 from tests.train.conftest import tiny_config, write_dataset
 

@@ -22,7 +22,6 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_init_from_that_cannot_work_fails_clearly_and_publishes_nothing(tmp_path, case: str) -> None:
     import yaml
-
     from tasks.train.model import GPT
 
     config = week_config(tmp_path)

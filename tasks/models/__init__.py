@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 
 FAMILIES = {
-    "gpt": "tasks.train.model",
+    "gpt": "tasks.models.gpt",
     "llama": "tasks.models.llama",
 }
 

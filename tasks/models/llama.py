@@ -40,6 +40,8 @@ from tasks.models.parallel import (
 from tasks.plan.shapes import ParamCounts
 
 INIT_STD = 0.02
+# The embedding and LM head are split by vocab rows across TP ranks (the planner counts their collectives).
+VOCAB_PARALLEL = True
 # Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
 EMBED, HEAD = "embed", "head"
 TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first and last stage

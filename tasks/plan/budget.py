@@ -182,15 +182,24 @@ def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, at
     return stored
 
 
-def _tp_payload(cfg: JobConfig, blocks: int, b: Bytes) -> int:
+def _tp_payload(cfg: JobConfig, stage: Stage, b: Bytes) -> int:
     """Bytes one rank hands to TP all-reduces per step: per block and micro-batch, two in forward
     (attention and MLP outputs) and two in backward (their inputs' gradients), each s x b x h;
-    two more forward ones when recomputing."""
+    two more forward ones when recomputing. A vocab-parallel family adds the embedding's forward
+    all-reduce (s x b x h), the LM head input's gradient (s x b x h) and the cross entropy's three
+    fp32 values per token (max; sum of exp and target logit)."""
+    from tasks.models import get_family
+
     if cfg.parallel.tp == 1:
         return 0
     m, t = cfg.model, cfg.train
-    per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * m.seq_len * t.micro_batch_size
-    return per_block * m.d_model * blocks * cfg.parallel.micro_batches
+    tokens = m.seq_len * t.micro_batch_size
+    per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * tokens * m.d_model
+    per_micro = per_block * stage.blocks
+    if get_family(m.family).VOCAB_PARALLEL:
+        per_micro += stage.has_embedding * b.activation * tokens * m.d_model
+        per_micro += stage.has_head * (b.activation * tokens * m.d_model + 3 * tokens * 4)
+    return per_micro * cfg.parallel.micro_batches
 
 
 def _bandwidth(cfg: JobConfig, span: int) -> float:
@@ -263,7 +272,7 @@ def plan(
             "total": weights + grads + optim + act + comm,
             "dp_grad_payload_bytes": grad_payload,
             "dp_param_allgather_payload_bytes": gather_payload,
-            "tp_payload_bytes": _tp_payload(cfg, st.blocks, b),
+            "tp_payload_bytes": _tp_payload(cfg, st, b),
         }
 
     per_stage = [stage_memory(st) for st in stages]

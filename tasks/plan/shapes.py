@@ -1,4 +1,4 @@
-"""Exact parameter counts of our GPT and how DeepSpeed places its layers on pipeline stages.
+"""Parameter counts per layer kind (stated by each model family) and how DeepSpeed places layers on stages.
 
 Kept separate from the budget arithmetic because the measured-vs-predicted tests
 check these numbers against the real model, tensor by tensor.
@@ -16,29 +16,23 @@ from tasks.config import ModelConfig
 class ParamCounts:
     """Parameters held by one tensor-parallel rank (tp=1: the whole thing)."""
 
-    embedding: int  # token vocab x d (no bias) + learned positions seq_len x d
+    embedding: int  # the first stage's embedding layer, as held by one TP rank
     block: int  # one transformer block, as held by one TP rank
-    head: int  # final LayerNorm + untied LM head d -> vocab (no bias)
+    head: int  # the last stage's final norm + LM head (a tied copy of the embedding included)
 
 
 def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
-    """Per-TP-rank parameter counts; column/row-parallel weights are sharded, LNs and row biases replicated."""
-    d, hd = m.d_model, m.head_dim
-    qkv_out = (m.n_heads + 2 * m.kv_heads) * hd
-    ln = 2 * d  # weight + bias
-    sharded = (d * qkv_out + qkv_out) + (m.n_heads * hd * d) + (d * m.ffn + m.ffn) + (m.ffn * d)
-    replicated = 2 * ln + d + d  # two LayerNorms + out-proj bias + MLP fc2 bias
-    return ParamCounts(
-        embedding=m.vocab_size * d + m.seq_len * d,
-        block=replicated + sharded // tp,
-        head=ln + d * m.vocab_size,
-    )
+    """Per-TP-rank parameter counts of the config's model family (the family states them; see tasks.models)."""
+    from tasks.models import get_family
+
+    return get_family(m.family).param_counts(m, tp)
 
 
 def total_params(m: ModelConfig) -> int:
-    """Exact parameter count of the unsharded model."""
-    c = param_counts(m, 1)
-    return c.embedding + m.n_layers * c.block + c.head
+    """Exact parameter count of the unsharded model, as its family counts it."""
+    from tasks.models import get_family
+
+    return get_family(m.family).total_params(m)
 
 
 def partition_balanced(weights: list[int], num_parts: int) -> list[int]:

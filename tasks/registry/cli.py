@@ -186,7 +186,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch a version, verified, into an empty or new DEST: a tree as the directory itself, ready for
     `from_pretrained(DEST)`; a single-file version as DEST/consolidated.pt. Nothing is left on failure."""
     from tasks.fsutil import fresh_dir
-    from tasks.publish import ARTIFACT_NAME
+    from tasks.models.weights import LEGACY_FILE
     from tasks.registry import ArtifactStore, NotFoundError, Registry
 
     with Registry(_db(args)) as reg:
@@ -204,7 +204,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         store.get_tree(rec.artifact_digest, dest)
     else:
         with fresh_dir(dest) as tmp:
-            store.get(rec.artifact_digest, tmp / ARTIFACT_NAME)
+            store.get(rec.artifact_digest, tmp / LEGACY_FILE)
     _emit(args, {"model": rec.model, "version": rec.version, "kind": rec.artifact_kind, "digest": rec.artifact_digest,
                  "size_bytes": rec.size_bytes, "store": store.url, "dest": str(dest)},
           f"{rec.model} v{rec.version}: {rec.artifact_kind} {rec.artifact_digest[:12]} ({rec.size_bytes} bytes, "
@@ -237,7 +237,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     pub = subparsers.add_parser("publish", help="publish a checkpoint as a new version and move the alias")
     pub.add_argument("config", help="job config YAML")
-    pub.add_argument("--checkpoint", required=True, help="checkpoint dir with consolidated.pt and COMPLETE")
+    pub.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE); its Hugging "
+                     "Face export is published")
     pub.add_argument("--metrics", required=True, help="JSON file with evaluation metrics")
     pub.add_argument("--serving-bytes", type=int, help="serving memory estimate in bytes")
     pub.add_argument("--reason", default="publish")

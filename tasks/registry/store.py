@@ -92,6 +92,12 @@ def _local_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
+def local_tree_manifest(root: str | os.PathLike[str]) -> TreeManifest:
+    """The tree manifest of a local directory (what `put_tree` would commit), reading every file once."""
+    return TreeManifest.of(TreeFile(path=rel, size=src.stat().st_size, sha256=sha256_file(src))
+                           for rel, src in _local_files(Path(root)))
+
+
 class ArtifactStore:
     """A content-addressed store rooted at `url` (a path, file://..., or s3://bucket/prefix)."""
 

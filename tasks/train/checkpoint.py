@@ -3,7 +3,7 @@
 Why: DeepSpeed writes its `latest` tag in place and saves neither RNG states
 nor the data position. Here a checkpoint is written whole into
 `ckpt/tmp-<tag>/` (DeepSpeed shards + one `rank-XXXXX.pt` per rank holding its
-torch/numpy/python RNG states and data position + `consolidated.pt`), fsynced,
+torch/numpy/python RNG states and data position), fsynced,
 given a `COMPLETE` marker last, renamed to `ckpt/<tag>/`, and only then is our
 own `ckpt/latest` pointer replaced atomically. A crash at any moment leaves
 `latest` naming the previous complete checkpoint; stray `tmp-*` dirs are
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 LATEST = "latest"
-CONSOLIDATED = "consolidated.pt"
 _TAG = re.compile(r"^step-(\d{6,})$")
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from tasks.config import JobConfig
+from tasks.models import get_family
+from tasks.models.parallel import TPGroup
 from tasks.train.data import Sampler, TokenWindows, split_inputs
-from tasks.train.model import GPT, lm_loss
 from tasks.train.worker import WarmupCosine
 
 
@@ -24,15 +25,17 @@ from tasks.train.worker import WarmupCosine
 class ReferenceRun:
     losses: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
-    model: GPT | None = None
+    model: torch.nn.Module | None = None
 
 
 def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None = None) -> ReferenceRun:
-    """Train the reference GPT on the full global batch of each step (fp32, one process)."""
+    """Train the family's reference model on the full global batch of each step (fp32, one process)."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
     sampler = Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp, t.seed)
-    model = GPT(m, t.seed)
+    family = get_family(m.family)
+    model = family.Reference(m, t.seed)
+    lm_loss = family.make_loss_fn(TPGroup())
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(t.warmup_steps, t.steps))

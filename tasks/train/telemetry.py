@@ -49,11 +49,6 @@ def peak_memory_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def flops_per_token(n_params: int, n_layers: int, seq_len: int, d_model: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus attention scores (PaLM appendix B)."""
-    return 6.0 * n_params + 12.0 * n_layers * seq_len * d_model
-
-
 def _duration(seconds: float) -> str:
     seconds = int(max(0, seconds))
     hours, rest = divmod(seconds, 3600)

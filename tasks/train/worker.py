@@ -32,14 +32,15 @@ import torch.distributed as tdist
 
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
-from tasks.fsutil import atomic_write_json, atomic_writer, sha256_file
+from tasks.fsutil import atomic_write_json
+from tasks.models import get_family
+from tasks.models.parallel import TPGroup
+from tasks.models.weights import load_into
 from tasks.run import RunIdentity
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, split_inputs
-from tasks.train.model import TPGroup, lm_loss, local_named_params, num_params, pipeline_layers, unshard
 from tasks.train.status import State, Status, now, write_status
-from tasks.train.telemetry import Telemetry, comms_config, flops_per_token
-from tasks.train.weights import load_into
+from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")
 
@@ -102,31 +103,6 @@ def check_finite(value: float | None, what: str, step: int) -> None:
         raise TrainingFailedError(f"non-finite {what} at step {step} ({value})")
 
 
-def gather_consolidated(module: torch.nn.Module, grid: Any, cfg: TrainingJob) -> dict[str, torch.Tensor] | None:
-    """Full fp32 reference state dict on global rank 0 (TP pieces reassembled, stages merged)."""
-    payload = None
-    if grid.get_data_parallel_rank() == 0:
-        payload = (
-            grid.get_slice_parallel_rank(),
-            {n: p.detach().float().cpu().clone() for n, p in local_named_params(module)},
-        )
-    gathered: list[Any] = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else []
-    tdist.gather_object(payload, gathered if tdist.get_rank() == 0 else None, dst=0)
-    if tdist.get_rank() != 0:
-        return None
-    pieces: dict[str, dict[int, torch.Tensor]] = {}
-    for item in gathered:
-        if item is None:
-            continue
-        tp_rank, tensors = item
-        for name, t in tensors.items():
-            pieces.setdefault(name, {})[tp_rank] = t
-    return {
-        name: unshard(cfg.model, name, [by_rank[r] for r in sorted(by_rank)])
-        for name, by_rank in sorted(pieces.items())
-    }
-
-
 class Trainer:
     """Builds the engine, resumes, runs the steps, commits checkpoints, writes the summary."""
 
@@ -157,10 +133,11 @@ class Trainer:
         self.last_step = 0
         self.resume_from = self._resume_point()
 
+        self.family = get_family(m.family)
         with _deepspeed_prints_to_debug():
             module = PipelineModule(
-                layers=pipeline_layers(m, cfg.train.seed, tp),
-                loss_fn=lambda logits, labels: lm_loss(logits, labels),
+                layers=self.family.pipeline_layers(m, cfg.train.seed, tp),
+                loss_fn=self.family.make_loss_fn(tp),
                 topology=topo,
                 partition_method="type:TransformerBlock",
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
@@ -191,10 +168,6 @@ class Trainer:
         tmp = root / f"tmp-{tag}"
         self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
         ck.save_rank_state(tmp, self.rank, self.sampler.position(step), {"losses": losses if self.rank == 0 else []})
-        state = gather_consolidated(self.engine.module, self.grid, self.cfg)
-        if state is not None:
-            with atomic_writer(tmp / ck.CONSOLIDATED) as fh:
-                torch.save(state, fh)
         tdist.barrier()
         final = root / tag
         if self.rank == 0:
@@ -259,7 +232,7 @@ class Trainer:
         peak = cfg.cluster.peak_tflops * 1e12 * self.world if torch.cuda.is_available() else None
         telemetry = Telemetry(
             out / "telemetry.jsonl", enabled=self.rank == 0, fresh=start == 0, tokens_per_step=tokens,
-            flops_per_token=flops_per_token(num_params(m), m.n_layers, m.seq_len, m.d_model), peak_flops_total=peak,
+            flops_per_token=self.family.flops_per_token(m), peak_flops_total=peak,
             steps=cfg.train.steps, first_step=start + 1,
         )
         self.report("training", start, losses[-1] if losses else None)
@@ -286,7 +259,6 @@ class Trainer:
 
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float]) -> dict[str, Any]:
         p = self.cfg.parallel
-        weights = final_dir / ck.CONSOLIDATED
         summary = {
             "experiment_key": self.run_identity.experiment_key,
             "run": self.run_identity.to_dict(),
@@ -298,8 +270,6 @@ class Trainer:
             "losses": losses,
             "checkpoint_dir": str(final_dir),
             "checkpoint_tag": final_dir.name,
-            "weights_path": str(weights),
-            "weights_sha256": sha256_file(weights) if self.rank == 0 else None,
             "resumed_from_step": start or None,
             "telemetry_path": str(out / "telemetry.jsonl"),
             "world_size": self.world,

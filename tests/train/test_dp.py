@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tasks.train.model import num_params
+from tasks.train.weights import load_reference
 
 from tasks.fsutil import sha256_file
 from tasks.launch.torchrun import torchrun_command
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
-from tasks.train.model import num_params
-from tasks.train.weights import load_reference
 
 pytestmark = pytest.mark.multiproc
 

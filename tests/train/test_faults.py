@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tasks.models.weights import weights_digest
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.launch import torchrun, train
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
-from tasks.train.weights import load_state, state_digest
 from tests.train.conftest import tiny_config, write_dataset
 
 pytestmark = pytest.mark.multiproc
@@ -98,8 +98,8 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
 
 def _assert_same_final_weights(summary: dict, reference: dict) -> None:
     assert summary["losses"] == reference["losses"]
-    assert state_digest(load_state(summary["weights_path"])) == state_digest(load_state(reference["weights_path"]))
-    assert summary["weights_sha256"] == reference["weights_sha256"]
+    m = tiny_config(Path(summary["checkpoint_dir"]), EXPERIMENT).model
+    assert weights_digest(summary["checkpoint_dir"], m) == weights_digest(reference["checkpoint_dir"], m)
 
 
 def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeypatch) -> None:
@@ -133,8 +133,8 @@ def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight, hooked, 
     tmp = ckroot / "tmp-step-000006"
     hooked(HOOK_CKPT_DELAY="6:120")
     proc = _start(cfg, dataset)
-    try:  # rank 0 writes consolidated.pt, then pauses before the marker and the rename
-        _wait_for(lambda: (tmp / ck.CONSOLIDATED).exists(), proc, "the step-6 checkpoint files")
+    try:  # rank 0 writes its rank state, then pauses before the marker and the rename
+        _wait_for(lambda: ck.rank_file(tmp, 0).exists(), proc, "the step-6 checkpoint files")
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         _reap(proc)

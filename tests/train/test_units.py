@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tasks.train.model import GPT, TPGroup, TransformerBlock, shard_spec, unshard
 
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows
-from tasks.train.model import GPT, TPGroup, TransformerBlock, shard_spec, unshard
 
 
 def test_sampler_gives_dp_ranks_disjoint_deterministic_batches() -> None:

@@ -1,4 +1,4 @@
-"""The GPT decoder: one set of layer classes for the 3D pipeline and the single-process reference.
+"""The GPT family: a GPT-2-style decoder, one set of layer classes for the 3D pipeline and the reference.
 
 Why one set: the planner, the 3D-equality tests and `evaluate` all rely on the
 pipeline and the reference being the same maths with the same parameter names.
@@ -13,18 +13,25 @@ is added after the all-reduce; column/row-parallel GELU MLP; untied LM head.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tasks.config import ModelConfig
+from tasks.errors import InvalidInputError
 from tasks.models.parallel import CopyToTP as _CopyToTP
 from tasks.models.parallel import TPGroup
 from tasks.models.parallel import row_parallel as _row_parallel
+from tasks.plan.shapes import ParamCounts
 
 INIT_STD = 0.02
+# The embedding and LM head are split by vocab rows across TP ranks (the planner counts their collectives).
+VOCAB_PARALLEL = False
 # Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
 EMBED, HEAD = "embed", "head"
 
@@ -47,8 +54,17 @@ def qkv_rows(m: ModelConfig, tp_rank: int, tp_size: int) -> torch.Tensor:
     return torch.cat([q, k, v])
 
 
+_BLOCK = re.compile(r"blocks\.\d+\.(.+)")
+
+
+def _relative(name: str) -> str:
+    match = _BLOCK.fullmatch(name)
+    return match.group(1) if match else name
+
+
 def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-    """(dim, indices) of the full tensor `name` (block-relative) held by a TP rank; None = replicated."""
+    """(dim, indices) of the full tensor `name` (a reference name) held by a TP rank; None = replicated."""
+    name = _relative(name)
     if name in ("attn.qkv.weight", "attn.qkv.bias"):
         return 0, qkv_rows(m, tp_rank, tp_size)
     per_heads = m.n_heads * m.head_dim // tp_size
@@ -196,7 +212,12 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-class GPT(nn.Module):
+def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """loss_fn(logits, labels) for the PipelineModule: the head is replicated, so the logits are full."""
+    return lm_loss
+
+
+class Reference(nn.Module):
     """Single-process reference model; its state dict is the consolidated checkpoint format."""
 
     def __init__(self, m: ModelConfig, seed: int = 0) -> None:
@@ -204,6 +225,7 @@ class GPT(nn.Module):
         self.embed = Embedding(m, seed)
         self.blocks = nn.ModuleList(TransformerBlock(m, i, seed) for i in range(m.n_layers))
         self.head = Head(m, seed)
+        self.tied = False
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
@@ -223,20 +245,10 @@ def pipeline_layers(m: ModelConfig, seed: int, tp: TPGroup) -> list[object]:
     ]
 
 
-def local_named_params(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(reference name, local tensor) for every parameter this pipeline rank holds."""
-    for child in module.modules():
-        prefix = getattr(child, "ref_prefix", None)
-        if prefix is None:
-            continue
-        for name, p in child.named_parameters():
-            yield f"{prefix}.{name}", p
-
-
 def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
     """Reassemble a full tensor from its TP pieces (ordered by TP rank)."""
     tp_size = len(pieces)
-    rel = name.split(".", 2)[2] if name.startswith("blocks.") else name
+    rel = _relative(name)
     spec = shard_spec(m, rel, 0, tp_size)
     if spec is None or tp_size == 1:
         return pieces[0]
@@ -247,14 +259,6 @@ def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tens
         parts = [p.split([q_len, kv_len, kv_len], dim=0) for p in pieces]
         return torch.cat([torch.cat([pp[i] for pp in parts], dim=0) for i in range(3)], dim=0)
     return torch.cat(pieces, dim=dim)
-
-
-def num_params(m: ModelConfig) -> int:
-    """Parameter count of the full model (for MFU and reports)."""
-    d, hd = m.d_model, m.head_dim
-    qkv = (m.n_heads + 2 * m.kv_heads) * hd
-    block = 4 * d + (d * qkv + qkv) + (m.n_heads * hd * d + d) + (d * m.ffn + m.ffn) + (m.ffn * d + d)
-    return m.vocab_size * d + m.seq_len * d + m.n_layers * block + 2 * d + d * m.vocab_size
 
 
 def full_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -273,3 +277,73 @@ def full_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update({f"blocks.{i}.{name}": shape for name, shape in block.items()})
     shapes.update({f"{HEAD}.ln.weight": (d,), f"{HEAD}.ln.bias": (d,), f"{HEAD}.out.weight": (m.vocab_size, d)})
     return shapes
+
+
+# ---- counts for the planner and telemetry ------------------------------------------------------
+
+
+def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
+    """Per-TP-rank parameter counts: column/row-parallel weights sharded; LayerNorms, row-parallel biases,
+    the embeddings (token + learned positions) and the LM head replicated on every TP rank."""
+    shapes = full_shapes(m)
+    held = {EMBED: 0, "blocks": 0, HEAD: 0}
+    for name, shape in shapes.items():
+        kind = name.split(".", 1)[0]
+        if kind == "blocks" and not name.startswith("blocks.0."):
+            continue
+        held[kind] += math.prod(shape) // (tp if shard_spec(m, name, 0, 1) is not None else 1)
+    return ParamCounts(embedding=held[EMBED], block=held["blocks"], head=held[HEAD])
+
+
+def total_params(m: ModelConfig) -> int:
+    """Exact parameter count of the unsharded model."""
+    return sum(math.prod(s) for s in full_shapes(m).values())
+
+
+def flops_per_token(m: ModelConfig) -> float:
+    """Training FLOPs per token: 6N over the matmul parameters (blocks + LM head; the embedding lookups
+    are left out) plus the attention scores (PaLM appendix B), as in the Llama family."""
+    c = param_counts(m, 1)
+    return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.seq_len * m.d_model
+
+
+# ---- export names and config (no transformers class: our own config.json) -----------------------
+
+ARCHITECTURE = "RetrainerGPT"
+
+
+def hf_name(ref: str) -> str:
+    """Exported tensor names are the reference names (there is no Hugging Face GPT of this shape)."""
+    return ref
+
+
+def ref_name(name: str) -> str:
+    """The reference name of an exported tensor (the same name); anything else is refused."""
+    if _relative(name) not in _GPT_NAMES:
+        raise ValueError(f"{name!r} is not a GPT-family tensor name")
+    return name
+
+
+_GPT_NAMES = {
+    "embed.tok.weight", "embed.pos.weight", "head.ln.weight", "head.ln.bias", "head.out.weight",
+    "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "attn.out.bias",
+    "ln2.weight", "ln2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
+}
+_FIELDS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout")
+
+
+def hf_config(m: ModelConfig, *, torch_dtype: str = "bfloat16", **_: Any) -> dict[str, Any]:
+    """config.json of an exported GPT: our architecture name and the model fields (read back by
+    `model_fields_from_hf`); transformers has no class for it, retrainer's evaluate reads it."""
+    return {"architectures": [ARCHITECTURE], "model_type": "retrainer-gpt", "torch_dtype": torch_dtype,
+            **{f: getattr(m, f) for f in _FIELDS}}
+
+
+def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("architectures") != [ARCHITECTURE]:
+        raise InvalidInputError(f"config.json architectures {config.get('architectures')!r} is not "
+                                f"model.family 'gpt' ({ARCHITECTURE})")
+    missing = [f for f in _FIELDS if f not in config]
+    if missing:
+        raise InvalidInputError(f"config.json lacks {', '.join(missing)}")
+    return {"family": "gpt", **{f: config[f] for f in _FIELDS}}

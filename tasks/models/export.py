@@ -1,0 +1,111 @@
+"""Export a committed checkpoint as a Hugging Face model directory: the artifact a version publishes.
+
+Why stage by stage: a 70B model must never pass through one process whole. Each pipeline stage's
+layers are read from the checkpoint's per-layer, per-TP-rank files, joined across TP ranks one
+tensor at a time, and written to that stage's own safetensors shard by its own process; the parent
+only writes the index, config.json, generation_config.json and the tokenizer files the model came
+with. The result loads with `AutoModelForCausalLM.from_pretrained` (llama family) or our evaluate
+(both families), and serves with vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ModelConfig
+from tasks.fsutil import atomic_write_json, fresh_dir
+from tasks.models import get_family
+from tasks.models.weights import HF_CONFIG, HF_INDEX, CheckpointWeights
+from tasks.plan.shapes import pipeline_stages
+
+log = logging.getLogger(__name__)
+
+# What a Hugging Face model directory carries besides weights and config: copied from the model a run
+# started from (its tokenizer is the published model's tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
+    """PipelineModule layer indices of each stage, as the training placed them (the planner's placement)."""
+    out, first = [], 0
+    for st in pipeline_stages(m.n_layers, stages):
+        count = int(st.has_embedding) + st.blocks + int(st.has_head)
+        out.append(list(range(first, first + count)))
+        first += count
+    return out
+
+
+def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], path: str,
+                dtype: str) -> dict[str, int]:
+    """One stage's tensors, TP-joined and renamed to Hugging Face names, into one safetensors shard.
+    Returns {HF name: bytes}. Runs in its own process: its memory is one stage."""
+    import torch
+    from safetensors.torch import save_file
+
+    m = ModelConfig.model_validate(model)
+    family, weights = get_family(m.family), CheckpointWeights(checkpoint_dir, m)
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    tensors = {}
+    for index in layers:
+        for name, tensor in weights.layer(index).items():
+            tensors[family.hf_name(name)] = tensor.to(torch_dtype).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+    return {name: t.numel() * t.element_size() for name, t in tensors.items()}
+
+
+def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Path, *, stages: int,
+                      dtype: str = "bf16", base_dir: str | Path | None = None) -> Path:
+    """Write the checkpoint's weights as a Hugging Face directory at `dest` (absent or empty), atomically.
+
+    `stages`: shards to write in parallel, one per training pipeline stage. `base_dir`: the Hugging Face
+    directory the run started from (pretrained or a published version), whose tokenizer files,
+    context length and special token ids the export keeps."""
+    family = get_family(m.family)
+    groups = [g for g in stage_layers(m, stages) if g]
+    base_config = _read_json(Path(base_dir) / HF_CONFIG) if base_dir else {}
+    with fresh_dir(dest) as tmp:
+        ctx = multiprocessing.get_context("spawn")  # no inherited torch threads or locks
+        with ProcessPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1), mp_context=ctx) as pool:
+            futures = [
+                pool.submit(write_stage, str(checkpoint_dir), m.model_dump(mode="json"), layers,
+                            str(tmp / shard_name(i, len(groups))), dtype)
+                for i, layers in enumerate(groups)
+            ]
+            weight_map, total = {}, 0
+            for i, fut in enumerate(futures):
+                for name, size in fut.result().items():
+                    weight_map[name] = shard_name(i, len(groups))
+                    total += size
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        atomic_write_json(tmp / HF_INDEX, index)
+        config = family.hf_config(
+            m, torch_dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
+            bos_token_id=base_config.get("bos_token_id"), eos_token_id=base_config.get("eos_token_id"))
+        atomic_write_json(tmp / HF_CONFIG, config)
+        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if config.get(k) is not None}
+        atomic_write_json(tmp / "generation_config.json", generation)
+        for name in TOKENIZER_FILES:
+            if base_dir and (Path(base_dir) / name).is_file():
+                shutil.copyfile(Path(base_dir) / name, tmp / name)
+    log.info("export: %s -> %s (%d shards, %d bytes of %s weights)", checkpoint_dir, dest, len(groups), total, dtype)
+    return Path(dest)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,183 @@
+"""Bring a Hugging Face model directory in: its sizes into the config, its files onto the local SSD.
+
+Why the sizes come from config.json: a YAML that repeats them can only be right or contradict the
+model; a contradiction is an error naming the field and both values (never a silent override).
+Why the identity is the source listing: the run's experiment key needs the starting weights' identity
+when the run is planned, before anything is downloaded; names, sizes and ETags (or mtimes) change
+whenever the files do. The warm then downloads each file once into
+`<cache_dir>/models/<listing digest>/`, hashing it on the way; a file whose size or mtime changed
+locally is fetched again (incremental), and where the source is a retrainer tree (its `tree.json`
+lists sha256s) every file is checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from filelock import FileLock
+
+from tasks.config import ModelConfig, sha256_json
+from tasks.errors import ConfigError, InvalidInputError
+from tasks.fsutil import atomic_write_json, atomic_writer
+from tasks.models import FAMILIES, get_family
+
+log = logging.getLogger(__name__)
+
+CONFIG = "config.json"
+VERIFIED = ".retrainer-verified.json"
+_CHUNK = 8 << 20
+_PARALLEL_FILES = 8
+
+
+def _fs(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
+    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    return fs, root.rstrip("/")
+
+
+def read_hf_config(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    fs, root = _fs(url, storage_options)
+    try:
+        return json.loads(fs.cat_file(f"{root}/{CONFIG}"))
+    except FileNotFoundError:
+        raise InvalidInputError(f"model.pretrained: {url} has no {CONFIG}") from None
+    except ValueError as exc:
+        raise InvalidInputError(f"model.pretrained: {url}/{CONFIG} is not JSON: {exc}") from None
+
+
+def _family_of(config: dict[str, Any]) -> str:
+    for name in FAMILIES:
+        try:
+            get_family(name).model_fields_from_hf(config)
+        except InvalidInputError:
+            continue
+        return name
+    get_family("llama").model_fields_from_hf(config)  # raises, naming what is unsupported
+    raise AssertionError("unreachable")
+
+
+def sizes_from_pretrained(m: ModelConfig, source: str) -> dict[str, Any]:
+    """The model section with its sizes from the pretrained config.json; a contradicting YAML value is an error.
+
+    model.seq_len is the training context: it may be shorter than the model's max_position_embeddings
+    (default: that maximum) but not longer."""
+    url = m.pretrained
+    assert url is not None
+    try:
+        config = read_hf_config(url, m.pretrained_storage_options)
+        family = m.family if "family" in m.model_fields_set else _family_of(config)
+        fields = get_family(family).model_fields_from_hf(config)
+    except InvalidInputError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    current = m.model_dump(mode="json")
+    max_len = fields.pop("seq_len")
+    if "seq_len" in m.model_fields_set:
+        if m.seq_len > max_len:
+            raise ConfigError(f"{source}: model.seq_len ({m.seq_len}) exceeds {url}/{CONFIG} "
+                              f"max_position_embeddings ({max_len})")
+    else:
+        current["seq_len"] = max_len
+    for field, value in fields.items():
+        if field in m.model_fields_set and current[field] != value:
+            raise ConfigError(f"{source}: model.{field} is {current[field]!r} here but {value!r} in "
+                              f"{url}/{CONFIG}; leave it out (the pretrained model decides it)")
+        current[field] = value
+    return current
+
+
+def listing(url: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """(path, size, tag) of every file of the directory; tag = the store's ETag, else its mtime."""
+    fs, root = _fs(url, storage_options)
+    try:
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        found = {}
+    out = []
+    for name, info in sorted(found.items()):
+        rel = name[len(root) + 1:]
+        if info.get("type") != "file" or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        tag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+        out.append({"path": rel, "size": int(info["size"]), "tag": str(tag)})
+    if not any(e["path"] == CONFIG for e in out):
+        raise InvalidInputError(f"model.pretrained: {url} has no {CONFIG}")
+    return out
+
+
+def listing_digest(url: str, storage_options: dict[str, Any]) -> str:
+    """The pretrained directory's identity as it is now (see the module docstring)."""
+    return sha256_json(listing(url, storage_options))
+
+
+def warm_pretrained(url: str, storage_options: dict[str, Any], cache_dir: str | Path,
+                    expected_digest: str | None = None) -> Path:
+    """The directory on local disk, every file fetched once and hashed; refuses a source that changed
+    since the run was planned (`expected_digest`)."""
+    entries = listing(url, storage_options)
+    digest = sha256_json(entries)
+    if expected_digest is not None and digest != expected_digest:
+        raise InvalidInputError(f"model.pretrained: {url} changed since this run was planned "
+                                f"(listing {expected_digest[:12]} then, {digest[:12]} now); start a new run")
+    dest = Path(cache_dir) / "models" / digest[:32]
+    dest.mkdir(parents=True, exist_ok=True)
+    fs, root = _fs(url, storage_options)
+    expected = _tree_sha256s(fs, root)
+    started = time.monotonic()
+    with FileLock(str(dest) + ".lock"):
+        record_path = dest / VERIFIED
+        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        todo = [e for e in entries if not _still_good(dest / e["path"], record.get(e["path"]), e["size"])]
+        with ThreadPoolExecutor(_PARALLEL_FILES) as pool:
+            for entry, got in zip(todo, pool.map(lambda e: _fetch(fs, root, dest, e, expected), todo), strict=True):
+                record[entry["path"]] = got
+        atomic_write_json(record_path, record)
+    fetched = sum(e["size"] for e in todo)
+    seconds = time.monotonic() - started
+    log.info("model: %s warm in %s: %d files (%d fetched, %d bytes, %.1f MB/s), %d reused",
+             url, dest, len(entries), len(todo), fetched, fetched / max(seconds, 1e-9) / 1e6, len(entries) - len(todo))
+    return dest
+
+
+def _tree_sha256s(fs: Any, root: str) -> dict[str, str]:
+    """sha256 by path when the source is a retrainer tree (a registry version's directory)."""
+    from tasks.registry.tree import MANIFEST_NAME, TreeManifest
+
+    try:
+        raw = fs.cat_file(f"{root}/{MANIFEST_NAME}")
+    except FileNotFoundError:
+        return {}
+    return {f.path: f.sha256 for f in TreeManifest.from_bytes(raw, f"{root}/{MANIFEST_NAME}").files}
+
+
+def _still_good(path: Path, rec: dict[str, Any] | None, size: int) -> bool:
+    if rec is None or not path.is_file():
+        return False
+    st = path.stat()
+    return st.st_size == size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]
+
+
+def _fetch(fs: Any, root: str, dest: Path, entry: dict[str, Any], expected: dict[str, str]) -> dict[str, Any]:
+    import hashlib
+
+    target = dest / entry["path"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h, size = hashlib.sha256(), 0
+    with fs.open(f"{root}/{entry['path']}", "rb") as fin, atomic_writer(target) as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            fout.write(chunk)
+        digest = h.hexdigest()
+        want = expected.get(entry["path"])
+        if size != entry["size"] or (want is not None and digest != want):
+            raise InvalidInputError(f"model.pretrained: {entry['path']} fetched as {size} bytes hashing to "
+                                    f"{digest[:12]}, the source lists {entry['size']} bytes"
+                                    + (f" and sha256 {want[:12]}" if want else "") + "; refused")
+    log.info("model: fetched %s (%d bytes)", entry["path"], size)
+    return {"size": size, "sha256": digest, "mtime_ns": os.stat(target).st_mtime_ns}

@@ -1,0 +1,258 @@
+"""Read model weights tensor by tensor, or one tensor-parallel slice at a time, from any of their forms.
+
+Why one reader for three forms: a training checkpoint (DeepSpeed's per-layer, per-TP-rank files), a
+Hugging Face directory (sharded safetensors, ours or an imported model) and a legacy single-file
+`consolidated.pt` all hold the same reference tensors. Ranks load starting weights through
+`load_into` (each reads only its stage's tensors and only its slice: `safe_open(...).get_slice`),
+evaluation builds a reference model through `load_reference`, and export streams a checkpoint's
+layers with `CheckpointWeights`. Nothing here reads a whole model into memory unless asked for the
+whole model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tasks.config import ModelConfig
+from tasks.errors import InvalidInputError
+from tasks.models import get_family
+from tasks.models.parallel import TPGroup
+
+LEGACY_FILE = "consolidated.pt"
+HF_CONFIG = "config.json"
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+_LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
+
+Slice = tuple[int, int, int] | None  # (dim, start, end) of the full tensor; None = all of it
+
+
+def local_named_params(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(reference name, local tensor) for every parameter this pipeline rank holds."""
+    for child in module.modules():
+        prefix = getattr(child, "ref_prefix", None)
+        if prefix is None:
+            continue
+        for name, p in child.named_parameters():
+            yield f"{prefix}.{name}", p
+
+
+def layer_prefix(index: int, n_layers: int) -> str:
+    """Reference prefix of PipelineModule layer `index`: [embed, blocks.0 .. blocks.n-1, head]."""
+    if index == 0:
+        return "embed"
+    if index <= n_layers:
+        return f"blocks.{index - 1}"
+    return "head"
+
+
+class CheckpointWeights:
+    """A committed checkpoint's weights from DeepSpeed's layer files (`layer_LL-model_TT-model_states.pt`,
+    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read."""
+
+    def __init__(self, directory: str | Path, m: ModelConfig) -> None:
+        self.dir, self.m, self.family = Path(directory), m, get_family(m.family)
+        self.files: dict[int, dict[int, Path]] = {}
+        for path in self.dir.iterdir():
+            match = _LAYER_FILE.fullmatch(path.name)
+            if match:
+                self.files.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
+        if not self.files:
+            raise InvalidInputError(f"{self.dir}: no DeepSpeed layer files (layer_*-model_states.pt) in checkpoint")
+        self.layer_of = {f"{layer_prefix(i, m.n_layers)}.": i for i in self.files}
+        self._cached: tuple[int, dict[str, torch.Tensor]] | None = None  # readers go layer by layer
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        """Full (TP-joined) tensors of one pipeline layer, by reference name."""
+        if self._cached is None or self._cached[0] != index:
+            self._cached = (index, self._join(index))
+        return self._cached[1]
+
+    def _join(self, index: int) -> dict[str, torch.Tensor]:
+        pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
+        prefix = layer_prefix(index, self.m.n_layers)
+        names = pieces[min(pieces)].keys()
+        return {f"{prefix}.{n}": self.family.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+                for n in names}
+
+    def layers(self) -> list[int]:
+        return sorted(self.files)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(t.shape) for i in self.layers() for n, t in self.layer(i).items()}
+
+    def read(self, name: str, piece: Slice = None) -> torch.Tensor:
+        prefix = next((p for p in self.layer_of if name.startswith(p)), None)
+        if prefix is None:
+            raise InvalidInputError(f"{self.dir}: checkpoint has no tensor {name}")
+        return _cut(self.layer(self.layer_of[prefix])[name], piece)
+
+
+class HFWeights:
+    """A Hugging Face directory: config.json + model.safetensors or shards with their index."""
+
+    def __init__(self, directory: str | Path, m: ModelConfig) -> None:
+        from safetensors import safe_open
+
+        self.dir, self.family = Path(directory), get_family(m.family)
+        index = self.dir / HF_INDEX
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as exc:
+                raise InvalidInputError(f"{index}: unreadable safetensors index: {exc}") from None
+        elif (self.dir / HF_SINGLE).is_file():
+            weight_map = None
+        else:
+            raise InvalidInputError(f"{self.dir}: neither {HF_INDEX} nor {HF_SINGLE}")
+        files = sorted(set(weight_map.values())) if weight_map else [HF_SINGLE]
+        self.handles: dict[str, Any] = {}
+        self.where: dict[str, tuple[str, str]] = {}  # reference name -> (file, HF name)
+        for file in files:
+            path = self.dir / file
+            if not path.is_file():
+                raise InvalidInputError(f"{path}: listed in {HF_INDEX} but missing")
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types for corrupt headers
+                raise InvalidInputError(f"{path}: unreadable safetensors file: {exc}") from None
+            self.handles[file] = handle
+            for hf in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                try:
+                    self.where[self.family.ref_name(hf)] = (file, hf)
+                except ValueError as exc:
+                    raise InvalidInputError(f"{path}: {exc}") from None
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {ref: tuple(self.handles[f].get_slice(hf).get_shape()) for ref, (f, hf) in self.where.items()}
+
+    def read(self, name: str, piece: Slice = None) -> torch.Tensor:
+        file, hf = self.where[name]
+        if piece is None:
+            return self.handles[file].get_tensor(hf)
+        dim, start, end = piece
+        sl = self.handles[file].get_slice(hf)
+        return sl[start:end] if dim == 0 else sl[:, start:end]
+
+
+class LegacyWeights:
+    """A version published before directories: one torch-saved state dict, memory-mapped."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.state = _torch_load(self.path)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(t.shape) for n, t in self.state.items()}
+
+    def read(self, name: str, piece: Slice = None) -> torch.Tensor:
+        return _cut(self.state[name], piece)
+
+
+Weights = CheckpointWeights | HFWeights | LegacyWeights
+
+
+def open_weights(path: str | Path, m: ModelConfig) -> Weights:
+    """The weights at `path`: a checkpoint dir, a Hugging Face dir, or a legacy `consolidated.pt` (or its dir)."""
+    path = Path(path)
+    if path.is_file():
+        return LegacyWeights(path)
+    if not path.is_dir():
+        raise InvalidInputError(f"{path}: weights not found")
+    if (path / HF_CONFIG).is_file():
+        return HFWeights(path, m)
+    if (path / LEGACY_FILE).is_file():
+        return LegacyWeights(path / LEGACY_FILE)
+    return CheckpointWeights(path, m)
+
+
+def check_shapes(path: str | Path, m: ModelConfig) -> None:
+    """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts)."""
+    have = open_weights(path, m).shapes()
+    expected = get_family(m.family).full_shapes(m)
+    for name, shape in expected.items():
+        if name not in have:
+            raise InvalidInputError(f"{path}: starting weights lack tensor {name} (model config needs {shape})")
+        if have[name] != shape:
+            raise InvalidInputError(f"{path}: starting weights' {name} has shape {have[name]}, "
+                                    f"the model config needs {shape}")
+    extra = sorted(set(have) - set(expected))
+    if extra:
+        raise InvalidInputError(f"{path}: starting weights have tensors this model does not: {extra[:3]}")
+
+
+def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
+    """Contiguous [start, end) runs of sorted indices (a TP slice is one run, GPT's fused QKV three)."""
+    runs: list[tuple[int, int]] = []
+    for i in indices.tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
+    """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
+    spec = get_family(m.family).shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
+    if spec is None:
+        return weights.read(name)
+    dim, indices = spec
+    parts = [weights.read(name, (dim, start, end)) for start, end in _runs(indices)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def load_into(module: nn.Module, path: str | Path, m: ModelConfig, tp: TPGroup) -> int:
+    """Copy this rank's slice of every parameter it holds from the weights at `path`; returns the count."""
+    weights = open_weights(path, m)
+    count = 0
+    with torch.no_grad():
+        for name, param in local_named_params(module):
+            param.copy_(read_slice(weights, m, name, tp))
+            count += 1
+    return count
+
+
+def load_reference(path: str | Path, m: ModelConfig) -> nn.Module:
+    """A single-process reference model of the config's family holding the weights at `path`."""
+    check_shapes(path, m)
+    model = get_family(m.family).Reference(m)
+    load_into(model, path, m, TPGroup())
+    return model
+
+
+def _torch_load(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises several types for corrupt files
+        raise InvalidInputError(f"{path}: unreadable weights: {exc}") from None
+    if not isinstance(state, dict):
+        raise InvalidInputError(f"{path}: not a state dict")
+    return state
+
+
+def _cut(t: torch.Tensor, piece: Slice) -> torch.Tensor:
+    if piece is None:
+        return t
+    dim, start, end = piece
+    return t.narrow(dim, start, end - start)
+
+
+def weights_digest(path: str | Path, m: ModelConfig) -> str:
+    """sha256 over every full tensor's name, dtype, shape and bytes, in name order, read one at a time:
+    equal iff bitwise-equal weights, whatever the form (checkpoint of any layout, export, legacy file)."""
+    weights = open_weights(path, m)
+    h = hashlib.sha256()
+    for name in sorted(get_family(m.family).full_shapes(m)):
+        t = weights.read(name).detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
