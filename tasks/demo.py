@@ -78,5 +78,5 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="job config (default: configs/tiny-gpt.yaml)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="job config (default: configs/tiny-llama.yaml)")
     p.set_defaults(handler=_cmd_demo)

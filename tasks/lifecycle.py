@@ -23,7 +23,7 @@ from tasks.run import RunIdentity, claim_run_dir, fetch_starting_weights, nothin
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-gpt.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-llama.yaml"
 
 
 def resolve_config(config_path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:

@@ -16,7 +16,7 @@ RETRAINER = str(Path(sys.executable).with_name("retrainer"))
 
 
 def demo_config(tmp_path: Path, **changes) -> dict:
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["data"].update(source_url=str(tmp_path / "store" / "data"), cache_dir=str(tmp_path / "cache"))
     cfg["train"]["output_dir"] = str(tmp_path / "runs")
     cfg["publish"].update(registry_url=f"sqlite:///{tmp_path / 'registry.db'}",
@@ -65,7 +65,7 @@ def test_missing_data_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureF
     from tasks.data import make_data
 
     cfg = demo_config(tmp_path)
-    make_data(cfg["data"]["source_url"], name="tiny-gpt", n_train_shards=2, tokens_per_shard=4096)
+    make_data(cfg["data"]["source_url"], name="tiny-llama", n_train_shards=2, tokens_per_shard=4096)
     missing = Path(cfg["data"]["source_url"]) / "train" / "shard-00001.bin"
     missing.unlink()
     code, err = run_cli(capsys, "warm", str(write(tmp_path, cfg)))

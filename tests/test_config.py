@@ -10,7 +10,7 @@ import yaml
 from tasks.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "configs" / "tiny-gpt.yaml"
+DEMO = ROOT / "configs" / "tiny-llama.yaml"
 
 
 def write(tmp_path: Path, mutate) -> Path:

@@ -1,4 +1,4 @@
-"""Evaluate stage: held-out metrics from a committed checkpoint's consolidated weights; refusals.
+"""Evaluate stage: held-out metrics of a committed checkpoint (through its export); refusals.
 
 Checkpoints here are committed with the trainer's own protocol (`finalize`) from
 weights trained by the single-process reference loop, so no ranks are started.
@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tasks.train.model import GPT
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.evaluate import evaluate
+from tasks.models.weights import open_weights
 from tasks.train import checkpoint as ck
 from tasks.train.reference import train_reference
+from tests.checkpoints import reference_state, write_layer_files
 from tests.train.conftest import tiny_config, write_dataset
 
 
@@ -30,7 +31,7 @@ def commit(cfg: JobConfig, state: dict[str, torch.Tensor], step: int) -> Path:
     tag = ck.tag_for(step)
     tmp = root / f"tmp-{tag}"
     tmp.mkdir(parents=True)
-    torch.save(state, tmp / ck.CONSOLIDATED)
+    write_layer_files(tmp, cfg.model, state)
     run = for_run(cfg)
     return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
 
@@ -45,7 +46,7 @@ def for_run(cfg: JobConfig):
 def setup(tmp_path: Path) -> tuple[JobConfig, Path, Path, Path]:
     cfg = tiny_config(tmp_path, {"train.steps": 30})
     dataset = write_dataset(tmp_path / "dataset")
-    untrained = commit(cfg, GPT(cfg.model, cfg.train.seed).state_dict(), 1)
+    untrained = commit(cfg, reference_state(cfg.model, cfg.train.seed), 1)
     trained = commit(cfg, train_reference(cfg, dataset).model.state_dict(), 30)
     return cfg, dataset, untrained, trained
 
@@ -67,7 +68,8 @@ def test_evaluation_runs_in_eval_mode(setup, tmp_path: Path) -> None:
     dropout_cfg = cfg.with_overrides({"model.dropout": 0.5})
     # model.dropout is part of the experiment key, so re-commit the same weights under that experiment
     other_out = dropout_cfg.with_overrides({"train.output_dir": str(tmp_path / "dropout-run")})
-    same_weights = commit(other_out, torch.load(trained / ck.CONSOLIDATED), 30)
+    same_weights = commit(other_out, {n: open_weights(trained, cfg.model).read(n) for n in reference_state(cfg.model)},
+                          30)
     assert evaluate(other_out, same_weights, dataset)["loss"] == evaluate(cfg, trained, dataset)["loss"]
 
 
@@ -75,7 +77,8 @@ def test_refuses_incomplete_and_foreign_checkpoints(setup, tmp_path: Path) -> No
     cfg, dataset, _, trained = setup
     incomplete = tmp_path / "incomplete"
     incomplete.mkdir()
-    (incomplete / ck.CONSOLIDATED).write_bytes((trained / ck.CONSOLIDATED).read_bytes())
+    for layer in trained.glob("layer_*"):
+        (incomplete / layer.name).write_bytes(layer.read_bytes())
     with pytest.raises(InvalidInputError, match="no COMPLETE marker"):
         evaluate(cfg, incomplete, dataset)
     other = cfg.with_overrides({"train.lr": 1e-4})

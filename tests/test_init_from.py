@@ -13,16 +13,17 @@ from tasks.registry import Registry, upgrade
 from tests.test_weekly_retrain import retrainer, week_config
 
 CASES = {
-    "version:7": "train.init_from version:7: model 'tiny-gpt' is not in the registry",
+    "version:7": "train.init_from version:7: model 'tiny-llama' is not in the registry",
     "shape": "starting weights' embed.tok.weight has shape (256, 16), the model config needs (256, 32)",
-    "missing": "train.init_from: {path}: no such weights file",
+    "missing": "train.init_from: {path}: no such weights file or directory",
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_init_from_that_cannot_work_fails_clearly_and_publishes_nothing(tmp_path, case: str) -> None:
     import yaml
-    from tasks.train.model import GPT
+
+    from tasks.models import get_family
 
     config = week_config(tmp_path)
     cfg = yaml.safe_load(config.read_text())
@@ -30,11 +31,12 @@ def test_init_from_that_cannot_work_fails_clearly_and_publishes_nothing(tmp_path
     path = tmp_path / "other-model.pt"
     if case == "version:7":
         cfg["train"]["init_from"] = "version:7"
-    elif case == "shape":  # a GPT of another width: the first mismatched tensor is named
+    elif case == "shape":  # a model of another width: the first mismatched tensor is named
         other = {**cfg["model"], "d_model": 16, "d_ff": 32}
         from tasks.config import ModelConfig
 
-        torch.save(GPT(ModelConfig(**other)).state_dict(), path)
+        m = ModelConfig(**other)
+        torch.save(get_family(m.family).Reference(m).state_dict(), path)
         cfg["train"]["init_from"] = str(path)
     else:
         cfg["train"]["init_from"] = str(path)

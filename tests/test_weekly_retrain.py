@@ -25,7 +25,7 @@ pytestmark = pytest.mark.multiproc
 
 def week_config(tmp: Path) -> Path:
     """The demo config shrunk to one CPU rank; its model, schedule and init_from are the demo's."""
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
     cfg["parallel"].update(dp=1)
     cfg["train"].update(steps=8, checkpoint_every=4, micro_batch_size=8, warmup_steps=2, lr=1e-2,
@@ -35,7 +35,7 @@ def week_config(tmp: Path) -> Path:
     cfg["evaluate"].update(batches=2, batch_size=8)
     cfg["publish"].update(registry_url=f"sqlite:///{tmp / 'registry.db'}", store_url=str(tmp / "store" / "models"))
     assert cfg["train"]["init_from"] == "live"
-    path = tmp / "tiny-gpt.yaml"
+    path = tmp / "tiny-llama.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -59,7 +59,7 @@ def new_week(config: Path, tmp: Path, seed: int) -> None:
 
 
 def show(tmp: Path) -> dict[str, Any]:
-    done = retrainer("registry", "show", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp / 'registry.db'}", "--json",
+    done = retrainer("registry", "show", "--model", "tiny-llama", "--db", f"sqlite:///{tmp / 'registry.db'}", "--json",
                      tmp=tmp)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
@@ -95,7 +95,7 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     assert versions[2]["data_manifest_hash"] == week2["run"]["data_manifest_hash"]
 
     # The operator rolls production back to v1.
-    back = retrainer("rollback", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
+    back = retrainer("rollback", "--model", "tiny-llama", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
                      "--reason", "bad answers in prod", tmp=tmp_path)
     assert back.returncode == 0 and "version 2 -> version 1" in back.stdout, back.stderr
 
@@ -120,13 +120,13 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     assert all("created" not in v for v in info["versions"])
 
     # What a person reads: where the run started, and that it trained.
-    done = retrainer("registry", "history", "--model", "tiny-gpt", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
+    done = retrainer("registry", "history", "--model", "tiny-llama", "--db", f"sqlite:///{tmp_path / 'registry.db'}",
                      tmp=tmp_path)
     assert "3 (from v1)" in done.stdout
     # The schedule fires again before new data lands: production was trained on this data, nothing to do
     # (it must not fine-tune production on the same data again every week).
     text = retrainer("run", str(config), tmp=tmp_path)
     assert text.returncode == 0, text.stderr[-2000:]
-    assert "started from tiny-gpt v3 (live on production)" in text.stdout
+    assert "started from tiny-llama v3 (live on production)" in text.stdout
     assert "no new data" in text.stdout and "nothing to train" in text.stdout
     assert show(tmp_path)["aliases"]["production"]["version"] == 3

@@ -97,6 +97,7 @@ class Plan:
     """The preflight verdict and everything it was computed from."""
 
     config_name: str
+    model_family: str
     layout: dict[str, int]
     precision: str
     world_size: int
@@ -329,6 +330,7 @@ def plan(
     tp_note = "TP rank 0 (all TP ranks hold the same bytes)" if p.tp > 1 else "the only TP rank"
     plan_ = Plan(
         config_name=cfg.name,
+        model_family=m.family,
         layout={"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": zero, "micro_batches": p.micro_batches,
                 "micro_batch_size": t.micro_batch_size},
         precision=precision,

@@ -31,7 +31,7 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 def write_test_config(home: Path) -> Path:
     """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss."""
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["schedule"] = None  # runs only when the test triggers them
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
     cfg["train"].update(steps=4, checkpoint_every=2, micro_batch_size=4, warmup_steps=0, lr=1.0e-2,
@@ -42,7 +42,7 @@ def write_test_config(home: Path) -> Path:
     cfg["publish"].update(registry_url=f"sqlite:///{home / 'registry.db'}", store_url=str(home / "store" / "models"))
     config_dir = home / "configs"
     config_dir.mkdir(parents=True)
-    path = config_dir / "tiny-gpt.yaml"
+    path = config_dir / "tiny-llama.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -126,7 +126,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
     home = tmp_path_factory.mktemp("standalone")
     config_path = write_test_config(home)
     upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
-    make_data(str(home / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
+    make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     port = free_port()
     env = {
         **os.environ,
@@ -155,7 +155,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
     sa = Standalone(proc=proc, base_url=f"http://127.0.0.1:{port}", home=home, config_path=config_path,
                     log_path=log_path)
     try:
-        _wait_ready(sa, ["retrain_tiny-gpt", "rollback_model"])
+        _wait_ready(sa, ["retrain_tiny-llama", "rollback_model"])
         # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
         subprocess.run([AIRFLOW, "pools", "set", "training-local", "8", "GPU slots on this machine"],
                        env=env, check=True, capture_output=True, timeout=120)

@@ -45,7 +45,7 @@ def validate(dag, conf: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def retrain_dag():
-    return _dag_module("retrain").__dict__["retrain_tiny-gpt"]
+    return _dag_module("retrain").__dict__["retrain_tiny-llama"]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_dag_params_accept_a_good_manual_run(retrain_dag) -> None:
 def test_rollback_form_only_offers_known_models(rollback_dag) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    assert rollback_dag.params.get_param("model").schema["enum"] == ["tiny-gpt"]
+    assert rollback_dag.params.get_param("model").schema["enum"] == ["tiny-llama"]
     for conf, field in (({"model": "nope"}, "model"), ({"to_version": 0}, "to_version"),
                         ({"reason": ""}, "reason")):
         with pytest.raises(ParamValidationError, match=rf"param {field}\b"):

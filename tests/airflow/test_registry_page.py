@@ -50,7 +50,7 @@ def _publish(registry_url: str, tmp_path: Path, model: str, n: int, metrics_for)
 
 
 def _config(tmp_path: Path, model: str, registry_url: str) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["publish"].update(model_name=model, registry_url=registry_url)
     cfg["train"]["output_dir"] = str(tmp_path / "runs")
     folder = tmp_path / "configs"

@@ -20,10 +20,10 @@ from tests.airflow.browser import chromium_binary, pixel_stats, screenshot
 from tests.airflow.conftest import Standalone
 from tests.services import free_port, require
 
-RETRAIN = "retrain_tiny-gpt"
+RETRAIN = "retrain_tiny-llama"
 ROLLBACK = "rollback_model"
 PRODUCER = "publish_dataset"
-MODEL, ALIAS = "tiny-gpt", "production"
+MODEL, ALIAS = "tiny-llama", "production"
 
 pytestmark = pytest.mark.multiproc
 
@@ -100,7 +100,7 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
 
     # Week 2: the producer writes a snapshot and announces it; the scheduler starts a retrain on it.
     known = _run_ids(standalone, RETRAIN)
-    resp = standalone.trigger(PRODUCER, {"job": "tiny-gpt", "seed": 2})
+    resp = standalone.trigger(PRODUCER, {"job": "tiny-llama", "seed": 2})
     assert resp.status_code == 200, resp.text
     assert standalone.wait_run(PRODUCER, resp.json()["dag_run_id"])["state"] == "success"
     arrived = _next_run(standalone, RETRAIN, known)

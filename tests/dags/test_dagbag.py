@@ -20,11 +20,11 @@ def _dagbag():
 def test_dagbag_imports_without_errors_or_deprecations(airflow_db: str) -> None:
     bag = _dagbag()
     assert bag.import_errors == {}
-    assert {"retrain_tiny-gpt", "rollback_model"} <= set(bag.dag_ids)
+    assert {"retrain_tiny-llama", "rollback_model"} <= set(bag.dag_ids)
 
 
 def test_retrain_dag_shape(airflow_db: str) -> None:
-    dag = _dagbag().get_dag("retrain_tiny-gpt")
+    dag = _dagbag().get_dag("retrain_tiny-llama")
     assert dag.max_active_runs == 1
     order = ["plan", "new_data", "warm", "not_dry_run", "train", "evaluate", "gate", "publish"]
     for upstream, downstream in itertools.pairwise(order):

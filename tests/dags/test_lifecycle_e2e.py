@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def write_config(tmp: Path, registry_url: str) -> Path:
     """The demo config, shrunk: same model family, a few steps, its own port and folders."""
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-gpt.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32)
     cfg["train"].update(steps=4, checkpoint_every=2, micro_batch_size=4, warmup_steps=0,
                         output_dir=str(tmp / "runs"))
@@ -35,7 +35,7 @@ def write_config(tmp: Path, registry_url: str) -> Path:
     cfg["publish"].update(registry_url=registry_url, store_url=str(tmp / "store" / "models"))
     config_dir = tmp / "configs"
     config_dir.mkdir()
-    path = config_dir / "tiny-gpt.yaml"
+    path = config_dir / "tiny-llama.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -73,36 +73,36 @@ def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.Monkey
     upgrade(registry_url)  # what `retrainer db upgrade` (the compose init service) does before any run
     config = write_config(tmp_path, registry_url)
     data_url = str(tmp_path / "store" / "data")
-    retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-gpt"]
+    retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-llama"]
     rollback = load_dag_module("rollback", monkeypatch, config.parent).rollback_dag
     registry = Registry(registry_url)
-    uri = "model://tiny-gpt/production"
+    uri = "model://tiny-llama/production"
     events = model_events(uri)
 
     def week(seed: int) -> None:
-        make_data(data_url, name="tiny-gpt", seed=seed, n_train_shards=2, tokens_per_shard=16384)
+        make_data(data_url, name="tiny-llama", seed=seed, n_train_shards=2, tokens_per_shard=16384)
 
     week(11)
     first = run_dag(retrain)
     assert first.state == "success"
-    v1 = registry.live_version("tiny-gpt", "production")
+    v1 = registry.live_version("tiny-llama", "production")
     assert v1.version == 1 and v1.parent_version is None
     assert model_events(uri) == events + 1
 
     week(22)  # new data at the same URL, the same config and form values
     second = run_dag(retrain)
     assert second.state == "success"
-    v2 = registry.live_version("tiny-gpt", "production")
+    v2 = registry.live_version("tiny-llama", "production")
     assert v2.version == 2 and v2.parent_version == 1 and v2.init_digest == v1.artifact_digest
     assert v2.data_manifest_hash != v1.data_manifest_hash and v2.artifact_digest != v1.artifact_digest
     summary = xcom(second, "train")
     assert summary["outcome"] == "trained" and summary["trained_steps"] == summary["steps"] == 4
-    assert summary["started_from"] == "tiny-gpt v1 (live on production)"
+    assert summary["started_from"] == "tiny-llama v1 (live on production)"
     assert model_events(uri) == events + 2
 
-    back = run_dag(rollback, {"model": "tiny-gpt", "reason": "regression in prod"})
+    back = run_dag(rollback, {"model": "tiny-llama", "reason": "regression in prod"})
     assert back.state == "success"
-    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert registry.live_version("tiny-llama", "production").version == 1
     assert model_events(uri) == events + 3
 
     # The schedule fires again on week 2's data: that run is v2 again, which an operator rolled back.
@@ -112,16 +112,16 @@ def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.Monkey
     assert xcom(again, "train")["outcome"] == "reused"
     note = run_note(again)
     assert "rolled back from production" in note and "regression in prod" in note
-    assert registry.live_version("tiny-gpt", "production").version == 1
-    assert len(registry.list_versions("tiny-gpt")) == 2
+    assert registry.live_version("tiny-llama", "production").version == 1
+    assert len(registry.list_versions("tiny-llama")) == 2
     assert model_events(uri) == events + 3  # nothing moved, so no event
 
     week(33)
     third = run_dag(retrain)
     assert third.state == "success"
-    v3 = registry.live_version("tiny-gpt", "production")
+    v3 = registry.live_version("tiny-llama", "production")
     assert v3.version == 3 and v3.parent_version == 1
-    history = [(h.action, h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")]
+    history = [(h.action, h.from_version, h.to_version) for h in registry.history("tiny-llama", "production")]
     assert history == [("publish", None, 1), ("publish", 1, 2), ("rollback", 2, 1), ("publish", 1, 3)]
     assert model_events(uri) == events + 4
 

@@ -20,12 +20,12 @@ def test_publish_dataset_writes_a_snapshot_and_announces_it(
 
     config = write_config(tmp_path, f"sqlite:///{tmp_path / 'registry.db'}")
     producer = load_dag_module("publish_dataset", monkeypatch, config.parent).publish_dataset_dag
-    run = run_dag(producer, {"job": "tiny-gpt", "seed": 5})
+    run = run_dag(producer, {"job": "tiny-llama", "seed": 5})
     assert run.state == "success"
 
     with create_session() as session:
         events = session.scalars(select(AssetEvent).join(AssetModel, AssetModel.id == AssetEvent.asset_id).where(
-            AssetModel.uri == "retrainer-data://tiny-gpt/", AssetEvent.source_run_id == run.run_id)).all()
+            AssetModel.uri == "retrainer-data://tiny-llama/", AssetEvent.source_run_id == run.run_id)).all()
         assert len(events) == 1
         extra = dict(events[0].extra)
     snapshot = Path(extra["source_url"])

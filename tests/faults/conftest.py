@@ -75,7 +75,7 @@ def make_job(tmp: Path, registry_url: str, *, steps: int = 6, checkpoint_every: 
     config = write_config(tmp, registry_url)
     job = Job(tmp=tmp, config=config, registry_url=registry_url)
     job.update("train", steps=steps, checkpoint_every=checkpoint_every, keep_last=3)
-    make_data(str(tmp / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
+    make_data(str(tmp / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     return job
 
 

@@ -61,8 +61,8 @@ def test_db_password_from_an_airflow_connection_never_leaks(
 
     config = write_config(tmp_path, "${AIRFLOW_CONN_RETRAINER_REGISTRY}")
     assert password not in config.read_text()
-    make_data(str(tmp_path / "store" / "data"), name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384)
-    retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-gpt"]
+    make_data(str(tmp_path / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
+    retrain = load_dag_module("retrain", monkeypatch, config.parent).__dict__["retrain_tiny-llama"]
     logs = Path(os.environ["AIRFLOW_HOME"]) / "logs"
     before = set(text_files(logs)) if logs.is_dir() else set()
 
@@ -74,9 +74,9 @@ def test_db_password_from_an_airflow_connection_never_leaks(
     from tasks.registry import Registry
 
     registry = Registry(pg_cluster.url(db))
-    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert registry.live_version("tiny-llama", "production").version == 1
 
-    show = subprocess.run([sys.executable, "-m", "tasks.cli", "registry", "show", "--model", "tiny-gpt", "--json"],
+    show = subprocess.run([sys.executable, "-m", "tasks.cli", "registry", "show", "--model", "tiny-llama", "--json"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env=dict(os.environ, RETRAINER_DB_URL=uri))
     assert show.returncode == 0, show.stderr[-3000:]

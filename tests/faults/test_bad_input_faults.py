@@ -54,7 +54,7 @@ def test_checkpoint_from_another_model_is_refused_registry_unchanged(trained: Tr
     metrics = metrics_file(tmp_path, state)
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics)], tmp_path / "seed.log")
     assert rc == 0, out[-3000:]
-    before = job.registry().show("tiny-gpt")
+    before = job.registry().show("tiny-llama")
     store_before = snapshot(Path(job.data["publish"]["store_url"]))
 
     job.update("model", d_model=64, d_ff=128)  # another model: its experiment key differs
@@ -62,7 +62,7 @@ def test_checkpoint_from_another_model_is_refused_registry_unchanged(trained: Tr
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics)], tmp_path / "other.log")
     assert rc == 2, out[-3000:]
     assert "checkpoint from another model" in out and trained.run_dir().name in out
-    assert job.registry().show("tiny-gpt") == before
+    assert job.registry().show("tiny-llama") == before
     assert snapshot(Path(job.data["publish"]["store_url"])) == store_before
     assert not (state / "publish.json").exists()
 
@@ -77,15 +77,15 @@ def test_model_name_with_sql_metacharacters_cannot_touch_other_rows(trained: Tra
     metrics = metrics_file(tmp_path, state)
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics)], tmp_path / "seed.log")
     assert rc == 0, out[-3000:]
-    before = job.registry().show("tiny-gpt")
+    before = job.registry().show("tiny-llama")
 
     job.update("publish", model_name=EVIL)
     rc, out = run_task([*driver(job, state, "publish"), "--metrics", str(metrics)], tmp_path / "evil.log")
     assert "Traceback" not in out, out[-3000:]
     registry = job.registry()
-    assert registry.show("tiny-gpt") == before  # the other model's versions, aliases, history untouched
+    assert registry.show("tiny-llama") == before  # the other model's versions, aliases, history untouched
     names = {m["model"] for m in registry.models()}
-    assert "tiny-gpt" in names
+    assert "tiny-llama" in names
     if rc == 0:
         assert [v.version for v in registry.list_versions(EVIL)] == [1]  # stored verbatim, as data
 

@@ -36,7 +36,7 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
     last_week = tmp_path / "last-week"
     rc, out = run_task(driver(job, last_week, "plan", "warm", "train"), tmp_path / "last-week.log")
     assert rc == 0, out[-2000:]
-    make_data(str(tmp_path / "store" / "data"), name="tiny-gpt", seed=99, n_train_shards=2, tokens_per_shard=16384)
+    make_data(str(tmp_path / "store" / "data"), name="tiny-llama", seed=99, n_train_shards=2, tokens_per_shard=16384)
     rc, out = run_task(driver(job, state, "plan", "warm"), tmp_path / "warm.log")
     assert rc == 0, out[-2000:]
     assert job.run_dir(state) != job.run_dir(last_week)
@@ -71,9 +71,9 @@ def test_sigkill_inside_checkpoint_commit_then_rerun_resumes_and_publishes_once(
         rc, out = run_task(driver(job, state, "evaluate", "gate", "publish"), tmp_path / f"publish-{attempt}.log")
         assert rc == 0, out[-3000:]
     registry = job.registry()
-    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
-    assert registry.live_version("tiny-gpt", "production").version == 1
-    assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")] == [(None, 1)]
+    assert [v.version for v in registry.list_versions("tiny-llama")] == [1]
+    assert registry.live_version("tiny-llama", "production").version == 1
+    assert [(h.from_version, h.to_version) for h in registry.history("tiny-llama", "production")] == [(None, 1)]
 
 
 def test_sigkill_of_the_task_process_leaves_no_rank_running(

@@ -33,7 +33,7 @@ def test_sigkill_during_evaluate_then_rerun_publishes_once_with_the_same_metrics
     from tasks.registry.errors import NotFoundError
 
     with pytest.raises(NotFoundError):  # nothing published by the killed attempt
-        job.registry().list_versions("tiny-gpt")
+        job.registry().list_versions("tiny-llama")
 
     # The re-run of evaluate -> gate -> publish (an Airflow retry), then publish re-run once more.
     for attempt, stages in ((2, ("evaluate", "gate", "publish")), (3, ("publish",))):
@@ -46,8 +46,8 @@ def test_sigkill_during_evaluate_then_rerun_publishes_once_with_the_same_metrics
         assert metrics[key] == reference[key], key
 
     registry = job.registry()
-    versions = registry.list_versions("tiny-gpt")
+    versions = registry.list_versions("tiny-llama")
     assert [v.version for v in versions] == [1]
     assert versions[0].metrics["loss"] == pytest.approx(reference["loss"])
-    assert registry.live_version("tiny-gpt", "production").version == 1
-    assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt", "production")] == [(None, 1)]
+    assert registry.live_version("tiny-llama", "production").version == 1
+    assert [(h.from_version, h.to_version) for h in registry.history("tiny-llama", "production")] == [(None, 1)]

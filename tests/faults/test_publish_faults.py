@@ -23,7 +23,7 @@ from tests.services import PgCluster
 
 
 def chain(job: Job) -> list[tuple[int | None, int]]:
-    return [(h.from_version, h.to_version) for h in job.registry().history("tiny-gpt", "production")]
+    return [(h.from_version, h.to_version) for h in job.registry().history("tiny-llama", "production")]
 
 
 def assert_consistent(job: Job) -> None:
@@ -39,8 +39,8 @@ def assert_consistent(job: Job) -> None:
     finally:
         engine.dispose()
     registry = job.registry()
-    versions = {v.version: v for v in registry.list_versions("tiny-gpt")}
-    live = registry.live_version("tiny-gpt", "production")
+    versions = {v.version: v for v in registry.list_versions("tiny-llama")}
+    live = registry.live_version("tiny-llama", "production")
     if live is not None:
         assert live.version in versions
     history = chain(job)
@@ -73,8 +73,8 @@ def test_sigkill_between_version_insert_and_pointer_switch(
     task.wait_for(lambda: "blocking after the version insert" in task.text(), "the version insert")
     task.sigkill()
     registry = job.registry()
-    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]  # an unpointed version: harmless
-    assert registry.live_version("tiny-gpt", "production") is None
+    assert [v.version for v in registry.list_versions("tiny-llama")] == [1]  # an unpointed version: harmless
+    assert registry.live_version("tiny-llama", "production") is None
     assert chain(job) == []
 
     rc, out = run_task(argv, tmp_path / "publish-2.log")  # the retry
@@ -85,8 +85,8 @@ def test_sigkill_between_version_insert_and_pointer_switch(
     assert rc == 0, out[-3000:]
     assert read_json(state / "publish.json")["switched"] is False
 
-    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
-    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert [v.version for v in registry.list_versions("tiny-llama")] == [1]
+    assert registry.live_version("tiny-llama", "production").version == 1
     assert chain(job) == [(None, 1)]
     assert_consistent(job)
 
@@ -111,8 +111,8 @@ def test_postgres_restart_during_publish_fails_cleanly_or_completes_and_retry_su
     rc, out = run_task(argv, tmp_path / "publish-2.log")  # the retry Airflow would make
     assert rc == 0, out[-3000:]
     registry = job.registry()
-    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
-    assert registry.live_version("tiny-gpt", "production").version == 1
+    assert [v.version for v in registry.list_versions("tiny-llama")] == [1]
+    assert registry.live_version("tiny-llama", "production").version == 1
     assert chain(job) == [(None, 1)]
     assert_consistent(job)
 
@@ -147,7 +147,7 @@ def test_concurrent_publish_and_rollback_storm_keeps_one_history_chain(
     assert sum(rc == 0 for rc, _ in outcomes) >= 2
 
     registry = job.registry()
-    assert sorted(v.version for v in registry.list_versions("tiny-gpt")) == [1, 2]  # two checkpoints, two versions
+    assert sorted(v.version for v in registry.list_versions("tiny-llama")) == [1, 2]  # two checkpoints, two versions
     history = chain(job)
     assert history[0] == (None, 1)
     assert_consistent(job)

@@ -33,7 +33,7 @@ def test_secrets_never_reach_logs_or_summaries(
     assert rc != 0 and "nothing to roll back to" in out, out[-3000:]
 
     # Warm from S3 with the access key and secret taken from the environment.
-    make_data(f"s3://{s3_bucket}/tiny", name="tiny-gpt", n_train_shards=2, tokens_per_shard=4096,
+    make_data(f"s3://{s3_bucket}/tiny", name="tiny-llama", n_train_shards=2, tokens_per_shard=4096,
               storage_options=s3.storage_options)
     cfg = yaml.safe_load(job.config.read_text())
     cfg["data"].update(source_url=f"s3://{s3_bucket}/tiny", cache_dir=str(tmp_path / "cache"),
@@ -44,7 +44,7 @@ def test_secrets_never_reach_logs_or_summaries(
     rc, out = run_task([str(s3_config), str(tmp_path / "s3-state"), "plan", "warm"], tmp_path / "warm.log", env)
     assert rc == 0, out[-3000:]
 
-    registry_dump = json.dumps(job.registry().show("tiny-gpt"), default=str)
+    registry_dump = json.dumps(job.registry().show("tiny-llama"), default=str)
     places = {p: p.read_text(errors="replace") for p in tmp_path.rglob("*")
               if p.is_file() and p.suffix in (".log", ".json", ".jsonl")}
     places[Path("registry show")] = registry_dump

@@ -33,7 +33,7 @@ def test_no_secret_on_disk_in_argv_or_rank_env_while_training_and_after_a_sigkil
                    HOOK_STEP_DELAY_S="2")
 
     job = make_job(tmp_path, pg_url.replace("postgres@", "postgres:${FAULT_DB_PASSWORD}@", 1), steps=8)
-    make_data(f"s3://{s3_bucket}/corpus", name="tiny-gpt", n_train_shards=2, tokens_per_shard=16384,
+    make_data(f"s3://{s3_bucket}/corpus", name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
               storage_options=s3.storage_options)
     cfg = yaml.safe_load(job.config.read_text())
     cfg["data"].update(source_url=f"s3://{s3_bucket}/corpus",

@@ -67,9 +67,9 @@ def test_nan_at_step_k_fails_publishes_nothing_alias_unchanged(
     assert "non-finite loss at step 5" in out
     assert read_json(state / "train.json")["steps"] == 4  # the seed's summary: nothing new was recorded
     registry = job.registry()
-    assert [v.version for v in registry.list_versions("tiny-gpt")] == [1]
-    assert registry.live_version("tiny-gpt", "production").version == 1
-    assert [(h.from_version, h.to_version) for h in registry.history("tiny-gpt")] == [(None, 1)]
+    assert [v.version for v in registry.list_versions("tiny-llama")] == [1]
+    assert registry.live_version("tiny-llama", "production").version == 1
+    assert [(h.from_version, h.to_version) for h in registry.history("tiny-llama")] == [(None, 1)]
     assert not (job.run_dir(state) / "summary.json").exists()
     assert read_latest(ckpt_root(job.run_dir(state))) == "step-000004"  # the last good checkpoint stays
 
@@ -117,7 +117,7 @@ def test_checkpoint_disk_full_fails_clearly_previous_checkpoint_intact(
         assert rc != 0, out[-3000:]
         # The failure is caught; its message is not yet clear (see the README's Reliability table):
         # torch.save on a full disk says "iostream error" and the launcher only "exited with status 1".
-        assert "retrainer: error: training of tiny-gpt failed" in out
+        assert "retrainer: error: training of tiny-llama failed" in out
         assert read_latest(root) == "step-000002"
         good = root / "step-000002"
         assert (good / "COMPLETE").is_file()

@@ -64,7 +64,7 @@ class FlakyEndpoint:
 def s3_job(tmp: Path, s3: S3Endpoint, bucket: str, endpoint_url: str) -> Job:
     job = make_job(tmp, f"sqlite:///{tmp / 'registry.db'}")
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": s3.endpoint_url}}
-    make_data(f"s3://{bucket}/tiny", name="tiny-gpt", n_train_shards=8, tokens_per_shard=4096,
+    make_data(f"s3://{bucket}/tiny", name="tiny-llama", n_train_shards=8, tokens_per_shard=4096,
               storage_options=options)
     job.update("data", source_url=f"s3://{bucket}/tiny",
                storage_options={**options, "client_kwargs": {"endpoint_url": endpoint_url}})

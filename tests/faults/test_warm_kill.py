@@ -50,7 +50,7 @@ def test_sigkill_during_warm_then_rerun_fetches_only_the_rest(
     try:
         job = make_job(tmp_path, f"sqlite:///{tmp_path / 'registry.db'}")
         options = {**s3.storage_options, "client_kwargs": {"endpoint_url": s3.endpoint_url}}
-        manifest = make_data(f"s3://{s3_bucket}/many", name="tiny-gpt", n_train_shards=N_TRAIN,
+        manifest = make_data(f"s3://{s3_bucket}/many", name="tiny-llama", n_train_shards=N_TRAIN,
                              tokens_per_shard=256, storage_options=options)
         expected = {f.key: f.sha256 for f in manifest.files}
         job.update("data", source_url=f"s3://{s3_bucket}/many",

@@ -140,7 +140,7 @@ def test_names_map_both_ways() -> None:
 
 def test_families_by_name() -> None:
     assert get_family("llama") is llama
-    assert get_family("gpt").__name__ == "tasks.train.model"
+    assert get_family("gpt").__name__ == "tasks.models.gpt"
     with pytest.raises(ValueError, match=r"model\.family 'bert'"):
         get_family("bert")
 

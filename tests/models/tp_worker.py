@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
-from tasks.train.model import local_named_params
 
 from tasks.config import ModelConfig
 from tasks.models import llama
 from tasks.models.parallel import TPGroup
+from tasks.models.weights import local_named_params
 
 SEED = 5
 # Untied with llama3 rope scaling and the qkv bias; tied with plain rope.

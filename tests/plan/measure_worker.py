@@ -98,9 +98,10 @@ def main() -> None:
     import deepspeed
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
-    from tasks.train.model import TPGroup, lm_loss, pipeline_layers
 
     from tasks.config import ModelConfig
+    from tasks.models.gpt import lm_loss, pipeline_layers
+    from tasks.models.parallel import TPGroup
 
     torch.manual_seed(0)
     deepspeed.init_distributed(dist_backend="gloo")

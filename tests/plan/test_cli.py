@@ -14,7 +14,7 @@ import yaml
 from tasks.plan.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "configs" / "tiny-gpt.yaml"
+DEMO = ROOT / "configs" / "tiny-llama.yaml"
 
 
 def _write(tmp_path: Path, **sections: dict) -> Path:
@@ -29,13 +29,13 @@ def _write(tmp_path: Path, **sections: dict) -> Path:
 def test_demo_config_fits_and_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(DEMO), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "plan tiny-gpt" in out and "optimizer_states" in out and "236,928" in out
+    assert "plan tiny-llama" in out and "optimizer_states" in out and "229,952 total (model family llama)" in out
 
 
 def test_json_output_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(DEMO), "--json", "--device", "cpu", "--serve-concurrency", "4"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["fits"] is True and doc["params_total"] == 236928
+    assert doc["fits"] is True and doc["params_total"] == 229952 and doc["model_family"] == "llama"
     assert set(doc["memory"]) >= {"weights", "gradients", "optimizer_states", "activations", "comm_buffers", "total"}
     assert doc["serving"]["concurrency"] == 4 and doc["assumptions"]
 
@@ -105,14 +105,15 @@ def test_serving_section_sizes_the_estimate_and_flags_override_it(tmp_path: Path
     cfg = _write(tmp_path, serving={"concurrency": 3, "context_len": 32, "dtype": "fp32"})
     assert main([str(cfg), "--json", "--device", "cpu"]) == 0
     serving = json.loads(capsys.readouterr().out)["serving"]
-    # KV per token: 4 layers x 4 kv heads x 16 head dim x 2 (K, V) x 4 B (fp32) = 2048
+    # KV per token: 4 layers x 2 kv heads x 16 head dim x 2 (K, V) x 4 B (fp32) = 1024
     assert (serving["concurrency"], serving["context"], serving["dtype"]) == (3, 32, "fp32")
-    assert serving["kv_cache_bytes"] == 2048 * 3 * 32 and serving["weights_bytes"] == 4 * 236928
+    assert serving["kv_cache_bytes"] == 1024 * 3 * 32 and serving["weights_bytes"] == 4 * 229952
     assert main([str(cfg), "--json", "--device", "cpu", "--serve-concurrency", "5", "--serve-dtype", "bf16"]) == 0
     serving = json.loads(capsys.readouterr().out)["serving"]
     assert (serving["concurrency"], serving["context"], serving["dtype"]) == (5, 32, "bf16")
 
 
+MHA = {"n_kv_heads": 4}  # tp=4 needs 4 kv heads; the demo has 2 (GQA)
 TWO_SSH_HOSTS = {"launcher": "ssh", "hosts": ["10.0.0.1", "10.0.0.2"], "master_addr": "10.0.0.1"}
 
 
@@ -126,13 +127,14 @@ TWO_SSH_HOSTS = {"launcher": "ssh", "hosts": ["10.0.0.1", "10.0.0.2"], "master_a
                                       "cluster.gpus_per_node (1) ranks"),
     ({"nproc_per_node": 4}, {"dp": 2}, "parallel.tp x pp x dp = 2 but cluster.launcher local (1 node) x "
                                        "cluster.nproc_per_node (4) = 4"),
-    ({"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 2}, {"tp": 4, "dp": 1},
+    ({"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 2}, {"tp": 4, "dp": 1, "model": MHA},
      "parallel.tp (4) must fit inside one node: it must divide cluster.gpus_per_node (2)"),
 ])
 def test_layout_that_the_cluster_cannot_run_exits_2_naming_the_fields(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict, parallel: dict, reason: str
 ) -> None:
-    assert main([str(_write(tmp_path, cluster=cluster, parallel=parallel)), "--device", "gpu"]) == 2
+    layout, model = {k: v for k, v in parallel.items() if k != "model"}, parallel.get("model", {})
+    assert main([str(_write(tmp_path, cluster=cluster, parallel=layout, model=model)), "--device", "gpu"]) == 2
     assert reason in capsys.readouterr().err
 
 
@@ -140,12 +142,13 @@ def test_layout_that_the_cluster_cannot_run_exits_2_naming_the_fields(
     (TWO_SSH_HOSTS, {"dp": 16}),
     ({**TWO_SSH_HOSTS, "nproc_per_node": 2}, {"dp": 4}),
     ({"launcher": "slurm", "slurm": {"nodes": 2}, "gpus_per_node": 2}, {"tp": 2, "dp": 2}),
-    ({"launcher": "kubernetes", "kubernetes": {"nodes": 2}, "gpus_per_node": 4}, {"tp": 4, "dp": 2}),
+    ({"launcher": "kubernetes", "kubernetes": {"nodes": 2}, "gpus_per_node": 4}, {"tp": 4, "dp": 2, "model": MHA}),
     ({}, {"dp": 8}),  # local: up to gpus_per_node ranks on this machine
 ])
 def test_layout_that_fills_the_cluster_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict,
                                              parallel: dict) -> None:
-    assert main([str(_write(tmp_path, cluster=cluster, parallel=parallel)), "--device", "gpu"]) == 0
+    layout, model = {k: v for k, v in parallel.items() if k != "model"}, parallel.get("model", {})
+    assert main([str(_write(tmp_path, cluster=cluster, parallel=layout, model=model)), "--device", "gpu"]) == 0
 
 
 def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,12 +25,11 @@ def test_param_count_exact_by_hand() -> None:
 
 
 def test_param_count_matches_the_real_model() -> None:
-    from tasks.train.model import GPT, num_params
+    from tasks.models.gpt import Reference as GPT
 
     for model in (DEMO, {**DEMO, "n_kv_heads": 2, "d_ff": 96, "n_layers": 3}):
         cfg = make_config(model=model)
         assert total_params(cfg.model) == sum(p.numel() for p in GPT(cfg.model).parameters())
-        assert total_params(cfg.model) == num_params(cfg.model)  # the trainer's own count agrees
 
 
 def test_tp_shards_column_and_row_weights_but_not_norms_or_row_biases() -> None:

@@ -16,17 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, *, data_manifest_hash: str = "m",
                     fingerprint: str | None = None) -> Path:
-    """A checkpoint dir as the trainer leaves it: torch.save'd weights + COMPLETE marker with the run identity."""
-    import torch
-
+    """A checkpoint dir as the trainer leaves it: DeepSpeed layer files + COMPLETE marker with the run identity."""
     from tasks.run import identity, scratch
     from tasks.train.checkpoint import make_marker
+    from tests.checkpoints import reference_state, write_layer_files
 
     ckpt = root / tag
     ckpt.mkdir(parents=True)
-    gen = torch.Generator().manual_seed(seed)
-    state = {"wte.weight": torch.randn(16, 8, generator=gen), "head.bias": torch.randn(16, generator=gen)}
-    torch.save(state, ckpt / "consolidated.pt")
+    write_layer_files(ckpt, cfg.model, reference_state(cfg.model, seed))
     run = identity(cfg, data_manifest_hash, scratch(cfg))
     marker = make_marker(cfg, run, tag, 10 * (seed + 1), cfg.parallel.world_size)
     if fingerprint is not None:
@@ -43,10 +40,11 @@ def experiment_key_of(checkpoint: Path) -> str:
 def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], JobConfig]:
     """The demo config with publish pointed at `registry_url` and a store under tmp_path."""
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))
-    base = load_config(ROOT / "configs" / "tiny-gpt.yaml")
+    base = load_config(ROOT / "configs" / "tiny-llama.yaml")
 
     def make(registry_url: str, store_url: str | None = None, **extra: Any) -> JobConfig:
-        overrides = {"publish.registry_url": registry_url, "publish.store_url": store_url or str(tmp_path / "store")}
+        overrides = {"publish.registry_url": registry_url, "publish.store_url": store_url or str(tmp_path / "store"),
+                     "publish.export_dtype": "fp32"}  # the export holds the checkpoint's weights exactly
         overrides.update(extra)
         return base.with_overrides(overrides)
 

@@ -33,29 +33,29 @@ def test_cli_lifecycle(
         assert rc == 0, err
         assert json.loads(out)["version"] == seed + 1
 
-    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "1", *db)
+    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "1", *db)
     assert rc == 1 and "expected version 1 but it points to version 2" in err
-    rc, out, _ = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "2", "--reason", "hotfix",
+    rc, out, _ = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "2", "--reason", "hotfix",
                      "--actor", "ops", *db, "--json")
     assert rc == 0 and json.loads(out)["from_version"] == 2
-    rc, out, _ = cli("rollback", "--model", "tiny-gpt", *db)
+    rc, out, _ = cli("rollback", "--model", "tiny-llama", *db)
     assert rc == 0 and "version 1 -> version 2" in out
-    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "9", *db)
+    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "9", *db)
     assert rc == 2 and "has no version 9" in err
-    rc, out, err = cli("rollback", "--model", "tiny-gpt", "--alias", "staging", *db)
+    rc, out, err = cli("rollback", "--model", "tiny-llama", "--alias", "staging", *db)
     assert rc == 1 and "nothing to roll back" in err
-    rc, out, err = cli("promote", "--model", "tiny-gpt", "--version", "1", "--expect", "abc", *db)
+    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "abc", *db)
     assert rc == 2 and "--expect" in err
 
-    rc, out, _ = cli("registry", "history", "--model", "tiny-gpt", *db, "--json")
+    rc, out, _ = cli("registry", "history", "--model", "tiny-llama", *db, "--json")
     hist = json.loads(out)
     assert [(h["action"], h["from_version"], h["to_version"]) for h in hist] == [
         ("publish", None, 1), ("publish", 1, 2), ("promote", 2, 1), ("rollback", 1, 2)]
     assert hist[2]["actor"] == "ops" and hist[2]["reason"] == "hotfix"
-    rc, out, _ = cli("registry", "history", "--model", "tiny-gpt", *db)
+    rc, out, _ = cli("registry", "history", "--model", "tiny-llama", *db)
     assert out.splitlines()[0].split() == ["ALIAS", "SEQ", "ACTION", "FROM", "TO", "ACTOR", "AT", "REASON"]
     assert len(out.splitlines()) == 5
-    rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db, "--json")
+    rc, out, _ = cli("registry", "show", "--model", "tiny-llama", *db, "--json")
     info = json.loads(out)
     assert info["aliases"]["production"]["version"] == 2 and len(info["versions"]) == 2
     assert all("created" not in v and v["parent_version"] is None for v in info["versions"])
@@ -65,10 +65,10 @@ def test_cli_lifecycle(
     assert info["versions"][1]["rolled_back_from"] == {}
     rc, out, err = cli("publish", str(config_file), "--checkpoint", str(checkpoints[0]), "--metrics", str(metrics))
     assert rc == 1 and "version 1 was rolled back from it" in err
-    rc, out, _ = cli("registry", "show", "--model", "tiny-gpt", *db)
+    rc, out, _ = cli("registry", "show", "--model", "tiny-llama", *db)
     assert "production -> 2" in out and "rolled back from production" in out
     rc, out, _ = cli("registry", "models", *db, "--json")
-    assert json.loads(out) == [{"model": "tiny-gpt", "versions": 2, "aliases": {"production": 2}}]
+    assert json.loads(out) == [{"model": "tiny-llama", "versions": 2, "aliases": {"production": 2}}]
     rc, out, err = cli("registry", "show", "--model", "nope", *db)
     assert rc == 2 and "'nope' is not in the registry" in err
 

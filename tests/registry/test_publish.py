@@ -16,6 +16,7 @@ import yaml
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
+from tasks.models.weights import weights_digest
 from tasks.publish import publish
 from tasks.registry import ArtifactStore, Registry, upgrade
 from tests.registry.conftest import ROOT, experiment_key_of, make_checkpoint
@@ -35,22 +36,23 @@ def test_publish_uploads_records_lineage_and_moves_alias(
     assert (r1.version, r1.previous_version, r1.created, r1.switched) == (1, None, True, True)
     r2 = publish(cfg, c2, {"loss": 2.0}, actor="ci")
     assert (r2.version, r2.previous_version) == (2, 1)
-    assert r2.asset_uri == "model://tiny-gpt/production"
+    assert r2.asset_uri == "model://tiny-llama/production"
     again = publish(cfg, c2, {"loss": 2.0}, actor="ci")
     assert (again.version, again.created, again.switched) == (2, False, False)
 
     with Registry(registry_url) as reg:
-        v1 = reg.get_version("tiny-gpt", 1)
+        v1 = reg.get_version("tiny-llama", 1)
         assert (v1.code_revision, v1.config_hash, v1.data_manifest_hash, v1.checkpoint_tag) == (
             "deadbeef", experiment_key_of(c1), "m1", "step-10")
         assert (v1.parent_version, v1.init_digest, v1.data_url) == (None, None, cfg.data.source_url)
         assert v1.metrics == METRICS and v1.serving_bytes == 1 << 20 and v1.created_by == "ci"
-        assert reg.live_version("tiny-gpt", "production").version == 2
-        assert [(h.action, h.from_version, h.to_version) for h in reg.history("tiny-gpt")] == [
+        assert reg.live_version("tiny-llama", "production").version == 2
+        assert [(h.action, h.from_version, h.to_version) for h in reg.history("tiny-llama")] == [
             ("publish", None, 1), ("publish", 1, 2)]
-    # The artifact in the store is exactly the checkpoint's consolidated weights.
-    out = ArtifactStore(cfg.publish.store_url).get(r2.digest, tmp_path / "dl.pt")
-    assert out.read_bytes() == (c2 / "consolidated.pt").read_bytes()
+    # The artifact in the store is the checkpoint's export: a Hugging Face directory holding its weights.
+    out = ArtifactStore(cfg.publish.store_url).get_tree(r2.digest, tmp_path / "dl")
+    assert (out / "config.json").is_file() and (out / "model.safetensors.index.json").is_file()
+    assert weights_digest(out, cfg.model) == weights_digest(c2, cfg.model)
 
 
 def test_publish_to_s3_store(
@@ -59,8 +61,8 @@ def test_publish_to_s3_store(
     upgrade(sqlite_url)
     cfg = job_config(sqlite_url, f"s3://{s3_bucket}/models", **{"publish.storage_options": s3.storage_options})
     res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, actor="ci")
-    assert res.artifact_url == f"s3://{s3_bucket}/models/sha256/{res.digest[:2]}/{res.digest}"
-    assert s3.filesystem().exists(res.artifact_url)
+    assert res.artifact_url == f"s3://{s3_bucket}/models/trees/{res.digest[:2]}/{res.digest}"
+    assert s3.filesystem().exists(f"{res.artifact_url}/model.safetensors.index.json")
 
 
 def test_publish_refuses_bad_checkpoints(
@@ -102,7 +104,7 @@ def _publish_process(cfg: JobConfig, ckpt: Path, tmp_path: Path, **env: str) -> 
 
 def _wait_for_versions(reg: Registry, n: int, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 120
-    while len(reg.list_versions("tiny-gpt")) < n:
+    while len(reg.list_versions("tiny-llama")) < n:
         assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
         assert time.monotonic() < deadline, "publish never reached the fault point"
         time.sleep(0.1)
@@ -122,13 +124,13 @@ def test_publish_cas_fails_cleanly_when_pointer_moved(
     try:
         with Registry(registry_url) as reg:
             _wait_for_versions(reg, 3, proc)
-            reg.switch_alias("tiny-gpt", "production", 1, actor="ops", reason="manual hotfix")
+            reg.switch_alias("tiny-llama", "production", 1, actor="ops", reason="manual hotfix")
             release.touch()
             _out, err = proc.communicate(timeout=120)
             assert proc.returncode == 1
             assert "expected version 2 but it points to version 1" in err.decode()
-            assert reg.live_version("tiny-gpt", "production").version == 1  # the operator's switch stands
-            assert [(h.actor, h.to_version) for h in reg.history("tiny-gpt")][-1] == ("ops", 1)
+            assert reg.live_version("tiny-llama", "production").version == 1  # the operator's switch stands
+            assert [(h.actor, h.to_version) for h in reg.history("tiny-llama")][-1] == ("ops", 1)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -149,11 +151,11 @@ def test_sigkill_between_version_insert_and_switch(
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
             assert proc.returncode == -signal.SIGKILL
-            live = reg.live_version("tiny-gpt", "production")
+            live = reg.live_version("tiny-llama", "production")
             assert live is not None and live.version == first.version  # pointer on the complete old version
-            assert ArtifactStore(cfg.publish.store_url).verify(live.artifact_digest)
-            assert [v.version for v in reg.list_versions("tiny-gpt")] == [1, 2]  # v2 exists, unpointed
-            assert len(reg.history("tiny-gpt")) == 1
+            assert ArtifactStore(cfg.publish.store_url).verify_tree(live.artifact_digest)
+            assert [v.version for v in reg.list_versions("tiny-llama")] == [1, 2]  # v2 exists, unpointed
+            assert len(reg.history("tiny-llama")) == 1
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -161,5 +163,5 @@ def test_sigkill_between_version_insert_and_switch(
     rerun = publish(cfg, ckpt2, METRICS)
     assert (rerun.version, rerun.created, rerun.previous_version, rerun.switched) == (2, False, 1, True)
     with Registry(pg_url) as reg:
-        assert reg.live_version("tiny-gpt", "production").version == 2
-        assert [(h.from_version, h.to_version) for h in reg.history("tiny-gpt")] == [(None, 1), (1, 2)]
+        assert reg.live_version("tiny-llama", "production").version == 2
+        assert [(h.from_version, h.to_version) for h in reg.history("tiny-llama")] == [(None, 1), (1, 2)]

@@ -94,7 +94,7 @@ def test_python_api_checks_once_and_publish_uploads_nothing_to_a_stale_registry(
         publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), {"loss": 1.0})
     assert not Path(cfg.publish.store_url).exists()  # checked before any upload
     with pytest.raises(SchemaVersionError):
-        registry_for(cfg).live_version("tiny-gpt", "production")
+        registry_for(cfg).live_version("tiny-llama", "production")
 
     upgrade(sqlite_url)
     reg = registry_for(cfg)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tasks.models.weights import weights_digest
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.launch import torchrun, train
+from tasks.models.weights import weights_digest
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 from tests.train.conftest import tiny_config, write_dataset

@@ -155,7 +155,7 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
     from tests.warm.conftest import ROOT, subprocess_env
 
     env = dict(subprocess_env(), RETRAINER_HOME=str(tmp_path))
-    config = str(ROOT / "configs" / "tiny-gpt.yaml")
+    config = str(ROOT / "configs" / "tiny-llama.yaml")
     made = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config],
                           env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
