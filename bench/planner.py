@@ -66,7 +66,9 @@ def cpu_model_states() -> list[str]:
 
 def cpu_activations() -> list[str]:
     import torch
-    from tasks.train.model import GPT, lm_loss
+
+    from tasks.models.gpt import Reference as GPT
+    from tasks.models.gpt import lm_loss
 
     rows = ["| model (fp32, SDPA) | mbs x seq | measured saved | planner | planner/measured |",
             "|---|---|---:|---:|---:|"]
@@ -105,7 +107,9 @@ def gpu_peak() -> list[str]:
     if not torch.cuda.is_available():
         return ["GPU peak memory: not measured: no GPU lent"]
     import deepspeed
-    from tasks.train.model import GPT, lm_loss
+
+    from tasks.models.gpt import Reference as GPT
+    from tasks.models.gpt import lm_loss
 
     one_b = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16,
              "n_kv_heads": 16, "d_ff": 8192, "dropout": 0.0}

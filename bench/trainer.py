@@ -133,13 +133,13 @@ def gpu_bench(steps: int) -> None:
         dataset = write_dataset(root / "data", 32000, 4_000_000)
         cfg = job(root, model, {"steps": steps, "micro_batch_size": 8, "checkpoint_every": steps,
                                 "precision": "bf16", "lr": 3e-4}, free_port())
-        from tasks.train.model import num_params
+        from tasks.plan.shapes import total_params
 
         rows, ckpts = engine_run(cfg, dataset)
         tail = rows[3:]
         tps = statistics.median(r["tokens_per_s"] for r in tail)
         mfu = statistics.median(r["mfu"] for r in tail)
-        print(f"GPU {torch.cuda.get_device_name()}: GPT {num_params(cfg.model) / 1e9:.2f}B, bf16, mbs 8 x 2048")
+        print(f"GPU {torch.cuda.get_device_name()}: GPT {total_params(cfg.model) / 1e9:.2f}B, bf16, mbs 8 x 2048")
         print(f"  tokens/s {tps:,.0f}  MFU {mfu * 100:.1f}% of {cfg.cluster.peak_tflops} TFLOPS (goal >= 45%)")
         print(f"  peak memory {max(r['peak_mem_bytes'] for r in rows) / 2**30:.1f} GiB")
         last = ckpts[-1]

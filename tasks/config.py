@@ -523,10 +523,15 @@ def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
 def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
     """Expand `${VAR}`s and validate a config document (from a file or a run's snapshot)."""
     os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
-    cfg = _validate(_expand(document), source=source)
-    if cfg.model.pretrained is None:
-        return cfg
-    from tasks.models.pretrained import sizes_from_pretrained
+    data = _expand(document)
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict) and model.get("pretrained"):
+        # The sizes come from the pretrained config.json before the layout is checked against them.
+        from tasks.models.pretrained import sizes_from_pretrained
 
-    model = sizes_from_pretrained(cfg.model, source)
-    return _validate({**cfg.model_dump(mode="json"), "model": model}, source=source)
+        try:
+            given = ModelConfig.model_validate(model)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: invalid config:\n  {validation_problems(exc, 'model')}") from None
+        data = {**data, "model": sizes_from_pretrained(given, source)}
+    return _validate(data, source=source)

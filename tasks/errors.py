@@ -35,7 +35,7 @@ class LockHeldError(RetrainerError):
     """Another run of the same experiment holds the lock."""
 
 
-def validation_problems(exc: Any) -> str:
-    """One line per problem of a pydantic ValidationError, each naming its dotted field."""
-    return "\n  ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
-                        for err in exc.errors())
+def validation_problems(exc: Any, prefix: str = "") -> str:
+    """One line per problem of a pydantic ValidationError, each naming its dotted field (under `prefix`)."""
+    return "\n  ".join(f"{'.'.join([prefix] * bool(prefix) + [str(p) for p in err['loc']]) or '(top level)'}: "
+                        f"{err['msg']}" for err in exc.errors())

@@ -32,7 +32,7 @@ from tasks.plan.shapes import ParamCounts
 INIT_STD = 0.02
 # The embedding and LM head are split by vocab rows across TP ranks (the planner counts their collectives).
 VOCAB_PARALLEL = False
-# Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
+# Reference-model prefixes of the pipeline layers: the names weights are read and exported by (tasks/models/weights.py).
 EMBED, HEAD = "embed", "head"
 
 
@@ -218,7 +218,7 @@ def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
 
 
 class Reference(nn.Module):
-    """Single-process reference model; its state dict is the consolidated checkpoint format."""
+    """Single-process reference model; its state dict names are the reference names."""
 
     def __init__(self, m: ModelConfig, seed: int = 0) -> None:
         super().__init__()

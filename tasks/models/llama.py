@@ -42,7 +42,7 @@ from tasks.plan.shapes import ParamCounts
 INIT_STD = 0.02
 # The embedding and LM head are split by vocab rows across TP ranks (the planner counts their collectives).
 VOCAB_PARALLEL = True
-# Reference-model prefixes of the pipeline layers; the consolidated state dict uses these names.
+# Reference-model prefixes of the pipeline layers: the names weights are read and exported by (tasks/models/weights.py).
 EMBED, HEAD = "embed", "head"
 TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first and last stage
 
@@ -359,7 +359,7 @@ class Head(nn.Module):
 
 
 class Reference(nn.Module):
-    """The whole model in one module: the yardstick (tp=1: full logits) and the consolidated checkpoint format."""
+    """The whole model in one module: the yardstick (tp=1: full logits); its state dict uses the reference names."""
 
     def __init__(self, m: ModelConfig, seed: int = 0, tp: TPGroup | None = None) -> None:
         super().__init__()

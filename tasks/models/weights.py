@@ -126,6 +126,8 @@ class HFWeights:
                 raise InvalidInputError(f"{path}: unreadable safetensors file: {exc}") from None
             self.handles[file] = handle
             for hf in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                if hf.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed here
+                    continue
                 try:
                     self.where[self.family.ref_name(hf)] = (file, hf)
                 except ValueError as exc:

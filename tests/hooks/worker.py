@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 
 from tasks.train import checkpoint as ck
 from tasks.train import telemetry, worker
@@ -23,9 +24,21 @@ def install() -> None:
     worker.Trainer.batches = batches
 
     if nan_at := int(os.environ.get("HOOK_NAN_AT_STEP") or 0):
-        product_loss = worker.lm_loss
-        worker.lm_loss = lambda logits, labels: product_loss(logits, labels) * (
-            float("nan") if step["now"] == nan_at else 1.0)
+        product_family = worker.get_family
+
+        def get_family(name):  # the family as the product has it, its loss turned NaN at one step
+            family = product_family(name)
+            patched = types.SimpleNamespace(**vars(family))
+
+            def make_loss_fn(tp):
+                loss_fn = family.make_loss_fn(tp)
+                return lambda logits, labels: loss_fn(logits, labels) * (
+                    float("nan") if step["now"] == nan_at else 1.0)
+
+            patched.make_loss_fn = make_loss_fn
+            return patched
+
+        worker.get_family = get_family
 
     if delay := float(os.environ.get("HOOK_STEP_DELAY_S") or 0):
         product_report = worker.Trainer.report

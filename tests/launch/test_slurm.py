@@ -41,7 +41,7 @@ def test_sbatch_job_trains_and_records_its_id(slurm_cluster: SlurmCluster, tmp_p
     out = Path(cfg.train.output_dir)
     job_id = (out / "slurm-job-id").read_text().strip()
     assert summary["losses"] and len(summary["losses"]) == cfg.train.steps
-    assert Path(summary["weights_path"]).is_file()
+    assert list(Path(summary["checkpoint_dir"]).glob("layer_*-model_states.pt"))
     assert "#SBATCH --partition=test" in (out / "slurm-job.sbatch").read_text()
     job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
     assert "JobState=COMPLETED" in job and "ExitCode=0:0" in job

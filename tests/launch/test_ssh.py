@@ -12,6 +12,7 @@ import pytest
 from tasks.config import JobConfig
 from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
+from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
 from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
 
@@ -33,7 +34,8 @@ def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, 
     assert multi["world_size"] == single["world_size"] == 4
     assert len(multi["losses"]) == multi_cfg.train.steps
     assert multi["losses"] == single["losses"]
-    assert multi["weights_sha256"] == single["weights_sha256"]
+    assert weights_digest(multi["checkpoint_dir"], multi_cfg.model) == weights_digest(single["checkpoint_dir"],
+                                                                                       single_cfg.model)
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
 
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tasks.train.model import num_params
-from tasks.train.weights import load_reference
 
-from tasks.fsutil import sha256_file
 from tasks.launch.torchrun import torchrun_command
+from tasks.models.gpt import total_params
+from tasks.models.weights import load_reference
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 
@@ -65,13 +64,13 @@ def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: P
         state = ck.load_rank_state(root / "step-000006", rank)
         assert state["data_position"]["step"] == 6 and "torch" in state["rng"]
 
-    weights = Path(summary["weights_path"])
-    assert weights == root / "step-000006" / ck.CONSOLIDATED
-    assert summary["weights_sha256"] == sha256_file(weights)
-    model = load_reference(weights, cfg.model)
-    assert sum(p.numel() for p in model.parameters()) == num_params(cfg.model)
-    # each tensor saved with its own storage, not a view into ZeRO's flat buffer
-    assert weights.stat().st_size < 4 * num_params(cfg.model) + 64_000
+    weights = root / "step-000006"
+    assert summary["checkpoint_dir"] == str(weights)
+    model = load_reference(weights, cfg.model)  # from the layer files: no consolidated copy in a checkpoint
+    assert sum(p.numel() for p in model.parameters()) == total_params(cfg.model)
+    assert not list(weights.glob("*consolidated*"))
+    # the layer files hold each tensor with its own storage, not a view into ZeRO's flat buffer
+    assert sum(p.stat().st_size for p in weights.glob("layer_*")) < 4 * total_params(cfg.model) + 64_000
 
     rows = [json.loads(line) for line in Path(summary["telemetry_path"]).read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))

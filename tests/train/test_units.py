@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tasks.train.model import GPT, TPGroup, TransformerBlock, shard_spec, unshard
 
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
+from tasks.models.gpt import Reference as GPT
+from tasks.models.gpt import TransformerBlock, shard_spec, unshard
+from tasks.models.parallel import TPGroup
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows
 

@@ -1,0 +1,178 @@
+"""A team's own Hugging Face Llama in, retrained in 3D, and out again as a model transformers loads.
+
+The models are built here (LlamaConfig + save_pretrained, a WordLevel tokenizer from `tokenizers`):
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.services import free_port
+from tests.test_weekly_retrain import retrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 4, heads: int = 4,
+                  kv_heads: int = 2, ffn: int = 128, shard: str = "100KB", tokenizer: bool = True) -> Path:
+    """A random Llama saved as a team would have it: sharded safetensors + index, config.json, tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
+                         max_position_embeddings=128, rope_theta=500000.0, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(dest, max_shard_size=shard)
+    if tokenizer:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(vocab - 3)}}
+        tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                unk_token="<unk>").save_pretrained(dest)
+    return dest
+
+
+def _config(tmp: Path, pretrained: Path, **model: object) -> dict:
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    cfg["model"] = {"pretrained": str(pretrained), "seq_len": 32, **model}
+    cfg["parallel"] = {"tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "micro_batches": 2}
+    cfg["train"].update(steps=3, checkpoint_every=3, micro_batch_size=2, warmup_steps=1, lr=1e-3,
+                        output_dir=str(tmp / "runs"))
+    cfg["data"].update(source_url=str(tmp / "store" / "corpus"), cache_dir=str(tmp / "cache"))
+    cfg["cluster"]["master_port"] = free_port()
+    cfg["evaluate"].update(batches=2, batch_size=2)
+    cfg["publish"].update(registry_url=f"sqlite:///{tmp / 'registry.db'}", store_url=str(tmp / "store" / "models"),
+                          export_dtype="fp32", model_name="team-llama")
+    return cfg
+
+
+def _write(tmp: Path, cfg: dict) -> Path:
+    path = tmp / "team-llama.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_sizes_come_from_config_json_and_imported_logits_equal_transformers(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tasks.config import load_config
+    from tasks.models.weights import load_reference
+
+    hf = make_hf_llama(tmp_path / "hf")
+    assert (hf / "model.safetensors.index.json").is_file()  # sharded, as a real checkpoint is
+    cfg = load_config(_write(tmp_path, _config(tmp_path, hf)))
+    m = cfg.model
+    assert (m.family, m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.kv_heads, m.ffn, m.rope_theta) == (
+        "llama", 512, 64, 4, 4, 2, 128, 500000.0)
+    assert m.seq_len == 32  # the training context, within config.json's max_position_embeddings (128)
+
+    ours = load_reference(hf, m).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(hf).eval()
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ({"d_model": 128}, "model.d_model is 128 here but 64 in"),
+    ({"n_kv_heads": 4}, "model.n_kv_heads is 4 here but 2 in"),
+    ({"seq_len": 4096}, "model.seq_len (4096) exceeds"),
+])
+def test_a_yaml_size_that_contradicts_config_json_is_refused_naming_the_field(
+    tmp_path: Path, model: dict, message: str
+) -> None:
+    hf = make_hf_llama(tmp_path / "hf", tokenizer=False)
+    config = _write(tmp_path, _config(tmp_path, hf, **model))
+    done = retrainer("plan", str(config), tmp=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and str(hf / "config.json") in done.stderr and str(config) in done.stderr
+
+
+@pytest.mark.multiproc
+def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.config import load_config
+    from tasks.models.weights import load_reference
+    from tasks.train.data import Sampler, TokenWindows, split_inputs
+
+    hf = make_hf_llama(tmp_path / "hf")
+    config = _write(tmp_path, _config(tmp_path, hf))
+    db = f"sqlite:///{tmp_path / 'registry.db'}"
+    assert retrainer("db", "upgrade", "--db", db, tmp=tmp_path).returncode == 0
+    made = retrainer("make-data", str(config), "--seed", "3", "--tokens-per-shard", "16384", tmp=tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+
+    # The schedule's first run: nothing is live, so `init_from: live` starts from the team's model.
+    done = retrainer("run", str(config), "--json", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout)
+    assert out["run"]["init"]["kind"] == "pretrained" and out["run"]["init"]["url"] == str(hf)
+    assert out["train"]["outcome"] == "trained" and out["train"]["trained_steps"] == 3
+    assert out["train"]["layout"] == {"tp": 2, "pp": 2, "dp": 1}
+    assert out["publish"]["version"] == 1 and out["publish"]["parent_version"] is None
+
+    # Import parity in 3D: the first step's loss (before any update) is transformers' loss on that batch.
+    cfg = load_config(config)
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    dataset = Path(out["warm"]["dataset_dir"])
+    windows = TokenWindows(dataset, "train", m.seq_len, m.vocab_size)
+    x, y = split_inputs(windows.get(Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp,
+                                            t.seed).global_indices(0)))
+    theirs = AutoModelForCausalLM.from_pretrained(hf).eval()
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(theirs(x).logits.reshape(-1, m.vocab_size), y.reshape(-1)).item()
+    assert abs(out["train"]["first_loss"] - want) <= 1e-5 * want, (out["train"]["first_loss"], want)
+
+    # What serving does: pull what `production` points to and load it with transformers.
+    pulled = tmp_path / "serving" / "v1"
+    done = retrainer("registry", "pull", "--model", "team-llama", "--alias", "production", str(pulled), "--db", db,
+                     tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hf_config = json.loads((pulled / "config.json").read_text())
+    assert hf_config["architectures"] == ["LlamaForCausalLM"] and hf_config["max_position_embeddings"] == 128
+    assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
+    index = json.loads((pulled / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
+                                                         "model-00002-of-00002.safetensors"]  # one per stage
+    served = AutoModelForCausalLM.from_pretrained(pulled).eval()
+    ours = load_reference(pulled, m).eval()
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(served(tokens).logits, ours(tokens), rtol=0, atol=1e-5)
+        changed = max((a - b).abs().max().item() for a, b in zip(served.parameters(), theirs.parameters(),
+                                                                    strict=True))
+    assert changed > 0  # it trained: the published weights are not the imported ones
+    assert AutoTokenizer.from_pretrained(pulled)("w1 w7").input_ids == [4, 10]  # the team's tokenizer came along
+
+
+def test_each_rank_reads_only_its_stage_slice_when_importing(tmp_path: Path) -> None:
+    """4 ranks (tp=2 x pp=2), each alone in a process: the load adds at most its own slice plus one tensor's
+    slice (its transient copy) and a small constant, never the whole model."""
+    hf = make_hf_llama(tmp_path / "hf", vocab=32000, hidden=512, layers=8, heads=8, kv_heads=4, ffn=1536,
+                       shard="40MB", tokenizer=False)
+    whole = sum(p.stat().st_size for p in hf.glob("*.safetensors"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for stage in range(2):
+        for tp_rank in range(2):
+            done = subprocess.run(
+                [sys.executable, str(Path(__file__).with_name("import_rss_worker.py")), "--model-dir", str(hf),
+                 "--stage", str(stage), "--stages", "2", "--tp-rank", str(tp_rank), "--tp", "2"],
+                capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+            assert done.returncode == 0, done.stderr[-3000:]
+            r = json.loads(done.stdout.splitlines()[-1])
+            assert r["loaded"] > 0
+            assert r["held_bytes"] < whole / 3  # a quarter of the model, give or take the norms
+            budget = r["held_bytes"] + r["largest_bytes"] + (16 << 20)
+            assert r["peak_added_bytes"] <= budget, (stage, tp_rank, r, whole)
