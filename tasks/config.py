@@ -255,8 +255,13 @@ class KubernetesConfig(_Strict):
     memory: Quantity | None = Field(None, description='memory limit (and request) per pod, e.g. "64Gi"')
     output_claim: str = Field("retrainer-output", pattern=_K8S_NAME, max_length=253,
                               description="PVC mounted at train.output_dir")
+    cache_volume: Literal["host_path", "claim", "ephemeral"] = Field(
+        "host_path", description="what backs data.cache_dir in each pod: the node's directory (cache_host_path), "
+                                 "a PersistentVolumeClaim (cache_claim, e.g. a local PV) or an emptyDir")
     cache_host_path: AbsolutePath | None = Field(None, description="node directory for data.cache_dir; "
                                                  "None: the same path")
+    cache_claim: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
+                                    description="PVC for data.cache_dir when cache_volume is 'claim'")
     python: str = Field("python", min_length=1, description="interpreter in the image")
     env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(
         default_factory=dict, description="plain (non-secret) environment of the pods")
@@ -268,6 +273,8 @@ class KubernetesConfig(_Strict):
 
     @model_validator(mode="after")
     def _env_once(self) -> KubernetesConfig:
+        if self.cache_volume == "claim" and not self.cache_claim:
+            raise ValueError("cluster.kubernetes.cache_volume 'claim' needs cluster.kubernetes.cache_claim")
         both = sorted(set(self.env) & set(self.env_from_secrets))
         if both:
             raise ValueError(f"cluster.kubernetes.env and env_from_secrets both set {both}; keep each in one place")

@@ -26,28 +26,26 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: JobConfig, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
-             experiment_key: str | None = None, base_dir: Path | None = None) -> dict[str, Any]:
-    """Held-out metrics of the checkpoint's export (the very directory publish uploads: what is judged is
-    what is served, in `publish.export_dtype`); InvalidInputError for incomplete checkpoints, another
-    model's, or (with `experiment_key`) another run's."""
-    from tasks.publish import export
+             experiment_key: str | None = None) -> dict[str, Any]:
+    """Held-out metrics of the checkpoint's weights as they will be served (rounded to
+    `publish.export_dtype`, exactly as the export stores them: what is judged is what is served);
+    InvalidInputError for incomplete checkpoints, another model's, or (with `experiment_key`) another run's."""
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
     marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), experiment_key)
-    exported = export(cfg, checkpoint_dir, base_dir)
-    metrics = evaluate_weights(cfg, exported, dataset_dir)
+    metrics = evaluate_weights(cfg, checkpoint_dir, dataset_dir, as_dtype=cfg.publish.export_dtype)
     return {
         **metrics,
         "checkpoint_dir": str(checkpoint_dir),
         "checkpoint_tag": marker.get("tag"),
-        "export_dir": str(exported),
         "step": marker.get("step"),
         "experiment_key": marker["experiment_key"],
     }
 
 
-def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Path) -> dict[str, Any]:
+def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Path, *,
+                     as_dtype: str | None = None) -> dict[str, Any]:
     """Held-out loss of any weights of this model shape (a checkpoint or a published artifact), so the
     gate can score the live model on the same windows as the new one."""
     import numpy as np
@@ -58,7 +56,7 @@ def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Pat
     from tasks.models.weights import load_reference
     from tasks.train.data import TokenWindows, split_inputs
 
-    model = load_reference(weights, cfg.model)
+    model = load_reference(weights, cfg.model, as_dtype=as_dtype)
     lm_loss = get_family(cfg.model.family).make_loss_fn(TPGroup())
     model.eval()
     m, e = cfg.model, cfg.evaluate
@@ -83,8 +81,7 @@ def evaluate_weights(cfg: JobConfig, weights: str | Path, dataset_dir: str | Pat
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("evaluate", help="held-out loss/perplexity of a committed checkpoint")
     p.add_argument("config", help="job config YAML")
-    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE); evaluated "
-                   "through its Hugging Face export, written beside the run's checkpoints if absent")
+    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE)")
     p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
     p.add_argument("--output", help="also write the metrics JSON to this file (atomically)")
     p.set_defaults(handler=_handle)

@@ -149,17 +149,32 @@ def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
                      done["checkpoint_tag"])
             return {**done, "outcome": "reused", "trained_steps": 0}
         init_path = fetch_starting_weights(cfg, run.init)
-        summary = get_launcher(cfg).run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path)
+        export, secret_env = export_spec(cfg)
+        summary = get_launcher(cfg).run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
+                                        node_warm=True, export=export, secret_env=secret_env)
     outcome = "resumed" if summary.get("resumed_from_step") else "trained"
     log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
     return {**summary, "outcome": outcome}
+
+
+def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """Where the ranks write the final weights' export (a fresh staging area of the artifact store), and the
+    store's credentials as the environment variables that carry them to the ranks."""
+    from tasks.credentials import split_credentials
+    from tasks.registry import ArtifactStore
+
+    pub = cfg.publish
+    public, secret_env = split_credentials(pub.storage_options, "publish.storage_options")
+    staging = ArtifactStore(pub.store_url, pub.storage_options).stage()
+    return {"store_url": pub.store_url, "staging": staging, "dtype": pub.export_dtype,
+            "storage_options": public}, secret_env
 
 
 def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     from tasks.evaluate import evaluate
 
     metrics = evaluate(cfg, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]),
-                       experiment_key=run.experiment_key, base_dir=fetch_starting_weights(cfg, run.init))
+                       experiment_key=run.experiment_key)
     log.info("evaluate: held-out loss %.4f, perplexity %.2f", metrics["loss"], metrics["perplexity"])
     return metrics
 
@@ -233,6 +248,7 @@ def stage_publish(
         actor=actor or default_holder(),
         reason=reason,
         base_dir=fetch_starting_weights(cfg, run.init),
+        staged=summary.get("export"),
     )
     out = result.to_dict()
     log.info("publish: %s v%s (from %s) is now %s (artifact %s)", out["model"], out["version"],

@@ -1,8 +1,12 @@
 """Publish stage: export a finished checkpoint, upload it, record an immutable version, move the alias.
 
-The artifact is a Hugging Face model directory (tasks/models/export.py), uploaded as a
-content-addressed tree. The order is the protocol: 0) export into the run directory (atomic,
-reused by a retry), 1) content-addressed upload, 2) insert the version
+The artifact is a Hugging Face model directory, committed as a content-addressed tree. The
+training ranks already wrote its weight shards into the store's staging area
+(tasks/train/export.py); publish adds the small files (index, config.json, tokenizer) and commits
+it, so no weight passes through this machine. Only when that staging area is gone (say, a run reused
+long after its export was discarded) does publish export here, from the checkpoint's layer files
+(tasks/models/export.py, one process per stage), and upload. The order is the protocol:
+1) content-addressed commit, 2) insert the version
 (idempotent on the artifact digest), 3) switch the alias with a compare-and-swap
 on the version that was live when publish started. A crash between 2 and 3 leaves
 an unpointed version (harmless; a re-run picks it up), never a dangling pointer.
@@ -20,7 +24,7 @@ from typing import Any
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
-from tasks.registry import ArtifactStore, Lineage, Registry, alias_asset_uri
+from tasks.registry import ArtifactRef, ArtifactStore, Lineage, Registry, alias_asset_uri
 from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
@@ -77,10 +81,12 @@ def publish(
     reason: str = "publish",
     registry_url: str | None = None,
     base_dir: Path | None = None,
+    staged: dict[str, Any] | None = None,
 ) -> PublishResult:
     """Publish `checkpoint_dir`, exported as a Hugging Face directory, as the next version and point
     `cfg.publish.alias` at it. `base_dir`: the Hugging Face directory the run started from (its
-    tokenizer and context length go with the export).
+    tokenizer and context length go with the export). `staged`: the training summary's `export` (the
+    shards the ranks wrote).
 
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
@@ -101,7 +107,7 @@ def publish(
     with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
-        ref = ArtifactStore(pub.store_url, pub.storage_options).put_tree(export(cfg, checkpoint_dir, base_dir))
+        ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
@@ -118,6 +124,37 @@ def publish(
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,
         asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=run.init.version,
     )
+
+
+def artifact(cfg: JobConfig, store: ArtifactStore, checkpoint_dir: Path, base_dir: Path | None,
+             staged: dict[str, Any] | None) -> ArtifactRef:
+    """The version's tree: the ranks' staged shards committed with the small files, else exported here."""
+    wanted = (checkpoint_dir.name, cfg.publish.export_dtype)
+    if staged and staged.get("shards") and (staged.get("tag"), staged.get("dtype")) == wanted:
+        try:
+            return commit_staged(cfg, store, staged["shards"], base_dir)
+        except InvalidInputError as exc:
+            log.warning("publish: the ranks' export cannot be committed (%s); exporting here instead", exc)
+    return store.put_tree(export(cfg, checkpoint_dir, base_dir))
+
+
+def commit_staged(cfg: JobConfig, store: ArtifactStore, shards: list[dict[str, Any]],
+                  base_dir: Path | None) -> ArtifactRef:
+    """Add index, config.json, generation_config.json and tokenizer files to the staged shards; commit."""
+    import tempfile
+
+    from tasks.models.export import write_metadata
+    from tasks.registry.tree import TreeFile, TreeManifest
+
+    staging = shards[0]["staging"]
+    weight_map = {name: s["file"]["path"] for s in shards for name in s["weights"]}
+    total = sum(sum(s["weights"].values()) for s in shards)
+    with tempfile.TemporaryDirectory(prefix="retrainer-publish-") as tmp:
+        names = write_metadata(Path(tmp), cfg.model, weight_map, total, dtype=cfg.publish.export_dtype,
+                               base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None)
+        files = [TreeFile.from_dict(s["file"]) for s in shards]
+        files += [store.stage_file(staging, name, Path(tmp) / name) for name in names]
+    return store.commit_tree(staging, TreeManifest.of(files))
 
 
 def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:

@@ -197,21 +197,44 @@ def resolve_identity(cfg: JobConfig, registry: Registry) -> RunIdentity:
 
 
 def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None:
+    """Local, verified starting weights whose shapes match the model (None for scratch), in this machine's
+    `data.cache_dir` (see `fetch_weights`)."""
+    return fetch_weights(init, WeightSources.of(cfg))
+
+
+@dataclass(frozen=True)
+class WeightSources:
+    """What fetching starting weights needs of a job, and no more (a training node gets exactly this)."""
+
+    cache_dir: str
+    model: dict[str, Any]
+    store_url: str
+    store_options: dict[str, Any]
+
+    @classmethod
+    def of(cls, cfg: JobConfig) -> WeightSources:
+        return cls(cache_dir=cfg.data.cache_dir, model=cfg.model.model_dump(mode="json"),
+                   store_url=cfg.publish.store_url, store_options=cfg.publish.storage_options)
+
+
+def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
     """Local, verified starting weights whose shapes match the model (None for scratch).
 
-    Registry versions are fetched from the artifact store into `<data.cache_dir>/weights/` once
+    Registry versions are fetched from the artifact store into `<cache_dir>/weights/` once
     (named by digest, written only after verification); a pretrained directory is warmed into
-    `<data.cache_dir>/models/`; every shape is checked here, before any rank starts, so weights of
+    `<cache_dir>/models/`; every shape is checked here, before any rank starts, so weights of
     another model fail naming the tensor."""
+    from tasks.config import ModelConfig
     from tasks.models.weights import check_shapes
 
+    model = ModelConfig.model_validate(src.model)
     if init.scratch:
         return None
     assert init.digest is not None and init.url is not None
     if init.kind == "pretrained":
         from tasks.models.pretrained import warm_pretrained
 
-        path = warm_pretrained(init.url, cfg.model.pretrained_storage_options, cfg.data.cache_dir, init.digest)
+        path = warm_pretrained(init.url, model.pretrained_storage_options, src.cache_dir, init.digest)
     elif init.version is None:
         path = Path(init.url)
         now = local_tree_digest(path) if init.kind == "tree" else sha256_file(path)
@@ -221,16 +244,16 @@ def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None
     else:
         from tasks.registry import ArtifactStore
 
-        store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
+        store = ArtifactStore(src.store_url, src.store_options)
         if init.kind == "tree":
-            path = Path(cfg.data.cache_dir) / "weights" / init.digest
+            path = Path(src.cache_dir) / "weights" / init.digest
             if not path.is_dir():
                 log.info("starting weights: fetching %s (tree %s) into %s", init.note, init.digest[:12], path)
                 store.get_tree(init.digest, path)
         else:
-            path = Path(cfg.data.cache_dir) / "weights" / f"{init.digest}.pt"
+            path = Path(src.cache_dir) / "weights" / f"{init.digest}.pt"
             if not path.is_file():
                 log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
                 store.get(init.digest, path)
-    check_shapes(path, cfg.model)
+    check_shapes(path, model)
     return path

@@ -21,8 +21,9 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
@@ -64,6 +65,9 @@ class Launcher(ABC):
 
     name = "base"
     poll_interval_s = 0.5
+    node_warm = False  # set by run(): warm the dataset and starting weights on every node before the ranks
+    # Set by run(): credentials the ranks need (the export's store), passed by environment only.
+    secret_env: Mapping[str, str] = MappingProxyType({})
 
     @abstractmethod
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
@@ -72,18 +76,35 @@ class Launcher(ABC):
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
+    def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
+        """Warm every node that will train (tasks/warm/node.py) and return their reports, refusing (naming the
+        node) one that failed or verified other data. Engines that warm inside the job (Slurm's staging
+        step, Kubernetes' init container) or on this machine (local: the warm task did) return []."""
+        return []
+
+    def node_reports(self, cfg: JobConfig) -> list[dict[str, Any]]:
+        """The per-node warm reports a finished job left (engines that warm inside the job)."""
+        return []
+
     def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:  # noqa: B027 (optional hook)
         """Cancel a job of this run that an earlier, killed attempt left on the engine (say so), and wait
         until it is gone: two jobs of one run would race on its checkpoints. Engines whose jobs die with
         the launcher (local, ssh: parent-death signal, agent on the ssh channel) have nothing to do."""
 
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
-            init_path: Path | None = None) -> dict[str, Any]:
-        """Train into `cfg.train.output_dir`; return the trainer's summary.
+            init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
+            secret_env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Train into `cfg.train.output_dir`; return the trainer's summary (with `node_warm`: each node's warm
+        report under "nodes").
 
         `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
-        starting weights a fresh run loads. Before the first step of this launch (imports, rendezvous,
-        one-off op builds) the allowance is `cluster.startup_timeout_s` (default: cluster.hang_timeout_s)."""
+        starting weights a fresh run loads. `node_warm`: first warm `data.source_url` (and the starting
+        weights) on every training node into its own `data.cache_dir` (the lifecycle does; a caller that
+        hands over a dataset directory every node already sees does not). `export`: the ranks write the
+        final weights' Hugging Face shards into the store's staging area (tasks/train/export.py), with
+        `secret_env` (the store's credentials) in their environment. Before the first step of this
+        launch (imports, rendezvous, one-off op builds) the allowance is `cluster.startup_timeout_s`
+        (default: cluster.hang_timeout_s)."""
         from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
         from tasks.train.data import read_manifest
@@ -99,7 +120,9 @@ class Launcher(ABC):
         (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
         watcher = ProgressWatcher(cfg.cluster.hang_timeout_s, startup_timeout_s=cfg.cluster.startup_timeout_s)
         self.cancel_earlier(cfg, run)
-        config_json = write_worker_config(cfg, out, run, init_path)
+        self.node_warm, self.secret_env = node_warm, dict(secret_env or {})
+        reports = self.warm_nodes(cfg, run) if node_warm else []
+        config_json = write_worker_config(cfg, out, run, init_path, export)
         tag = new_tag()
         try:
             with _sigterm_cancels() as cancel:
@@ -118,9 +141,12 @@ class Launcher(ABC):
             detail = watcher.failure or f"exit status {rc}"
             raise TrainingFailedError(f"training of {cfg.name} failed ({self.name} launcher): {detail}")
         try:
-            return json.loads(summary_path.read_text())
+            summary = json.loads(summary_path.read_text())
         except FileNotFoundError:
             raise TrainingFailedError(f"training of {cfg.name} exited 0 but wrote no {summary_path}") from None
+        if node_warm:
+            summary["nodes"] = reports or self.node_reports(cfg)
+        return summary
 
     def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher) -> int:
         while (rc := job.poll()) is None:

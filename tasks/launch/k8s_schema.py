@@ -33,7 +33,10 @@ _CONTAINER = {
                            "valueFrom": {"type": "object", "properties": {"secretKeyRef": {
                                "type": "object", "required": ["key"],
                                "properties": {"name": {"type": "string"}, "key": {"type": "string", "minLength": 1},
-                                              "optional": {"type": "boolean"}}}}}}}},
+                                              "optional": {"type": "boolean"}}},
+                               "fieldRef": {"type": "object", "required": ["fieldPath"],
+                                            "properties": {"fieldPath": {"type": "string", "minLength": 1},
+                                                           "apiVersion": {"type": "string"}}}}}}}},
         "ports": {"type": "array", "items": {
             "type": "object", "required": ["containerPort"],
             "properties": {"containerPort": {"type": "integer", "minimum": 1, "maximum": 65535},
@@ -74,6 +77,7 @@ _POD_TEMPLATE = {
                                # operator rule: the training container is the one named "pytorch", with an image
                                "contains": {"type": "object", "required": ["name", "image"],
                                             "properties": {"name": {"const": "pytorch"}}}},
+                "initContainers": {"type": "array", "items": _CONTAINER},
                 "volumes": {"type": "array", "items": _VOLUME},
                 "restartPolicy": {"type": "string", "enum": ["Always", "OnFailure", "Never"]},
                 "serviceAccountName": {"type": "string"},

@@ -9,7 +9,13 @@ The whole object is then checked against the PyTorchJob CRD's structure
 In each pod the training operator sets MASTER_ADDR, MASTER_PORT (from the
 container port named `pytorchjob-port`) and RANK (the pod's index); the
 trainer's torchrun command gets node rank and rendezvous from them. The SSD
-cache is a hostPath volume mounted at `data.cache_dir`, the output dir a
+cache is mounted at `data.cache_dir` (`cache_volume`: the node's hostPath, a
+PersistentVolumeClaim such as a local PV, or an emptyDir); run from the
+lifecycle, an init container `warm` in every pod first warms the dataset and
+the starting weights into it (tasks/warm/node.py, like Kubeflow's dataset and
+model initializers: the pods that warm are the pods that train; storage
+credentials reach it only through `env_from_secrets`), writes its report to
+`<output_dir>/warm/<node>.json`, and on failure the reason to the status file. The output dir a
 shared PersistentVolumeClaim mounted at `train.output_dir` (same paths as
 here), /dev/shm an in-memory emptyDir. `cluster.kubernetes.env` is rendered as
 values, `env_from_secrets` as `valueFrom.secretKeyRef`: a secret's value never
@@ -20,6 +26,7 @@ deletes the job (foreground propagation) and waits until no pod of it is left.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import JobConfig, KubernetesConfig
+from tasks.credentials import credential_keys
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
@@ -50,8 +58,9 @@ def job_name(cfg: JobConfig, run_id: str) -> str:
 
 
 def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str,
-                      run_id: str, *, shm_size: str = "8Gi") -> dict[str, Any]:
-    """The PyTorchJob manifest as the API server receives it (a plain dict)."""
+                      run_id: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The PyTorchJob manifest as the API server receives it (a plain dict); with `warm_spec` (tasks/warm/node.py)
+    every pod's init container warms its node first."""
     from kubernetes import client as k
 
     from tasks.launch.torchrun import torchrun_command
@@ -84,9 +93,32 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
             k.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
         ],
     )
+    init_containers = None
+    if warm_spec is not None:
+        from tasks.launch.slurm import WARM_DIR
+        from tasks.warm.node import SPEC_VAR
+
+        out = Path(cfg.train.output_dir)
+        node = k.V1EnvVar(name="NODE_NAME", value_from=k.V1EnvVarSource(
+            field_ref=k.V1ObjectFieldSelector(field_path="spec.nodeName")))
+        init_containers = [k.V1Container(
+            name="warm", image=cfg.cluster.image,
+            command=[k8s.python, "-m", "tasks.warm.node", "--report-dir", str(out / WARM_DIR),
+                     "--status-dir", str(out)],
+            env=sorted([*env, node, k.V1EnvVar(name=SPEC_VAR, value=json.dumps(pod_warm_spec(warm_spec)))],
+                       key=lambda e: e.name),
+            volume_mounts=container.volume_mounts[:2],
+        )]
+    if k8s.cache_volume == "claim":
+        cache = k.V1Volume(name="ssd-cache", persistent_volume_claim=k.V1PersistentVolumeClaimVolumeSource(
+            claim_name=k8s.cache_claim))
+    elif k8s.cache_volume == "ephemeral":
+        cache = k.V1Volume(name="ssd-cache", empty_dir=k.V1EmptyDirVolumeSource())
+    else:
+        cache = k.V1Volume(name="ssd-cache", host_path=k.V1HostPathVolumeSource(
+            path=k8s.cache_host_path or cfg.data.cache_dir, type="DirectoryOrCreate"))
     volumes = [
-        k.V1Volume(name="ssd-cache", host_path=k.V1HostPathVolumeSource(
-            path=k8s.cache_host_path or cfg.data.cache_dir, type="DirectoryOrCreate")),
+        cache,
         k.V1Volume(name="output", persistent_volume_claim=k.V1PersistentVolumeClaimVolumeSource(
             claim_name=k8s.output_claim)),
         k.V1Volume(name="dshm", empty_dir=k.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
@@ -94,8 +126,8 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, run_id)}
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels=labels),
-        spec=k.V1PodSpec(containers=[container], volumes=volumes, restart_policy="Never",
-                         service_account_name=k8s.service_account),
+        spec=k.V1PodSpec(containers=[container], init_containers=init_containers, volumes=volumes,
+                         restart_policy="Never", service_account_name=k8s.service_account),
     )
     rendered = k.ApiClient().sanitize_for_serialization(template)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": rendered}}
@@ -111,6 +143,20 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
             "pytorchReplicaSpecs": replicas,
         },
     }
+
+
+def pod_warm_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The warm spec as a pod may carry it (the manifest lives in the API server): storage credentials are
+    refused, naming the option; pods get them from `cluster.kubernetes.env_from_secrets` (e.g. AWS_*)."""
+    sections = {"data.storage_options": spec["storage_options"],
+                "model.pretrained_storage_options": spec["weights"]["model"]["pretrained_storage_options"],
+                "publish.storage_options": spec["weights"]["store_options"]}
+    for field, options in sections.items():
+        found = sorted(credential_keys(options))
+        if found:
+            raise InvalidInputError(f"{field}: {', '.join(found)} would be written into the PyTorchJob; give "
+                                    "credentials to the pods by cluster.kubernetes.env_from_secrets instead")
+    return spec
 
 
 def validate_manifest(manifest: dict[str, Any]) -> None:
@@ -206,8 +252,9 @@ class KubernetesLauncher(Launcher):
             self._connect()
         return self._core
 
-    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run_id: str) -> dict[str, Any]:
-        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id)
+    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run_id: str,
+                 warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id, warm_spec=warm_spec)
         validate_manifest(manifest)
         return manifest
 
@@ -246,7 +293,14 @@ class KubernetesLauncher(Launcher):
         self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32, "0" * 16)
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        body = self.manifest(cfg, dataset_dir, config_json, tag, run.run_id)
+        from tasks.warm.node import node_spec
+
+        if self.secret_env:
+            raise InvalidInputError("publish.storage_options: key/secret/token would be written into the "
+                                    "PyTorchJob; give the pods the store's credentials by "
+                                    "cluster.kubernetes.env_from_secrets instead")
+        warm_spec = node_spec(cfg, run) if self.node_warm else None
+        body = self.manifest(cfg, dataset_dir, config_json, tag, run.run_id, warm_spec)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         log.info("kubernetes: created PyTorchJob %s/%s (%d pod(s))", namespace, name,

@@ -61,5 +61,5 @@ class LocalLauncher(Launcher):
 
         cmd = torchrun_command(cfg, dataset_dir, config_json)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
-        return LocalJob(cmd, rank_env({**self.env, TAG_VAR: tag}), tag,
+        return LocalJob(cmd, rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
                         Path(cfg.train.output_dir) / STATUS_FILE, grace_s=self.grace_s)

@@ -1,4 +1,4 @@
-"""`slurm`: an `sbatch` script whose one step is `srun torchrun ...`, one torchrun per node.
+"""`slurm`: an `sbatch` script: a staging step warming every node, then `srun torchrun ...`, one per node.
 
 Why this shape: Slurm owns the allocation and the processes (it tracks and
 kills every process of a step), torchrun owns the ranks on each node, and the
@@ -6,15 +6,23 @@ rendezvous is the first node of the allocation (`scontrol show hostnames`),
 at `cluster.master_port`. The job id is written to `<output_dir>/slurm-job-id`
 and logged; the job's output file (on the shared output dir) is tailed into
 `logging`. Cancelling is `scancel`, then waiting until Slurm reports the job
-ended and no longer COMPLETING, i.e. every node has reaped the step.
+ended and no longer COMPLETING, i.e. every node has reaped the step. Run from the
+lifecycle, the script's first step is `srun --ntasks-per-node=1 python -m
+tasks.warm.node` in the same allocation, so the nodes that warm are the nodes that
+train; each writes its report to `<output_dir>/warm/<node>.json`, and a node that
+fails or verified other data writes the reason to the status file and ends the
+job before any rank starts (`set -e`). The warm spec travels in sbatch's
+environment and is unset before the training step.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -34,6 +42,7 @@ log = logging.getLogger(__name__)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
+WARM_DIR = "warm"  # <output_dir>/warm/<node>.json: the staging step's reports
 
 
 def job_name(cfg: JobConfig, run_id: str) -> str:
@@ -41,9 +50,12 @@ def job_name(cfg: JobConfig, run_id: str) -> str:
     return f"retrainer-{cfg.name}-{run_id}"
 
 
-def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path, run_id: str) -> str:
-    """The batch script: one `srun` step, one torchrun per node, node rank and master from Slurm."""
+def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path, run_id: str, *,
+                  warm: bool = False) -> str:
+    """The batch script: (with `warm`) a staging step per node, then one torchrun per node, node rank and
+    master from Slurm."""
     from tasks.launch.torchrun import torchrun_command
+    from tasks.warm.node import SPEC_VAR
 
     nodes = slurm.nodes
     cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python)
@@ -68,6 +80,13 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
         'RETRAINER_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "export RETRAINER_MASTER_ADDR",
         'echo "retrainer: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $RETRAINER_MASTER_ADDR"',
+    ]
+    if warm:
+        stage = (f"NODE_NAME=$(hostname) exec {shlex.quote(slurm.python)} -m tasks.warm.node "
+                 f"--report-dir {shlex.quote(str(out / WARM_DIR))} --status-dir {shlex.quote(str(out))}")
+        lines += [f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(stage)}",
+                  f"unset {SPEC_VAR}"]
+    lines += [
         f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(line)}",
         "",
     ]
@@ -160,6 +179,14 @@ class SlurmLauncher(Launcher):
                         "before launching", job_id, name)
             self.cancel(job_id)
 
+    def node_reports(self, cfg: JobConfig) -> list[dict[str, object]]:
+        from tasks.warm.node import describe
+
+        reports = [json.loads(p.read_text()) for p in sorted((Path(cfg.train.output_dir) / WARM_DIR).glob("*.json"))]
+        for report in reports:
+            log.info("slurm: %s", describe(report))
+        return reports
+
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
         render_script(cfg, self.section, dataset_dir, Path("config.json"), "0" * 16)  # validates the node split
 
@@ -168,8 +195,15 @@ class SlurmLauncher(Launcher):
 
         out = Path(cfg.train.output_dir)
         script = out / "slurm-job.sbatch"
-        atomic_write_bytes(script, render_script(cfg, self.section, dataset_dir, config_json, run.run_id).encode())
-        env = rank_env({**self.env, TAG_VAR: tag})
+        script_text = render_script(cfg, self.section, dataset_dir, config_json, run.run_id, warm=self.node_warm)
+        atomic_write_bytes(script, script_text.encode())
+        env = rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
+        if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
+            from tasks.warm.node import SPEC_VAR, node_spec
+
+            shutil.rmtree(out / WARM_DIR, ignore_errors=True)
+            env = {**env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+                   SPEC_VAR: json.dumps(node_spec(cfg, run))}
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)
         if done.returncode != 0:

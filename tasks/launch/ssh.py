@@ -8,9 +8,11 @@ torchrun's static one at `cluster.master_addr:cluster.master_port` (the first
 host). The environment the ranks need (the OMP/NCCL/GLOO/TORCH/PYTHON/CUDA/MKL part
 of the ranks' allow-listed environment, and explicit extras) goes to each agent as
 the first line on its stdin: never on a command line (`ps` on a node shows those),
-never in a file. Node 0's agent relays the run's status file, so the run directory
-may be on the nodes' own disks. Every node must see the repository and the
-dataset at the same paths.
+never in a file. Node 0's agent relays the run's status file. Run from the
+lifecycle, every host first warms the dataset and the starting weights into its
+own `data.cache_dir` (in parallel, one `tasks.warm.node` per host under the
+agent, the spec on its stdin), and the ranks read from that local copy. Every
+node must see the repository and the run directory at the same paths.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ import threading
 from pathlib import Path
 
 from tasks.config import JobConfig, SshConfig
-from tasks.errors import InvalidInputError, RetrainerError
+from tasks.errors import InvalidInputError, RetrainerError, TrainingFailedError
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
-from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
+from tasks.launch.procs import TAG_VAR, die_with_parent, new_tag, stop_all
 from tasks.run import RunIdentity
 from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
+
+# Storage credentials a node's warm may need from this machine's environment (s3fs/obstore read them).
+WARM_FORWARD_PREFIXES = ("AWS_",)
 
 # What of the ranks' environment (tasks/launch/torchrun.py) crosses to another host: not this host's
 # PATH, HOME or user, which the node has its own of.
@@ -101,6 +106,59 @@ class SshLauncher(Launcher):
 
     def __init__(self, section: SshConfig, *, env: dict[str, str] | None = None) -> None:
         self.section, self.env = section, dict(env or {})
+        self.datasets: dict[str, str] = {}  # host -> the dataset dir its warm verified
+
+    def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, object]]:
+        """Warm every host in parallel; refuse (naming the host) one that failed or verified other data."""
+        from tasks.warm.node import SPEC_VAR, describe, node_spec, parse_report
+
+        hosts, tag = self._hosts(cfg), new_tag()
+        spec = json.dumps(node_spec(cfg, run))
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith(WARM_FORWARD_PREFIXES)}
+        results: dict[str, tuple[int, dict[str, object] | None, list[str]]] = {}
+
+        def warm_one(i: int, host: str) -> None:
+            node = node_tag(tag, f"warm{i}")
+            remote = (f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [
+                self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node, "--grace",
+                str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--",
+                self.section.python, "-m", "tasks.warm.node"]))
+            proc = subprocess.Popen([*self.ssh_base(host), remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                    preexec_fn=die_with_parent)
+            assert proc.stdin is not None and proc.stdout is not None
+            env = {**forwarded, **self.node_env(node, i), SPEC_VAR: spec, "NODE_NAME": host}
+            proc.stdin.write(json.dumps(env) + "\n")
+            proc.stdin.flush()
+            report, tail = None, []
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                if (parsed := parse_report(line)) is not None:
+                    report = parsed
+                    continue
+                tail = [*tail[-9:], line]
+                log.info("[%s] %s", host, line)
+            proc.stdin.close()
+            results[host] = (proc.wait(), report, tail)
+
+        threads = [threading.Thread(target=warm_one, args=(i, h), name=f"warm-{h}") for i, h in enumerate(hosts)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        reports = []
+        for host in hosts:
+            rc, report, tail = results[host]
+            if rc != 0 or report is None or "error" in report:
+                why = (report or {}).get("error") or f"exit status {rc}: {' | '.join(tail[-3:]) or 'no output'}"
+                raise TrainingFailedError(f"warm on node {host} failed, no rank started: {why}")
+            if report["manifest_hash"] != run.data_manifest_hash:
+                raise TrainingFailedError(f"node {host} verified manifest {str(report['manifest_hash'])[:12]}, "
+                                          f"this run trains on {run.data_manifest_hash[:12]}; no rank started")
+            log.info("ssh: %s", describe(report))
+            self.datasets[host] = str(report["dataset_dir"])
+            reports.append(report)
+        return reports
 
     def ssh_base(self, host: str) -> list[str]:
         s = self.section
@@ -149,11 +207,12 @@ class SshLauncher(Launcher):
         from tasks.launch.torchrun import rank_env
 
         env = {k: v for k, v in rank_env(self.env).items() if k.startswith(FORWARD_PREFIXES) or k in self.env}
-        return {**env, TAG_VAR: node_tag(tag, node_rank)}
+        return {**env, **self.secret_env, TAG_VAR: node_tag(tag, node_rank)}
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
         hosts = self._hosts(cfg)
-        remotes = [self.remote_command(cfg, dataset_dir, config_json, tag, len(hosts), i) for i in range(len(hosts))]
+        datasets = [Path(self.datasets.get(h, dataset_dir)) for h in hosts]  # each node's own, once warmed there
+        remotes = [self.remote_command(cfg, datasets[i], config_json, tag, len(hosts), i) for i in range(len(hosts))]
         envs = [self.node_env(tag, i) for i in range(len(hosts))]
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
@@ -83,13 +84,15 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None) -> Path:
-    """The ranks' input file: the training job (no credentials), the run's identity, the starting weights."""
+def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None,
+                        export: dict[str, Any] | None = None) -> Path:
+    """The ranks' input file: the training job (no credentials), the run's identity, the starting weights,
+    and where the final weights' export goes (store URL, staging area, dtype, options without credentials)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="worker-config.", suffix=".json", dir=directory)
     with os.fdopen(fd, "w") as fh:
         json.dump({"job": cfg.training_job().model_dump(mode="json"), "run": run.to_dict(),
-                   "init_path": str(init_path) if init_path else None}, fh)
+                   "init_path": str(init_path) if init_path else None, "export": export}, fh)
     return Path(path)
 
 

@@ -73,9 +73,7 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
     `stages`: shards to write in parallel, one per training pipeline stage. `base_dir`: the Hugging Face
     directory the run started from (pretrained or a published version), whose tokenizer files,
     context length and special token ids the export keeps."""
-    family = get_family(m.family)
     groups = [g for g in stage_layers(m, stages) if g]
-    base_config = _read_json(Path(base_dir) / HF_CONFIG) if base_dir else {}
     with fresh_dir(dest) as tmp:
         ctx = multiprocessing.get_context("spawn")  # no inherited torch threads or locks
         with ProcessPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1), mp_context=ctx) as pool:
@@ -89,19 +87,32 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
                 for name, size in fut.result().items():
                     weight_map[name] = shard_name(i, len(groups))
                     total += size
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        atomic_write_json(tmp / HF_INDEX, index)
-        config = family.hf_config(
-            m, torch_dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
-            bos_token_id=base_config.get("bos_token_id"), eos_token_id=base_config.get("eos_token_id"))
-        atomic_write_json(tmp / HF_CONFIG, config)
-        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if config.get(k) is not None}
-        atomic_write_json(tmp / "generation_config.json", generation)
-        for name in TOKENIZER_FILES:
-            if base_dir and (Path(base_dir) / name).is_file():
-                shutil.copyfile(Path(base_dir) / name, tmp / name)
+        write_metadata(tmp, m, weight_map, total, dtype=dtype, base_dir=base_dir)
     log.info("export: %s -> %s (%d shards, %d bytes of %s weights)", checkpoint_dir, dest, len(groups), total, dtype)
     return Path(dest)
+
+
+def write_metadata(dest: Path, m: ModelConfig, weight_map: dict[str, str], total_bytes: int, *, dtype: str,
+                   base_dir: str | Path | None) -> list[str]:
+    """Everything of the directory but the shards: the index, config.json, generation_config.json and the
+    tokenizer files of `base_dir` (the model the run started from, whose context length and special token
+    ids the export keeps). Returns the names written."""
+    family = get_family(m.family)
+    base_config = _read_json(Path(base_dir) / HF_CONFIG) if base_dir else {}
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    atomic_write_json(dest / HF_INDEX, index)
+    config = family.hf_config(
+        m, torch_dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
+        bos_token_id=base_config.get("bos_token_id"), eos_token_id=base_config.get("eos_token_id"))
+    atomic_write_json(dest / HF_CONFIG, config)
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if config.get(k) is not None}
+    atomic_write_json(dest / "generation_config.json", generation)
+    written = [HF_INDEX, HF_CONFIG, "generation_config.json"]
+    for name in TOKENIZER_FILES:
+        if base_dir and (Path(base_dir) / name).is_file():
+            shutil.copyfile(Path(base_dir) / name, dest / name)
+            written.append(name)
+    return written
 
 
 def _read_json(path: Path) -> dict[str, Any]:

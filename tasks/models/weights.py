@@ -223,11 +223,18 @@ def load_into(module: nn.Module, path: str | Path, m: ModelConfig, tp: TPGroup) 
     return count
 
 
-def load_reference(path: str | Path, m: ModelConfig) -> nn.Module:
-    """A single-process reference model of the config's family holding the weights at `path`."""
+def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = None) -> nn.Module:
+    """A single-process fp32 reference model of the config's family holding the weights at `path`; with
+    `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
     check_shapes(path, m)
     model = get_family(m.family).Reference(m)
     load_into(model, path, m, TPGroup())
+    if as_dtype is not None:
+        from tasks.models.export import DTYPES
+
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(getattr(torch, DTYPES[as_dtype])))
     return model
 
 

@@ -106,12 +106,13 @@ def check_finite(value: float | None, what: str, step: int) -> None:
 class Trainer:
     """Builds the engine, resumes, runs the steps, commits checkpoints, writes the summary."""
 
-    def __init__(self, cfg: TrainingJob, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None) -> None:
+    def __init__(self, cfg: TrainingJob, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None,
+                 export: dict[str, Any] | None = None) -> None:
         import deepspeed
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-        self.cfg, self.run_identity = cfg, run
+        self.cfg, self.run_identity, self.export = cfg, run, export
         p, m = cfg.parallel, cfg.model
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before the first NCCL collective
@@ -123,7 +124,7 @@ class Trainer:
             raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
         topo = PipeModelDataParallelTopology(num_pp=p.pp, num_mp=p.tp, num_dp=p.dp)
         self.grid = PipelineParallelGrid(topology=topo)
-        tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
+        tp = self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
         self.dp_rank, self.stage = self.grid.get_data_parallel_rank(), self.grid.get_stage_id()
 
         self.windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
@@ -254,10 +255,24 @@ class Trainer:
         telemetry.close()
         if final_dir is None:  # resumed at the last step: nothing left to run
             final_dir = root / ck.tag_for(cfg.train.steps)
-        summary = self.summary(out, final_dir, start, losses)
-        return summary
+        exported = self.export_final(out, final_dir.name) if self.export is not None else None
+        return self.summary(out, final_dir, start, losses, exported)
 
-    def summary(self, out: Path, final_dir: Path, start: int, losses: list[float]) -> dict[str, Any]:
+    def export_final(self, out: Path, tag: str) -> dict[str, Any]:
+        """Write the final weights' Hugging Face shards into the store's staging area, one per stage (once per
+        checkpoint: a retry that finds every shard report reuses them)."""
+        from tasks.train.export import export_stage, read_reports
+
+        assert self.export is not None
+        stages = self.cfg.parallel.pp
+        if read_reports(out, tag, stages) is None:
+            export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage, stages=stages,
+                         dp_rank=self.dp_rank, spec=self.export, output_dir=out, tag=tag)
+        tdist.barrier()
+        return {"tag": tag, "dtype": self.export["dtype"], "shards": read_reports(out, tag, stages)}
+
+    def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
+                exported: dict[str, Any] | None = None) -> dict[str, Any]:
         p = self.cfg.parallel
         summary = {
             "experiment_key": self.run_identity.experiment_key,
@@ -274,6 +289,7 @@ class Trainer:
             "telemetry_path": str(out / "telemetry.jsonl"),
             "world_size": self.world,
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+            "export": exported,
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)
@@ -324,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     init_path = Path(spec["init_path"]) if spec.get("init_path") else None
     trainer = None
     try:
-        trainer = Trainer(cfg, Path(args.dataset_dir), RunIdentity.from_dict(spec["run"]), init_path)
+        trainer = Trainer(cfg, Path(args.dataset_dir), RunIdentity.from_dict(spec["run"]), init_path,
+                          spec.get("export"))
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)

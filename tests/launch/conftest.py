@@ -39,7 +39,11 @@ def _wait_port(addr: str, port: int, timeout_s: float = 20.0) -> None:
 
 @dataclass
 class NetnsHosts:
-    """Two network namespaces on one bridge, each running sshd (root login by a generated key)."""
+    """Two network namespaces on one bridge, each running sshd (root login by a generated key).
+
+    Each host also has its own mount namespace in which its private directory `host_caches[i]` is mounted
+    at `node_cache`: a job whose `data.cache_dir` is `node_cache` fills each host's own disk, as on real
+    machines (here, outside the hosts, `node_cache` is a third, empty directory)."""
 
     root: Path
     names: list[str]
@@ -47,6 +51,14 @@ class NetnsHosts:
     key: Path
     bridge: str
     sshd: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def node_cache(self) -> Path:
+        return self.root / "node-cache"
+
+    @property
+    def host_caches(self) -> list[Path]:
+        return [self.root / f"host{i}-cache" for i in range(len(self.names))]
 
     def overrides(self) -> dict[str, object]:
         """The config of an ssh job on these hosts (dotted overrides)."""
@@ -104,8 +116,14 @@ def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
                 f"PidFile {root / f'sshd_{i}.pid'}", "LogLevel ERROR", "",
             ]))
             log = open(root / f"sshd_{i}.log", "wb")  # noqa: SIM115 (owned by the daemon)
-            hosts.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, shutil.which("sshd") or "/usr/sbin/sshd",
-                                                "-D", "-e", "-f", str(conf)], stdout=log, stderr=log))
+            private = hosts.host_caches[i - 1]
+            private.mkdir(parents=True, exist_ok=True)
+            hosts.node_cache.mkdir(parents=True, exist_ok=True)
+            sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+            # exec all the way down: the Popen pid is the sshd listener's
+            start = f"mount --bind {private} {hosts.node_cache} && exec {sshd} -D -e -f {conf}"
+            hosts.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation",
+                                                "private", "sh", "-c", start], stdout=log, stderr=log))
         for addr in hosts.addrs:
             _wait_port(addr, 22)
         yield hosts

@@ -143,3 +143,40 @@ def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "kubernetes"})
     with pytest.raises(InvalidInputError, match=r"cluster\.image"):
         get_launcher(cfg).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16, "0123456789abcdef")
+
+
+def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_manifest(tmp_path: Path) -> None:
+    import json
+
+    from tasks.run import identity, scratch
+    from tasks.warm.node import SPEC_VAR, node_spec
+
+    cfg = k8s_config(tmp_path, **{"cluster.kubernetes.cache_volume": "claim",
+                                  "cluster.kubernetes.cache_claim": "local-ssd",
+                                  "cluster.kubernetes.env_from_secrets": {
+                                      "AWS_SECRET_ACCESS_KEY": {"secret": "s3-creds", "key": "secret"}}})
+    run = identity(cfg, "e" * 64, scratch(cfg))
+    launcher = get_launcher(cfg)
+    job = launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
+                            run.run_id, node_spec(cfg, run))
+    for replica in ("Master", "Worker"):
+        pod = pod_spec(job, replica)
+        (init,) = pod["initContainers"]
+        assert init["name"] == "warm" and init["image"] == "registry.example/retrainer:1"
+        assert init["command"][:3] == ["python", "-m", "tasks.warm.node"]
+        assert init["command"][init["command"].index("--report-dir") + 1] == str(tmp_path / "run" / "warm")
+        env = {e["name"]: e for e in init["env"]}
+        assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s3-creds", "key": "secret"}
+        spec = json.loads(env[SPEC_VAR]["value"])
+        assert spec["manifest_hash"] == "e" * 64 and spec["source_url"] == cfg.data.source_url
+        assert {m["name"] for m in init["volumeMounts"]} == {"ssd-cache", "output"}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["ssd-cache"] == {"name": "ssd-cache", "persistentVolumeClaim": {"claimName": "local-ssd"}}
+
+    leaky = k8s_config(tmp_path, **{"data.storage_options": {"key": "AKIA-EXAMPLE", "secret": "hunter2",
+                                                            "client_kwargs": {"endpoint_url": "http://s3:9000"}}})
+    with pytest.raises(InvalidInputError, match=r"data\.storage_options: key, secret would be written into the "
+                                                r"PyTorchJob.*env_from_secrets"):
+        get_launcher(leaky).manifest(leaky, tmp_path / "cache" / "ds", Path("job.json"), "ab" * 16, run.run_id,
+                                     node_spec(leaky, identity(leaky, "e" * 64, scratch(leaky))))

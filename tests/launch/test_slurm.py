@@ -97,3 +97,35 @@ def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 4
     assert len(summary["losses"]) == 12
+
+
+def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(slurm_cluster: SlurmCluster,
+                                                                              tmp_path: Path) -> None:
+    from tasks.data import make_data
+    from tasks.errors import TrainingFailedError
+    from tasks.run import identity, scratch
+    from tasks.warm import remote_manifest_hash, warm_for_config
+
+    overrides = {"cluster.launcher": "slurm", "cluster.partition": "test", "cluster.slurm.time_limit": "00:10:00"}
+    cfg = tiny_config(tmp_path, overrides, out="staged")
+    make_data(cfg.data.source_url, name=cfg.name, seed=5, tokens_per_shard=16384)
+    run = identity(cfg, remote_manifest_hash(cfg.data.source_url), scratch(cfg))
+    here = warm_for_config(cfg)  # the Airflow worker's own warm (planning, evaluation)
+    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+
+    out = Path(cfg.train.output_dir)
+    script = (out / "slurm-job.sbatch").read_text()
+    assert script.index("-m tasks.warm.node") < script.index("unset RETRAINER_WARM_SPEC") < script.index("torchrun")
+    assert run.data_manifest_hash not in script  # the spec travels in sbatch's environment, not in the file
+    (node,) = summary["nodes"]
+    assert node["manifest_hash"] == run.data_manifest_hash and node["files"] > 0
+    assert (out / "warm" / f"{node['node']}.json").is_file()
+    assert len(summary["losses"]) == cfg.train.steps
+
+    # New data lands after the run was planned: the staging step refuses, naming the node; no rank starts.
+    make_data(cfg.data.source_url, name=cfg.name, seed=6, tokens_per_shard=16384)
+    late = tiny_config(tmp_path, overrides, out="late")
+    with pytest.raises(TrainingFailedError, match=rf"node {node['node']}: the dataset at .* verified as manifest"):
+        get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run, node_warm=True)
+    job_id = (Path(late.train.output_dir) / "slurm-job-id").read_text().strip()
+    assert "step 1/" not in (Path(late.train.output_dir) / f"slurm-{job_id}.out").read_text()

@@ -120,3 +120,34 @@ def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_k
     while (netns_hosts.training_pids(0) or netns_hosts.training_pids(1)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+
+
+def test_each_host_warms_its_own_disk_and_a_host_that_sees_other_data_refuses(netns_hosts: NetnsHosts,
+                                                                             tmp_path: Path) -> None:
+    from tasks.data import make_data
+    from tasks.run import identity, scratch
+    from tasks.warm import remote_manifest_hash, warm_for_config
+
+    cache = {"data.cache_dir": str(netns_hosts.node_cache), "parallel.dp": 2}
+    cfg = ssh_config(tmp_path, netns_hosts, "warmed", **cache)
+    make_data(cfg.data.source_url, name=cfg.name, seed=5, tokens_per_shard=16384)
+    run = identity(cfg, remote_manifest_hash(cfg.data.source_url), scratch(cfg))
+    here = warm_for_config(cfg)  # the Airflow worker's own copy, in its own node-cache
+    summary = get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+
+    nodes = summary["nodes"]
+    assert [n["node"] for n in nodes] == netns_hosts.addrs
+    assert all(n["manifest_hash"] == run.data_manifest_hash and n["files"] > 0 for n in nodes)
+    dataset = Path(nodes[0]["dataset_dir"]).relative_to(netns_hosts.node_cache)
+    for private in netns_hosts.host_caches:  # each host filled its own disk
+        assert (private / dataset / "manifest.json").is_file()
+    assert len(summary["losses"]) == cfg.train.steps
+
+    # New data lands after the run was planned: the first host to see it refuses, naming itself; no rank starts.
+    make_data(cfg.data.source_url, name=cfg.name, seed=6, tokens_per_shard=16384)
+    late = ssh_config(tmp_path, netns_hosts, "late", **cache)
+    with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: node "
+                                                  r"10\.[\d.]+: the dataset at .* verified as manifest"):
+        get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
+    assert not (Path(late.train.output_dir) / "status.json").exists()
+    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []

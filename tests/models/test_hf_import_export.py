@@ -122,6 +122,11 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert out["train"]["outcome"] == "trained" and out["train"]["trained_steps"] == 3
     assert out["train"]["layout"] == {"tp": 2, "pp": 2, "dp": 1}
     assert out["publish"]["version"] == 1 and out["publish"]["parent_version"] is None
+    # The ranks of each stage wrote its shard into the store; publish exported nothing itself.
+    run_dir = Path(out["train"]["checkpoint_dir"]).parents[1]
+    assert sorted(p.name for p in (run_dir / "export" / "step-000003").iterdir()) == [
+        "shard-00000.json", "shard-00001.json"]
+    assert not (run_dir / "export" / "step-000003-fp32").exists()
 
     # Import parity in 3D: the first step's loss (before any update) is transformers' loss on that batch.
     cfg = load_config(config)

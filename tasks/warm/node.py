@@ -1,0 +1,123 @@
+"""Warm on a training node: the dataset (and the starting weights) onto the node's own `data.cache_dir`.
+
+Why on the node: the point of warming is that the GPUs read their data from local SSD; a warm on the
+Airflow worker fills the wrong machine's disk. Each launcher runs this once per node before the ranks
+start (ssh: one per host under the node agent; Slurm: an `srun --ntasks-per-node=1` staging step in the
+same allocation; Kubernetes: an init container), with the same verified, incremental, lock-protected
+warm as everywhere (tasks/warm/core.py). The spec arrives in the environment (`RETRAINER_WARM_SPEC`,
+never argv, never a file: it may hold storage credentials). The node prints one `RETRAINER-WARM {json}`
+line (node, files, bytes, seconds, MB/s, the manifest hash it verified) and, with `--report-dir`, writes
+it to `<dir>/<node>.json`; a node that verified another manifest than the run planned refuses, naming
+itself, and (with `--status-dir`) says so in the run's status file, so no rank starts on other data.
+
+    RETRAINER_WARM_SPEC='{...}' python -m tasks.warm.node [--report-dir DIR] [--status-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import RetrainerError
+
+log = logging.getLogger("tasks.warm.node")
+
+SPEC_VAR = "RETRAINER_WARM_SPEC"
+REPORT_PREFIX = "RETRAINER-WARM "
+
+
+def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
+    """What one node needs to warm for a run: the dataset it must verify and the starting weights."""
+    from dataclasses import asdict
+
+    from tasks.run import WeightSources
+
+    d = cfg.data
+    return {
+        "source_url": d.source_url, "manifest": d.manifest, "cache_dir": d.cache_dir,
+        "disk_budget_bytes": d.disk_budget_bytes, "storage_options": d.storage_options,
+        "manifest_hash": run.data_manifest_hash, "init": asdict(run.init), "weights": asdict(WeightSources.of(cfg)),
+    }
+
+
+def node_name() -> str:
+    """How this node is named in reports: NODE_NAME (set by the launcher or the downward API), else hostname."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm this node for the run; the report, or RetrainerError naming the node."""
+    from tasks.run import StartingWeights, WeightSources, fetch_weights
+    from tasks.warm.core import warm
+
+    node, started = node_name(), time.monotonic()
+    result = warm(spec["source_url"], spec["cache_dir"], manifest_key=spec["manifest"],
+                  storage_options=spec["storage_options"], disk_budget_bytes=spec["disk_budget_bytes"],
+                  progress=False)
+    if result.manifest_hash != spec["manifest_hash"]:
+        raise RetrainerError(f"node {node}: the dataset at {spec['source_url']} verified as manifest "
+                             f"{result.manifest_hash[:12]}, but this run trains on {spec['manifest_hash'][:12]}; "
+                             "refusing to start (the data changed since the run was planned: a new run trains on it)")
+    weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))
+    r = result.report
+    return {"node": node, "manifest_hash": result.manifest_hash, "dataset_dir": str(result.dataset_dir),
+            "files": r.files_total, "bytes": r.bytes_total, "files_fetched": r.files_fetched,
+            "bytes_fetched": r.bytes_fetched, "seconds": round(time.monotonic() - started, 3),
+            "mb_per_s": round(r.mb_per_s, 1), "weights_dir": str(weights) if weights else None}
+
+
+def parse_report(line: str) -> dict[str, Any] | None:
+    """The report of a `RETRAINER-WARM` line, else None."""
+    if not line.startswith(REPORT_PREFIX):
+        return None
+    try:
+        report = json.loads(line[len(REPORT_PREFIX):])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One progress line for the task log."""
+    return (f"warm on node {report['node']}: {report['files']} files, {report['bytes'] / 1e6:.1f} MB "
+            f"({report['bytes_fetched'] / 1e6:.1f} MB fetched, {report['mb_per_s']:.1f} MB/s, "
+            f"{report['seconds']:.1f}s), manifest {report['manifest_hash'][:12]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tasks.warm.node")
+    parser.add_argument("--report-dir", type=Path, help="also write the report to DIR/<node>.json")
+    parser.add_argument("--status-dir", type=Path, help="on failure, write the reason to the run's status file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [{node_name()}] %(name)s: %(message)s")
+    try:
+        spec = json.loads(os.environ[SPEC_VAR])
+        report = warm_node(spec)
+    except (RetrainerError, KeyError, ValueError, OSError) as exc:
+        reason = str(exc) if isinstance(exc, RetrainerError) else f"node {node_name()}: warm failed: {exc!r}"
+        print(REPORT_PREFIX + json.dumps({"node": node_name(), "error": reason}), flush=True)
+        if args.status_dir is not None:
+            from tasks.train.status import Status, now, write_status
+
+            write_status(args.status_dir, Status(state="failed", step=0, steps=0, at=now(), reason=reason))
+        return 1
+    if args.report_dir is not None:
+        from tasks.fsutil import atomic_write_json
+
+        args.report_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.report_dir / f"{report['node']}.json", report)
+    print(REPORT_PREFIX + json.dumps(report), flush=True)
+    log.info("%s", describe(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
