@@ -143,6 +143,10 @@ class TrainConfig(_Strict):
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
     activation_checkpointing: bool = False
     checkpoint_every: int = Field(10, gt=0)
+    checkpoint_url: str | None = Field(
+        None, min_length=1, description="fsspec URL every committed checkpoint is mirrored to (needed when "
+                                        "the checkpoint directory is each node's own disk)")
+    checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
     keep_last: int = Field(3, ge=1)
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary")
@@ -436,14 +440,19 @@ class JobConfig(_Strict):
             # Where a pretrained model lives is not what it is: its weights enter the key by digest.
             "model": self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"}),
             "parallel": self.parallel.model_dump(mode="json"),
-            "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from"}),
+            "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
+                                                                "checkpoint_storage_options"}),
         }
         return sha256_json(defining)
 
     def training_job(self) -> TrainingJob:
         c = self.cluster
+        from tasks.credentials import split_credentials
+
         model = self.model.model_copy(update={"pretrained_storage_options": {}})  # ranks get local weights
-        return TrainingJob(name=self.name, model=model, parallel=self.parallel, train=self.train,
+        public, _ = split_credentials(self.train.checkpoint_storage_options, "train.checkpoint_storage_options")
+        train = self.train.model_copy(update={"checkpoint_storage_options": public})  # keys: by environment
+        return TrainingJob(name=self.name, model=model, parallel=self.parallel, train=train,
                            cluster=RankCluster(hang_timeout_s=c.hang_timeout_s, peak_tflops=c.peak_tflops))
 
     def with_overrides(self, overrides: dict[str, Any]) -> JobConfig:

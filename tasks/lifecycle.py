@@ -19,7 +19,14 @@ from tasks.config import JobConfig, config_from_document, load_config, read_conf
 from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import decide, known_candidate
 from tasks.lock import default_holder, experiment_lock
-from tasks.run import RunIdentity, claim_run_dir, fetch_starting_weights, nothing_new, resolve_identity
+from tasks.run import (
+    RunIdentity,
+    claim_run_dir,
+    fetch_starting_weights,
+    nothing_new,
+    resolve_identity,
+    weights_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +155,12 @@ def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
             log.info("train: run %s already finished (%s): reusing it, no training", run.run_id,
                      done["checkpoint_tag"])
             return {**done, "outcome": "reused", "trained_steps": 0}
-        init_path = fetch_starting_weights(cfg, run.init)
+        launcher = get_launcher(cfg)
+        # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
+        init_path = (weights_path(run.init, cfg.data.cache_dir) if launcher.warms_nodes
+                     else fetch_starting_weights(cfg, run.init))
         export, secret_env = export_spec(cfg)
-        summary = get_launcher(cfg).run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
+        summary = launcher.run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
                                         node_warm=True, export=export, secret_env=secret_env)
     outcome = "resumed" if summary.get("resumed_from_step") else "trained"
     log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
@@ -247,7 +257,6 @@ def stage_publish(
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
         reason=reason,
-        base_dir=fetch_starting_weights(cfg, run.init),
         staged=summary.get("export"),
     )
     out = result.to_dict()

@@ -18,6 +18,7 @@ import getpass
 import logging
 import os
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,18 +81,17 @@ def publish(
     actor: str | None = None,
     reason: str = "publish",
     registry_url: str | None = None,
-    base_dir: Path | None = None,
     staged: dict[str, Any] | None = None,
 ) -> PublishResult:
     """Publish `checkpoint_dir`, exported as a Hugging Face directory, as the next version and point
-    `cfg.publish.alias` at it. `base_dir`: the Hugging Face directory the run started from (its
-    tokenizer and context length go with the export). `staged`: the training summary's `export` (the
-    shards the ranks wrote).
+    `cfg.publish.alias` at it. The tokenizer and context length of the model the run started from (its
+    lineage, in the checkpoint's marker) go with the export. `staged`: the training summary's `export`
+    (the shards the ranks wrote).
 
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
     With `experiment_key`, a checkpoint of another run is refused."""
-    from tasks.run import RunIdentity
+    from tasks.run import RunIdentity, fetch_model_files
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -107,7 +107,9 @@ def publish(
     with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
-        ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
+        with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
+            base_dir = fetch_model_files(cfg, run.init, Path(tmp) / "base")
+            ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
@@ -141,8 +143,6 @@ def artifact(cfg: JobConfig, store: ArtifactStore, checkpoint_dir: Path, base_di
 def commit_staged(cfg: JobConfig, store: ArtifactStore, shards: list[dict[str, Any]],
                   base_dir: Path | None) -> ArtifactRef:
     """Add index, config.json, generation_config.json and tokenizer files to the staged shards; commit."""
-    import tempfile
-
     from tasks.models.export import write_metadata
     from tasks.registry.tree import TreeFile, TreeManifest
 

@@ -217,6 +217,49 @@ class WeightSources:
                    store_url=cfg.publish.store_url, store_options=cfg.publish.storage_options)
 
 
+def weights_path(init: StartingWeights, cache_dir: str) -> Path | None:
+    """Where `fetch_weights` puts (or finds) the starting weights under `cache_dir`, without fetching: the
+    same path on every node whose cache is at the same place."""
+    if init.scratch:
+        return None
+    assert init.digest is not None and init.url is not None
+    if init.kind == "pretrained":
+        from tasks.models.pretrained import model_dir
+
+        return model_dir(cache_dir, init.digest)
+    if init.version is None:
+        return Path(init.url)
+    return Path(cache_dir) / "weights" / (init.digest if init.kind == "tree" else f"{init.digest}.pt")
+
+
+def fetch_model_files(cfg: JobConfig, init: StartingWeights, dest: Path) -> Path | None:
+    """The config.json and tokenizer files of the model a run started from, fetched alone into `dest` (never
+    its weights: an export needs only these of it); None when it has none (scratch, a weights file)."""
+    from tasks.models.export import TOKENIZER_FILES
+    from tasks.models.weights import HF_CONFIG
+
+    names = (HF_CONFIG, *TOKENIZER_FILES)
+    if init.scratch or init.kind == "file":
+        return None
+    assert init.digest is not None and init.url is not None
+    if init.kind == "pretrained":
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(init.url, **cfg.model.pretrained_storage_options)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            try:
+                fs.get_file(f"{root.rstrip('/')}/{name}", str(dest / name))
+            except FileNotFoundError:
+                continue
+        return dest
+    if init.version is None:
+        return Path(init.url)
+    from tasks.registry import ArtifactStore
+
+    return ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options).get_tree(init.digest, dest, only=names)
+
+
 def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
     """Local, verified starting weights whose shapes match the model (None for scratch).
 
@@ -228,15 +271,15 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
     from tasks.models.weights import check_shapes
 
     model = ModelConfig.model_validate(src.model)
-    if init.scratch:
+    path = weights_path(init, src.cache_dir)
+    if path is None:
         return None
     assert init.digest is not None and init.url is not None
     if init.kind == "pretrained":
         from tasks.models.pretrained import warm_pretrained
 
-        path = warm_pretrained(init.url, model.pretrained_storage_options, src.cache_dir, init.digest)
+        warm_pretrained(init.url, model.pretrained_storage_options, src.cache_dir, init.digest)
     elif init.version is None:
-        path = Path(init.url)
         now = local_tree_digest(path) if init.kind == "tree" else sha256_file(path)
         if now != init.digest:
             raise InvalidInputError(f"train.init_from: {path} changed since this run was planned "
@@ -246,12 +289,10 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
 
         store = ArtifactStore(src.store_url, src.store_options)
         if init.kind == "tree":
-            path = Path(src.cache_dir) / "weights" / init.digest
             if not path.is_dir():
                 log.info("starting weights: fetching %s (tree %s) into %s", init.note, init.digest[:12], path)
                 store.get_tree(init.digest, path)
         else:
-            path = Path(src.cache_dir) / "weights" / f"{init.digest}.pt"
             if not path.is_file():
                 log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
                 store.get(init.digest, path)

@@ -65,6 +65,7 @@ class Launcher(ABC):
 
     name = "base"
     poll_interval_s = 0.5
+    warms_nodes = False  # True: warm_nodes (or the job itself) fetches the data and starting weights per node
     node_warm = False  # set by run(): warm the dataset and starting weights on every node before the ranks
     # Set by run(): credentials the ranks need (the export's store), passed by environment only.
     secret_env: Mapping[str, str] = MappingProxyType({})
@@ -120,7 +121,10 @@ class Launcher(ABC):
         (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
         watcher = ProgressWatcher(cfg.cluster.hang_timeout_s, startup_timeout_s=cfg.cluster.startup_timeout_s)
         self.cancel_earlier(cfg, run)
-        self.node_warm, self.secret_env = node_warm, dict(secret_env or {})
+        from tasks.credentials import split_credentials
+
+        _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
+        self.node_warm, self.secret_env = node_warm, {**(secret_env or {}), **mirror_env}
         reports = self.warm_nodes(cfg, run) if node_warm else []
         config_json = write_worker_config(cfg, out, run, init_path, export)
         tag = new_tag()

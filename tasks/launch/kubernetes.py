@@ -224,6 +224,7 @@ class KubernetesLauncher(Launcher):
     """Creates the PyTorchJob `cluster.kubernetes` describes (kubeconfig context: in-cluster config first)."""
 
     name = "kubernetes"
+    warms_nodes = True
     poll_interval_s = 5.0
 
     def __init__(self, section: KubernetesConfig) -> None:

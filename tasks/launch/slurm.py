@@ -133,6 +133,8 @@ class SlurmLauncher(Launcher):
     name = "slurm"
     poll_interval_s = 1.0
 
+    warms_nodes = True
+
     def __init__(self, section: SlurmConfig, *, env: dict[str, str] | None = None) -> None:
         self.section, self.env = section, dict(env or {})
 

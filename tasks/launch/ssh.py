@@ -103,6 +103,7 @@ class SshLauncher(Launcher):
     """Reaches every host of `cluster.hosts` as `cluster.ssh` says; `env` adds variables for the ranks."""
 
     name = "ssh"
+    warms_nodes = True
 
     def __init__(self, section: SshConfig, *, env: dict[str, str] | None = None) -> None:
         self.section, self.env = section, dict(env or {})

@@ -25,7 +25,7 @@ from torch import nn
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.models.parallel import CopyToTP as _CopyToTP
-from tasks.models.parallel import TPGroup
+from tasks.models.parallel import TPGroup, set_slice
 from tasks.models.parallel import row_parallel as _row_parallel
 from tasks.plan.shapes import ParamCounts
 
@@ -171,12 +171,7 @@ class TransformerBlock(nn.Module):
                     value = torch.zeros(_full_shape(m, name))
                 else:  # LayerNorm weight
                     value = torch.ones(_full_shape(m, name))
-                spec = shard_spec(m, name, tp.rank, tp.size)
-                if spec is not None:
-                    value = value.index_select(spec[0], spec[1])
-                    if tp.size > 1:
-                        p.tensor_model_parallel = True  # DeepSpeed's grad norm counts it on every TP rank
-                p.copy_(value)
+                set_slice(p, value, shard_spec(m, name, tp.rank, tp.size), tp.size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x)))

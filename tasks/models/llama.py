@@ -33,6 +33,7 @@ from tasks.models.parallel import (
     VocabParallelHead,
     copy_to_tp,
     row_parallel,
+    set_slice,
     shard_range,
     vocab_parallel_cross_entropy,
     vocab_parallel_logits,
@@ -204,12 +205,7 @@ def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int, tp: TPGr
                 full = torch.zeros(shape)
             else:
                 full = torch.randn(*shape, generator=g) * INIT_STD
-            spec = shard_spec(m, ref, tp.rank, tp.size)
-            if spec is not None:
-                full = full.index_select(spec[0], spec[1])
-                if tp.size > 1:
-                    p.tensor_model_parallel = True  # DeepSpeed's grad norm counts it on every TP rank
-            p.copy_(full)
+            set_slice(p, full, shard_spec(m, ref, tp.rank, tp.size), tp.size)
 
 
 class RMSNorm(nn.Module):

@@ -124,7 +124,7 @@ def warm_pretrained(url: str, storage_options: dict[str, Any], cache_dir: str | 
     if expected_digest is not None and digest != expected_digest:
         raise InvalidInputError(f"model.pretrained: {url} changed since this run was planned "
                                 f"(listing {expected_digest[:12]} then, {digest[:12]} now); start a new run")
-    dest = Path(cache_dir) / "models" / digest[:32]
+    dest = model_dir(cache_dir, digest)
     dest.mkdir(parents=True, exist_ok=True)
     fs, root = _fs(url, storage_options)
     expected = _tree_sha256s(fs, root)
@@ -142,6 +142,11 @@ def warm_pretrained(url: str, storage_options: dict[str, Any], cache_dir: str | 
     log.info("model: %s warm in %s: %d files (%d fetched, %d bytes, %.1f MB/s), %d reused",
              url, dest, len(entries), len(todo), fetched, fetched / max(seconds, 1e-9) / 1e6, len(entries) - len(todo))
     return dest
+
+
+def model_dir(cache_dir: str | Path, digest: str) -> Path:
+    """Where a pretrained directory of this listing digest is warmed under a cache."""
+    return Path(cache_dir) / "models" / digest[:32]
 
 
 def _tree_sha256s(fs: Any, root: str) -> dict[str, str]:

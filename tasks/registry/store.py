@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -341,8 +342,9 @@ class ArtifactStore:
                                        f"(hashes to {sha256_bytes(raw)}); refused")
         return TreeManifest.from_bytes(raw, f"tree {digest} {MANIFEST_NAME}")
 
-    def get_tree(self, digest: str, dest_dir: str | os.PathLike[str]) -> Path:
-        """Download a tree into `dest_dir` (absent or empty), every file verified while streaming.
+    def get_tree(self, digest: str, dest_dir: str | os.PathLike[str], *, only: Collection[str] | None = None) -> Path:
+        """Download a tree (with `only`: just those of its paths) into `dest_dir` (absent or empty), every file
+        verified while streaming.
 
         Files land in a temporary directory beside `dest_dir`, renamed onto it only when all match:
         on any mismatch CorruptArtifactError names the file and `dest_dir` is left as it was."""
@@ -350,6 +352,8 @@ class ArtifactStore:
         base = self.tree_path(digest)
         with fresh_dir(dest_dir) as tmp:
             for f in manifest.files:
+                if only is not None and f.path not in only:
+                    continue
                 target = tmp / f.path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:

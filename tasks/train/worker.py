@@ -21,6 +21,7 @@ import os
 import random
 import sys
 import time
+import uuid
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -132,6 +133,12 @@ class Trainer:
         # Decided before the engine exists: a run's own checkpoint wins; only a fresh run loads starting weights.
         self.root = ck.ckpt_root(cfg.train.output_dir)
         self.last_step = 0
+        self.leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # this node's first rank
+        self.mirror = None
+        if cfg.train.checkpoint_url:
+            from tasks.train.mirror import Mirror
+
+            self.mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         self.resume_from = self._resume_point()
 
         self.family = get_family(m.family)
@@ -171,29 +178,82 @@ class Trainer:
         ck.save_rank_state(tmp, self.rank, self.sampler.position(step), {"losses": losses if self.rank == 0 else []})
         tdist.barrier()
         final = root / tag
-        if self.rank == 0:
+        if self.rank == 0 or (self.node_local and self.leader):  # node-local: every node commits its own part
             marker = ck.make_marker(self.cfg, self.run_identity, tag, step, self.world)
             ck.finalize(root, tag, marker, self.cfg.train.keep_last)
+        if self.rank == 0:
             seconds = time.perf_counter() - started
             size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
             log.info("checkpoint committed: %s (%d bytes, %.2fs)", final, size, seconds)
             with open(root.parent / "checkpoints.jsonl", "a") as fh:
                 fh.write(json.dumps({"tag": tag, "step": step, "bytes": size, "seconds": seconds}) + "\n")
         tdist.barrier()
+        if self.mirror is not None:
+            self._mirror(final, tag)
         return final
 
-    def _resume_point(self) -> tuple[str, dict[str, Any]] | None:
-        """(tag, marker) of this run's last complete checkpoint, after sweeping a crashed commit's leftovers."""
+    def _mirror(self, final: Path, tag: str) -> None:
+        """Upload the committed checkpoint: each node's files once, then rank 0's marker and `latest`."""
+        from tasks.train.mirror import assign_uploads
+
+        assert self.mirror is not None
+        names = sorted(p.name for p in final.iterdir() if p.is_file()) if self.leader else []
+        listings: list[Any] = [None] * self.world
+        tdist.all_gather_object(listings, names)
+        self.mirror.upload(final, tag, assign_uploads(listings)[self.rank])
+        tdist.barrier()
         if self.rank == 0:
+            self.mirror.commit(final, tag, self.cfg.train.keep_last)
+        tdist.barrier()
+
+    def _resume_point(self) -> tuple[str, dict[str, Any]] | None:
+        """(tag, marker) of the checkpoint this run resumes from, the same on every rank, after sweeping a
+        crashed commit's leftovers. On node-local disks it is the mirror's latest, which every node first
+        completes on its own disk from the mirror (tasks/train/mirror.py)."""
+        if self.leader:
             self.root.mkdir(parents=True, exist_ok=True)
+        tdist.barrier()
+        self.node_local = self._node_local()
+        if self.rank == 0 or (self.node_local and self.leader):
             ck.sweep_incomplete(self.root)
         tdist.barrier()
-        found = ck.find_resume(self.root, self.run_identity)
+        if not self.node_local:
+            found = ck.find_resume(self.root, self.run_identity)
+        else:
+            if self.mirror is None:
+                raise InvalidInputError(
+                    f"{self.root}: the checkpoint directory is not shared by all nodes (each has its own); set "
+                    "train.checkpoint_url so checkpoints are mirrored and a retry on other nodes can resume")
+            latest: list[Any] = [self.mirror.latest() if self.rank == 0 else None]
+            tdist.broadcast_object_list(latest, src=0)
+            if latest[0] is not None and self.leader:
+                self.mirror.fetch(latest[0], self.root)
+            tdist.barrier()
+            found = None if latest[0] is None else (latest[0], ck.validate_checkpoint_dir(
+                self.root / latest[0], self.run_identity.config_fingerprint, self.run_identity.experiment_key))
         if found is not None and found[1].get("world_size") != self.world:
             raise InvalidInputError(
                 f"{self.root / found[0]}: written by {found[1].get('world_size')} ranks, this run has {self.world}"
             )
         return found
+
+    def _node_local(self) -> bool:
+        """Whether the checkpoint root is each node's own disk rather than one directory every rank sees:
+        rank 0 leaves a probe there and every rank looks for it."""
+        nonce: list[Any] = [uuid.uuid4().hex if self.rank == 0 else None]
+        tdist.broadcast_object_list(nonce, src=0)
+        probe = self.root / f".probe-{nonce[0]}"
+        if self.rank == 0:
+            probe.touch()
+        tdist.barrier()
+        seen: list[Any] = [None] * self.world
+        tdist.all_gather_object(seen, probe.exists())
+        tdist.barrier()
+        if self.rank == 0:
+            probe.unlink()
+        if not all(seen) and self.rank == 0:
+            log.info("checkpoints are node-local (%d of %d ranks see rank 0's directory)", sum(seen), self.world)
+        return not all(seen)
 
     def resume(self) -> tuple[int, list[float]]:
         if self.resume_from is None:

@@ -43,7 +43,9 @@ class NetnsHosts:
 
     Each host also has its own mount namespace in which its private directory `host_caches[i]` is mounted
     at `node_cache`: a job whose `data.cache_dir` is `node_cache` fills each host's own disk, as on real
-    machines (here, outside the hosts, `node_cache` is a third, empty directory)."""
+    machines (here, outside the hosts, `node_cache` is a third, empty directory). Likewise
+    `host_ckpts[i]` at `node_run/ckpt`: a job whose output dir is `node_run` keeps its checkpoints on
+    each host's own disk (the rest of the run directory is shared)."""
 
     root: Path
     names: list[str]
@@ -59,6 +61,14 @@ class NetnsHosts:
     @property
     def host_caches(self) -> list[Path]:
         return [self.root / f"host{i}-cache" for i in range(len(self.names))]
+
+    @property
+    def node_run(self) -> Path:
+        return self.root / "node-run"
+
+    @property
+    def host_ckpts(self) -> list[Path]:
+        return [self.root / f"host{i}-ckpt" for i in range(len(self.names))]
 
     def overrides(self) -> dict[str, object]:
         """The config of an ssh job on these hosts (dotted overrides)."""
@@ -116,12 +126,13 @@ def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
                 f"PidFile {root / f'sshd_{i}.pid'}", "LogLevel ERROR", "",
             ]))
             log = open(root / f"sshd_{i}.log", "wb")  # noqa: SIM115 (owned by the daemon)
-            private = hosts.host_caches[i - 1]
-            private.mkdir(parents=True, exist_ok=True)
-            hosts.node_cache.mkdir(parents=True, exist_ok=True)
+            private, ckpts = hosts.host_caches[i - 1], hosts.host_ckpts[i - 1]
+            for path in (private, ckpts, hosts.node_cache, hosts.node_run / "ckpt"):
+                path.mkdir(parents=True, exist_ok=True)
             sshd = shutil.which("sshd") or "/usr/sbin/sshd"
             # exec all the way down: the Popen pid is the sshd listener's
-            start = f"mount --bind {private} {hosts.node_cache} && exec {sshd} -D -e -f {conf}"
+            start = (f"mount --bind {private} {hosts.node_cache} && mount --bind {ckpts} {hosts.node_run / 'ckpt'} "
+                     f"&& exec {sshd} -D -e -f {conf}")
             hosts.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation",
                                                 "private", "sh", "-c", start], stdout=log, stderr=log))
         for addr in hosts.addrs:

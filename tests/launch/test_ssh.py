@@ -151,3 +151,42 @@ def test_each_host_warms_its_own_disk_and_a_host_that_sees_other_data_refuses(ne
         get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
     assert not (Path(late.train.output_dir) / "status.json").exists()
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+
+
+def test_node_local_checkpoints_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(
+        netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    import shutil
+
+    from tasks.run import for_dataset
+
+    dataset = write_dataset(tmp_path / "dataset")
+    mirror = tmp_path / "mirror"
+    layout = {"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 2, "train.keep_last": 2}
+    reference_cfg = tiny_config(tmp_path, layout, out="one-machine")
+    reference = get_launcher(reference_cfg).run(reference_cfg, dataset)
+    cfg = ssh_config(tmp_path, netns_hosts, "unused", **layout, **{
+        "train.output_dir": str(netns_hosts.node_run), "train.checkpoint_url": f"file://{mirror}"})
+    run_id = for_dataset(cfg, dataset).run_id
+
+    # Killed once step 4 is mirrored; then host 2 loses its disk (a replacement node, an empty SSD).
+    with launched(cfg, dataset, {**netns_hosts.env, "HOOK_STEP_DELAY_S": "1"}, tmp_path / "first.log") as launcher:
+        deadline = time.monotonic() + 300
+        while (mirror / run_id / "step-000004" / "COMPLETE").exists() is False:
+            assert launcher.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "step 4 never reached the mirror"
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=120) == 143
+    for leftover in netns_hosts.host_ckpts[1].iterdir():
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    assert not (netns_hosts.node_run / "ckpt" / "latest").exists()  # the launcher's own view holds nothing either
+
+    resumed = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset)
+    assert resumed["resumed_from_step"] >= 4 and resumed["losses"] == reference["losses"]
+    for host_ckpt in netns_hosts.host_ckpts:  # each host committed step 6 on its own disk
+        assert (host_ckpt / "step-000006" / "COMPLETE").is_file()
+    assert weights_digest(netns_hosts.host_ckpts[0] / "step-000006", cfg.model) == weights_digest(
+        reference["checkpoint_dir"], cfg.model)
+    assert (mirror / run_id / "latest").read_text().strip() == "step-000006"
+    assert sorted(p.name for p in (mirror / run_id).iterdir() if p.name.startswith("step-")) == [
+        "step-000004", "step-000006"]  # pruned to keep_last there too

@@ -1,0 +1,124 @@
+"""Checkpoints on node-local disks, mirrored to object storage, so a retry on other nodes resumes.
+
+Why: a run directory on each node's own SSD is fast but dies with the node. With `train.checkpoint_url`
+every committed checkpoint is also uploaded to `<checkpoint_url>/<run id>/<tag>/`: after the local
+commit, each node's first rank uploads the files its node holds (a file several nodes see, on a shared
+run directory, is uploaded once, by the first of them), then rank 0 uploads the `COMPLETE` marker and
+then `latest`: a tag whose marker is not in the mirror is not there, whatever else was uploaded. At
+start, a node whose disk lacks the checkpoint the run resumes from downloads that tag (marker last)
+into its own checkpoint root, so every rank resumes from the same step, bit for bit. Credentials for
+the mirror reach the ranks as environment variables (tasks/credentials.py), never in a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from tasks.errors import InvalidInputError
+from tasks.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
+
+log = logging.getLogger(__name__)
+
+MARKER, LATEST = "COMPLETE", "latest"  # as tasks/train/checkpoint.py names them
+
+
+class Mirror:
+    """One run's checkpoints under `<url>/<run_id>/`."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any], run_id: str) -> None:
+        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        self.root = f"{root.rstrip('/')}/{run_id}"
+        self.url = self.fs.unstrip_protocol(self.root)
+
+    def _tag(self, tag: str) -> str:
+        return f"{self.root}/{tag}"
+
+    def upload(self, local_dir: Path, tag: str, names: list[str]) -> None:
+        """Upload these files of a committed checkpoint (never the marker: `commit` puts it last)."""
+        if names:
+            self.fs.makedirs(self._tag(tag), exist_ok=True)  # a no-op on object stores
+            self.fs.put([str(local_dir / n) for n in names], [f"{self._tag(tag)}/{n}" for n in names])
+
+    def commit(self, local_dir: Path, tag: str, keep_last: int) -> None:
+        """Rank 0, once every node uploaded its files: the marker, then `latest`, then prune old tags."""
+        self.fs.makedirs(self._tag(tag), exist_ok=True)
+        self.fs.put_file(str(local_dir / MARKER), f"{self._tag(tag)}/{MARKER}")
+        self.fs.pipe_file(f"{self.root}/{LATEST}", (tag + "\n").encode())
+        self.prune(keep_last, keep=tag)
+        log.info("checkpoint %s mirrored to %s", tag, self.url)
+
+    def latest(self) -> str | None:
+        """The newest mirrored tag whose marker is there, or None."""
+        with contextlib.suppress(AttributeError):
+            self.fs.invalidate_cache(self.root)
+        try:
+            tag = self.fs.cat_file(f"{self.root}/{LATEST}").decode().strip()
+        except FileNotFoundError:
+            return None
+        return tag if self.fs.exists(f"{self._tag(tag)}/{MARKER}") else None
+
+    def download(self, tag: str, root: Path) -> Path:
+        """Fetch a mirrored tag into `root/<tag>` (through `root/tmp-<tag>`, marker last) and point `latest` at
+        it, so this node's checkpoint root holds it as if it had committed it itself."""
+        tmp, final = root / f"tmp-{tag}", root / tag
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))]
+        if MARKER not in names:
+            raise InvalidInputError(f"{self.url}/{tag}: not a complete mirrored checkpoint (no {MARKER})")
+        rest = [n for n in names if n != MARKER]
+        self.fs.get([f"{self._tag(tag)}/{n}" for n in rest], [str(tmp / n) for n in rest])
+        self.fs.get_file(f"{self._tag(tag)}/{MARKER}", str(tmp / MARKER))
+        fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        fsync_dir(root)
+        atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+        log.info("checkpoint %s fetched from the mirror %s (%d files)", tag, self.url, len(names))
+        return final
+
+    def fetch(self, tag: str, root: Path) -> Path:
+        """Make this node's `root/<tag>` hold every file of the mirrored tag: the whole tag when the node lacks
+        it, else the files other nodes wrote (each rank loads some of them, e.g. ZeRO's other partitions)."""
+        final = root / tag
+        if not (final / MARKER).is_file():
+            return self.download(tag, root)
+        missing = [n for n in (p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))) if not (final / n).exists()]
+        for name in missing:  # each file lands whole (a partial one never carries its final name)
+            part = final / f".{name}.part"
+            self.fs.get_file(f"{self._tag(tag)}/{name}", str(part))
+            part.rename(final / name)
+        if missing:
+            fsync_tree(final)
+            log.info("checkpoint %s: fetched %d files this node lacked from the mirror %s", tag, len(missing),
+                     self.url)
+        return final
+
+    def prune(self, keep_last: int, keep: str) -> None:
+        try:
+            found = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return
+        tags = sorted((p.rsplit("/", 1)[-1] for p in found if p.rsplit("/", 1)[-1].startswith("step-")),
+                      key=lambda t: int(t.split("-")[1]))
+        for tag in tags[:-keep_last]:
+            if tag != keep:
+                self.fs.rm(self._tag(tag), recursive=True)
+
+
+def assign_uploads(listings: list[list[str]]) -> list[list[str]]:
+    """Per rank, the files it uploads: each name by the first rank whose listing holds it."""
+    seen: set[str] = set()
+    out = []
+    for names in listings:
+        mine = [n for n in names if n not in seen and n != MARKER]
+        seen.update(mine)
+        out.append(mine)
+    return out
