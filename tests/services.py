@@ -130,13 +130,14 @@ class S3Endpoint:
     secret: str = "testing-secret"
 
     @classmethod
-    def start(cls) -> S3Endpoint:
+    def start(cls, ip: str = "127.0.0.1") -> S3Endpoint:
+        """On `ip` (loopback by default; an address of the test hosts' bridge for the ssh tests)."""
         from moto.server import ThreadedMotoServer
 
         port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address=ip, port=port, verbose=False)
         server.start()
-        return cls(server=server, endpoint_url=f"http://127.0.0.1:{port}")
+        return cls(server=server, endpoint_url=f"http://{ip}:{port}")
 
     def stop(self) -> None:
         self.server.stop()

@@ -8,7 +8,10 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
 - `HOOK_EVAL_DELAY_S=S`: evaluation sleeps before every batch;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
-  `HOOK_PUBLISH_RELEASE` exists (or forever).
+  `HOOK_PUBLISH_RELEASE` exists (or forever);
+- `HOOK_AUDIT_OPENS=FILE`: the launcher-side process appends the path of every `.safetensors` file it opens
+  to read through Python's `open` (uploads, copies) to FILE (an audit hook; an `os.open` for fsync is not a
+  read, and safetensors' own reader is native code: see what the test asserts besides).
 
 `install()` (launcher side: the fault driver, `python -m tests.hooks.cli`, or a test through `hooked`)
 makes torchrun start `tests.hooks.worker` instead of the product's worker and forwards the `HOOK_*`
@@ -45,6 +48,21 @@ def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
         _delay_evaluation(patch, delay)
     if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
         _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))
+    if audit := os.environ.get("HOOK_AUDIT_OPENS"):
+        _audit_opens(audit)
+
+
+def _audit_opens(record: str) -> None:
+    import sys
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event != "open" or not isinstance(args[0], str) or not args[0].endswith(".safetensors"):
+            return
+        if isinstance(args[1], str) and "r" in args[1]:  # builtins.open's mode; os.open passes None
+            with open(record, "a") as fh:  # a .txt: this hook does not record itself
+                fh.write(os.path.abspath(args[0]) + "\n")
+
+    sys.addaudithook(hook)
 
 
 def _delay_evaluation(patch: Callable[[Any, str, Any], None], delay: float) -> None:

@@ -52,6 +52,7 @@ class NetnsHosts:
     addrs: list[str]
     key: Path
     bridge: str
+    service_addr: str  # a second address of the bridge, for servers the hosts reach (S3)
     sshd: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -98,12 +99,13 @@ def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
     net = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}"
     names = [f"rt-{suffix}-{i}" for i in (1, 2)]
     hosts = NetnsHosts(root=root, names=names, addrs=[f"{net}.{i}" for i in (1, 2)], key=root / "id_ed25519",
-                       bridge=f"rtb{suffix}")
+                       bridge=f"rtb{suffix}", service_addr=f"{net}.253")
     made_ns: list[str] = []
     root.mkdir(parents=True, exist_ok=True)
     try:
         _sh("ip", "link", "add", hosts.bridge, "type", "bridge")
         _sh("ip", "addr", "add", f"{net}.254/24", "dev", hosts.bridge)
+        _sh("ip", "addr", "add", f"{hosts.service_addr}/32", "dev", hosts.bridge)
         _sh("ip", "link", "set", hosts.bridge, "up")
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hosts.key))
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key"))

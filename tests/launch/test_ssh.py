@@ -122,35 +122,71 @@ def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_k
     assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
 
 
-def test_each_host_warms_its_own_disk_and_a_host_that_sees_other_data_refuses(netns_hosts: NetnsHosts,
-                                                                             tmp_path: Path) -> None:
+def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails_by_name_without_s3(
+        netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    import subprocess
+
     from tasks.data import make_data
     from tasks.run import identity, scratch
     from tasks.warm import remote_manifest_hash, warm_for_config
+    from tests.services import S3Endpoint
 
-    cache = {"data.cache_dir": str(netns_hosts.node_cache), "parallel.dp": 2}
-    cfg = ssh_config(tmp_path, netns_hosts, "warmed", **cache)
-    make_data(cfg.data.source_url, name=cfg.name, seed=5, tokens_per_shard=16384)
-    run = identity(cfg, remote_manifest_hash(cfg.data.source_url), scratch(cfg))
-    here = warm_for_config(cfg)  # the Airflow worker's own copy, in its own node-cache
-    summary = get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+    s3 = S3Endpoint.start(ip=netns_hosts.service_addr)  # on the hosts' bridge: both reach it
+    try:
+        source = f"s3://{s3.create_bucket()}/corpus"
+        make_data(source, name="tiny-test", seed=5, tokens_per_shard=16384, storage_options=s3.storage_options)
+        data = {"data.cache_dir": str(netns_hosts.node_cache), "data.source_url": source,
+                "data.storage_options": s3.storage_options, "parallel.dp": 2}
+        cfg = ssh_config(tmp_path, netns_hosts, "warmed", **data)
+        run = identity(cfg, remote_manifest_hash(source, storage_options=s3.storage_options), scratch(cfg))
+        here = warm_for_config(cfg)  # the Airflow worker's own copy (planning, evaluation), in its own node-cache
+        summary = get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
 
-    nodes = summary["nodes"]
-    assert [n["node"] for n in nodes] == netns_hosts.addrs
-    assert all(n["manifest_hash"] == run.data_manifest_hash and n["files"] > 0 for n in nodes)
-    dataset = Path(nodes[0]["dataset_dir"]).relative_to(netns_hosts.node_cache)
-    for private in netns_hosts.host_caches:  # each host filled its own disk
-        assert (private / dataset / "manifest.json").is_file()
-    assert len(summary["losses"]) == cfg.train.steps
+        nodes = summary["nodes"]
+        assert [n["node"] for n in nodes] == netns_hosts.addrs
+        assert all(n["manifest_hash"] == run.data_manifest_hash and n["files_fetched"] == n["files"] > 0
+                   for n in nodes)  # each host fetched its own copy from S3
+        dataset = Path(nodes[0]["dataset_dir"]).relative_to(netns_hosts.node_cache)
+        for private in netns_hosts.host_caches:  # on its own disk
+            assert (private / dataset / "manifest.json").is_file()
+        single_cfg = tiny_config(tmp_path, {"parallel.dp": 2}, out="single")
+        single = get_launcher(single_cfg).run(single_cfg, here.dataset_dir)
+        assert summary["losses"] == single["losses"]
+        assert weights_digest(summary["checkpoint_dir"], cfg.model) == weights_digest(single["checkpoint_dir"],
+                                                                                       cfg.model)
 
-    # New data lands after the run was planned: the first host to see it refuses, naming itself; no rank starts.
-    make_data(cfg.data.source_url, name=cfg.name, seed=6, tokens_per_shard=16384)
-    late = ssh_config(tmp_path, netns_hosts, "late", **cache)
-    with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: node "
-                                                  r"10\.[\d.]+: the dataset at .* verified as manifest"):
-        get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
-    assert not (Path(late.train.output_dir) / "status.json").exists()
-    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+        # A byte flipped in host 2's copy: its next warm re-fetches that file (and only that one).
+        shard = sorted((netns_hosts.host_caches[1] / dataset / "train").glob("*"))[0]
+        good = shard.read_bytes()
+        shard.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])
+        again_cfg = ssh_config(tmp_path, netns_hosts, "again", **data)
+        again = get_launcher(again_cfg, env=netns_hosts.env).run(again_cfg, here.dataset_dir, run=run,
+                                                                 node_warm=True)
+        assert [n["files_fetched"] for n in again["nodes"]] == [0, 1]
+        assert shard.read_bytes() == good
+
+        # Host 2 loses its route to S3: the launch fails naming it, before any rank starts.
+        blocked_cfg = ssh_config(tmp_path, netns_hosts, "blocked", **data)
+        route = ["ip", "-n", netns_hosts.names[1], "route", "add", "blackhole", f"{netns_hosts.service_addr}/32"]
+        subprocess.run(route, check=True)
+        try:
+            with pytest.raises(TrainingFailedError, match=rf"warm on node {netns_hosts.addrs[1]} failed, no rank "
+                                                          r"started"):
+                get_launcher(blocked_cfg, env=netns_hosts.env).run(blocked_cfg, here.dataset_dir, run=run,
+                                                                   node_warm=True)
+        finally:
+            subprocess.run([*route[:4], "del", *route[5:]], check=True)
+        assert not (Path(blocked_cfg.train.output_dir) / "status.json").exists()
+
+        # New data lands after the run was planned: the hosts refuse it, naming themselves.
+        make_data(source, name="tiny-test", seed=6, tokens_per_shard=16384, storage_options=s3.storage_options)
+        late = ssh_config(tmp_path, netns_hosts, "late", **data)
+        with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: node "
+                                                      r"10\.[\d.]+: the dataset at .* verified as manifest"):
+            get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
+        assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+    finally:
+        s3.stop()
 
 
 def test_node_local_checkpoints_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(

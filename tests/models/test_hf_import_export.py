@@ -114,8 +114,13 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     made = retrainer("make-data", str(config), "--seed", "3", "--tokens-per-shard", "16384", tmp=tmp_path)
     assert made.returncode == 0, made.stderr[-2000:]
 
-    # The schedule's first run: nothing is live, so `init_from: live` starts from the team's model.
-    done = retrainer("run", str(config), "--json", tmp=tmp_path)
+    # The schedule's first run: nothing is live, so `init_from: live` starts from the team's model. (Through
+    # the test hooks' CLI: it records every .safetensors file this, the Airflow-side, process opens.)
+    opened = tmp_path / "opened.txt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAINER_HOME": str(tmp_path / "home"),
+           "HOOK_AUDIT_OPENS": str(opened)}
+    done = subprocess.run([sys.executable, "-m", "tests.hooks.cli", "run", str(config), "--json"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout)
     assert out["run"]["init"]["kind"] == "pretrained" and out["run"]["init"]["url"] == str(hf)
@@ -127,6 +132,10 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert sorted(p.name for p in (run_dir / "export" / "step-000003").iterdir()) == [
         "shard-00000.json", "shard-00001.json"]
     assert not (run_dir / "export" / "step-000003-fp32").exists()
+    store = tmp_path / "store" / "models"
+    touched = opened.read_text().split()
+    assert any(p.startswith(str(hf)) for p in touched)  # the hook does see reads: the import, warmed
+    assert not [p for p in touched if p.startswith((str(store), str(run_dir)))], touched
 
     # Import parity in 3D: the first step's loss (before any update) is transformers' loss on that batch.
     cfg = load_config(config)
