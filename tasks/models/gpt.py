@@ -83,11 +83,13 @@ class Embedding(nn.Module):
 
     ref_prefix = EMBED
 
-    def __init__(self, m: ModelConfig, seed: int) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None) -> None:
         super().__init__()
         self.tok = nn.Embedding(m.vocab_size, m.d_model)
         self.pos = nn.Embedding(m.seq_len, m.d_model)
         self.drop = nn.Dropout(m.dropout)
+        if seed is None:  # weights are loaded next
+            return
         g = _gen(seed, 0)
         with torch.no_grad():
             self.tok.weight.copy_(_normal(g, m.vocab_size, m.d_model))
@@ -142,7 +144,7 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-LN block: x + drop(attn(ln1(x))); x + drop(mlp(ln2(x)))."""
 
-    def __init__(self, m: ModelConfig, index: int, seed: int, tp: TPGroup | None = None) -> None:
+    def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
         super().__init__()
         tp = tp or TPGroup()
         self.ref_prefix = f"blocks.{index}"
@@ -153,7 +155,11 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(m.dropout)
         self._init(m, index, seed, tp)
 
-    def _init(self, m: ModelConfig, index: int, seed: int, tp: TPGroup) -> None:
+    def _init(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup) -> None:
+        if seed is None:  # weights are loaded next: only the tensor-parallel marks
+            for name, p in self.named_parameters():
+                set_slice(p, None, shard_spec(m, name, tp.rank, tp.size), tp.size)
+            return
         g = _gen(seed, index + 1)
         d, qkv_out, attn_in = m.d_model, (m.n_heads + 2 * m.kv_heads) * m.head_dim, m.n_heads * m.head_dim
         full = {
@@ -191,10 +197,12 @@ class Head(nn.Module):
 
     ref_prefix = HEAD
 
-    def __init__(self, m: ModelConfig, seed: int) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(m.d_model)
         self.out = nn.Linear(m.d_model, m.vocab_size, bias=False)
+        if seed is None:  # weights are loaded next
+            return
         with torch.no_grad():
             self.out.weight.copy_(_normal(_gen(seed, m.n_layers + 1), m.vocab_size, m.d_model))
 
@@ -215,7 +223,7 @@ def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
 class Reference(nn.Module):
     """Single-process reference model; its state dict names are the reference names."""
 
-    def __init__(self, m: ModelConfig, seed: int = 0) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None = 0) -> None:
         super().__init__()
         self.embed = Embedding(m, seed)
         self.blocks = nn.ModuleList(TransformerBlock(m, i, seed) for i in range(m.n_layers))
@@ -229,7 +237,7 @@ class Reference(nn.Module):
         return self.head(x)
 
 
-def pipeline_layers(m: ModelConfig, seed: int, tp: TPGroup) -> list[object]:
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
     """DeepSpeed LayerSpecs: embedding, n_layers blocks, head (built lazily on the owning stage)."""
     from deepspeed.pipe import LayerSpec
 

@@ -188,18 +188,21 @@ def flops_per_token(m: ModelConfig) -> float:
 # ---- layers ------------------------------------------------------------------------------------
 
 
-def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int, tp: TPGroup) -> None:
+def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup) -> None:
     """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
 
-    Linear weights and the embedding ~ N(0, 0.02); norms 1; q/k/v biases 0.
+    Linear weights and the embedding ~ N(0, 0.02); norms 1; q/k/v biases 0. `seed` None: no draw (the
+    weights are loaded next: a resume or starting weights), only the tensor-parallel marks.
     """
-    g = _gen(seed, seed_layer)
+    g = None if seed is None else _gen(seed, seed_layer)
     shapes = full_shapes(m)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             ref = f"{layer.ref_prefix}.{name}"
             shape = shapes[ref]
-            if name.endswith("norm.weight"):
+            if g is None:
+                full = None
+            elif name.endswith("norm.weight"):
                 full = torch.ones(shape)
             elif name.endswith(".bias"):
                 full = torch.zeros(shape)
@@ -300,7 +303,7 @@ class Embedding(nn.Module):
 
     ref_prefix = EMBED
 
-    def __init__(self, m: ModelConfig, seed: int, tp: TPGroup | None = None) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.tp = tp or TPGroup()
         self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
@@ -322,7 +325,7 @@ def tied_logits(embed: Embedding, x: torch.Tensor) -> torch.Tensor:
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)); x + mlp(mlp_norm(x))."""
 
-    def __init__(self, m: ModelConfig, index: int, seed: int, tp: TPGroup | None = None) -> None:
+    def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
         super().__init__()
         tp = tp or TPGroup()
         self.ref_prefix = f"blocks.{index}"
@@ -342,7 +345,7 @@ class Head(nn.Module):
 
     ref_prefix = HEAD
 
-    def __init__(self, m: ModelConfig, seed: int, tp: TPGroup | None = None) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
         super().__init__()
         tp = tp or TPGroup()
         self.norm = RMSNorm(m.d_model, m.rms_norm_eps)
@@ -357,7 +360,7 @@ class Head(nn.Module):
 class Reference(nn.Module):
     """The whole model in one module: the yardstick (tp=1: full logits); its state dict uses the reference names."""
 
-    def __init__(self, m: ModelConfig, seed: int = 0, tp: TPGroup | None = None) -> None:
+    def __init__(self, m: ModelConfig, seed: int | None = 0, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.embed = Embedding(m, seed, tp)
         self.blocks = nn.ModuleList(TransformerBlock(m, i, seed, tp) for i in range(m.n_layers))
@@ -372,7 +375,7 @@ class Reference(nn.Module):
         return self.embed.logits(x) if self.tied else x
 
 
-def pipeline_layers(m: ModelConfig, seed: int, tp: TPGroup) -> list[object]:
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
     """DeepSpeed LayerSpecs [Embedding, n_layers x TransformerBlock, Head] (+ the tied embedding's logits).
 
     Tied embeddings: the embedding is a TiedLayerSpec keyed "embed" at both ends;

@@ -77,14 +77,15 @@ def row_parallel(x: torch.Tensor, lin: nn.Linear, tp: TPGroup) -> torch.Tensor:
     return y if lin.bias is None else y + lin.bias
 
 
-def set_slice(p: torch.Tensor, full: torch.Tensor, spec: tuple[int, torch.Tensor] | None, tp_size: int) -> None:
-    """Copy this rank's slice of the full tensor (`spec`: the family's shard_spec, None = replicated) into `p`;
-    a TP-sharded parameter is marked so that DeepSpeed's gradient norm counts it on every TP rank."""
-    if spec is not None:
-        full = full.index_select(spec[0], spec[1])
-        if tp_size > 1:
-            p.tensor_model_parallel = True  # type: ignore[attr-defined]
-    p.copy_(full)
+def set_slice(p: torch.Tensor, full: torch.Tensor | None, spec: tuple[int, torch.Tensor] | None,
+              tp_size: int) -> None:
+    """Copy this rank's slice of the full tensor (`spec`: the family's shard_spec, None = replicated) into `p`
+    (`full` None: leave the values, weights are loaded next); a TP-sharded parameter is marked so that
+    DeepSpeed's gradient norm counts it on every TP rank."""
+    if spec is not None and tp_size > 1:
+        p.tensor_model_parallel = True  # type: ignore[attr-defined]
+    if full is not None:
+        p.copy_(full if spec is None else full.index_select(spec[0], spec[1]))
 
 
 def shard_range(size: int, tp_rank: int, tp_size: int, field: str) -> tuple[int, int]:

@@ -144,7 +144,10 @@ class Trainer:
         self.family = get_family(m.family)
         with _deepspeed_prints_to_debug():
             module = PipelineModule(
-                layers=self.family.pipeline_layers(m, cfg.train.seed, tp),
+                # No seeded draw when the weights are loaded next (a resume, starting weights): at 70B it is
+                # minutes of random numbers and a full-size transient tensor per parameter on every rank.
+                layers=self.family.pipeline_layers(
+                    m, None if self.resume_from is not None or init_path is not None else cfg.train.seed, tp),
                 loss_fn=self.family.make_loss_fn(tp),
                 topology=topo,
                 partition_method="type:TransformerBlock",
