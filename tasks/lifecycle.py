@@ -161,7 +161,7 @@ def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
                      else fetch_starting_weights(cfg, run.init))
         export, secret_env = export_spec(cfg)
         summary = launcher.run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
-                                        node_warm=True, export=export, secret_env=secret_env)
+                               node_warm=True, export=export, secret_env=secret_env)
     outcome = "resumed" if summary.get("resumed_from_step") else "trained"
     log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
     return {**summary, "outcome": outcome}
