@@ -9,12 +9,16 @@ SIGTERM/SIGHUP. With `--env-stdin` the first line on stdin is the ranks'
 environment as JSON (so no value ever sits on a command line, where `ps` on the
 node would show it). With `--relay-status PATH` it prints each new status of the
 run (tasks/train/status.py) as one `RETRAINER-STATUS` line on its output, which
-the launcher follows: the run directory may be on this node's own disk. `reap`
+the launcher follows: the run directory may be on this node's own disk. So may
+the job's input: with `--files-stdin` the next stdin line is a JSON object
+{path: text} of files written (0600) before the job starts and removed after it;
+with `--relay-summary PATH` the job's summary is printed as one `RETRAINER-SUMMARY`
+line when it exits 0. `reap`
 is the launcher's second check: it stops any leftover of a launch on a node and
 exits 0 only when none is left.
 
-    python -m tasks.launch.agent run --tag TAG [--grace S] [--watch-stdin] [--env-stdin]
-                                     [--relay-status PATH] -- CMD...
+    python -m tasks.launch.agent run --tag TAG [--grace S] [--watch-stdin] [--env-stdin] [--files-stdin]
+                                     [--relay-status PATH] [--relay-summary PATH] -- CMD...
     python -m tasks.launch.agent reap --tag TAG [--grace S]
 """
 
@@ -31,27 +35,35 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from tasks.fsutil import atomic_write_bytes
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
-from tasks.train.status import read_status, relay_line
+from tasks.train.status import read_status, relay_line, summary_line
 
 log = logging.getLogger("tasks.launch.agent")
 
 CANCELLED = 143
 
 
-def _read_env_line() -> dict[str, str]:
-    """The first line on stdin: the ranks' environment as a JSON object (read byte-wise: the rest of
-    stdin is the liveness channel)."""
+def _read_json_line(what: str) -> dict[str, str]:
+    """The next line on stdin as a JSON object of strings (read byte-wise: the rest of stdin is the
+    liveness channel)."""
     line = b""
     while not line.endswith(b"\n"):
         chunk = os.read(0, 1)
         if not chunk:
             break
         line += chunk
-    env = json.loads(line or b"{}")
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise SystemExit("agent: --env-stdin expects one JSON object of strings")
-    return env
+    obj = json.loads(line or b"{}")
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise SystemExit(f"agent: {what} expects one JSON object of strings")
+    return obj
+
+
+def _write_files(files: dict[str, str]) -> None:
+    for path, text in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, text.encode())
+        os.chmod(path, 0o600)
 
 
 class _StatusRelay:
@@ -72,9 +84,21 @@ class _StatusRelay:
 
 
 def run(tag: str, cmd: Sequence[str], grace_s: float, *, watch_stdin: bool, env_stdin: bool,
-        relay_status: Path | None) -> int:
+        relay_status: Path | None, files_stdin: bool = False, relay_summary: Path | None = None) -> int:
     cancel = threading.Event()
-    extra = _read_env_line() if env_stdin else {}
+    extra = _read_json_line("--env-stdin") if env_stdin else {}
+    files = _read_json_line("--files-stdin") if files_stdin else {}
+    try:
+        _write_files(files)
+        return _run(tag, cmd, grace_s, cancel, extra, watch_stdin=watch_stdin, relay_status=relay_status,
+                    relay_summary=relay_summary)
+    finally:
+        for path in files:
+            Path(path).unlink(missing_ok=True)
+
+
+def _run(tag: str, cmd: Sequence[str], grace_s: float, cancel: threading.Event, extra: dict[str, str], *,
+         watch_stdin: bool, relay_status: Path | None, relay_summary: Path | None) -> int:
 
     def watch() -> None:
         try:  # os.read, not sys.stdin: a daemon thread must not hold the buffered reader's lock at exit
@@ -112,6 +136,8 @@ def run(tag: str, cmd: Sequence[str], grace_s: float, *, watch_stdin: bool, env_
     leftovers = stop_all(tag, grace_s=grace_s)
     if leftovers:
         log.warning("agent: job exited %d leaving %d process(es); stopped them", rc, leftovers)
+    if rc == 0 and relay_summary is not None and relay_summary.is_file():
+        print(summary_line(relay_summary.read_text()), flush=True)
     return rc
 
 
@@ -129,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=15.0)
     parser.add_argument("--watch-stdin", action="store_true", help="stop the job when stdin closes")
     parser.add_argument("--env-stdin", action="store_true", help="first stdin line: the job's env as JSON")
+    parser.add_argument("--files-stdin", action="store_true", help="next stdin line: {path: text} to write first")
     parser.add_argument("--relay-status", type=Path, help="print the run's status file as relay lines")
+    parser.add_argument("--relay-summary", type=Path, help="print this summary file as a relay line on success")
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -140,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cmd:
         parser.error("run needs a command after --")
     return run(args.tag, cmd, args.grace, watch_stdin=args.watch_stdin, env_stdin=args.env_stdin,
-               relay_status=args.relay_status)
+               relay_status=args.relay_status, files_stdin=args.files_stdin, relay_summary=args.relay_summary)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ class Job(ABC):
     def stop(self) -> None:
         """Cancel whatever still runs on every node and return only when nothing is left. Idempotent."""
 
+    def summary(self) -> dict[str, Any] | None:
+        """The finished run's summary as a node agent relayed it (the run dir may be on a node's own disk);
+        None: read `<output_dir>/summary.json`."""
+        return None
+
 
 class Launcher(ABC):
     """Runs `tasks.train.worker` ranks through one engine; `run()` returns the trainer's summary."""
@@ -145,7 +150,7 @@ class Launcher(ABC):
             detail = watcher.failure or f"exit status {rc}"
             raise TrainingFailedError(f"training of {cfg.name} failed ({self.name} launcher): {detail}")
         try:
-            summary = json.loads(summary_path.read_text())
+            summary = job.summary() or json.loads(summary_path.read_text())
         except FileNotFoundError:
             raise TrainingFailedError(f"training of {cfg.name} exited 0 but wrote no {summary_path}") from None
         if node_warm:

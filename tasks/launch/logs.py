@@ -10,9 +10,9 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from tasks.train.status import Status, parse_relay
+from tasks.train.status import Status, parse_relay, parse_summary
 
 
 class LineSink:
@@ -22,6 +22,7 @@ class LineSink:
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:
         self.logger, self.prefix = logger, prefix
         self.status: Status | None = None
+        self.summary: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     def __call__(self, line: str) -> None:
@@ -31,6 +32,9 @@ class LineSink:
             with self._lock:
                 if self.status is None or relayed.at >= self.status.at:
                     self.status = relayed
+            return
+        if (summary := parse_summary(line)) is not None:
+            self.summary = summary
             return
         self.logger.info("%s%s", self.prefix, line)
 

@@ -47,7 +47,7 @@ FORWARD_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "MKL_
 
 class SshJob(Job):
     def __init__(self, launcher: SshLauncher, hosts: list[str], remote_cmds: list[str], envs: list[dict[str, str]],
-                 tag: str) -> None:
+                 tag: str, files: dict[str, str]) -> None:
         self.launcher, self.hosts, self.tag = launcher, hosts, tag
         self.procs: list[subprocess.Popen[str]] = []
         self.readers: list[tuple[LineSink, threading.Thread]] = []
@@ -60,7 +60,8 @@ class SshJob(Job):
             )
             self.procs.append(proc)
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(env) + "\n")  # the agent's --env-stdin line; stdin then stays open
+            proc.stdin.write(json.dumps(env) + "\n")  # the agent's --env-stdin line
+            proc.stdin.write(json.dumps(files) + "\n")  # --files-stdin: the job's input; stdin then stays open
             proc.stdin.flush()
             sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[{host}] ")
             self.readers.append((sink, pump(proc.stdout, sink, name=f"ssh-{host}")))  # type: ignore[arg-type]
@@ -68,6 +69,13 @@ class SshJob(Job):
     def status(self) -> Status | None:
         relayed = [s.status for s, _ in self.readers if s.status is not None]
         return max(relayed, key=lambda st: st.at) if relayed else None
+
+    def summary(self) -> dict[str, object] | None:
+        for sink, reader in self.readers:
+            reader.join(timeout=10)  # the relay line comes just before the node's agent exits
+            if sink.summary is not None:
+                return sink.summary
+        return None
 
     def poll(self) -> int | None:
         codes = [p.poll() for p in self.procs]
@@ -197,9 +205,10 @@ class SshLauncher(Launcher):
         cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
                                python=self.section.python)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
-                 "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin"]
-        if node_rank == 0:  # rank 0 runs there: its agent relays the status file
-            agent += ["--relay-status", str(Path(cfg.train.output_dir) / STATUS_FILE)]
+                 "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
+        if node_rank == 0:  # rank 0 runs there: its agent relays the status file and the summary
+            out = Path(cfg.train.output_dir)
+            agent += ["--relay-status", str(out / STATUS_FILE), "--relay-summary", str(out / "summary.json")]
         return f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [*agent, "--",
                                                                                                      *cmd])
 
@@ -218,7 +227,8 @@ class SshLauncher(Launcher):
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,
                  cfg.cluster.master_port, ", ".join(sorted(envs[0])))
-        return SshJob(self, hosts, remotes, envs, tag)
+        files = {str(config_json): Path(config_json).read_text()}  # the run dir may be each node's own disk
+        return SshJob(self, hosts, remotes, envs, tag, files)
 
     def reap(self, host: str, tag: str) -> bool:
         """Stop any leftover of the launch on `host`; True when the node confirms none is left."""

@@ -7,7 +7,8 @@ hold the final weights already, sharded: in each stage the data-parallel rank-0 
 group gathers each tensor's TP slices onto its TP rank 0 (one tensor at a time), which writes the
 stage's shard (`model-0000s-of-0000n.safetensors`, one stage's tensors in host memory) and uploads
 it into the staging area, hashing while it streams (`ArtifactStore.stage_file`). It reports the file
-(path, size, sha256) and its tensors in `<run dir>/export/<tag>/shard-<stage>.json`; publish adds the
+(path, size, sha256) and its tensors (gathered into rank 0's summary, and kept in
+`<run dir>/export/<tag>/shard-<stage>.json` so a retry on the same disks reuses them); publish adds the
 small files (index, config.json, tokenizer) and commits the tree: the Airflow worker never touches a
 weight. Credentials for the store reach the ranks as AWS_* environment variables, never in a file.
 """
@@ -48,10 +49,11 @@ def read_reports(output_dir: str | Path, tag: str, stages: int) -> list[dict[str
 
 
 def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage: int, stages: int, dp_rank: int,
-                 spec: dict[str, Any], output_dir: str | Path, tag: str) -> None:
-    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none)."""
+                 spec: dict[str, Any], output_dir: str | Path, tag: str) -> dict[str, Any] | None:
+    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none);
+    the stage's report on the rank that wrote the shard, else None."""
     if dp_rank != 0:
-        return
+        return None
     from safetensors.torch import save_file
 
     from tasks.registry import ArtifactStore
@@ -70,14 +72,15 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage:
         elif tp.rank == 0:
             tensors[family.hf_name(name)] = local.to(dtype).cpu().contiguous()
     if tp.rank != 0:
-        return
+        return None
     file = shard_name(stage, stages)
     store = ArtifactStore(spec["store_url"], spec["storage_options"])
     with tempfile.TemporaryDirectory(prefix="retrainer-export-") as tmp:
         save_file(tensors, str(Path(tmp) / file), metadata={"format": "pt"})
         staged = store.stage_file(spec["staging"], file, Path(tmp) / file)
-    atomic_write_json(reports_dir(output_dir, tag) / f"shard-{stage:05d}.json",
-                      {"file": staged.to_dict(), "staging": spec["staging"],
-                       "weights": {n: t.numel() * t.element_size() for n, t in tensors.items()}})
+    report = {"stage": stage, "file": staged.to_dict(), "staging": spec["staging"],
+              "weights": {n: t.numel() * t.element_size() for n, t in tensors.items()}}
+    atomic_write_json(reports_dir(output_dir, tag) / f"shard-{stage:05d}.json", report)
     log.info("export: stage %d/%d wrote %s (%d tensors, %.1f MB) into the store's staging area",
              stage + 1, stages, file, len(tensors), staged.size / 1e6)
+    return report

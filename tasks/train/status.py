@@ -23,6 +23,7 @@ from tasks.fsutil import atomic_write_bytes
 
 STATUS_FILE = "status.json"
 RELAY_PREFIX = "RETRAINER-STATUS "
+SUMMARY_PREFIX = "RETRAINER-SUMMARY "  # the finished run's summary.json, relayed once by node 0's agent
 State = Literal["starting", "training", "finished", "failed"]
 
 
@@ -72,3 +73,19 @@ def parse_relay(line: str) -> Status | None:
     if not line.startswith(RELAY_PREFIX):
         return None
     return Status.from_json(line[len(RELAY_PREFIX):])
+
+
+def summary_line(text: str) -> str:
+    """A summary.json as one relay line (compact JSON)."""
+    return SUMMARY_PREFIX + json.dumps(json.loads(text), separators=(",", ":"))
+
+
+def parse_summary(line: str) -> dict[str, Any] | None:
+    """The summary a relayed line carries, or None."""
+    if not line.startswith(SUMMARY_PREFIX):
+        return None
+    try:
+        summary = json.loads(line[len(SUMMARY_PREFIX):])
+    except ValueError:
+        return None
+    return summary if isinstance(summary, dict) else None

@@ -328,11 +328,17 @@ class Trainer:
 
         assert self.export is not None
         stages = self.cfg.parallel.pp
-        if read_reports(out, tag, stages) is None:
-            export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage, stages=stages,
-                         dp_rank=self.dp_rank, spec=self.export, output_dir=out, tag=tag)
-        tdist.barrier()
-        return {"tag": tag, "dtype": self.export["dtype"], "shards": read_reports(out, tag, stages)}
+        seen: list[Any] = [None] * self.world  # decided together: every rank exports, or none does
+        tdist.all_gather_object(seen, read_reports(out, tag, stages) is not None)
+        if all(seen):
+            shards = read_reports(out, tag, stages)
+        else:
+            mine = export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage, stages=stages,
+                                dp_rank=self.dp_rank, spec=self.export, output_dir=out, tag=tag)
+            reports: list[Any] = [None] * self.world
+            tdist.all_gather_object(reports, mine)  # the run dir may be each node's own disk
+            shards = sorted((r for r in reports if r is not None), key=lambda r: r["stage"])
+        return {"tag": tag, "dtype": self.export["dtype"], "shards": shards}
 
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
                 exported: dict[str, Any] | None = None) -> dict[str, Any]:

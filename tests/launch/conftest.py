@@ -44,8 +44,8 @@ class NetnsHosts:
     Each host also has its own mount namespace in which its private directory `host_caches[i]` is mounted
     at `node_cache`: a job whose `data.cache_dir` is `node_cache` fills each host's own disk, as on real
     machines (here, outside the hosts, `node_cache` is a third, empty directory). Likewise
-    `host_ckpts[i]` at `node_run/ckpt`: a job whose output dir is `node_run` keeps its checkpoints on
-    each host's own disk (the rest of the run directory is shared)."""
+    `host_runs[i]` at `node_run`: a job whose output dir is `node_run` keeps its whole run directory
+    (checkpoints, status, summary) on each host's own disk."""
 
     root: Path
     names: list[str]
@@ -68,8 +68,8 @@ class NetnsHosts:
         return self.root / "node-run"
 
     @property
-    def host_ckpts(self) -> list[Path]:
-        return [self.root / f"host{i}-ckpt" for i in range(len(self.names))]
+    def host_runs(self) -> list[Path]:
+        return [self.root / f"host{i}-run" for i in range(len(self.names))]
 
     def overrides(self) -> dict[str, object]:
         """The config of an ssh job on these hosts (dotted overrides)."""
@@ -128,12 +128,12 @@ def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
                 f"PidFile {root / f'sshd_{i}.pid'}", "LogLevel ERROR", "",
             ]))
             log = open(root / f"sshd_{i}.log", "wb")  # noqa: SIM115 (owned by the daemon)
-            private, ckpts = hosts.host_caches[i - 1], hosts.host_ckpts[i - 1]
-            for path in (private, ckpts, hosts.node_cache, hosts.node_run / "ckpt"):
+            private, run_dir = hosts.host_caches[i - 1], hosts.host_runs[i - 1]
+            for path in (private, run_dir, hosts.node_cache, hosts.node_run):
                 path.mkdir(parents=True, exist_ok=True)
             sshd = shutil.which("sshd") or "/usr/sbin/sshd"
             # exec all the way down: the Popen pid is the sshd listener's
-            start = (f"mount --bind {private} {hosts.node_cache} && mount --bind {ckpts} {hosts.node_run / 'ckpt'} "
+            start = (f"mount --bind {private} {hosts.node_cache} && mount --bind {run_dir} {hosts.node_run} "
                      f"&& exec {sshd} -D -e -f {conf}")
             hosts.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation",
                                                 "private", "sh", "-c", start], stdout=log, stderr=log))

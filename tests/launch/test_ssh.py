@@ -189,7 +189,7 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         s3.stop()
 
 
-def test_node_local_checkpoints_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(
+def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(
         netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     import shutil
 
@@ -204,7 +204,8 @@ def test_node_local_checkpoints_are_mirrored_and_a_host_that_lost_its_disk_resum
         "train.output_dir": str(netns_hosts.node_run), "train.checkpoint_url": f"file://{mirror}"})
     run_id = for_dataset(cfg, dataset).run_id
 
-    # Killed once step 4 is mirrored; then host 2 loses its disk (a replacement node, an empty SSD).
+    # Each host's run directory is its own (status and summary come back through node 1's agent). Killed once
+    # step 4 is mirrored; then host 2 loses its disk (a replacement node, an empty SSD).
     with launched(cfg, dataset, {**netns_hosts.env, "HOOK_STEP_DELAY_S": "1"}, tmp_path / "first.log") as launcher:
         deadline = time.monotonic() + 300
         while (mirror / run_id / "step-000004" / "COMPLETE").exists() is False:
@@ -213,15 +214,17 @@ def test_node_local_checkpoints_are_mirrored_and_a_host_that_lost_its_disk_resum
             time.sleep(0.2)
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=120) == 143
-    for leftover in netns_hosts.host_ckpts[1].iterdir():
+    for leftover in netns_hosts.host_runs[1].iterdir():
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    assert not (netns_hosts.node_run / "ckpt" / "latest").exists()  # the launcher's own view holds nothing either
+    assert not (netns_hosts.node_run / "ckpt").exists()  # the launcher's own view holds no checkpoint either
 
     resumed = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset)
     assert resumed["resumed_from_step"] >= 4 and resumed["losses"] == reference["losses"]
-    for host_ckpt in netns_hosts.host_ckpts:  # each host committed step 6 on its own disk
-        assert (host_ckpt / "step-000006" / "COMPLETE").is_file()
-    assert weights_digest(netns_hosts.host_ckpts[0] / "step-000006", cfg.model) == weights_digest(
+    for host_run in netns_hosts.host_runs:  # each host committed step 6 on its own disk
+        assert (host_run / "ckpt" / "step-000006" / "COMPLETE").is_file()
+    assert (netns_hosts.host_runs[0] / "summary.json").is_file()  # the summary came back through the agent
+    assert not (netns_hosts.node_run / "summary.json").exists()
+    assert weights_digest(netns_hosts.host_runs[0] / "ckpt" / "step-000006", cfg.model) == weights_digest(
         reference["checkpoint_dir"], cfg.model)
     assert (mirror / run_id / "latest").read_text().strip() == "step-000006"
     assert sorted(p.name for p in (mirror / run_id).iterdir() if p.name.startswith("step-")) == [
