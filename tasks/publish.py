@@ -30,9 +30,6 @@ from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
 
-EXPORT_DIR = "export"
-
-
 @dataclass(frozen=True)
 class PublishResult:
     model: str
@@ -162,6 +159,7 @@ def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
     once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
     from tasks.models.export import export_checkpoint
     from tasks.models.weights import HF_INDEX
+    from tasks.train.export import EXPORT_DIR
 
     dest = checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{cfg.publish.export_dtype}"
     if (dest / HF_INDEX).is_file():

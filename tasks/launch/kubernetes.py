@@ -95,15 +95,14 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     )
     init_containers = None
     if warm_spec is not None:
-        from tasks.launch.slurm import WARM_DIR
-        from tasks.warm.node import SPEC_VAR
+        from tasks.warm.node import REPORT_DIR, SPEC_VAR
 
         out = Path(cfg.train.output_dir)
         node = k.V1EnvVar(name="NODE_NAME", value_from=k.V1EnvVarSource(
             field_ref=k.V1ObjectFieldSelector(field_path="spec.nodeName")))
         init_containers = [k.V1Container(
             name="warm", image=cfg.cluster.image,
-            command=[k8s.python, "-m", "tasks.warm.node", "--report-dir", str(out / WARM_DIR),
+            command=[k8s.python, "-m", "tasks.warm.node", "--report-dir", str(out / REPORT_DIR),
                      "--status-dir", str(out)],
             env=sorted([*env, node, k.V1EnvVar(name=SPEC_VAR, value=json.dumps(pod_warm_spec(warm_spec)))],
                        key=lambda e: e.name),

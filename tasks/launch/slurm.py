@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
-WARM_DIR = "warm"  # <output_dir>/warm/<node>.json: the staging step's reports
 
 
 def job_name(cfg: JobConfig, run_id: str) -> str:
@@ -55,7 +54,7 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
     """The batch script: (with `warm`) a staging step per node, then one torchrun per node, node rank and
     master from Slurm."""
     from tasks.launch.torchrun import torchrun_command
-    from tasks.warm.node import SPEC_VAR
+    from tasks.warm.node import REPORT_DIR, SPEC_VAR
 
     nodes = slurm.nodes
     cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python)
@@ -83,7 +82,7 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
     ]
     if warm:
         stage = (f"NODE_NAME=$(hostname) exec {shlex.quote(slurm.python)} -m tasks.warm.node "
-                 f"--report-dir {shlex.quote(str(out / WARM_DIR))} --status-dir {shlex.quote(str(out))}")
+                 f"--report-dir {shlex.quote(str(out / REPORT_DIR))} --status-dir {shlex.quote(str(out))}")
         lines += [f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(stage)}",
                   f"unset {SPEC_VAR}"]
     lines += [
@@ -182,9 +181,9 @@ class SlurmLauncher(Launcher):
             self.cancel(job_id)
 
     def node_reports(self, cfg: JobConfig) -> list[dict[str, object]]:
-        from tasks.warm.node import describe
+        from tasks.warm.node import REPORT_DIR, describe
 
-        reports = [json.loads(p.read_text()) for p in sorted((Path(cfg.train.output_dir) / WARM_DIR).glob("*.json"))]
+        reports = [json.loads(p.read_text()) for p in sorted((Path(cfg.train.output_dir) / REPORT_DIR).glob("*.json"))]
         for report in reports:
             log.info("slurm: %s", describe(report))
         return reports
@@ -201,11 +200,10 @@ class SlurmLauncher(Launcher):
         atomic_write_bytes(script, script_text.encode())
         env = rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
         if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
-            from tasks.warm.node import SPEC_VAR, node_spec
+            from tasks.warm.node import REPORT_DIR, SPEC_VAR, forwarded_env, node_spec
 
-            shutil.rmtree(out / WARM_DIR, ignore_errors=True)
-            env = {**env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
-                   SPEC_VAR: json.dumps(node_spec(cfg, run))}
+            shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
+            env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run))}
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)
         if done.returncode != 0:

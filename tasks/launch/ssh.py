@@ -36,9 +36,6 @@ from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
 
-# Storage credentials a node's warm may need from this machine's environment (s3fs/obstore read them).
-WARM_FORWARD_PREFIXES = ("AWS_",)
-
 # What of the ranks' environment (tasks/launch/torchrun.py) crosses to another host: not this host's
 # PATH, HOME or user, which the node has its own of.
 FORWARD_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "MKL_", "KMP_", "TP_SOCKET_IFNAME",
@@ -119,11 +116,11 @@ class SshLauncher(Launcher):
 
     def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, object]]:
         """Warm every host in parallel; refuse (naming the host) one that failed or verified other data."""
-        from tasks.warm.node import SPEC_VAR, describe, node_spec, parse_report
+        from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 
         hosts, tag = self._hosts(cfg), new_tag()
         spec = json.dumps(node_spec(cfg, run))
-        forwarded = {k: v for k, v in os.environ.items() if k.startswith(WARM_FORWARD_PREFIXES)}
+        forwarded = forwarded_env()
         results: dict[str, tuple[int, dict[str, object] | None, list[str]]] = {}
 
         def warm_one(i: int, host: str) -> None:

@@ -80,12 +80,17 @@ def summary_line(text: str) -> str:
     return SUMMARY_PREFIX + json.dumps(json.loads(text), separators=(",", ":"))
 
 
-def parse_summary(line: str) -> dict[str, Any] | None:
-    """The summary a relayed line carries, or None."""
-    if not line.startswith(SUMMARY_PREFIX):
+def parse_tagged(line: str, prefix: str) -> dict[str, Any] | None:
+    """The JSON object a `<prefix>{json}` relay line carries (summaries, warm reports), else None."""
+    if not line.startswith(prefix):
         return None
     try:
-        summary = json.loads(line[len(SUMMARY_PREFIX):])
+        obj = json.loads(line[len(prefix):])
     except ValueError:
         return None
-    return summary if isinstance(summary, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+
+def parse_summary(line: str) -> dict[str, Any] | None:
+    """The summary a relayed line carries, or None."""
+    return parse_tagged(line, SUMMARY_PREFIX)

@@ -31,6 +31,14 @@ log = logging.getLogger("tasks.warm.node")
 
 SPEC_VAR = "RETRAINER_WARM_SPEC"
 REPORT_PREFIX = "RETRAINER-WARM "
+REPORT_DIR = "warm"  # <output_dir>/warm/<node>.json, where the staging step and init container report
+# Storage credentials a node's warm may take from the launcher's environment (s3fs/obstore read them).
+FORWARD_PREFIXES = ("AWS_",)
+
+
+def forwarded_env() -> dict[str, str]:
+    """The launcher's storage credentials a node's warm gets in its environment (never argv, never a file)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES)}
 
 
 def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
@@ -75,13 +83,9 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
 
 def parse_report(line: str) -> dict[str, Any] | None:
     """The report of a `RETRAINER-WARM` line, else None."""
-    if not line.startswith(REPORT_PREFIX):
-        return None
-    try:
-        report = json.loads(line[len(REPORT_PREFIX):])
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) else None
+    from tasks.train.status import parse_tagged
+
+    return parse_tagged(line, REPORT_PREFIX)
 
 
 def describe(report: dict[str, Any]) -> str:
