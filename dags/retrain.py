@@ -124,13 +124,15 @@ def build_retrain_dag(config_path: Path):
             holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
             return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
 
-        @task(execution_timeout=timedelta(hours=2), retries=1)
+        # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
+        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=pool_slots)
         def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
             return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
             decision = lifecycle.stage_gate(*frozen(plan_out), metrics, warm_out)
+            get_current_context()["ti"].xcom_push(key="decision", value=decision)  # publish records the rules
             if not decision["publish"]:
                 # Read by the plugin's run-notes listener: the reason shows as the run's note.
                 get_current_context()["ti"].xcom_push(key="run_note", value=f"gate: {decision['reason']}")
@@ -140,7 +142,8 @@ def build_retrain_dag(config_path: Path):
               outlets=[MODEL_EVENTS])
         def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
             ti = get_current_context()["ti"]
-            result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics,
+            decision = ti.xcom_pull(task_ids="gate", key="decision")
+            result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
                                              actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
             if result["switched"]:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),

@@ -1,9 +1,11 @@
 """The publish gate: a new model reaches an alias only if it is not worse than the live one, and never if
 it is a version an operator rolled back from that alias.
 
-Both models are scored on the *same* held-out data (the live model is fetched
-from the artifact store, digest-verified, and evaluated again), so a change of
-dataset between runs cannot make a worse model look better. A candidate that is
+Both models are scored on the *same* suites (the evaluate stage scores the live
+model in the same rank job, or takes its cached numbers on exactly these suites),
+so a change of dataset between runs cannot make a worse model look better. The
+decision is a list of rules (`evaluate.gate.rules`: a metric, a direction, a
+tolerance against live or an absolute threshold), each recorded with its result. A candidate that is
 an already published version (same experiment key and checkpoint: same weights)
 is judged as that version: if a rollback moved the alias away from it, an
 automatic run does not put it back (only an explicit `retrainer promote` can).
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tasks.config import GateRule
     from tasks.registry import SwitchRecord, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -29,23 +32,57 @@ class GateDecision:
     live_loss: float | None
     live_version: int | None
     candidate_version: int | None = None  # set when the candidate is an already published version
+    rules: tuple[dict, ...] = ()  # every rule's result (recorded with the version)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def decide(new_loss: float, live_loss: float | None, tolerance: float, live_version: int | None = None) -> GateDecision:
-    """Publish when there is no live model, or new <= live x (1 + tolerance)."""
-    if live_loss is None:
-        return GateDecision(True, "no live model: first version", new_loss, None, None)
-    limit = live_loss * (1.0 + tolerance)
-    if new_loss <= limit:
-        reason = (f"held-out loss {new_loss:.4f} <= live v{live_version} {live_loss:.4f} "
-                  f"x (1 + {tolerance}) = {limit:.4f}")
-        return GateDecision(True, reason, new_loss, live_loss, live_version)
-    reason = (f"held-out loss {new_loss:.4f} is worse than live v{live_version} {live_loss:.4f} "
-              f"x (1 + {tolerance}) = {limit:.4f}: not published")
-    return GateDecision(False, reason, new_loss, live_loss, live_version)
+def check_rule(index: int, rule: GateRule, candidate: dict[str, float], live: dict[str, float] | None,
+               live_version: int | None) -> dict:
+    """One rule's verdict on the candidate's metrics: what was compared, the limit, passed or not, in words."""
+    new = candidate[rule.metric]
+    better = "<=" if rule.direction == "min" else ">="
+    name = f"evaluate.gate.rules[{index}] ({rule.metric} {rule.direction}"
+    reference: float | None = None
+    if rule.against == "absolute":
+        assert rule.threshold is not None
+        limit: float | None = rule.threshold
+        name += f", threshold {rule.threshold:g})"
+        what = f"threshold {limit:.6g}"
+    elif live is None:
+        limit = None
+        name += " vs live)"
+        what = "no live model"
+    else:
+        reference = live[rule.metric]
+        allowed = rule.tolerance * abs(reference) if rule.tolerance_kind == "relative" else rule.tolerance
+        limit = reference + allowed if rule.direction == "min" else reference - allowed
+        unit = f"{rule.tolerance:g} relative" if rule.tolerance_kind == "relative" else f"{rule.tolerance:g}"
+        name += f" vs live, tolerance {unit})"
+        what = f"live v{live_version} {reference:.6g} -> limit {limit:.6g}"
+    passed = limit is None or (new <= limit if rule.direction == "min" else new >= limit)
+    note = (f"{name}: {new:.6g} ({what})" if limit is None else
+            f"{name}: {new:.6g} {better if passed else ('>' if rule.direction == 'min' else '<')} "
+            f"{limit:.6g} ({what})")
+    return {"rule": index, "metric": rule.metric, "direction": rule.direction, "against": rule.against,
+            "candidate": new, "reference": reference, "limit": limit, "passed": passed, "note": note}
+
+
+def judge(rules: tuple[GateRule, ...], candidate: dict[str, float], live: dict[str, float] | None,
+          live_version: int | None, loss_metric: str) -> GateDecision:
+    """Publish when every rule passes; the refusal names each rule that failed."""
+    results = tuple(check_rule(i, r, candidate, live, live_version) for i, r in enumerate(rules))
+    failed = [r for r in results if not r["passed"]]
+    new_loss, live_loss = candidate[loss_metric], None if live is None else live[loss_metric]
+    if failed:
+        reason = "refused by " + "; ".join(r["note"] for r in failed) + ": not published"
+    elif live is None:
+        reason = "no live model: first version" + "".join(
+            f"; {r['note']}" for r in results if r["against"] == "absolute")
+    else:
+        reason = "; ".join(r["note"] for r in results)
+    return GateDecision(not failed, reason, new_loss, live_loss, live_version, rules=results)
 
 
 def known_candidate(model: str, alias: str, new_loss: float, candidate: VersionRecord | None,

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
 from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
-from tasks.gate import decide, known_candidate
+from tasks.gate import GateDecision, judge, known_candidate
 from tasks.lock import default_holder, experiment_lock
 from tasks.run import (
     RunIdentity,
@@ -181,11 +180,16 @@ def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """Score the run's checkpoint and the live model on every suite, as rank jobs on the cluster."""
     from tasks.evaluate import evaluate
 
-    metrics = evaluate(cfg, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]),
-                       experiment_key=run.experiment_key)
-    log.info("evaluate: held-out loss %.4f, perplexity %.2f", metrics["loss"], metrics["perplexity"])
+    live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
+    metrics = evaluate(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+    log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics["metrics"].items()))
+    if metrics["live"] is not None:
+        log.info("evaluate: live v%d (%s): %s", metrics["live"]["version"],
+                 "cached" if metrics["live"]["cached"] else "scored in this job",
+                 ", ".join(f"{k} {v:.4f}" for k, v in metrics["live"]["metrics"].items()))
     return metrics
 
 
@@ -196,24 +200,14 @@ def registry_for(cfg: JobConfig):
     return Registry(cfg.publish.registry_url)
 
 
-def _live_loss(cfg: JobConfig, live: Any, warm: dict[str, Any]) -> float | None:
-    """The live model's held-out loss on *this* run's held-out data (re-evaluated if the data changed)."""
-    from tasks.evaluate import evaluate_weights
-    from tasks.registry import ArtifactStore
+def _live_metrics(cfg: JobConfig, live: Any, metrics: dict[str, Any]) -> dict[str, float] | None:
+    """The live version's numbers on this evaluation's suites: scored by the evaluate stage, or cached."""
+    from tasks.evaluate.cache import read_cached
 
-    if live is None:
-        return None
-    if live.data_manifest_hash == warm["manifest_hash"] and "loss" in (live.metrics or {}):
-        return float(live.metrics["loss"])
-    store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
-    with tempfile.TemporaryDirectory() as tmp:
-        weights = Path(tmp) / "weights"
-        if live.artifact_kind == "tree":
-            store.get_tree(live.artifact_digest, weights)
-        else:
-            store.get(live.artifact_digest, weights)
-        metrics = evaluate_weights(cfg, weights, Path(warm["dataset_dir"]))
-    return float(metrics["loss"])
+    scored = metrics.get("live")
+    if scored is not None and scored["version"] == live.version:
+        return scored["metrics"]
+    return read_cached(cfg, live.version, metrics["suite_hash"])
 
 
 def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
@@ -224,8 +218,15 @@ def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: 
     new_loss = float(metrics["loss"])
     decision = known_candidate(model, alias, new_loss, candidate, live, registry.rollbacks(model, alias))
     if decision is None:
-        decision = decide(new_loss, _live_loss(cfg, live, warm), cfg.evaluate.gate.tolerance,
-                          live.version if live else None)
+        live_metrics = None if live is None else _live_metrics(cfg, live, metrics)
+        if live is not None and live_metrics is None:
+            seen = metrics.get("live")
+            decision = GateDecision(False, f"the live model of {alias} is v{live.version} now, evaluate scored "
+                                    f"{'v' + str(seen['version']) if seen else 'no live model'}: not published "
+                                    "(run evaluate again)", new_loss, None, live.version)
+        else:
+            decision = judge(cfg.evaluate.rules(), metrics["metrics"], live_metrics,
+                             live.version if live else None, f"{cfg.evaluate.suites[0].name}.loss")
     (log.info if decision.publish else log.warning)("gate: %s", decision.reason)
     return decision.to_dict()
 
@@ -242,9 +243,13 @@ def stage_publish(
     summary: dict[str, Any],
     metrics: dict[str, Any],
     *,
+    gate: dict[str, Any] | None = None,
     actor: str | None = None,
     reason: str = "retrain",
 ) -> dict[str, Any]:
+    """Publish the run's export as a version (with its metrics and the gate's rule results) and switch the
+    alias; the version's numbers on these suites are cached (it was scored exactly as exported)."""
+    from tasks.evaluate.cache import write_cached
     from tasks.plan import serving_estimate
     from tasks.publish import publish
 
@@ -252,7 +257,8 @@ def stage_publish(
     result = publish(
         cfg,
         Path(summary["checkpoint_dir"]),
-        {**metrics, "train_losses": loss_curve(summary.get("losses", []))},
+        {**metrics, "train_losses": loss_curve(summary.get("losses", [])),
+         "gate": list(gate["rules"]) if gate else []},
         experiment_key=run.experiment_key,
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_holder(),
@@ -260,6 +266,8 @@ def stage_publish(
         staged=summary.get("export"),
     )
     out = result.to_dict()
+    if "suite_hash" in metrics:
+        write_cached(cfg, out["version"], metrics["suite_hash"], metrics["metrics"])
     log.info("publish: %s v%s (from %s) is now %s (artifact %s)", out["model"], out["version"],
              "scratch" if out["parent_version"] is None else f"v{out['parent_version']}", out["alias"],
              out["artifact_url"])
@@ -297,7 +305,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     out["evaluate"] = stage_evaluate(cfg, run, out["train"], out["warm"])
     out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
     if out["gate"]["publish"]:
-        out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"])
+        out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
     return out
 
 

@@ -66,7 +66,8 @@ class Job(ABC):
 
 
 class Launcher(ABC):
-    """Runs `tasks.train.worker` ranks through one engine; `run()` returns the trainer's summary."""
+    """Runs rank jobs through one engine: the training ranks (`tasks.train.worker`), or the evaluation ranks
+    (`tasks.evaluate.worker`); `run()` returns the ranks' summary."""
 
     name = "base"
     poll_interval_s = 0.5
@@ -74,6 +75,7 @@ class Launcher(ABC):
     node_warm = False  # set by run(): warm the dataset and starting weights on every node before the ranks
     # Set by run(): credentials the ranks need (the export's store), passed by environment only.
     secret_env: Mapping[str, str] = MappingProxyType({})
+    evaluation = False  # set by run(): the ranks are evaluation ranks (tasks/evaluate/worker.py)
 
     @abstractmethod
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
@@ -99,7 +101,7 @@ class Launcher(ABC):
 
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
             init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
-            secret_env: dict[str, str] | None = None) -> dict[str, Any]:
+            secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train into `cfg.train.output_dir`; return the trainer's summary (with `node_warm`: each node's warm
         report under "nodes").
 
@@ -110,7 +112,8 @@ class Launcher(ABC):
         final weights' Hugging Face shards into the store's staging area (tasks/train/export.py), with
         `secret_env` (the store's credentials) in their environment. Before the first step of this
         launch (imports, rendezvous, one-off op builds) the allowance is `cluster.startup_timeout_s`
-        (default: cluster.hang_timeout_s)."""
+        (default: cluster.hang_timeout_s). `evaluation`: run the evaluation ranks on this spec instead
+        (tasks/evaluate: same engine, same supervision, their summary returned)."""
         from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
         from tasks.train.data import read_manifest
@@ -130,15 +133,17 @@ class Launcher(ABC):
 
         _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         self.node_warm, self.secret_env = node_warm, {**(secret_env or {}), **mirror_env}
+        self.evaluation = evaluation is not None
+        what = "evaluation" if self.evaluation else "training"
         reports = self.warm_nodes(cfg, run) if node_warm else []
-        config_json = write_worker_config(cfg, out, run, init_path, export)
+        config_json = write_worker_config(cfg, out, run, init_path, export, evaluation)
         tag = new_tag()
         try:
             with _sigterm_cancels() as cancel:
                 with cancel.deferred():  # never leave a half-started job untracked
                     job = self.start(cfg, dataset_dir, config_json, tag, run)
                 try:
-                    rc = self._supervise(cfg, job, watcher)
+                    rc = self._supervise(cfg, job, watcher, what)
                 finally:
                     with _sigterm_ignored():
                         job.stop()
@@ -148,16 +153,16 @@ class Launcher(ABC):
         if rc != 0:
             summary_path.unlink(missing_ok=True)
             detail = watcher.failure or f"exit status {rc}"
-            raise TrainingFailedError(f"training of {cfg.name} failed ({self.name} launcher): {detail}")
+            raise TrainingFailedError(f"{what} of {cfg.name} failed ({self.name} launcher): {detail}")
         try:
             summary = job.summary() or json.loads(summary_path.read_text())
         except FileNotFoundError:
-            raise TrainingFailedError(f"training of {cfg.name} exited 0 but wrote no {summary_path}") from None
+            raise TrainingFailedError(f"{what} of {cfg.name} exited 0 but wrote no {summary_path}") from None
         if node_warm:
             summary["nodes"] = reports or self.node_reports(cfg)
         return summary
 
-    def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher) -> int:
+    def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher, what: str) -> int:
         while (rc := job.poll()) is None:
             watcher.observe(job.status())
             if watcher.hung():
@@ -165,7 +170,7 @@ class Launcher(ABC):
                 log.error("%s job of %s hung: %s; cancelling", self.name, cfg.name, reason)
                 with _sigterm_ignored():
                     job.stop()
-                raise TrainingFailedError(f"training of {cfg.name} hung ({self.name} launcher): {reason}; "
+                raise TrainingFailedError(f"{what} of {cfg.name} hung ({self.name} launcher): {reason}; "
                                           "job cancelled on every node")
             time.sleep(self.poll_interval_s)
         return rc

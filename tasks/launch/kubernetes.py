@@ -58,7 +58,8 @@ def job_name(cfg: JobConfig, run_id: str) -> str:
 
 
 def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str,
-                      run_id: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+                      run_id: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None,
+                      evaluation: bool = False) -> dict[str, Any]:
     """The PyTorchJob manifest as the API server receives it (a plain dict); with `warm_spec` (tasks/warm/node.py)
     every pod's init container warms its node first."""
     from kubernetes import client as k
@@ -67,7 +68,8 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
 
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python)
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
+                           evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
     agent = [k8s.python, "-m", "tasks.launch.agent", "run", "--tag", tag, "--relay-status",
@@ -254,7 +256,8 @@ class KubernetesLauncher(Launcher):
 
     def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run_id: str,
                  warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
-        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id, warm_spec=warm_spec)
+        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id, warm_spec=warm_spec,
+                                    evaluation=self.evaluation)
         validate_manifest(manifest)
         return manifest
 

@@ -59,7 +59,7 @@ class LocalLauncher(Launcher):
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
         from tasks.launch.torchrun import rank_env, torchrun_command
 
-        cmd = torchrun_command(cfg, dataset_dir, config_json)
+        cmd = torchrun_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
         return LocalJob(cmd, rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
                         Path(cfg.train.output_dir) / STATUS_FILE, grace_s=self.grace_s)

@@ -50,14 +50,15 @@ def job_name(cfg: JobConfig, run_id: str) -> str:
 
 
 def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path, run_id: str, *,
-                  warm: bool = False) -> str:
+                  warm: bool = False, evaluation: bool = False) -> str:
     """The batch script: (with `warm`) a staging step per node, then one torchrun per node, node rank and
     master from Slurm."""
     from tasks.launch.torchrun import torchrun_command
     from tasks.warm.node import REPORT_DIR, SPEC_VAR
 
     nodes = slurm.nodes
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python)
+    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
+                           evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = Path(cfg.train.output_dir)
     lines = [
@@ -196,7 +197,8 @@ class SlurmLauncher(Launcher):
 
         out = Path(cfg.train.output_dir)
         script = out / "slurm-job.sbatch"
-        script_text = render_script(cfg, self.section, dataset_dir, config_json, run.run_id, warm=self.node_warm)
+        script_text = render_script(cfg, self.section, dataset_dir, config_json, run.run_id, warm=self.node_warm,
+                                    evaluation=self.evaluation)
         atomic_write_bytes(script, script_text.encode())
         env = rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
         if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials

@@ -192,7 +192,8 @@ class SshLauncher(Launcher):
         from tasks.launch.torchrun import torchrun_command
 
         hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
-        torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python)
+        torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
+                         evaluation=self.evaluation)
 
     def remote_command(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
@@ -200,7 +201,7 @@ class SshLauncher(Launcher):
         from tasks.launch.torchrun import torchrun_command
 
         cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
-                               python=self.section.python)
+                               python=self.section.python, evaluation=self.evaluation)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
         if node_rank == 0:  # rank 0 runs there: its agent relays the status file and the summary

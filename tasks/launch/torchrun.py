@@ -28,8 +28,9 @@ from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.run import RunIdentity
 
-# The training worker module torchrun runs on every node (tests swap in their hooked worker here).
+# The rank modules torchrun runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
+EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 EXTENSIONS_VAR = "TORCH_EXTENSIONS_DIR"
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials.
@@ -55,8 +56,10 @@ def torchrun_command(
     node_rank: int = 0,
     nproc_per_node: int | None = None,
     python: str = sys.executable,
+    evaluation: bool = False,
 ) -> list[str]:
-    """The torchrun invocation for one node (static rendezvous at cluster.master_addr:master_port)."""
+    """The torchrun invocation for one node (static rendezvous at cluster.master_addr:master_port) of the
+    training ranks, or with `evaluation` of the evaluation ranks."""
     world = cfg.parallel.world_size
     per_node = nproc_per_node or cfg.cluster.nproc_per_node or world // nnodes
     if per_node * nnodes != world:
@@ -68,7 +71,7 @@ def torchrun_command(
         f"--nproc-per-node={per_node}",
         f"--master-addr={cfg.cluster.master_addr}",
         f"--master-port={cfg.cluster.master_port}",
-        "-m", WORKER_MODULE,
+        "-m", EVAL_WORKER_MODULE if evaluation else WORKER_MODULE,
         "--config", str(config_json),
         "--dataset-dir", str(dataset_dir),
     ]  # fmt: skip
@@ -85,14 +88,16 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None,
-                        export: dict[str, Any] | None = None) -> Path:
+                        export: dict[str, Any] | None = None, evaluation: dict[str, Any] | None = None) -> Path:
     """The ranks' input file: the training job (no credentials), the run's identity, the starting weights,
-    and where the final weights' export goes (store URL, staging area, dtype, options without credentials)."""
+    where the final weights' export goes (store URL, staging area, dtype, options without credentials), and
+    for evaluation ranks what they evaluate (tasks/evaluate)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="worker-config.", suffix=".json", dir=directory)
     with os.fdopen(fd, "w") as fh:
         json.dump({"job": cfg.training_job().model_dump(mode="json"), "run": run.to_dict(),
-                   "init_path": str(init_path) if init_path else None, "export": export}, fh)
+                   "init_path": str(init_path) if init_path else None, "export": export,
+                   "evaluation": evaluation}, fh)
     return Path(path)
 
 

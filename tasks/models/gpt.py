@@ -220,6 +220,12 @@ def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
     return lm_loss
 
 
+def make_token_nll_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """token_nll(logits, labels) -> per-token cross entropy in fp32 (evaluation); the logits are full."""
+    return lambda logits, labels: F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                  reduction="none").reshape(labels.shape)
+
+
 class Reference(nn.Module):
     """Single-process reference model; its state dict names are the reference names."""
 

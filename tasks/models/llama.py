@@ -37,6 +37,7 @@ from tasks.models.parallel import (
     shard_range,
     vocab_parallel_cross_entropy,
     vocab_parallel_logits,
+    vocab_parallel_token_nll,
 )
 from tasks.plan.shapes import ParamCounts
 
@@ -402,6 +403,11 @@ def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
         return vocab_parallel_cross_entropy(local_logits, labels, tp)
 
     return loss_fn
+
+
+def make_token_nll_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """token_nll(local_logits, labels) -> per-token cross entropy (evaluation), from vocab-parallel logits."""
+    return lambda local_logits, labels: vocab_parallel_token_nll(local_logits, labels, tp)
 
 
 # ---- Hugging Face mapping ----------------------------------------------------------------------

@@ -170,3 +170,13 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
     if tp.size == 1:
         return F.cross_entropy(flat.float(), labels.reshape(-1))
     return _VocabParallelCE.apply(flat, labels.reshape(-1), tp).mean()
+
+
+def vocab_parallel_token_nll(local_logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Per-token next-token cross entropy [*labels.shape] in fp32 from each rank's logit slice (evaluation)."""
+    flat = local_logits.reshape(-1, local_logits.shape[-1])
+    if tp.size == 1:
+        nll = F.cross_entropy(flat.float(), labels.reshape(-1), reduction="none")
+    else:
+        nll = _VocabParallelCE.apply(flat, labels.reshape(-1), tp)
+    return nll.reshape(labels.shape)

@@ -230,12 +230,17 @@ def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = N
     model = get_family(m.family).Reference(m, seed=None)  # no seeded draw: every weight is loaded next
     load_into(model, path, m, TPGroup())
     if as_dtype is not None:
-        from tasks.models.export import DTYPES
-
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.to(getattr(torch, DTYPES[as_dtype])))
+        round_to(model, as_dtype)
     return model
+
+
+def round_to(module: nn.Module, as_dtype: str) -> None:
+    """Round every weight to `as_dtype` ("bf16", "fp32") in place, as an export in that dtype stores it."""
+    from tasks.models.export import DTYPES
+
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(getattr(torch, DTYPES[as_dtype])))
 
 
 def _torch_load(path: Path) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from tasks.fsutil import atomic_write_bytes
 STATUS_FILE = "status.json"
 RELAY_PREFIX = "RETRAINER-STATUS "
 SUMMARY_PREFIX = "RETRAINER-SUMMARY "  # the finished run's summary.json, relayed once by node 0's agent
-State = Literal["starting", "training", "finished", "failed"]
+State = Literal["starting", "training", "evaluating", "finished", "failed"]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -424,11 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def entry() -> None:
-    """Run `main` and leave without interpreter teardown: by now every checkpoint is fsynced and the
+def exit_without_teardown(run: Callable[[], int]) -> None:
+    """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
     process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
     and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
-    code = main()
+    code = run()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -436,4 +437,4 @@ def entry() -> None:
 
 
 if __name__ == "__main__":
-    entry()
+    exit_without_teardown(main)

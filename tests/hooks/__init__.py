@@ -6,7 +6,7 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_CKPT_DELAY=STEP:S`: rank 0 pauses S seconds inside the commit of step STEP's checkpoint (its files
   written, not committed);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
-- `HOOK_EVAL_DELAY_S=S`: evaluation sleeps before every batch;
+- `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
   `HOOK_PUBLISH_RELEASE` exists (or forever);
 - `HOOK_AUDIT_OPENS=FILE`: the launcher-side process appends the path of every `.safetensors` file it opens
@@ -14,8 +14,9 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
   read, and safetensors' own reader is native code: see what the test asserts besides).
 
 `install()` (launcher side: the fault driver, `python -m tests.hooks.cli`, or a test through `hooked`)
-makes torchrun start `tests.hooks.worker` instead of the product's worker and forwards the `HOOK_*`
-variables to the ranks; `tests.hooks.worker` patches the rank-side hooks in and runs the product's worker.
+makes torchrun start `tests.hooks.worker` (`tests.hooks.eval_worker`) instead of the product's training
+(evaluation) worker and forwards the `HOOK_*` variables to the ranks; those patch the rank-side hooks in and
+run the product's worker.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ log = logging.getLogger("tests.hooks")
 
 PREFIX = "HOOK_"
 WORKER = "tests.hooks.worker"
+EVAL_WORKER = "tests.hooks.eval_worker"
 
 
 def hook_env() -> dict[str, str]:
@@ -42,10 +44,9 @@ def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
 
     product_rank_env = torchrun.rank_env
     patch(torchrun, "WORKER_MODULE", WORKER)
+    patch(torchrun, "EVAL_WORKER_MODULE", EVAL_WORKER)
     patch(torchrun, "rank_env", lambda extra=None: product_rank_env({**hook_env(), **(extra or {})}))
     patch(ssh, "FORWARD_PREFIXES", (*ssh.FORWARD_PREFIXES, PREFIX))
-    if delay := float(os.environ.get("HOOK_EVAL_DELAY_S") or 0):
-        _delay_evaluation(patch, delay)
     if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
         _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))
     if audit := os.environ.get("HOOK_AUDIT_OPENS"):
@@ -63,21 +64,6 @@ def _audit_opens(record: str) -> None:
                 fh.write(os.path.abspath(args[0]) + "\n")
 
     sys.addaudithook(hook)
-
-
-def _delay_evaluation(patch: Callable[[Any, str, Any], None], delay: float) -> None:
-    from tasks.train import data
-
-    product_split = data.split_inputs
-    batch = {"n": 0}
-
-    def split_inputs(window):  # evaluate calls it once per batch
-        batch["n"] += 1
-        log.info("evaluate: hook: sleeping %.1f s before batch %d", delay, batch["n"])
-        time.sleep(delay)
-        return product_split(window)
-
-    patch(data, "split_inputs", split_inputs)
 
 
 def _block_after_version_insert(patch: Callable[[Any, str, Any], None], release: str | None) -> None:

@@ -74,4 +74,4 @@ def install() -> None:
 
 if __name__ == "__main__":
     install()
-    worker.entry()
+    worker.exit_without_teardown(worker.main)

@@ -1,0 +1,152 @@
+"""Evaluate stage: every suite's metrics of a committed checkpoint (and of the live model), scored by ranks.
+
+Why ranks: a model at real size exists only as slices across GPUs, so evaluation is a rank
+job through the training launcher (tasks/evaluate/worker.py) in `evaluate.parallel` or the
+training layout, and nothing on this side loads a weight. The checkpoint is scored as it
+will be served (each weight rounded to `publish.export_dtype`, exactly as the export stores
+it). The live model is scored in the same job on the same windows (unless its numbers on
+these suites are cached: tasks/evaluate/cache.py), so the gate compares like with like.
+
+Output (the stage's XCom): `metrics` {"<suite>.<name>": value} of the candidate; `live`
+(version, metrics, cached) or None; `suite_hash`; and, for the first suite, the flat `loss`,
+`perplexity`, `tokens` every earlier reader knows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.config import JobConfig, sha256_json
+from tasks.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from tasks.registry import VersionRecord
+    from tasks.run import RunIdentity
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
+             live: VersionRecord | None = None) -> dict[str, Any]:
+    """Score the run's checkpoint (and `live`, unless cached) on every suite; InvalidInputError for incomplete
+    checkpoints, another model's or another run's."""
+    from tasks.evaluate.cache import read_cached, write_cached
+    from tasks.evaluate.spec import resolve_suites, suite_hash
+    from tasks.train.checkpoint import validate_checkpoint_dir
+
+    checkpoint_dir = Path(checkpoint_dir)
+    marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), run.experiment_key)
+    suites = resolve_suites(cfg, run)
+    key = suite_hash(cfg, suites)
+    models: list[dict[str, Any]] = [{"name": "candidate", "path": str(checkpoint_dir),
+                                     "as_dtype": cfg.publish.export_dtype}]
+    live_metrics = read_cached(cfg, live.version, key) if live is not None else None
+    if live is not None and live_metrics is None:
+        from tasks.run import StartingWeights
+
+        weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
+                                  url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
+        models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
+    scored = run_ranks(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    if live is not None and live_metrics is None:
+        live_metrics = scored["live"]
+        write_cached(cfg, live.version, key, live_metrics)
+    metrics = scored["candidate"]
+    first = cfg.evaluate.suites[0].name
+    return {
+        "metrics": metrics,
+        "live": None if live is None else {"version": live.version, "metrics": live_metrics,
+                                           "cached": "live" not in scored},
+        "suite_hash": key,
+        "suites": suites,
+        "loss": metrics[f"{first}.loss"],
+        "perplexity": metrics[f"{first}.perplexity"],
+        "tokens": int(metrics[f"{first}.tokens"]),
+        "batches": cfg.evaluate.batches,
+        "batch_size": cfg.evaluate.batch_size,
+        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_tag": marker.get("tag"),
+        "step": marker.get("step"),
+        "experiment_key": marker["experiment_key"],
+    }
+
+
+def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
+              key: str, dataset_dir: Path, eval_root: Path) -> dict[str, dict[str, float]]:
+    """Launch the evaluation ranks (the job's launcher, the evaluation layout) and return each model's metrics;
+    their status and summary go to `eval_root/<evaluation id>` (the run directory's `eval/`)."""
+    from tasks.credentials import split_credentials
+    from tasks.launch import get_launcher
+
+    e = cfg.evaluate
+    layout = e.parallel or cfg.parallel
+    eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
+    out = eval_root / eval_id[:16]
+    eval_cfg = cfg.with_overrides({"parallel.tp": layout.tp, "parallel.pp": layout.pp, "parallel.dp": layout.dp,
+                                   "parallel.zero_stage": 1, "parallel.micro_batches": 1,
+                                   "train.output_dir": str(out)})
+    data_options, data_env = split_credentials(cfg.data.storage_options, "data.storage_options")
+    store_options, store_env = split_credentials(cfg.publish.storage_options, "publish.storage_options")
+    clash = [k for k in data_env if store_env.get(k, data_env[k]) != data_env[k]]
+    if clash and any(m.get("weights") for m in models):
+        raise InvalidInputError("data.storage_options and publish.storage_options carry different credentials; the "
+                                "evaluation ranks read both (the suites, the live model): give the nodes their own "
+                                "credentials (instance roles) or one key for both")
+    spec = {
+        "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size,
+        "metrics": [m.model_dump(mode="json") for m in e.metrics],
+        "cache_dir": cfg.data.cache_dir, "data_storage_options": data_options,
+        "store_url": cfg.publish.store_url, "store_options": store_options,
+        "tokenizer": tokenizer_file(cfg, run, out),
+    }
+    log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
+             len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
+    eval_run = dataclasses.replace(run, experiment_key=eval_id)  # its own job name on Slurm / Kubernetes
+    summary = get_launcher(eval_cfg).run(eval_cfg, dataset_dir, run=eval_run, secret_env={**store_env, **data_env},
+                                         evaluation=spec)
+    return summary["models"]
+
+
+def tokenizer_file(cfg: JobConfig, run: RunIdentity, out: Path) -> str | None:
+    """The tokenizer.json user metrics receive: the starting model's, fetched alone (None without one)."""
+    if not cfg.evaluate.metrics:
+        return None
+    from tasks.run import fetch_model_files
+
+    files = fetch_model_files(cfg, run.init, out / "model-files")
+    path = None if files is None else Path(files) / "tokenizer.json"
+    return str(path) if path is not None and path.is_file() else None
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("evaluate", help="every suite's metrics of a committed checkpoint, scored by ranks")
+    p.add_argument("config", help="job config YAML")
+    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE)")
+    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
+    p.add_argument("--output", help="also write the metrics JSON to this file (atomically)")
+    p.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from tasks.config import load_config
+    from tasks.fsutil import atomic_write_json
+    from tasks.run import RunIdentity
+    from tasks.train.checkpoint import validate_checkpoint_dir
+
+    cfg = load_config(args.config)
+    run = RunIdentity.from_dict(validate_checkpoint_dir(args.checkpoint, cfg.fingerprint())["run"])
+    dataset_dir = args.dataset_dir
+    if dataset_dir is None:
+        from tasks.warm import warm_for_config
+
+        dataset_dir = warm_for_config(cfg).dataset_dir
+    metrics = evaluate(cfg, run, args.checkpoint, dataset_dir)
+    if args.output:
+        atomic_write_json(args.output, metrics)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,80 @@
+"""A model held by the evaluation ranks in a tp x pp x dp layout, scored without an optimizer or engine.
+
+Why not DeepSpeed's engine: evaluation needs only the forward pass, and an engine
+would allocate gradients and optimizer states (12 bytes a parameter at 70B). Each
+rank builds its stage's layers with the training code (`PipelineModule` over the
+family's layer specs: the same partition, the same tensor-parallel slices), loads its
+slice of the weights, and the stages hand activations along with point-to-point sends
+between ranks of the same (data, model) coordinates. Every DP replica is a complete
+model; replicas score different batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+from tasks.config import ModelConfig
+from tasks.models import get_family
+from tasks.models.parallel import TPGroup
+from tasks.models.weights import load_into, round_to
+
+
+class ShardedModel:
+    """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
+
+    def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
+                 as_dtype: str | None) -> None:
+        from deepspeed.pipe import PipelineModule
+        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+        self.m, self.pp = m, pp
+        self.topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp_size, num_dp=dp)
+        self.grid = PipelineParallelGrid(topology=self.topo)
+        self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
+        self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
+        family = get_family(m.family)
+        self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
+                                     partition_method="type:TransformerBlock")
+        load_into(self.module, weights, m, self.tp)
+        if as_dtype is not None:
+            round_to(self.module, as_dtype)
+        self.module.eval()
+        self.device = next(self.module.parameters()).device  # DeepSpeed places the stage on this rank's device
+        self.token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = family.make_token_nll_fn(self.tp)
+        coords = self.topo.get_coord(tdist.get_rank())
+        self._peer = {s: self.topo.get_rank(pipe=s, data=coords.data, model=coords.model) for s in range(pp)}
+
+    @property
+    def last_stage(self) -> bool:
+        return self.stage == self.pp - 1
+
+    @torch.no_grad()
+    def forward_nll(self, windows: torch.Tensor) -> torch.Tensor | None:
+        """Per-token NLL [B, seq_len] of [B, seq_len + 1] windows on the last stage (None on the others).
+        Collective over this DP replica's ranks: each of them calls it with the same windows."""
+        x, y = windows[:, :-1].to(self.device), windows[:, 1:].to(self.device)
+        if self.stage == 0:
+            hidden = x
+        else:
+            hidden = torch.empty(x.shape[0], x.shape[1], self.m.d_model, device=self.device)
+            tdist.recv(hidden, src=self._peer[self.stage - 1])
+        out = self.module(hidden)
+        if not self.last_stage:
+            tdist.send(out.contiguous().float(), dst=self._peer[self.stage + 1])
+            return None
+        return self.token_nll(out, y)
+
+    @torch.no_grad()
+    def nll(self, windows: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL [B, seq_len] of [B, seq_len + 1] windows, on every rank of this DP replica (user
+        metrics call this; all of the replica's ranks must call it with the same windows)."""
+        local = self.forward_nll(windows)
+        result = local if local is not None else torch.empty(windows.shape[0], windows.shape[1] - 1,
+                                                             device=self.device)
+        if self.pp > 1:
+            tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.get_pipe_parallel_group())
+        return result

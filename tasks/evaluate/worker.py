@@ -1,0 +1,211 @@
+"""One evaluation rank, started by torchrun like a training rank: `python -m tasks.evaluate.worker --config C`.
+
+Why ranks: a 7B+ model does not fit one process, so evaluation runs on the cluster through the
+training launcher, in `evaluate.parallel` (default: the training layout). Each node's first rank
+warms the suites' datasets (verified against the manifest hashes the launcher side resolved) and
+fetches a registry version's weights into the node's cache; every rank then loads only its slice
+(tasks/evaluate/sharded.py). DP replicas take batches b = dp_rank (mod dp); the per-token losses are
+summed in float64, so any layout gives the same numbers up to float32 rounding in the forward.
+Rank 0 keeps the status file current (batches done) and writes `summary.json`:
+`{"models": {name: {"<suite>.loss": ..., "<suite>.perplexity": ..., "<suite>.tokens": ..., ...}}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from tasks.config import TrainingJob
+from tasks.errors import InvalidInputError, RetrainerError
+from tasks.evaluate.sharded import ShardedModel
+from tasks.evaluate.spec import window_order
+from tasks.fsutil import atomic_write_json
+from tasks.train.data import TokenWindows
+from tasks.train.status import Status, now, write_status
+
+log = logging.getLogger("tasks.evaluate.worker")
+
+
+def score_batch(model: ShardedModel, windows: torch.Tensor) -> torch.Tensor | None:
+    """Per-token NLL of one batch on the last stage (None elsewhere); one call per evaluated batch."""
+    return model.forward_nll(windows)
+
+
+class Evaluation:
+    """The ranks' side of one evaluation job: warm, load each model, score each suite, run user metrics."""
+
+    def __init__(self, job: TrainingJob, spec: dict[str, Any]) -> None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=job.cluster.hang_timeout_s))
+        self.job, self.spec = job, spec
+        self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
+        p = job.parallel
+        if self.world != p.world_size:
+            raise InvalidInputError(f"world size {self.world} != evaluation tp x pp x dp = {p.world_size}")
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        own = -(-spec["batches"] // p.dp)  # rank 0's batches per suite (replica 0 takes the most)
+        self.total = len(spec["models"]) * len(spec["suites"]) * own
+        self.done = 0
+
+    # ---- inputs on this node -----------------------------------------------------------------
+
+    def on_leaders(self, fn: Any) -> Any:
+        """Run `fn` on each node's first rank and hand its result to the node's other ranks."""
+        mine = fn() if self.local_rank == 0 else None
+        results: list[Any] = [None] * self.world
+        tdist.all_gather_object(results, mine)
+        return results[self.rank - self.local_rank]
+
+    def warm_suites(self) -> dict[str, Path]:
+        from tasks.warm import warm
+
+        def fetch() -> dict[str, str]:
+            dirs = {}
+            for s in self.spec["suites"]:
+                result = warm(s["source_url"], self.spec["cache_dir"], manifest_key=s["manifest"],
+                              storage_options=self.spec["data_storage_options"], progress=False)
+                if result.manifest_hash != s["manifest_hash"]:
+                    raise InvalidInputError(
+                        f"evaluate suite {s['name']}: the dataset at {s['source_url']} verified as manifest "
+                        f"{result.manifest_hash[:12]}, not {s['manifest_hash'][:12]} (it changed since the run "
+                        "started)")
+                dirs[s["name"]] = str(result.dataset_dir)
+            return dirs
+
+        return {name: Path(d) for name, d in self.on_leaders(fetch).items()}
+
+    def weights(self, entry: dict[str, Any]) -> Path:
+        """The local weights of one model: a checkpoint directory, or a registry version fetched once per node."""
+        if entry.get("path"):
+            return Path(entry["path"])
+        from tasks.run import StartingWeights, WeightSources, fetch_weights
+
+        init = StartingWeights(**entry["weights"])
+        src = WeightSources(cache_dir=self.spec["cache_dir"], model=self.job.model.model_dump(mode="json"),
+                            store_url=self.spec["store_url"], store_options=self.spec["store_options"])
+        return Path(self.on_leaders(lambda: str(fetch_weights(init, src))))
+
+    # ---- scoring -----------------------------------------------------------------------------
+
+    def report(self, state: str, reason: str | None = None) -> None:
+        if self.rank == 0 or reason is not None:
+            write_status(self.job.train.output_dir, Status(state=state, step=self.done, steps=self.total,  # type: ignore[arg-type]
+                                                           at=now(), reason=reason, rank=self.rank))
+
+    def score_suite(self, model: ShardedModel, dataset_dir: Path, split: str) -> dict[str, float]:
+        m, p, s = self.job.model, self.job.parallel, self.spec
+        windows = TokenWindows(dataset_dir, split, m.seq_len, m.vocab_size)
+        order = window_order(len(windows), s["batches"], s["batch_size"])
+        sums = torch.zeros(2, dtype=torch.float64)
+        for b in range(model.dp_rank, s["batches"], p.dp):
+            nll = score_batch(model, windows.get(order[b * s["batch_size"]:(b + 1) * s["batch_size"]]))
+            if nll is not None and model.tp.rank == 0:  # one count per replica: TP peers hold the same losses
+                sums += torch.tensor([nll.double().sum().item(), nll.numel()], dtype=torch.float64)
+            self.done += 1
+            self.report("evaluating")
+        tdist.all_reduce(sums)
+        loss = float(sums[0] / sums[1])
+        if not math.isfinite(loss):
+            raise InvalidInputError(f"{dataset_dir}: held-out loss is not finite ({loss})")
+        return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(sums[1])}
+
+    def user_metrics(self, model: ShardedModel, dirs: dict[str, Path]) -> dict[str, float]:
+        tokenizer = None
+        if self.spec.get("tokenizer"):
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(self.spec["tokenizer"])
+        out: dict[str, float] = {}
+        for metric in self.spec["metrics"]:
+            fn = load_entry_point(metric["entry_point"])
+            values = fn(model, tokenizer, dirs[metric["suite"]])
+            if not isinstance(values, dict) or set(values) != set(metric["names"]):
+                got = sorted(values) if isinstance(values, dict) else type(values).__name__
+                raise InvalidInputError(f"evaluate.metrics {metric['entry_point']}: returned {got}, the config "
+                                        f"declares {sorted(metric['names'])}")
+            for name, value in values.items():
+                if not isinstance(value, int | float) or not math.isfinite(float(value)):
+                    raise InvalidInputError(f"evaluate.metrics {metric['entry_point']}: {name} = {value!r} is not a "
+                                            "finite number")
+                out[f"{metric['suite']}.{name}"] = float(value)
+        return out
+
+    def run(self) -> dict[str, Any]:
+        self.report("evaluating")
+        dirs = self.warm_suites()
+        p = self.job.parallel
+        results: dict[str, Any] = {}
+        for entry in self.spec["models"]:
+            weights = self.weights(entry)
+            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"))
+            metrics: dict[str, float] = {}
+            for suite in self.spec["suites"]:
+                for key, value in self.score_suite(model, dirs[suite["name"]], suite["split"]).items():
+                    metrics[f"{suite['name']}.{key}"] = value
+            metrics.update(self.user_metrics(model, dirs))
+            results[entry["name"]] = metrics
+            if self.rank == 0:
+                log.info("evaluated %s: %s", entry["name"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+            del model
+        summary = {"models": results, "world_size": self.world, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}}
+        if self.rank == 0:
+            atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
+        self.report("finished")
+        return summary
+
+
+def load_entry_point(ref: str) -> Any:
+    """`module:function` -> the function (InvalidInputError naming the reference when it does not resolve)."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidInputError(f"evaluate.metrics entry point {ref!r}: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tasks.train.worker import quiet_start_up
+
+    parser = argparse.ArgumentParser(prog="tasks.evaluate.worker")
+    parser.add_argument("--config", required=True, help="JSON input file written by the launcher")
+    parser.add_argument("--dataset-dir", help="(unused: each suite is warmed on the node)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [rank {os.environ.get('RANK', '0')}] %(name)s: %(message)s")
+    quiet_start_up()
+    spec = json.loads(Path(args.config).read_text())
+    job = TrainingJob.model_validate(spec["job"])
+    evaluation = None
+    try:
+        evaluation = Evaluation(job, spec["evaluation"])
+        evaluation.run()
+    except RetrainerError as exc:
+        log.error("evaluation failed: %s", exc)
+        write_status(job.train.output_dir, Status(state="failed", step=evaluation.done if evaluation else 0,
+                                                  steps=evaluation.total if evaluation else 0, at=now(),
+                                                  reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
+        return 1
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from tasks.train.worker import exit_without_teardown
+
+    exit_without_teardown(main)

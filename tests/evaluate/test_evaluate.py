@@ -1,0 +1,125 @@
+"""Evaluate stage: every suite's metrics of a committed checkpoint, scored by evaluation ranks.
+
+Checkpoints here are committed with the trainer's own protocol (`finalize`) from weights trained by
+the single-process reference loop; the evaluation itself runs as ranks through the local launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tasks.config import JobConfig
+from tasks.data import make_data
+from tasks.errors import ConfigError, InvalidInputError
+from tasks.evaluate import evaluate
+from tasks.evaluate.spec import window_order
+from tasks.models import get_family
+from tasks.models.parallel import TPGroup
+from tasks.models.weights import load_reference
+from tasks.run import RunIdentity, for_dataset
+from tasks.train import checkpoint as ck
+from tasks.train.data import TokenWindows
+from tasks.train.reference import train_reference
+from tests.checkpoints import write_layer_files
+from tests.train.conftest import tiny_config
+
+USER_METRIC = {"entry_point": "tests.evaluate.user_metrics:token_prob", "suite": "heldout", "names": ["token_prob"]}
+
+
+def commit(cfg: JobConfig, run: RunIdentity, state: dict[str, torch.Tensor], step: int) -> Path:
+    root = ck.ckpt_root(cfg.train.output_dir)
+    tag = ck.tag_for(step)
+    tmp = root / f"tmp-{tag}"
+    write_layer_files(tmp, cfg.model, state)
+    return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path]:
+    """A tiny llama (the demo's family: vocab-parallel embedding and head) trained 20 steps."""
+    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20,
+                                 "evaluate.metrics": [USER_METRIC]})
+    make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)
+    run = for_dataset(cfg, cfg.data.source_url)
+    state = train_reference(cfg, cfg.data.source_url).model.state_dict()
+    return cfg, run, commit(cfg, run, state, 20)
+
+
+def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:
+    """The held-out loss of the same windows by one process holding the whole (tiny) model: the reference."""
+    model = load_reference(ckpt, cfg.model, as_dtype=cfg.publish.export_dtype).eval()
+    loss_fn = get_family(cfg.model.family).make_loss_fn(TPGroup())
+    windows = TokenWindows(cfg.data.source_url, "heldout", cfg.model.seq_len, cfg.model.vocab_size)
+    e = cfg.evaluate
+    order = window_order(len(windows), e.batches, e.batch_size)
+    with torch.no_grad():
+        batch = windows.get(order)
+        return float(loss_fn(model(batch[:, :-1]), batch[:, 1:]))
+
+
+def test_every_layout_gives_the_same_numbers(trained) -> None:
+    cfg, run, ckpt = trained
+    results = {}
+    for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1)):
+        layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp}})
+        results[(tp, pp, dp)] = evaluate(layout, run, ckpt, cfg.data.source_url)
+    reference = single_process_loss(cfg, ckpt)
+    e = cfg.evaluate
+    for layout, out in results.items():
+        m = out["metrics"]
+        assert m["heldout.loss"] == pytest.approx(reference, rel=1e-6, abs=0), layout
+        assert m["heldout.loss"] == out["loss"] and math.isclose(out["perplexity"], math.exp(out["loss"]))
+        assert m["heldout.tokens"] == out["tokens"] == e.batches * e.batch_size * cfg.model.seq_len
+        assert 0 < m["heldout.token_prob"] < 1  # the user metric ran and was recorded
+        assert m["heldout.token_prob"] == pytest.approx(results[(1, 1, 1)]["metrics"]["heldout.token_prob"],
+                                                        rel=1e-6), layout
+        assert out["checkpoint_tag"] == "step-000020" and out["step"] == 20 and out["live"] is None
+        assert out["experiment_key"] == run.experiment_key
+    assert len({out["suite_hash"] for out in results.values()}) == 1  # the layout is not part of what is scored
+
+
+def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None:
+    cfg, run, ckpt = trained
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    for layer in ckpt.glob("layer_*"):
+        (incomplete / layer.name).write_bytes(layer.read_bytes())
+    with pytest.raises(InvalidInputError, match="no COMPLETE marker"):
+        evaluate(cfg, run, incomplete, cfg.data.source_url)
+    with pytest.raises(InvalidInputError, match="checkpoint from another model"):
+        evaluate(cfg.with_overrides({"train.lr": 1e-4}), run, ckpt, cfg.data.source_url)
+    # Rules and metrics are checked when the config is loaded, naming the field and the unknown name.
+    with pytest.raises(ConfigError, match=r"evaluate.gate.rules\[1\].metric: unknown metric 'frozen.loss'"):
+        cfg.with_overrides({"evaluate.gate": {"rules": [{"metric": "heldout.loss"}, {"metric": "frozen.loss"}]}})
+    with pytest.raises(ConfigError, match=r"evaluate.metrics\[0\].suite: unknown suite 'general'"):
+        cfg.with_overrides({"evaluate.metrics": [{**USER_METRIC, "suite": "general"}]})
+    with pytest.raises(ConfigError, match="needs a threshold"):
+        cfg.with_overrides({"evaluate.gate": {"rules": [{"metric": "heldout.loss", "against": "absolute"}]}})
+    with pytest.raises(ConfigError, match=r"evaluate.parallel.tp \(3\)"):
+        cfg.with_overrides({"evaluate.parallel": {"tp": 3}})
+
+
+def test_cli_prints_json_writes_output_and_exits_2_on_bad_checkpoint(trained, tmp_path: Path) -> None:
+    cfg, _, ckpt = trained
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    output = tmp_path / "metrics.json"
+    cli = [sys.executable, "-m", "tasks.cli", "evaluate", str(config_path), "--dataset-dir", cfg.data.source_url]
+    done = subprocess.run([*cli, "--checkpoint", str(ckpt), "--output", str(output)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout)
+    assert printed == json.loads(output.read_text())
+    assert printed["metrics"]["heldout.loss"] == pytest.approx(single_process_loss(cfg, ckpt), rel=1e-6)
+
+    bad = subprocess.run([*cli, "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "no COMPLETE marker" in bad.stderr and str(tmp_path) in bad.stderr

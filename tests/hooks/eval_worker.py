@@ -1,0 +1,31 @@
+"""The evaluation worker with the rank-side test hooks patched in (see tests/hooks/__init__.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from tasks.evaluate import worker
+from tasks.train.worker import exit_without_teardown
+
+log = logging.getLogger("tests.hooks")
+
+
+def install() -> None:
+    if delay := float(os.environ.get("HOOK_EVAL_DELAY_S") or 0):
+        product_score = worker.score_batch
+        batch = {"n": 0}
+
+        def score_batch(model, windows):  # once per evaluated batch
+            batch["n"] += 1
+            log.info("evaluate: hook: sleeping %.1f s before batch %d", delay, batch["n"])
+            time.sleep(delay)
+            return product_score(model, windows)
+
+        worker.score_batch = score_batch
+
+
+if __name__ == "__main__":
+    install()
+    exit_without_teardown(worker.main)
