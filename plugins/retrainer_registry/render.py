@@ -72,14 +72,22 @@ def loss_svg(losses: Sequence[float], width: int = 640, height: int = 240, pad: 
 
 
 def metrics_cell(metrics: dict[str, Any]) -> str:
-    """Scalar metrics inline; lists (curves) summarized by length."""
-    parts = []
+    """Every suite's metrics, then each gate rule's result (passed or not, in words); other scalars inline,
+    lists (curves) summarized by length."""
+    parts = [f"{esc(k)}: {v:.4g}" for k, v in sorted((metrics.get("metrics") or {}).items())]
     for key in sorted(metrics):
         value = metrics[key]
-        if isinstance(value, list):
+        if key in ("metrics", "gate", "suites"):
+            continue
+        if key == "live" and isinstance(value, dict):
+            parts.append(f"live when evaluated: v{esc(value.get('version'))}")
+        elif isinstance(value, list):
             parts.append(f"{esc(key)}: [{len(value)} values]")
         elif isinstance(value, float):
             parts.append(f"{esc(key)}: {value:.4g}")
         else:
             parts.append(f"{esc(key)}: {esc(json.dumps(value) if isinstance(value, dict) else value)}")
+    for rule in metrics.get("gate") or []:
+        mark = "pass" if rule.get("passed") else "FAIL"
+        parts.append(f"gate {mark}: {esc(rule.get('note', rule.get('metric')))}")
     return "<br>".join(parts)

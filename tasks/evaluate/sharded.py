@@ -21,6 +21,7 @@ from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into, round_to
+from tasks.train.worker import deepspeed_prints_to_debug
 
 
 class ShardedModel:
@@ -37,8 +38,9 @@ class ShardedModel:
         self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
         self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
         family = get_family(m.family)
-        self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
-                                     partition_method="type:TransformerBlock")
+        with deepspeed_prints_to_debug():
+            self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
+                                         partition_method="type:TransformerBlock")
         load_into(self.module, weights, m, self.tp)
         if as_dtype is not None:
             round_to(self.module, as_dtype)

@@ -33,6 +33,7 @@ from tasks.evaluate.spec import window_order
 from tasks.fsutil import atomic_write_json
 from tasks.train.data import TokenWindows
 from tasks.train.status import Status, now, write_status
+from tasks.train.worker import deepspeed_prints_to_debug
 
 log = logging.getLogger("tasks.evaluate.worker")
 
@@ -51,7 +52,8 @@ class Evaluation:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=job.cluster.hang_timeout_s))
+        with deepspeed_prints_to_debug():
+            deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=job.cluster.hang_timeout_s))
         self.job, self.spec = job, spec
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         p = job.parallel

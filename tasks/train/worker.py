@@ -119,7 +119,7 @@ class Trainer:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before the first NCCL collective
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        with _deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         if self.world != p.world_size:
@@ -143,7 +143,7 @@ class Trainer:
         self.resume_from = self._resume_point()
 
         self.family = get_family(m.family)
-        with _deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug():
             module = PipelineModule(
                 # No seeded draw when the weights are loaded next (a resume, starting weights): at 70B it is
                 # minutes of random numbers and a full-size transient tensor per parameter on every rank.
@@ -159,7 +159,7 @@ class Trainer:
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
                 log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
-        with _deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug():
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module,
                 model_parameters=[q for q in module.parameters() if q.requires_grad],
@@ -375,7 +375,7 @@ class Trainer:
 
 
 @contextlib.contextmanager
-def _deepspeed_prints_to_debug():
+def deepspeed_prints_to_debug():
     """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
     buf = io.StringIO()
     try:
