@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES
+from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES, manifest_hash
 from tasks.errors import InvalidInputError
+from tasks.warm.cache import sibling_dataset_dir
 
 
 def read_manifest(dataset_dir: str | Path) -> dict:
@@ -47,6 +48,21 @@ def read_manifest(dataset_dir: str | Path) -> dict:
     if not isinstance(manifest.get("files"), list):
         raise InvalidInputError(f"{path}: 'files' must be a list")
     return manifest
+
+
+def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:
+    """The warmed directory of a replay source beside the primary `dataset_dir`, holding exactly the manifest
+    the run planned; InvalidInputError names the source's URL otherwise."""
+    path = sibling_dataset_dir(dataset_dir, expected_hash)
+    try:
+        found = manifest_hash((path / MANIFEST_KEY).read_bytes())
+    except OSError as exc:
+        raise InvalidInputError(f"replay source {url}: not warmed at {path} ({exc.strerror}); the warm stage "
+                                "puts every source of the mixture there") from None
+    if found != expected_hash:
+        raise InvalidInputError(f"replay source {url}: {path} holds manifest {found[:12]}, this run trains on "
+                                f"{expected_hash[:12]}")
+    return path
 
 
 class TokenWindows:
