@@ -137,6 +137,11 @@ class Trainer:
         self.windows = TokenWindows.joined([primary, *replay]) if replay else primary
         self.sampler = Sampler(len(primary), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed,
                                tuple((len(w), r.weight) for w, r in zip(replay, run.replay, strict=True)))
+        if replay and self.rank == 0:
+            log.info("data: %d windows of the new data (weight %g) + replay %s", len(primary),
+                     1 - sum(r.weight for r in run.replay),
+                     ", ".join(f"{r.url} ({len(w)} windows, weight {r.weight:g})" for w, r in zip(replay, run.replay,
+                                                                                                  strict=True)))
         # Decided before the engine exists: a run's own checkpoint wins; only a fresh run loads starting weights.
         self.root = ck.ckpt_root(cfg.train.output_dir)
         self.last_step = 0
