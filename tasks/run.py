@@ -77,7 +77,8 @@ class RunIdentity:
         return Path(cfg.train.output_dir) / self.run_id
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-shaped (the replay sources as a list), equal to what a JSON round trip gives back."""
+        return {**asdict(self), "replay": [asdict(r) for r in self.replay]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunIdentity:
