@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -99,8 +101,22 @@ class ModelConfig(_Strict):
         return self.d_model // self.n_heads
 
 
+class ReplaySource(_Strict):
+    """An earlier snapshot mixed into training (replay, against forgetting), drawn with `weight`."""
+
+    source_url: str = Field(min_length=1, description="fsspec URL of the snapshot's prefix")
+    weight: float = Field(gt=0, lt=1, description="share of every step's samples drawn from it")
+    manifest: str = Field("manifest.json", description="manifest key under source_url")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+
+
 class DataConfig(_Strict):
-    """Where the dataset lives and where it is warmed to."""
+    """Where the dataset lives and where it is warmed to.
+
+    `replay` mixes earlier snapshots into training: each is warmed and verified like the primary
+    `source_url`, which gets the rest of the weight (1 - the replay weights). Evaluation reads only
+    the primary's held-out split: the gate compares models on the new data.
+    """
 
     source_url: str = Field(description="fsspec URL of the dataset prefix (file://, s3://, ...)")
     manifest: str = Field("manifest.json", description="manifest key under source_url")
@@ -112,6 +128,20 @@ class DataConfig(_Strict):
         description="Airflow Asset URI whose events start a retrain (data arrival); an event's "
                     "extra.source_url names the new snapshot to train on",
     )
+    replay: tuple[ReplaySource, ...] = Field((), description="earlier snapshots drawn by weight besides "
+                                             "source_url (which gets 1 - their sum)")
+
+    @model_validator(mode="after")
+    def _mixture(self) -> DataConfig:
+        total = sum(r.weight for r in self.replay)
+        if self.replay and total >= 1:
+            raise ValueError(f"data.replay: the weights sum to {total:g}; data.source_url gets 1 - that, which "
+                             "must be > 0")
+        urls = [r.source_url.rstrip("/") for r in self.replay]
+        twice = sorted({u for u in urls if urls.count(u) > 1 or u == self.source_url.rstrip("/")})
+        if twice:
+            raise ValueError(f"data.replay: {twice} listed twice (a source is mixed in once, with one weight)")
+        return self
 
 
 class ParallelConfig(_Strict):
@@ -509,6 +539,12 @@ class JobConfig(_Strict):
                 raise ValueError(f"evaluate.parallel.pp ({e.pp}) cannot exceed model.n_layers ({m.n_layers})")
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError("parallel.zero_stage must be 0 or 1 with pipeline parallelism (pp > 1)")
+        batch = self.train.micro_batch_size * p.micro_batches * p.dp
+        drawn = sum(math.ceil(Fraction(r.weight) * batch) for r in self.data.replay)
+        if drawn > batch:  # tasks/train/data.py: the primary takes what the replay sources leave of a step
+            raise ValueError(f"data.replay: the replay sources draw up to {drawn} samples in one step, more than "
+                             f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
+                             "parallel.dp); use fewer replay sources or a larger batch")
         if p.tp > 1 and p.zero_stage == 0 and self.train.grad_clip > 0:
             # DeepSpeed's non-ZeRO clipping path mis-counts TP-sharded parameters: the weights drift from
             # the single-process reference (seen in the 3D-equality test). ZeRO-1 clips exactly.

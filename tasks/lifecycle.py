@@ -124,17 +124,22 @@ def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
 
 
 def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
-    from tasks.warm import warm_for_config
+    """Warm every source of the run's data (the primary, then each replay source), each verified against
+    the manifest the run was identified with."""
+    from tasks.warm import warm_mixture
 
-    result = warm_for_config(cfg)
-    if result.manifest_hash != run.data_manifest_hash:
-        raise RetrainerError(
-            f"{cfg.data.source_url}: the dataset changed since this run started (manifest "
-            f"{run.data_manifest_hash[:12]} then, {result.manifest_hash[:12]} now); a new run trains on it")
+    primary, *replay = warm_mixture(cfg)
+    planned = [(run.data_url, run.data_manifest_hash), *((r.url, r.manifest_hash) for r in run.replay)]
+    for (url, then), result in zip(planned, [primary, *replay], strict=True):
+        if result.manifest_hash != then:
+            raise RetrainerError(
+                f"{url}: the dataset changed since this run started (manifest "
+                f"{then[:12]} then, {result.manifest_hash[:12]} now); a new run trains on it")
     return {
-        "dataset_dir": str(result.dataset_dir),
-        "manifest_hash": result.manifest_hash,
-        "report": result.report.to_dict(),
+        "dataset_dir": str(primary.dataset_dir),
+        "manifest_hash": primary.manifest_hash,
+        "report": primary.report.to_dict(),
+        "replay": [{"url": url, **result.to_dict()} for (url, _), result in zip(planned[1:], replay, strict=True)],
     }
 
 
@@ -312,8 +317,10 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
 def describe_outcome(out: dict[str, Any]) -> list[str]:
     """What a user checks after a run: where it started from, whether it trained, what is live now."""
     run = out["run"]
+    replay = "".join(f" + replay {r['url']} (manifest {r['manifest_hash'][:12]}, weight {r['weight']:g})"
+                     for r in run.get("replay", []))
     lines = [f"run {run['experiment_key'][:16]}: started from {run['init']['note']}; data {run['data_url']} "
-             f"(manifest {run['data_manifest_hash'][:12]})"]
+             f"(manifest {run['data_manifest_hash'][:12]}){replay}"]
     if "skipped" in out:
         lines.append(out["skipped"])
         return lines

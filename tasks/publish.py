@@ -110,7 +110,7 @@ def publish(
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
-            init_digest=run.init.digest, data_url=run.data_url,
+            init_digest=run.init.digest, data_url=run.data_url, data_replay=[asdict(r) for r in run.replay],
         )
         record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
         switched = False

@@ -47,14 +47,26 @@ class StartingWeights:
 
 
 @dataclass(frozen=True)
+class ReplayData:
+    """One replay source of a run's mixture (`data.replay`): where, which exact data, and its weight."""
+
+    url: str
+    manifest_hash: str
+    weight: float
+
+
+@dataclass(frozen=True)
 class RunIdentity:
-    """Everything that decides what one training run produces, and its key."""
+    """Everything that decides what one training run produces, and its key.
+
+    `data_*` is the primary (new) data; `replay` the earlier snapshots mixed in, in config order."""
 
     experiment_key: str
     config_fingerprint: str
     data_manifest_hash: str
     data_url: str
     init: StartingWeights
+    replay: tuple[ReplayData, ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -65,11 +77,13 @@ class RunIdentity:
         return Path(cfg.train.output_dir) / self.run_id
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-shaped (the replay sources as a list), equal to what a JSON round trip gives back."""
+        return {**asdict(self), "replay": [asdict(r) for r in self.replay]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunIdentity:
-        return cls(**{**data, "init": StartingWeights(**data["init"])})
+        replay = tuple(ReplayData(**r) for r in data.get("replay", ()))
+        return cls(**{**data, "init": StartingWeights(**data["init"]), "replay": replay})
 
 
 def nothing_new(run: RunIdentity) -> str | None:
@@ -84,16 +98,26 @@ def nothing_new(run: RunIdentity) -> str | None:
             f"at {run.data_url}); nothing to train")
 
 
-def experiment_key(config_fingerprint: str, data_manifest_hash: str, init_digest: str | None) -> str:
-    return sha256_json({"config": config_fingerprint, "data": data_manifest_hash, "init": init_digest or "scratch"})
+def experiment_key(config_fingerprint: str, data_manifest_hash: str, init_digest: str | None,
+                   replay: tuple[ReplayData, ...] = ()) -> str:
+    """The replay sources enter as (manifest hash, weight) in order (the order seeds their streams), and only
+    when there are any: a run without replay keeps the key it always had. Their URLs are where, not what."""
+    key: dict[str, Any] = {"config": config_fingerprint, "data": data_manifest_hash, "init": init_digest or "scratch"}
+    if replay:
+        key["replay"] = [[r.manifest_hash, r.weight] for r in replay]
+    return sha256_json(key)
 
 
-def identity(cfg: JobConfig, data_manifest_hash: str, init: StartingWeights) -> RunIdentity:
+def identity(cfg: JobConfig, data_manifest_hash: str, init: StartingWeights,
+             replay_hashes: list[str] | None = None) -> RunIdentity:
+    """`replay_hashes`: the manifest hash of each `data.replay` source, in config order."""
+    replay = tuple(ReplayData(url=r.source_url, manifest_hash=h, weight=r.weight)
+                   for r, h in zip(cfg.data.replay, replay_hashes or [], strict=True))
     fingerprint = cfg.fingerprint()
     return RunIdentity(
-        experiment_key=experiment_key(fingerprint, data_manifest_hash, init.digest),
+        experiment_key=experiment_key(fingerprint, data_manifest_hash, init.digest, replay),
         config_fingerprint=fingerprint, data_manifest_hash=data_manifest_hash, data_url=cfg.data.source_url,
-        init=init,
+        init=init, replay=replay,
     )
 
 
@@ -163,12 +187,16 @@ def local_tree_digest(path: Path) -> str:
     return local_tree_manifest(path).digest
 
 
-def for_dataset(cfg: JobConfig, dataset_dir: str | Path) -> RunIdentity:
-    """The identity of a scratch run on an already-warmed dataset (`retrainer train`, launcher tests)."""
+def for_dataset(cfg: JobConfig, dataset_dir: str | Path, replay_dirs: list[Path] | None = None) -> RunIdentity:
+    """The identity of a scratch run on already-warmed datasets (`retrainer train`, launcher tests):
+    `replay_dirs` are the warmed `data.replay` sources, in config order."""
     from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 
-    raw = (Path(dataset_dir) / MANIFEST_KEY).read_bytes()
-    return identity(cfg, manifest_hash(raw), scratch(cfg))
+    if len(replay_dirs or []) != len(cfg.data.replay):
+        raise InvalidInputError(f"data.replay lists {len(cfg.data.replay)} sources: a run on one dataset directory "
+                                "cannot train on the mixture (warm it from the config instead)")
+    hashes = [manifest_hash((Path(d) / MANIFEST_KEY).read_bytes()) for d in replay_dirs or []]
+    return identity(cfg, manifest_hash((Path(dataset_dir) / MANIFEST_KEY).read_bytes()), scratch(cfg), hashes)
 
 
 def claim_run_dir(run_dir: Path, run: RunIdentity) -> None:
@@ -193,7 +221,8 @@ def resolve_identity(cfg: JobConfig, registry: Registry) -> RunIdentity:
     from tasks.warm import remote_manifest_hash
 
     data_hash = remote_manifest_hash(cfg.data.source_url, cfg.data.manifest, cfg.data.storage_options)
-    return identity(cfg, data_hash, resolve_starting_weights(cfg, registry))
+    replay = [remote_manifest_hash(r.source_url, r.manifest, r.storage_options) for r in cfg.data.replay]
+    return identity(cfg, data_hash, resolve_starting_weights(cfg, registry), replay)
 
 
 def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None:

@@ -97,6 +97,17 @@ def test_overrides_are_validated() -> None:
         (lambda c: c["model"].update(d_model=-64), r"model\.d_model"),
         (lambda c: c["parallel"].update(pp=2, zero_stage=2), "zero_stage must be 0 or 1"),
         (lambda c: c.update(name="bad name; drop"), "name"),
+        (lambda c: c["data"].update(replay=[{"source_url": "/a", "weight": 0.6}, {"source_url": "/b", "weight": 0.4}]),
+         r"data\.replay: the weights sum to 1; data\.source_url gets 1 - that, which must be > 0"),
+        (lambda c: c["data"].update(replay=[{"source_url": "/a", "weight": 1.5}]), r"data\.replay\.0\.weight"),
+        (lambda c: c["data"].update(replay=[{"source_url": "/a"}]), r"data\.replay\.0\.weight"),
+        (lambda c: c["data"].update(replay=[{"source_url": "/a", "weight": 0.1, "manifst": "m.json"}]),
+         r"data\.replay\.0\.manifst"),
+        (lambda c: c["data"].update(replay=[{"source_url": c["data"]["source_url"], "weight": 0.1}]),
+         r"data\.replay: .*tiny-text.* listed twice"),
+        # 17 sources of 1% each draw one sample a step each at times: more than the 16 of a global batch.
+        (lambda c: c["data"].update(replay=[{"source_url": f"/s{i}", "weight": 0.01} for i in range(17)]),
+         r"data\.replay: the replay sources draw up to 17 samples in one step, more than the global batch of 16"),
     ],
 )
 def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) -> None:

@@ -130,6 +130,10 @@ def version_page(request: Request, model: str, version: int) -> str:
                ("parent_version", "init_digest", "data_url", "config_hash", "data_manifest_hash", "code_revision",
                 "checkpoint_tag", "artifact_digest", "artifact_url", "size_bytes", "serving_bytes", "created_by",
                 "created_at")]
+    if v["data_replay"]:  # the training mixture's earlier snapshots, after the primary data
+        lineage.insert(5, ["data_replay", "<br>".join(
+            f"<code>{esc(r['url'])}</code> (manifest <code>{esc(r['manifest_hash'][:12])}</code>, "
+            f"weight {esc(r['weight'])})" for r in v["data_replay"])])
     body = (f"<p><a href='{mref}'>← {esc(model)}</a></p><h1>{esc(model)} v{version}</h1>"
             f"<h2>Training loss</h2>{render.loss_svg(training_losses(v, sources.jobs_by_model.get(model)))}"
             f"<h2>Metrics</h2>{render.metrics_cell(v['metrics'])}"

@@ -84,6 +84,26 @@ def check_metrics(metrics: Any) -> dict[str, Any]:
     return json.loads(text)
 
 
+def check_replay(replay: Any) -> list[dict[str, Any]]:
+    """A version's replay sources: a list of {url, manifest_hash, weight in (0, 1)}, weights summing below 1."""
+    if not isinstance(replay, list):
+        raise InvalidInputError(f"lineage.data_replay: must be a list, got {type(replay).__name__}")
+    out = []
+    for i, entry in enumerate(replay):
+        where = f"lineage.data_replay[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"url", "manifest_hash", "weight"}:
+            raise InvalidInputError(f"{where}: must be an object with url, manifest_hash and weight")
+        weight = entry["weight"]
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < 1:
+            raise InvalidInputError(f"{where}.weight: must be a number in (0, 1), got {weight!r}")
+        out.append({"url": check_text(entry["url"], f"{where}.url", max_len=4096),
+                    "manifest_hash": check_name(entry["manifest_hash"], f"{where}.manifest_hash"),
+                    "weight": float(weight)})
+    if sum(e["weight"] for e in out) >= 1:
+        raise InvalidInputError("lineage.data_replay: the weights must sum below 1 (the primary data has the rest)")
+    return out
+
+
 def _no_model(model: str) -> NotFoundError:
     return NotFoundError(f"model {model!r} is not in the registry")
 
@@ -186,7 +206,7 @@ class Registry:
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
             created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
             init_digest=m["init_digest"], data_url=m["data_url"], artifact_kind=m["artifact_kind"],
-            created=created,
+            data_replay=m["data_replay"] or [], created=created,
         )
 
     @staticmethod
@@ -234,6 +254,7 @@ class Registry:
         if lineage.data_url is not None:
             check_text(lineage.data_url, "lineage.data_url", max_len=4096)
         check_text(artifact.url, "artifact.url", max_len=4096)
+        replay = check_replay(lineage.data_replay)
         metrics = check_metrics(metrics)
         now = _now()
         with self._db().begin() as conn:
@@ -260,11 +281,13 @@ class Registry:
                 "serving_bytes": lineage.serving_bytes, "created_by": created_by, "created_at": now,
                 "parent_version": lineage.parent_version, "init_digest": lineage.init_digest,
                 "data_url": lineage.data_url, "artifact_kind": artifact.kind,
+                "data_replay": replay or None,  # NULL: no replay, as for every version before revision 0005
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])
         return VersionRecord(model=model, created=True, created_at=_iso(now) or "",
-                             **{k: v for k, v in values.items() if k not in ("model_id", "created_at")})
+                             **{k: v for k, v in values.items() if k not in ("model_id", "created_at", "data_replay")},
+                             data_replay=replay)
 
     # -- pointer switching ----------------------------------------------------
     def switch_alias(

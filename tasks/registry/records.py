@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 # 'file': one object whose bytes hash to the digest; 'tree': a directory whose manifest hashes to it
 # (tasks/registry/tree.py). A version records which (migration 0004), so readers know how to fetch it.
+# Its training mixture's replay sources are `data_replay` (migration 0005).
 ArtifactKind = Literal["file", "tree"]
 
 
@@ -35,6 +36,9 @@ class Lineage:
     parent_version: int | None = None  # the version the run started from (None: scratch or outside weights)
     init_digest: str | None = None  # digest of the starting weights (None: scratch)
     data_url: str | None = None  # where the training data was read from (a snapshot prefix)
+    # Earlier snapshots mixed into training (`data.replay`): {url, manifest_hash, weight} each, in order;
+    # the primary data above had the rest of the weight. Empty: trained on the primary data alone.
+    data_replay: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class VersionRecord:
     init_digest: str | None = None
     data_url: str | None = None
     artifact_kind: ArtifactKind = "file"
+    data_replay: list[dict[str, Any]] = field(default_factory=list)
     created: bool = field(default=False, compare=False)  # this call inserted it (publish's answer, not a fact)
 
     def to_dict(self) -> dict[str, Any]:

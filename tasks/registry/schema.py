@@ -18,7 +18,7 @@ from tasks.registry.errors import SchemaVersionError
 # alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
 VERSION_TABLE = "retrainer_schema_version"
 # The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
-HEAD = "0004"
+HEAD = "0005"
 
 metadata = sa.MetaData()
 
@@ -50,6 +50,7 @@ versions = sa.Table(
     sa.Column("init_digest", sa.String(64), nullable=True),
     sa.Column("data_url", sa.Text, nullable=True),
     sa.Column("artifact_kind", sa.String(16), nullable=False, server_default="file"),
+    sa.Column("data_replay", sa.JSON, nullable=True),
     sa.UniqueConstraint("model_id", "artifact_digest"),
 )
 

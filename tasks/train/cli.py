@@ -10,7 +10,8 @@ from typing import Any
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train a model with DeepSpeed (torchrun, tp x pp x dp ranks)")
     p.add_argument("config", help="job config YAML")
-    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
+    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it, and any data.replay sources, "
+                                         "from the config)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.set_defaults(handler=_handle)
@@ -26,12 +27,16 @@ def _handle(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise InvalidInputError(f"--steps must be >= 1, got {args.steps}")
         cfg = cfg.with_overrides({"train.steps": args.steps})
-    dataset_dir = args.dataset_dir
-    if dataset_dir is None:
-        from tasks.warm import warm_for_config
+    from tasks.run import for_dataset
 
-        dataset_dir = warm_for_config(cfg).dataset_dir
-    summary = train(cfg, dataset_dir)
+    if args.dataset_dir is not None:
+        dataset_dir, run = args.dataset_dir, for_dataset(cfg, args.dataset_dir)
+    else:
+        from tasks.warm import warm_mixture
+
+        primary, *replay = warm_mixture(cfg)
+        dataset_dir, run = primary.dataset_dir, for_dataset(cfg, primary.dataset_dir, [r.dataset_dir for r in replay])
+    summary = train(cfg, dataset_dir, run=run)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -1,10 +1,14 @@
-"""Token windows from a warmed dataset dir, and a sampler that is a pure function of the step.
+"""Token windows from warmed dataset dirs, and a sampler that is a pure function of the step.
 
 Why a pure function: resume must continue on exactly the samples an unbroken
 run would have seen. The global batch of step s is drawn from a permutation
 seeded by (seed, epoch) with epoch = s // steps_per_epoch, so the "data
 position" saved in a checkpoint is just the step; no iterator state to pickle.
 Each DP rank takes a disjoint slice of every micro-batch.
+
+A mixture (`data.replay`) keeps that property: how many samples each source has
+given before step s is a function of s alone (see `Sampler.drawn`), so each
+source's position in its own permuted stream is too.
 
 Dataset format (written by `tasks.data` / `tasks.prepare`, copied by `tasks.warm`):
 `manifest.json` with `format: retrainer-dataset/1`, `dtype` (`uint16` or `uint32`,
@@ -15,14 +19,17 @@ little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES
+from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES, manifest_hash
 from tasks.errors import InvalidInputError
+from tasks.warm.cache import sibling_dataset_dir
 
 
 def read_manifest(dataset_dir: str | Path) -> dict:
@@ -41,6 +48,21 @@ def read_manifest(dataset_dir: str | Path) -> dict:
     if not isinstance(manifest.get("files"), list):
         raise InvalidInputError(f"{path}: 'files' must be a list")
     return manifest
+
+
+def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:
+    """The warmed directory of a replay source beside the primary `dataset_dir`, holding exactly the manifest
+    the run planned; InvalidInputError names the source's URL otherwise."""
+    path = sibling_dataset_dir(dataset_dir, expected_hash)
+    try:
+        found = manifest_hash((path / MANIFEST_KEY).read_bytes())
+    except OSError as exc:
+        raise InvalidInputError(f"replay source {url}: not warmed at {path} ({exc.strerror}); the warm stage "
+                                "puts every source of the mixture there") from None
+    if found != expected_hash:
+        raise InvalidInputError(f"replay source {url}: {path} holds manifest {found[:12]}, this run trains on "
+                                f"{expected_hash[:12]}")
+    return path
 
 
 class TokenWindows:
@@ -75,6 +97,17 @@ class TokenWindows:
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
         self.index = index
 
+    @classmethod
+    def joined(cls, parts: list[TokenWindows]) -> TokenWindows:
+        """The windows of several sources as one index space: source k's windows follow source k-1's."""
+        out = cls.__new__(cls)
+        out.seq_len, out.shards, out.index = parts[0].seq_len, [], []
+        for part in parts:
+            base = len(out.shards)
+            out.shards.extend(part.shards)
+            out.index.extend((base + shard, start) for shard, start in part.index)
+        return out
+
     def __len__(self) -> int:
         return len(self.index)
 
@@ -89,13 +122,19 @@ class TokenWindows:
 
 @dataclass(frozen=True)
 class Sampler:
-    """Global batch of a step, and each DP rank's disjoint share of each micro-batch."""
+    """Global batch of a step, and each DP rank's disjoint share of each micro-batch.
+
+    `num_samples` are the primary source's windows; `replay` holds (windows, weight) per replay
+    source, whose indices follow the primary's (as in `TokenWindows.joined`). Without replay the
+    draw is the single-source one every earlier run made.
+    """
 
     num_samples: int
     micro_batch_size: int
     micro_batches: int
     dp: int
     seed: int
+    replay: tuple[tuple[int, float], ...] = ()
 
     @property
     def global_batch(self) -> int:
@@ -111,16 +150,45 @@ class Sampler:
                 f"dataset has {self.num_samples} training windows, fewer than one global batch "
                 f"({self.global_batch} = micro_batch_size x micro_batches x dp)"
             )
+        for k, (windows, _) in enumerate(self.replay, start=1):
+            if windows < self.global_batch:
+                raise InvalidInputError(f"data.replay[{k - 1}] has {windows} training windows, fewer than one "
+                                        f"global batch ({self.global_batch})")
 
     def position(self, step: int) -> dict[str, int]:
         """The data position before 0-based `step` (what a checkpoint records)."""
         return {"step": step, "epoch": step // self.steps_per_epoch, "index": step % self.steps_per_epoch}
 
+    def drawn(self, step: int) -> list[int]:
+        """Samples each source (primary first) gave before 0-based `step`.
+
+        Replay source k: floor(w_k x global_batch x step), exactly (rational arithmetic, so every
+        machine agrees); the primary: the rest. Each count only grows with the step, and every step
+        sums to the global batch. (Largest remainders on the cumulative quotas would not do: a
+        source's count could drop from one step to the next.) The config refuses replay weights
+        that could leave the primary less than nothing in a step."""
+        total = self.global_batch * step
+        replay = [math.floor(Fraction(weight) * total) for _, weight in self.replay]
+        return [total - sum(replay), *replay]
+
+    def _stream(self, source: int, start: int, stop: int) -> np.ndarray:
+        """Positions [start, stop) of one source's stream: its windows in a permutation per epoch, an epoch
+        being its windows rounded down to whole global batches (for the primary alone: the steps of an
+        epoch). Seeds: (seed, epoch) for the primary, as always; (seed, k, epoch) for replay source k."""
+        windows = self.num_samples if source == 0 else self.replay[source - 1][0]
+        offset = self.num_samples + sum(n for n, _ in self.replay[:source - 1]) if source else 0
+        length = windows // self.global_batch * self.global_batch
+        positions = np.arange(start, stop)
+        out = np.empty(len(positions), dtype=np.int64)
+        for epoch in np.unique(positions // length):
+            key = [self.seed, int(epoch)] if source == 0 else [self.seed, source, int(epoch)]
+            here = positions // length == epoch
+            out[here] = np.random.default_rng(key).permutation(windows)[positions[here] % length]
+        return out + offset
+
     def global_indices(self, step: int) -> np.ndarray:
-        pos = self.position(step)
-        perm = np.random.default_rng([self.seed, pos["epoch"]]).permutation(self.num_samples)
-        start = pos["index"] * self.global_batch
-        return perm[start : start + self.global_batch]
+        before, after = self.drawn(step), self.drawn(step + 1)
+        return np.concatenate([self._stream(k, a, b) for k, (a, b) in enumerate(zip(before, after, strict=True))])
 
     def rank_micro_batches(self, step: int, dp_rank: int) -> list[np.ndarray]:
         """Micro-batch j of DP rank r = rows [j*mbs*dp + r*mbs, +mbs) of the global batch."""

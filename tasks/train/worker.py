@@ -1,5 +1,8 @@
 """One training rank, started by torchrun: `python -m tasks.train.worker --config C.json --dataset-dir D`.
 
+D is the primary dataset; a run's replay sources (its identity's `replay`) are the warmed datasets
+beside D in the same cache, found by manifest hash.
+
 Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
 (also for pp=1, so there is one code path); the job arrives as the JSON the
 launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
@@ -40,7 +43,7 @@ from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
 from tasks.train import checkpoint as ck
-from tasks.train.data import Sampler, TokenWindows, split_inputs
+from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
 from tasks.train.status import State, Status, now, write_status
 from tasks.train.telemetry import Telemetry, comms_config
 
@@ -129,8 +132,17 @@ class Trainer:
         tp = self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
         self.dp_rank, self.stage = self.grid.get_data_parallel_rank(), self.grid.get_stage_id()
 
-        self.windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
-        self.sampler = Sampler(len(self.windows), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed)
+        primary = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
+        replay = [TokenWindows(replay_dataset_dir(dataset_dir, r.url, r.manifest_hash), "train", m.seq_len,
+                               m.vocab_size) for r in run.replay]
+        self.windows = TokenWindows.joined([primary, *replay]) if replay else primary
+        self.sampler = Sampler(len(primary), cfg.train.micro_batch_size, p.micro_batches, p.dp, cfg.train.seed,
+                               tuple((len(w), r.weight) for w, r in zip(replay, run.replay, strict=True)))
+        if replay and self.rank == 0:
+            log.info("data: %d windows of the new data (weight %g) + replay %s", len(primary),
+                     1 - sum(r.weight for r in run.replay),
+                     ", ".join(f"{r.url} ({len(w)} windows, weight {r.weight:g})" for w, r in zip(replay, run.replay,
+                                                                                                  strict=True)))
         # Decided before the engine exists: a run's own checkpoint wins; only a fresh run loads starting weights.
         self.root = ck.ckpt_root(cfg.train.output_dir)
         self.last_step = 0

@@ -20,6 +20,7 @@ _EXPORTS = {
     "remote_manifest_hash": "tasks.warm.core",
     "warm": "tasks.warm.core",
     "warm_for_config": "tasks.warm.core",
+    "warm_mixture": "tasks.warm.core",
 }
 __all__ = sorted(_EXPORTS)
 

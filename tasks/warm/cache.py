@@ -162,6 +162,14 @@ def dataset_in_use(dataset_dir: str | os.PathLike[str]) -> Iterator[Path]:
         yield dataset_dir
 
 
+def sibling_dataset_dir(dataset_dir: str | os.PathLike[str], manifest_hash: str) -> Path:
+    """Where the dataset of `manifest_hash` lives in the cache that holds `dataset_dir`: every source of a
+    training mixture is warmed into the same cache, on every node, so the ranks find each one from the
+    primary's directory (whichever node's it is)."""
+    layout = CacheLayout(Path(dataset_dir).parent.parent)
+    return layout.dataset_dir(layout.dataset_id(manifest_hash))
+
+
 def dir_bytes(path: Path) -> int:
     """Apparent size of all files under path (0 if missing)."""
     total = 0

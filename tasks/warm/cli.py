@@ -22,11 +22,15 @@ def _print(result: Any, as_json: bool) -> None:
 
 def _cmd_warm(args: argparse.Namespace) -> int:
     from tasks.config import load_config
-    from tasks.warm.core import warm_for_config
+    from tasks.warm.core import warm_mixture
 
     cfg = load_config(args.config)
-    result = warm_for_config(cfg, verify=args.verify, max_workers=args.workers, progress=not args.json)
-    _print(result, args.json)
+    results = warm_mixture(cfg, verify=args.verify, max_workers=args.workers, progress=not args.json)
+    if args.json:  # the primary's result, with each replay source's under "replay"
+        print(json.dumps({**results[0].to_dict(), "replay": [r.to_dict() for r in results[1:]]}, indent=2))
+        return 0
+    for result in results:
+        _print(result, as_json=False)
     return 0
 
 
@@ -51,7 +55,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("warm", help="copy the config's dataset to the local cache, verified")
+    p = subparsers.add_parser("warm", help="copy the config's dataset (and data.replay sources) to the local "
+                                           "cache, verified")
     p.add_argument("config")
     _common(p)
     p.set_defaults(handler=_cmd_warm)

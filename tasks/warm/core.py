@@ -274,16 +274,49 @@ def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list
         bar.close()
 
 
+def warm_sources(sources: list[tuple[str, str, dict[str, Any]]], cache_root: str | os.PathLike[str], *,
+                 disk_budget_bytes: int | None = None, **kw: Any) -> list[WarmResult]:
+    """Warm several datasets (source_url, manifest key, storage options) into one cache, in order.
+
+    Each one warmed stays held in use while the next warms, so a disk budget never evicts one source
+    of a training mixture to make room for another (it fails instead, naming them in use)."""
+    from tasks.warm.cache import dataset_in_use
+
+    results: list[WarmResult] = []
+    with contextlib.ExitStack() as held:
+        for url, manifest_key, storage_options in sources:
+            if results:
+                held.enter_context(dataset_in_use(results[-1].dataset_dir))
+            results.append(warm(url, cache_root, manifest_key=manifest_key, storage_options=storage_options,
+                                disk_budget_bytes=disk_budget_bytes, **kw))
+    return results
+
+
+def _require_splits(result: WarmResult, where: str, splits: tuple[str, ...]) -> None:
+    """A training dataset needs its splits; refuse it here, before any rank starts on it."""
+    for split in splits:
+        if not result.manifest.split(split):
+            raise InvalidInputError(f"{where}: manifest lists no {split}/ files: nothing to "
+                                    f"{'train' if split == 'train' else 'evaluate'} on")
+
+
 def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
     """Warm the dataset a job config names (data.source_url, manifest, cache_dir, budget, storage options)."""
     d = cfg.data
-    kw.setdefault("manifest_key", d.manifest)
-    kw.setdefault("storage_options", d.storage_options)
-    kw.setdefault("disk_budget_bytes", d.disk_budget_bytes)
-    result = warm(d.source_url, d.cache_dir, **kw)
-    # A training dataset needs both splits; refuse it here, before any rank starts on it.
-    for split in ("train", "heldout"):
-        if not result.manifest.split(split):
-            raise InvalidInputError(f"{d.source_url.rstrip('/')}/{d.manifest}: manifest lists no {split}/ files: "
-                                    f"nothing to {'train' if split == 'train' else 'evaluate'} on")
+    result = warm_sources([(d.source_url, d.manifest, d.storage_options)], d.cache_dir,
+                          disk_budget_bytes=d.disk_budget_bytes, **kw)[0]
+    _require_splits(result, f"{d.source_url.rstrip('/')}/{d.manifest}", ("train", "heldout"))
     return result
+
+
+def warm_mixture(cfg: JobConfig, **kw: Any) -> list[WarmResult]:
+    """Warm every source a job trains on: data.source_url first, then each `data.replay` source in order.
+    A replay source needs only a train split (evaluation reads the primary's held-out data)."""
+    d = cfg.data
+    results = warm_sources([(d.source_url, d.manifest, d.storage_options),
+                            *((r.source_url, r.manifest, r.storage_options) for r in d.replay)],
+                           d.cache_dir, disk_budget_bytes=d.disk_budget_bytes, **kw)
+    _require_splits(results[0], f"{d.source_url.rstrip('/')}/{d.manifest}", ("train", "heldout"))
+    for i, (r, result) in enumerate(zip(d.replay, results[1:], strict=True)):
+        _require_splits(result, f"data.replay[{i}] {r.source_url.rstrip('/')}/{r.manifest}", ("train",))
+    return results

@@ -1,4 +1,5 @@
-"""Warm on a training node: the dataset (and the starting weights) onto the node's own `data.cache_dir`.
+"""Warm on a training node: the datasets (the primary and any `data.replay` sources) and the starting
+weights onto the node's own `data.cache_dir`.
 
 Why on the node: the point of warming is that the GPUs read their data from local SSD; a warm on the
 Airflow worker fills the wrong machine's disk. Each launcher runs this once per node before the ranks
@@ -6,9 +7,10 @@ start (ssh: one per host under the node agent; Slurm: an `srun --ntasks-per-node
 same allocation; Kubernetes: an init container), with the same verified, incremental, lock-protected
 warm as everywhere (tasks/warm/core.py). The spec arrives in the environment (`RETRAINER_WARM_SPEC`,
 never argv, never a file: it may hold storage credentials). The node prints one `RETRAINER-WARM {json}`
-line (node, files, bytes, seconds, MB/s, the manifest hash it verified) and, with `--report-dir`, writes
-it to `<dir>/<node>.json`; a node that verified another manifest than the run planned refuses, naming
-itself, and (with `--status-dir`) says so in the run's status file, so no rank starts on other data.
+line (node, files, bytes, seconds, MB/s, the manifest hash it verified; each replay source's under
+"replay") and, with `--report-dir`, writes it to `<dir>/<node>.json`; a node that verified another
+manifest than the run planned (for any source) refuses, naming itself, and (with `--status-dir`) says so
+in the run's status file, so no rank starts on other data.
 
     RETRAINER_WARM_SPEC='{...}' python -m tasks.warm.node [--report-dir DIR] [--status-dir DIR]
 """
@@ -42,16 +44,20 @@ def forwarded_env() -> dict[str, str]:
 
 
 def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
-    """What one node needs to warm for a run: the dataset it must verify and the starting weights."""
+    """What one node needs to warm for a run: the datasets it must verify (the primary and each replay source
+    of the mixture, with the manifest hash the run planned) and the starting weights."""
     from dataclasses import asdict
 
     from tasks.run import WeightSources
 
     d = cfg.data
+    replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
+               "manifest_hash": planned.manifest_hash} for r, planned in zip(d.replay, run.replay, strict=True)]
     return {
         "source_url": d.source_url, "manifest": d.manifest, "cache_dir": d.cache_dir,
         "disk_budget_bytes": d.disk_budget_bytes, "storage_options": d.storage_options,
-        "manifest_hash": run.data_manifest_hash, "init": asdict(run.init), "weights": asdict(WeightSources.of(cfg)),
+        "manifest_hash": run.data_manifest_hash, "replay": replay, "init": asdict(run.init),
+        "weights": asdict(WeightSources.of(cfg)),
     }
 
 
@@ -63,22 +69,27 @@ def node_name() -> str:
 def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm this node for the run; the report, or RetrainerError naming the node."""
     from tasks.run import StartingWeights, WeightSources, fetch_weights
-    from tasks.warm.core import warm
+    from tasks.warm.core import warm_sources
 
     node, started = node_name(), time.monotonic()
-    result = warm(spec["source_url"], spec["cache_dir"], manifest_key=spec["manifest"],
-                  storage_options=spec["storage_options"], disk_budget_bytes=spec["disk_budget_bytes"],
-                  progress=False)
-    if result.manifest_hash != spec["manifest_hash"]:
-        raise RetrainerError(f"node {node}: the dataset at {spec['source_url']} verified as manifest "
-                             f"{result.manifest_hash[:12]}, but this run trains on {spec['manifest_hash'][:12]}; "
-                             "refusing to start (the data changed since the run was planned: a new run trains on it)")
+    sources = [spec, *spec.get("replay", [])]
+    results = warm_sources([(s["source_url"], s["manifest"], s["storage_options"]) for s in sources],
+                           spec["cache_dir"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
+    for source, result in zip(sources, results, strict=True):
+        if result.manifest_hash != source["manifest_hash"]:
+            raise RetrainerError(
+                f"node {node}: the dataset at {source['source_url']} verified as manifest {result.manifest_hash[:12]}, "
+                f"but this run trains on {source['manifest_hash'][:12]}; refusing to start (the data changed since "
+                "the run was planned: a new run trains on it)")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))
-    r = result.report
-    return {"node": node, "manifest_hash": result.manifest_hash, "dataset_dir": str(result.dataset_dir),
+    r = results[0].report
+    return {"node": node, "manifest_hash": results[0].manifest_hash, "dataset_dir": str(results[0].dataset_dir),
             "files": r.files_total, "bytes": r.bytes_total, "files_fetched": r.files_fetched,
             "bytes_fetched": r.bytes_fetched, "seconds": round(time.monotonic() - started, 3),
-            "mb_per_s": round(r.mb_per_s, 1), "weights_dir": str(weights) if weights else None}
+            "mb_per_s": round(r.mb_per_s, 1), "weights_dir": str(weights) if weights else None,
+            "replay": [{"manifest_hash": x.manifest_hash, "dataset_dir": str(x.dataset_dir),
+                        "files": x.report.files_total, "bytes": x.report.bytes_total,
+                        "bytes_fetched": x.report.bytes_fetched} for x in results[1:]]}
 
 
 def parse_report(line: str) -> dict[str, Any] | None:
@@ -90,9 +101,12 @@ def parse_report(line: str) -> dict[str, Any] | None:
 
 def describe(report: dict[str, Any]) -> str:
     """One progress line for the task log."""
+    replay = report.get("replay") or []
+    extra = (f"; replay {', '.join(x['manifest_hash'][:12] for x in replay)} "
+             f"({sum(x['bytes'] for x in replay) / 1e6:.1f} MB)") if replay else ""
     return (f"warm on node {report['node']}: {report['files']} files, {report['bytes'] / 1e6:.1f} MB "
             f"({report['bytes_fetched'] / 1e6:.1f} MB fetched, {report['mb_per_s']:.1f} MB/s, "
-            f"{report['seconds']:.1f}s), manifest {report['manifest_hash'][:12]}")
+            f"{report['seconds']:.1f}s), manifest {report['manifest_hash'][:12]}{extra}")
 
 
 def main(argv: list[str] | None = None) -> int:

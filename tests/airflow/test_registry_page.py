@@ -43,8 +43,9 @@ def _publish(registry_url: str, tmp_path: Path, model: str, n: int, metrics_for)
         for i in range(1, n + 1):
             blob = tmp_path / f"weights-{i}.pt"
             blob.write_bytes(f"weights {model} {i}".encode())
+            replay = [{"url": f"s3://b/{HOSTILE}", "manifest_hash": "a" * 64, "weight": 0.05}] if i == 2 else []
             lineage = Lineage(config_hash=f"{i:064x}", data_manifest_hash="d" * 64, code_revision="rev",
-                              checkpoint_tag=f"step-{i:06d}")
+                              checkpoint_tag=f"step-{i:06d}", data_replay=replay)
             reg.publish_version(model, store.put(blob), lineage, metrics_for(i), created_by=HOSTILE)
             reg.switch_alias(model, "production", i, actor=HOSTILE, reason=f"because {HOSTILE}", action="publish")
 
@@ -87,6 +88,10 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     assert [v["train_losses"] for v in api["versions"]] == [curves[1], curves[2]]
     v1 = client.get(f"/retrainer/models/{ref}/versions/1", headers=auth)
     assert v1.status_code == 200 and "<polyline" in v1.text and HOSTILE not in v1.text
+    assert "data_replay" not in v1.text  # trained on its own data alone
+    v2 = client.get(f"/retrainer/models/{ref}/versions/2", headers=auth)
+    assert v2.status_code == 200 and HOSTILE not in v2.text
+    assert "data_replay" in v2.text and "manifest <code>aaaaaaaaaaaa</code>, weight 0.05" in v2.text
 
 
 def test_loss_curve_falls_back_to_the_runs_summary(

@@ -14,9 +14,9 @@ from tasks.registry.schema import HEAD
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == HEAD == "0004"  # the code's HEAD is the migrations' head
+    assert current(registry_url) == HEAD == "0005"  # the code's HEAD is the migrations' head
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
@@ -94,7 +94,7 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
             "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) VALUES "
             f"(1, 1, '{'ab' * 32}', 'file:///s/x', 3, 'c', 'd', 'r', 't', '{{}}', 'alice', CURRENT_TIMESTAMP)")
     engine.dispose()
-    assert upgrade(registry_url) == ["0004"]
+    assert upgrade(registry_url) == ["0004", "0005"]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).artifact_kind == "file"
         tree = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/trees/cd/x", 9, kind="tree"),
@@ -102,6 +102,31 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
         assert reg.get_version("m", tree.version).artifact_kind == "tree"
         with pytest.raises(InvalidInputError, match=r"artifact\.kind"):
             reg.publish_version("m", ArtifactRef("ef" * 32, "u", 1, kind="dir"), Lineage("c", "d", "r", "t3"), {}, "a")
+
+
+def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(registry_url: str) -> None:
+    _at_revision(registry_url, "0004")
+    engine = make_engine(registry_url, poolclass=sa.NullPool)
+    with engine.begin() as conn:  # a version as the 0004 code wrote it (no data_replay)
+        conn.exec_driver_sql("INSERT INTO registry_models (id, name, created_at) VALUES (1, 'm', CURRENT_TIMESTAMP)")
+        conn.exec_driver_sql(
+            "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, config_hash, "
+            "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) VALUES "
+            f"(1, 1, '{'ab' * 32}', 'file:///s/x', 3, 'c', 'd', 'r', 't', '{{}}', 'alice', CURRENT_TIMESTAMP)")
+    engine.dispose()
+    assert upgrade(registry_url) == ["0005"]
+    replay = [{"url": "s3://b/snap-a", "manifest_hash": "a" * 64, "weight": 0.05}]
+    with Registry(registry_url) as reg:
+        assert reg.get_version("m", 1).data_replay == []
+        mixed = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/y", 9), Lineage("c", "d", "r", "t2",
+                                    data_replay=replay), {}, "alice")
+        assert mixed.data_replay == replay == reg.get_version("m", mixed.version).data_replay
+        for bad, field in (([{"url": "u", "manifest_hash": "h", "weight": 1.0}], r"data_replay\[0\]\.weight"),
+                           ([{"url": "u", "weight": 0.1}], r"data_replay\[0\]: must be an object"),
+                           ([{"url": "u", "manifest_hash": "h", "weight": 0.6}] * 2, "sum below 1")):
+            with pytest.raises(InvalidInputError, match=field):
+                reg.publish_version("m", ArtifactRef("ef" * 32, "u", 1), Lineage("c", "d", "r", "t3", data_replay=bad),
+                                    {}, "a")
 
 
 def test_0004_postgres_refuses_an_unknown_artifact_kind(pg_url: str) -> None:

@@ -37,7 +37,7 @@ def _seed(url: str) -> None:
 def test_commands_print_no_alembic_lines_even_at_first_use(registry_url: str) -> None:
     first = retrainer("db", "upgrade", "--db", registry_url)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "applied: 0001, 0002, 0003, 0004"
+    assert first.stdout.strip() == "applied: 0001, 0002, 0003, 0004, 0005"
     _seed(registry_url)
     for argv in (("registry", "show", "--model", "m"), ("promote", "--model", "m", "--version", "1"),
                  ("db", "upgrade")):

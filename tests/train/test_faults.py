@@ -25,7 +25,7 @@ from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.launch import torchrun, train
 from tasks.models.weights import weights_digest
-from tasks.run import for_dataset
+from tasks.run import RunIdentity, for_dataset
 from tasks.train import checkpoint as ck
 from tests.train.conftest import tiny_config, write_dataset
 
@@ -68,10 +68,11 @@ def _rank_of(pid: int) -> int | None:
     return None
 
 
-def _start(cfg: JobConfig, dataset: Path) -> subprocess.Popen[bytes]:
+def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None) -> subprocess.Popen[bytes]:
     """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
     out = Path(cfg.train.output_dir)
-    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(cfg, out, for_dataset(cfg, dataset)))
+    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(cfg, out,
+                                                                               run or for_dataset(cfg, dataset)))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, env=torchrun.rank_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -122,6 +123,51 @@ def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeyp
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
     resumed = train(cfg, dataset)
     assert resumed["resumed_from_step"] == 3
+    _assert_same_final_weights(resumed, reference)
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, RunIdentity, dict]:
+    """An unbroken run of the experiment on a mixture (this week's data + 25% replay of an older snapshot),
+    both warmed into one cache as the warm stage does: (tmp root, primary dataset dir, identity, summary)."""
+    from tasks.data import make_data
+    from tasks.warm import warm_mixture
+
+    root = tmp_path_factory.mktemp("mixture")
+    new, old = root / "snap-new", root / "snap-old"
+    make_data(str(new), name="tiny-test", seed=1, n_train_shards=2, tokens_per_shard=8192)
+    make_data(str(old), name="tiny-test", seed=2, n_train_shards=1, tokens_per_shard=8192)
+    cfg = tiny_config(root, {**EXPERIMENT, "data.source_url": str(new),
+                             "data.replay": [{"source_url": str(old), "weight": 0.25}]}, out="straight")
+    primary, replay = warm_mixture(cfg, progress=False)
+    run = for_dataset(cfg, primary.dataset_dir, [replay.dataset_dir])
+    assert [r.weight for r in run.replay] == [0.25] and run.replay[0].manifest_hash == replay.manifest_hash
+    return root, primary.dataset_dir, run, train(cfg, primary.dataset_dir, run=run)
+
+
+def test_sigkill_then_resume_on_a_mixture_is_bitwise_exact(mixture, hooked, monkeypatch) -> None:
+    """Each source's stream position is a function of the step: the resumed run draws what the unbroken one
+    drew from both snapshots, to the same losses and the same final weights."""
+    root, dataset, run, reference = mixture
+    cfg = tiny_config(root, {**EXPERIMENT, "data.source_url": str(root / "snap-new"),
+                             "data.replay": [{"source_url": str(root / "snap-old"), "weight": 0.25}]}, out="killed")
+    ckroot = ck.ckpt_root(cfg.train.output_dir)
+    Path(cfg.train.output_dir).mkdir(parents=True)
+    hooked(HOOK_STEP_DELAY_S="1.0")
+    proc = _start(cfg, dataset, run)
+    try:
+        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
+        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
+    finally:
+        rc = _reap(proc)
+    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+    assert f"+ replay {root / 'snap-old'} (" in (Path(cfg.train.output_dir) / "torchrun.log").read_text()
+
+    monkeypatch.delenv("HOOK_STEP_DELAY_S")
+    resumed = train(cfg, dataset, run=run)
+    assert resumed["resumed_from_step"] == 3
+    assert resumed["run"]["replay"] == reference["run"]["replay"] == [
+        {"url": str(root / "snap-old"), "manifest_hash": run.replay[0].manifest_hash, "weight": 0.25}]
     _assert_same_final_weights(resumed, reference)
 
 

@@ -36,6 +36,71 @@ def test_sampler_gives_dp_ranks_disjoint_deterministic_batches() -> None:
         Sampler(num_samples=11, micro_batch_size=2, micro_batches=3, dp=2, seed=9)
 
 
+def test_single_source_sampler_draws_what_it_always_drew() -> None:
+    """Without replay the indices are the earlier single-source ones (benchmarks and references rely on it)."""
+    s = Sampler(num_samples=1000, micro_batch_size=4, micro_batches=2, dp=2, seed=7)
+    for step in (0, 1, 30, 31, 62, 500):  # 62 steps per epoch: both sides of an epoch boundary
+        epoch, index = divmod(step, s.steps_per_epoch)
+        then = np.random.default_rng([7, epoch]).permutation(1000)[index * 16 : (index + 1) * 16]
+        assert np.array_equal(s.global_indices(step), then)
+
+
+def mixture_sampler() -> Sampler:
+    return Sampler(num_samples=1000, micro_batch_size=4, micro_batches=2, dp=1, seed=7,
+                   replay=((300, 0.05), (200, 0.1)))
+
+
+def _sources(idx: np.ndarray) -> list[int]:
+    return [int((idx < 1000).sum()), int(((idx >= 1000) & (idx < 1300)).sum()), int((idx >= 1300).sum())]
+
+
+def test_mixture_draws_each_source_by_weight_and_each_step_sums_to_the_batch() -> None:
+    s = mixture_sampler()
+    totals = np.zeros(3, dtype=int)
+    for step in range(1000):
+        idx = s.global_indices(step)
+        assert len(idx) == s.global_batch == 8 and idx.max() < 1500
+        per_source = _sources(idx)
+        assert per_source == [b - a for a, b in zip(s.drawn(step), s.drawn(step + 1), strict=True)]
+        totals += per_source
+        # At every step each replay source is within one sample of its exact share so far.
+        assert all(abs(got - w * 8 * (step + 1)) < 1 for got, w in zip(s.drawn(step + 1)[1:], (0.05, 0.1),
+                                                                          strict=True))
+    assert totals.tolist() == [6800, 400, 800]  # 85 / 5 / 10 of 8000
+    # Within a source, one pass over its stream visits each of its windows once per epoch.
+    replay = np.concatenate([s.global_indices(step) for step in range(1000)])
+    first = replay[(replay >= 1000) & (replay < 1300)][:296]  # 296 = 300 rounded down to whole batches
+    assert len(set(first.tolist())) == 296
+
+
+def test_mixture_is_a_pure_function_of_the_step() -> None:
+    """A resumed run (a fresh sampler, asked for step 437 first) draws what an unbroken one drew."""
+    unbroken = mixture_sampler()
+    walked = [unbroken.global_indices(step) for step in range(440)]
+    resumed = mixture_sampler()
+    for step in (437, 438, 439, 3, 0):
+        assert np.array_equal(resumed.global_indices(step), walked[step])
+        assert all(np.array_equal(a, b) for a, b in zip(resumed.rank_micro_batches(step, 0),
+                                                        unbroken.rank_micro_batches(step, 0), strict=True))
+    # The primary's stream is its own: mixing in replay does not reseed it, only thins it.
+    alone = Sampler(num_samples=1000, micro_batch_size=4, micro_batches=2, dp=1, seed=7)
+    primary = np.concatenate(walked)
+    primary = primary[primary < 1000]
+    assert np.array_equal(primary[:80], np.concatenate([alone.global_indices(step) for step in range(10)]))
+    with pytest.raises(InvalidInputError, match=r"data\.replay\[1\] has 7 training windows"):
+        Sampler(num_samples=1000, micro_batch_size=4, micro_batches=2, dp=1, seed=7, replay=((300, 0.05), (7, 0.1)))
+
+
+def test_joined_windows_follow_each_other(dataset_dir: Path, tmp_path: Path) -> None:
+    from tests.train.conftest import write_dataset
+
+    other = write_dataset(tmp_path / "other", seed=5, train_shards=1)
+    a, b = TokenWindows(dataset_dir, "train", 16, 256), TokenWindows(other, "train", 16, 256)
+    both = TokenWindows.joined([a, b])
+    assert len(both) == len(a) + len(b)
+    assert torch.equal(both.get([len(a) + 3, 2]), torch.cat([b.get([3]), a.get([2])]))
+
+
 def test_token_windows_refuse_bad_datasets(dataset_dir: Path) -> None:
     windows = TokenWindows(dataset_dir, "train", 16, 256)
     batch = windows.get([0, len(windows) - 1])
