@@ -27,3 +27,26 @@ def write_layer_files(ckpt: Path, m: ModelConfig, state: dict) -> dict:
         layer = {n[len(prefix):]: t.clone() for n, t in state.items() if n.startswith(prefix)}
         torch.save(layer, ckpt / f"layer_{index:02d}-model_00-model_states.pt")
     return state
+
+
+def commit_reference(cfg, run, state: dict, step: int) -> Path:
+    """Commit `state` (reference names) as the trainer commits a tp=1 checkpoint of `run` at `step`."""
+    from tasks.train import checkpoint as ck
+
+    root = ck.ckpt_root(cfg.train.output_dir)
+    tag = ck.tag_for(step)
+    write_layer_files(root / f"tmp-{tag}", cfg.model, state)
+    return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
+
+
+def reference_checkpoint(cfg) -> tuple:
+    """(run, checkpoint): a synthetic dataset at `data.source_url` and the single-process reference loop's
+    weights after `train.steps` steps, committed as that run's checkpoint (no ranks started)."""
+    from tasks.data import make_data
+    from tasks.run import for_dataset
+    from tasks.train.reference import train_reference
+
+    make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)
+    run = for_dataset(cfg, cfg.data.source_url)
+    state = train_reference(cfg, cfg.data.source_url).model.state_dict()
+    return run, commit_reference(cfg, run, state, cfg.train.steps)

@@ -17,40 +17,26 @@ import torch
 import yaml
 
 from tasks.config import JobConfig
-from tasks.data import make_data
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.evaluate import evaluate
 from tasks.evaluate.spec import window_order
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_reference
-from tasks.run import RunIdentity, for_dataset
-from tasks.train import checkpoint as ck
+from tasks.run import RunIdentity
 from tasks.train.data import TokenWindows
-from tasks.train.reference import train_reference
-from tests.checkpoints import write_layer_files
+from tests.checkpoints import reference_checkpoint
 from tests.train.conftest import tiny_config
 
 USER_METRIC = {"entry_point": "tests.evaluate.user_metrics:token_prob", "suite": "heldout", "names": ["token_prob"]}
 
 
-def commit(cfg: JobConfig, run: RunIdentity, state: dict[str, torch.Tensor], step: int) -> Path:
-    root = ck.ckpt_root(cfg.train.output_dir)
-    tag = ck.tag_for(step)
-    tmp = root / f"tmp-{tag}"
-    write_layer_files(tmp, cfg.model, state)
-    return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
-
-
 @pytest.fixture
 def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path]:
     """A tiny llama (the demo's family: vocab-parallel embedding and head) trained 20 steps."""
-    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20,
-                                 "evaluate.metrics": [USER_METRIC]})
-    make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)
-    run = for_dataset(cfg, cfg.data.source_url)
-    state = train_reference(cfg, cfg.data.source_url).model.state_dict()
-    return cfg, run, commit(cfg, run, state, 20)
+    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20, "evaluate.metrics": [USER_METRIC]})
+    run, ckpt = reference_checkpoint(cfg)
+    return cfg, run, ckpt
 
 
 def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:

@@ -180,3 +180,15 @@ def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_ma
                                                 r"PyTorchJob.*env_from_secrets"):
         get_launcher(leaky).manifest(leaky, tmp_path / "cache" / "ds", Path("job.json"), "ab" * 16, run.run_id,
                                      node_spec(leaky, identity(leaky, "e" * 64, scratch(leaky))))
+
+
+def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: Path) -> None:
+    cfg = k8s_config(tmp_path)
+    launcher = get_launcher(cfg)
+    launcher.evaluation = True  # what Launcher.run sets for an evaluation spec
+    job = launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
+                            "fedcba9876543210")
+    jsonschema.validate(job, PYTORCHJOB_SCHEMA)
+    words = shlex.split(pod_spec(job)["containers"][0]["command"][2])
+    assert "tasks.evaluate.worker" in words and "tasks.train.worker" not in words
+    assert job["metadata"]["name"] == "retrainer-tiny-test-fedcba987654"  # not the training job's name

@@ -130,3 +130,23 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
         get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run, node_warm=True)
     job_id = (Path(late.train.output_dir) / "slurm-job-id").read_text().strip()
     assert "step 1/" not in (Path(late.train.output_dir) / f"slurm-{job_id}.out").read_text()
+
+
+def test_evaluation_runs_as_a_slurm_job(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.evaluate import evaluate
+    from tests.checkpoints import reference_checkpoint
+
+    cfg = tiny_config(tmp_path, {"model.family": "llama", "cluster.launcher": "slurm", "cluster.partition": "test",
+                                 "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
+    run, ckpt = reference_checkpoint(cfg)
+    local = evaluate(cfg.with_overrides({"cluster.launcher": "local"}), run, ckpt, cfg.data.source_url)
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    under_slurm = evaluate(cfg, run, ckpt, cfg.data.source_url)
+    assert under_slurm["metrics"] == pytest.approx(local["metrics"], rel=1e-9)
+    (script,) = (ckpt.parent.parent / "eval").glob("*/slurm-job.sbatch")
+    assert "tasks.evaluate.worker" in script.read_text() and "tasks.train.worker" not in script.read_text()
+    job_id = (script.parent / "slurm-job-id").read_text().strip()
+    job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert "JobState=COMPLETED" in job and job_processes(job_id) == []

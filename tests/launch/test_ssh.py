@@ -229,3 +229,22 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     assert (mirror / run_id / "latest").read_text().strip() == "step-000006"
     assert sorted(p.name for p in (mirror / run_id).iterdir() if p.name.startswith("step-")) == [
         "step-000004", "step-000006"]  # pruned to keep_last there too
+
+
+def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: NetnsHosts, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluation through the ssh launcher, tp=2 x pp=2 over two hosts (stage-to-stage sends cross hosts):
+    the same numbers as one local rank, and nothing left on either host."""
+    from tasks.evaluate import evaluate
+    from tests.checkpoints import reference_checkpoint
+
+    cfg = ssh_config(tmp_path, netns_hosts, "eval", **{"model.family": "llama"})
+    run, ckpt = reference_checkpoint(cfg)
+    local = evaluate(cfg.with_overrides({"cluster.launcher": "local"}), run, ckpt, cfg.data.source_url)
+    for name, value in netns_hosts.env.items():
+        monkeypatch.setenv(name, value)
+    remote = evaluate(cfg.with_overrides({"evaluate.parallel": {"tp": 2, "pp": 2, "dp": 1}}), run, ckpt,
+                      cfg.data.source_url)
+    assert remote["metrics"]["heldout.loss"] == pytest.approx(local["metrics"]["heldout.loss"], rel=1e-6, abs=0)
+    assert remote["tokens"] == local["tokens"]
+    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
