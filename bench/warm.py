@@ -208,12 +208,16 @@ def run_tree(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, float]
     code = None
     with log.open("w") as out, log.with_suffix(".err").open("w") as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
+        # Its own process group only so that an interrupted bench can stop the whole tool (`killpg`).
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, start_new_session=True)
         while True:  # every child of this subreaper is the tool or one of its descendants
             try:
                 pid, status, ru = os.wait4(-1, 0)
             except ChildProcessError:
                 break
+            except BaseException:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
             user, sys_ = user + ru.ru_utime, sys_ + ru.ru_stime
             if pid == proc.pid:
                 code = proc.returncode = os.waitstatus_to_exitcode(status)
