@@ -43,6 +43,7 @@ at its size (and, unless --no-hash, its sha256), so a failing peer cannot look f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -216,7 +217,8 @@ def run_tree(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, float]
             except ChildProcessError:
                 break
             except BaseException:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 raise
             user, sys_ = user + ru.ru_utime, sys_ + ru.ru_stime
             if pid == proc.pid:
