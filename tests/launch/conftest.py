@@ -93,6 +93,14 @@ class NetnsHosts:
         """Processes on host i other than its sshd listener: what a job leaves behind."""
         return sorted(self.pids(i) - {self.sshd[i].pid})
 
+    def left_behind(self, timeout_s: float = 15.0) -> list[int]:
+        """What a finished job left on either host, once the hosts' sshd sessions of its closed channels had
+        `timeout_s` to exit (they outlive the ssh client on this side by a moment)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.training_pids(0) + self.training_pids(1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
 
 def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
     suffix = uuid.uuid4().hex[:6]

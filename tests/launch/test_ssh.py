@@ -36,7 +36,7 @@ def test_two_nodes_by_two_ranks_match_one_node_of_four(netns_hosts: NetnsHosts, 
     assert multi["losses"] == single["losses"]
     assert weights_digest(multi["checkpoint_dir"], multi_cfg.model) == weights_digest(single["checkpoint_dir"],
                                                                                        single_cfg.model)
-    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+    assert netns_hosts.left_behind() == []
 
 
 def test_sigterm_to_launcher_leaves_no_process_on_any_node(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
         get_launcher(cfg, env=env).run(cfg, dataset)
     thread.join(timeout=10)
     assert stopped, "the rank was never stopped"
-    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+    assert netns_hosts.left_behind() == []
     assert training_processes(cfg.train.output_dir) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
@@ -116,10 +116,8 @@ def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_k
         launcher.wait()
     assert files_containing([out], values) == []
     assert "dbpw-" not in (tmp_path / "launcher.log").read_text()
-    deadline = time.monotonic() + 90  # each node's agent tears its node down once its ssh channel is gone
-    while (netns_hosts.training_pids(0) or netns_hosts.training_pids(1)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+    # Each node's agent tears its node down once its ssh channel is gone.
+    assert netns_hosts.left_behind(timeout_s=90) == []
 
 
 def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails_by_name_without_s3(
@@ -184,7 +182,7 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: node "
                                                       r"10\.[\d.]+: the dataset at .* verified as manifest"):
             get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
-        assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+        assert netns_hosts.left_behind() == []
     finally:
         s3.stop()
 
@@ -240,11 +238,12 @@ def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: Net
 
     cfg = ssh_config(tmp_path, netns_hosts, "eval", **{"model.family": "llama"})
     run, ckpt = reference_checkpoint(cfg)
-    local = evaluate(cfg.with_overrides({"cluster.launcher": "local"}), run, ckpt, cfg.data.source_url)
+    local = evaluate(cfg.with_overrides({"cluster.launcher": "local", "cluster.master_addr": "127.0.0.1"}), run, ckpt,
+                     cfg.data.source_url)
     for name, value in netns_hosts.env.items():
         monkeypatch.setenv(name, value)
     remote = evaluate(cfg.with_overrides({"evaluate.parallel": {"tp": 2, "pp": 2, "dp": 1}}), run, ckpt,
                       cfg.data.source_url)
     assert remote["metrics"]["heldout.loss"] == pytest.approx(local["metrics"]["heldout.loss"], rel=1e-6, abs=0)
     assert remote["tokens"] == local["tokens"]
-    assert netns_hosts.training_pids(0) == [] and netns_hosts.training_pids(1) == []
+    assert netns_hosts.left_behind() == []
