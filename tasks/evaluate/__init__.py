@@ -2,7 +2,8 @@
 
 Why ranks: a model at real size exists only as slices across GPUs, so evaluation is a rank
 job through the training launcher (tasks/evaluate/worker.py) in `evaluate.parallel` or the
-training layout, and nothing on this side loads a weight. The checkpoint is scored as it
+training layout, and nothing on this side loads a weight. Node-local checkpoints (invisible
+here) are completed on each node from `train.checkpoint_url` (weight files only). The checkpoint is scored as it
 will be served (each weight rounded to `publish.export_dtype`, exactly as the export stores
 it). The live model is scored in the same job on the same windows (unless its numbers on
 these suites are cached: tasks/evaluate/cache.py), so the gate compares like with like.
@@ -40,11 +41,18 @@ def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, datas
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
-    marker = validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), run.experiment_key)
+    candidate: dict[str, Any] = {"name": "candidate", "path": str(checkpoint_dir), "as_dtype": cfg.publish.export_dtype,
+                                 "fingerprint": cfg.fingerprint(), "experiment_key": run.experiment_key}
+    if checkpoint_dir.is_dir() or not cfg.train.checkpoint_url:  # fail here, before any rank, when we can see it
+        validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), run.experiment_key)
+    else:  # node-local checkpoints: each node completes the weights from the mirror
+        from tasks.credentials import split_credentials
+
+        public, _ = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
+        candidate["mirror"] = {"url": cfg.train.checkpoint_url, "storage_options": public, "run_id": run.run_id}
     suites = resolve_suites(cfg, run)
     key = suite_hash(cfg, suites)
-    models: list[dict[str, Any]] = [{"name": "candidate", "path": str(checkpoint_dir),
-                                     "as_dtype": cfg.publish.export_dtype}]
+    models: list[dict[str, Any]] = [candidate]
     live_metrics = read_cached(cfg, live.version, key) if live is not None else None
     if live is not None and live_metrics is None:
         from tasks.run import StartingWeights
@@ -52,7 +60,8 @@ def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, datas
         weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
                                   url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
         models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
-    scored = run_ranks(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    summary = run_ranks(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    scored, marker = summary["models"], summary["markers"]["candidate"]
     if live is not None and live_metrics is None:
         live_metrics = scored["live"]
         write_cached(cfg, live.version, key, live_metrics)
@@ -77,9 +86,10 @@ def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, datas
 
 
 def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
-              key: str, dataset_dir: Path, eval_root: Path) -> dict[str, dict[str, float]]:
-    """Launch the evaluation ranks (the job's launcher, the evaluation layout) and return each model's metrics;
-    their status and summary go to `eval_root/<evaluation id>` (the run directory's `eval/`)."""
+              key: str, dataset_dir: Path, eval_root: Path) -> dict[str, Any]:
+    """Launch the evaluation ranks (the job's launcher, the evaluation layout) and return their summary (each
+    model's metrics, each checkpoint's marker); their status and summary go to `eval_root/<evaluation id>`
+    (the run directory's `eval/`)."""
     from tasks.credentials import split_credentials
     from tasks.launch import get_launcher
 
@@ -109,7 +119,7 @@ def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], su
     eval_run = dataclasses.replace(run, experiment_key=eval_id)  # its own job name on Slurm / Kubernetes
     summary = get_launcher(eval_cfg).run(eval_cfg, dataset_dir, run=eval_run, secret_env={**store_env, **data_env},
                                          evaluation=spec)
-    return summary["models"]
+    return summary
 
 
 def tokenizer_file(cfg: JobConfig, run: RunIdentity, out: Path) -> str | None:

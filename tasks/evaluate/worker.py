@@ -63,6 +63,7 @@ class Evaluation:
         own = -(-spec["batches"] // p.dp)  # rank 0's batches per suite (replica 0 takes the most)
         self.total = len(spec["models"]) * len(spec["suites"]) * own
         self.done = 0
+        self.markers: dict[str, dict[str, Any]] = {}  # each checkpoint's marker, as node 0 validated it
 
     # ---- inputs on this node -----------------------------------------------------------------
 
@@ -92,15 +93,28 @@ class Evaluation:
         return {name: Path(d) for name, d in self.on_leaders(fetch).items()}
 
     def weights(self, entry: dict[str, Any]) -> Path:
-        """The local weights of one model: a checkpoint directory, or a registry version fetched once per node."""
+        """The local weights of one model, validated on each node: a checkpoint directory (node-local ones
+        completed from `train.checkpoint_url`), or a registry version fetched once per node."""
         if entry.get("path"):
-            return Path(entry["path"])
+            return Path(self.on_leaders(lambda: str(self.checkpoint(entry))))
         from tasks.run import StartingWeights, WeightSources, fetch_weights
 
         init = StartingWeights(**entry["weights"])
         src = WeightSources(cache_dir=self.spec["cache_dir"], model=self.job.model.model_dump(mode="json"),
                             store_url=self.spec["store_url"], store_options=self.spec["store_options"])
         return Path(self.on_leaders(lambda: str(fetch_weights(init, src))))
+
+    def checkpoint(self, entry: dict[str, Any]) -> Path:
+        from tasks.train.checkpoint import validate_checkpoint_dir
+
+        path, mirror = Path(entry["path"]), entry.get("mirror")
+        if mirror is not None:
+            from tasks.train.mirror import Mirror
+
+            path = Mirror(mirror["url"], mirror["storage_options"], mirror["run_id"]).weights(
+                path.name, path, Path(self.job.train.output_dir) / "weights")
+        self.markers[entry["name"]] = validate_checkpoint_dir(path, entry["fingerprint"], entry["experiment_key"])
+        return path
 
     # ---- scoring -----------------------------------------------------------------------------
 
@@ -164,7 +178,8 @@ class Evaluation:
             if self.rank == 0:
                 log.info("evaluated %s: %s", entry["name"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
             del model
-        summary = {"models": results, "world_size": self.world, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}}
+        summary = {"models": results, "markers": self.markers, "world_size": self.world,
+                   "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}}
         if self.rank == 0:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
         self.report("finished")

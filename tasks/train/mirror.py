@@ -101,6 +101,28 @@ class Mirror:
                      self.url)
         return final
 
+    def weights(self, tag: str, local: Path, dest: Path) -> Path:
+        """A directory holding the tag's model-weight files (`layer_*`, never optimizer states) and marker:
+        `local` when this node already has them all, else a copy fetched into `dest/<tag>` (marker last)."""
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))]
+        if MARKER not in names:
+            raise InvalidInputError(f"{self.url}/{tag}: not a complete mirrored checkpoint (no {MARKER})")
+        wanted = [n for n in names if n.startswith("layer_")]
+        if (local / MARKER).is_file() and all((local / n).is_file() for n in wanted):
+            return local
+        final, tmp = dest / tag, dest / f"tmp-{tag}"
+        if (final / MARKER).is_file():
+            return final
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.fs.get([f"{self._tag(tag)}/{n}" for n in wanted], [str(tmp / n) for n in wanted])
+        self.fs.get_file(f"{self._tag(tag)}/{MARKER}", str(tmp / MARKER))
+        fsync_tree(tmp)
+        tmp.rename(final)
+        fsync_dir(dest)
+        log.info("checkpoint %s: %d weight files fetched from the mirror %s", tag, len(wanted), self.url)
+        return final
+
     def prune(self, keep_last: int, keep: str) -> None:
         try:
             found = self.fs.ls(self.root, detail=False)

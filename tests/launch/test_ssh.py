@@ -188,15 +188,19 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
 
 
 def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(
-        netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+        netns_hosts: NetnsHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """...and the finished run is evaluated on those hosts: the weights come from their disks and the mirror."""
     import shutil
 
+    from tasks.data import make_data
+    from tasks.evaluate import evaluate
     from tasks.run import for_dataset
 
-    dataset = write_dataset(tmp_path / "dataset")
     mirror = tmp_path / "mirror"
     layout = {"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 2, "train.keep_last": 2}
     reference_cfg = tiny_config(tmp_path, layout, out="one-machine")
+    dataset = Path(reference_cfg.data.source_url)  # a local source is a warmed dataset's layout too
+    make_data(str(dataset), name="tiny-test", n_train_shards=2, tokens_per_shard=8192, seed=4)
     reference = get_launcher(reference_cfg).run(reference_cfg, dataset)
     cfg = ssh_config(tmp_path, netns_hosts, "unused", **layout, **{
         "train.output_dir": str(netns_hosts.node_run), "train.checkpoint_url": f"file://{mirror}"})
@@ -227,6 +231,19 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     assert (mirror / run_id / "latest").read_text().strip() == "step-000006"
     assert sorted(p.name for p in (mirror / run_id).iterdir() if p.name.startswith("step-")) == [
         "step-000004", "step-000006"]  # pruned to keep_last there too
+
+    # Evaluate the run where it lives: this side sees no checkpoint; host 1 holds the weight files, host 2 (its
+    # new disk has only its own part) fetches them from the mirror. Same numbers as the one-machine run's.
+    expected = evaluate(reference_cfg, for_dataset(reference_cfg, dataset), reference["checkpoint_dir"], dataset)
+    for name, value in netns_hosts.env.items():
+        monkeypatch.setenv(name, value)
+    scored = evaluate(cfg, for_dataset(cfg, dataset), netns_hosts.node_run / "ckpt" / "step-000006", dataset)
+    assert scored["metrics"] == pytest.approx(expected["metrics"], rel=1e-9)
+    assert scored["checkpoint_tag"] == "step-000006" and scored["step"] == 6
+    fetched = list(netns_hosts.host_runs[1].glob("eval/*/weights/step-000006/layer_*"))
+    assert fetched and not list(netns_hosts.host_runs[1].glob("eval/*/weights/step-000006/*optim*"))
+    assert not list(netns_hosts.host_runs[0].glob("eval/*/weights"))  # host 1 had them: nothing fetched
+    assert netns_hosts.left_behind() == []
 
 
 def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: NetnsHosts, tmp_path: Path,
