@@ -92,14 +92,13 @@ def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], su
     (the run directory's `eval/`)."""
     from tasks.credentials import split_credentials
     from tasks.launch import get_launcher
+    from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
-    layout = e.parallel or cfg.parallel
     eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
     out = eval_root / eval_id[:16]
-    eval_cfg = cfg.with_overrides({"parallel.tp": layout.tp, "parallel.pp": layout.pp, "parallel.dp": layout.dp,
-                                   "parallel.zero_stage": 1, "parallel.micro_batches": 1,
-                                   "train.output_dir": str(out)})
+    eval_cfg = evaluation_layout(cfg).with_overrides({"train.output_dir": str(out)})
+    layout = eval_cfg.parallel
     data_options, data_env = split_credentials(cfg.data.storage_options, "data.storage_options")
     store_options, store_env = split_credentials(cfg.publish.storage_options, "publish.storage_options")
     clash = [k for k in data_env if store_env.get(k, data_env[k]) != data_env[k]]

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tasks.config import JobConfig
+from tasks.plan.evaluation import evaluation_budget
 from tasks.plan.layout import ranks_per_node, validate_layout
 from tasks.plan.shapes import Stage, param_counts, pipeline_stages, total_params
 
@@ -112,6 +113,7 @@ class Plan:
     overflow: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+    evaluation: dict[str, Any] | None = None  # the busiest evaluation rank (tasks/plan/evaluation.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -295,10 +297,14 @@ def plan(
     step = _step(cfg, per_stage, busiest, b)
     n_total = total_params(m)
 
-    fits = mem.total <= capacity
+    evaluation = evaluation_budget(cfg, capacity)
+    fits = mem.total <= capacity and evaluation["fits"]
     overflow = None
     warnings: list[str] = []
-    if not fits:
+    if not evaluation["fits"] and mem.total <= capacity:
+        overflow = {"term": "evaluation", "term_bytes": evaluation["total"], "by_bytes": evaluation["total"] - capacity,
+                    "total_bytes": evaluation["total"], "capacity_bytes": capacity, "stage": evaluation["stage"]}
+    elif not fits:
         names = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers")
         terms = {k: getattr(mem, k) for k in names}
         worst = max(terms, key=terms.__getitem__)
@@ -346,6 +352,7 @@ def plan(
         overflow=overflow,
         warnings=warnings,
         assumptions=_assumptions(precision, c.assumed_mfu, capacity, attention),
+        evaluation=evaluation,
     )
     log.debug("plan %s: %s, %d B of %d B", cfg.name, verdict, mem.total, capacity)
     return plan_

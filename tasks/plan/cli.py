@@ -122,6 +122,11 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
         f"  TP {_gib(s.tp_collective_bytes)} {_ms(s.tp_comm_s)}; PP p2p {_gib(s.pp_p2p_bytes)} {_ms(s.pp_comm_s)}",
         f"  bubble {s.bubble_fraction:.1%}, communication share {s.comm_share:.1%}, step ~{_ms(s.step_s)}",
     ]
+    if r.evaluation:
+        ev, el = r.evaluation, r.evaluation["layout"]
+        lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, fp32): weights "
+                     f"{_gib(ev['weights'])} + activations {_gib(ev['activations'])} + logits {_gib(ev['logits'])} "
+                     f"= {_gib(ev['total'])} on stage {ev['stage']}")
     if serving:
         lines.append(f"serving ({serving['dtype']}): weights {_gib(serving['weights_bytes'])} + KV "
                      f"{serving['kv_cache_bytes_per_token']} B/token x {serving['concurrency']} x "

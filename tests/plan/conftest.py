@@ -11,7 +11,7 @@ from tasks.config import JobConfig
 
 def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None,
                 train: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None,
-                serving: dict[str, Any] | None = None) -> JobConfig:
+                serving: dict[str, Any] | None = None, evaluate: dict[str, Any] | None = None) -> JobConfig:
     return JobConfig.model_validate({
         "name": "plan-test",
         "model": model or {},
@@ -20,6 +20,7 @@ def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | 
         "train": {"output_dir": "/nonexistent/out", **(train or {})},
         "cluster": cluster or {},
         "serving": serving or {},
+        "evaluate": evaluate or {},
         "publish": {"registry_url": "sqlite://", "store_url": "/nonexistent/store", "model_name": "m"},
     })
 

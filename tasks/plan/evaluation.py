@@ -1,0 +1,55 @@
+"""Memory of the evaluation ranks (tasks/evaluate): they must fit too, or a run trains and then cannot be judged.
+
+An evaluation rank holds its pipeline stage's tensor-parallel slice of the weights in fp32 (the ranks
+compute in fp32 so every layout gives the same numbers), no gradients or optimizer states, and the
+temporaries of one forward at `evaluate.batch_size` windows: a layer's hidden states, its attention
+and MLP intermediates, and on the last stage the vocab-parallel logits with their fp32 softmax terms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.config import JobConfig
+from tasks.errors import InvalidInputError
+from tasks.plan.layout import validate_layout
+from tasks.plan.shapes import param_counts, pipeline_stages
+
+FP32 = 4
+
+
+def evaluation_layout(cfg: JobConfig) -> JobConfig:
+    """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off."""
+    layout = cfg.evaluate.parallel or cfg.parallel
+    return cfg.with_overrides({"parallel.tp": layout.tp, "parallel.pp": layout.pp, "parallel.dp": layout.dp,
+                               "parallel.zero_stage": 1, "parallel.micro_batches": 1})
+
+
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
+    """Bytes on the busiest evaluation rank, and whether they fit `capacity_bytes`; an evaluation layout the
+    cluster cannot run is refused naming `evaluate.parallel`."""
+    eval_cfg = evaluation_layout(cfg)
+    if cfg.evaluate.parallel is not None:
+        try:
+            validate_layout(eval_cfg)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"evaluate.parallel: {exc}") from None
+    m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
+    counts = param_counts(m, p.tp)
+    tokens = e.batch_size * m.seq_len
+    best: dict[str, Any] | None = None
+    for stage in pipeline_stages(m.n_layers, p.pp):
+        weights = stage.params(counts) * FP32
+        # One block at a time: input, normed input, q/k/v/attention output, MLP gate/up/product (TP slices).
+        hidden = tokens * m.d_model * FP32
+        block = hidden * 3 + tokens * FP32 * (m.d_model + 2 * m.kv_heads * m.head_dim) // p.tp \
+            + tokens * FP32 * 3 * m.ffn // p.tp
+        logits = 2 * tokens * FP32 * -(-m.vocab_size // p.tp) if stage.has_head else 0
+        p2p = 2 * hidden if p.pp > 1 else 0
+        total = weights + block + logits + p2p
+        if best is None or total > best["total"]:
+            best = {"stage": stage.index, "weights": weights, "activations": block, "logits": logits,
+                    "comm_buffers": p2p, "total": total}
+    assert best is not None
+    return {**best, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
+            "fits": best["total"] <= capacity_bytes}
