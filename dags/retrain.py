@@ -28,6 +28,7 @@ from airflow.sdk import (
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
 from tasks.launch import pool_for
+from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ def schedule_for(cfg):
 def build_retrain_dag(config_path: Path):
     cfg = lifecycle.resolve_config(config_path)
     pool, pool_slots = pool_for(cfg)  # one pool per cluster, sized in GPU slots
+    _, eval_slots = pool_for(evaluation_layout(cfg))  # the evaluation ranks' own layout, same cluster
 
     @dag(
         dag_id=f"retrain_{cfg.name}",
@@ -125,7 +127,7 @@ def build_retrain_dag(config_path: Path):
             return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
 
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
-        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=pool_slots)
+        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=eval_slots)
         def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
             return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
 

@@ -68,7 +68,10 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     client, token = airflow_app
     model = f"m {HOSTILE}"
     curves = {1: [6.0, 5.5, 5.2], 2: [5.0, 4.0, 3.5, 3.0]}
-    _publish(registry_url, tmp_path, model, 2, lambda i: {"loss": 3.0 / i, "train_losses": curves[i]})
+    gate = [{"rule": 0, "metric": "frozen.loss", "passed": True, "note": f"evaluate.gate.rules[0] {HOSTILE}"},
+            {"rule": 1, "metric": "new.loss", "passed": False, "note": "evaluate.gate.rules[1] (new.loss min)"}]
+    _publish(registry_url, tmp_path, model, 2, lambda i: {"loss": 3.0 / i, "train_losses": curves[i],
+                                                          "metrics": {"frozen.loss": 2.125}, "gate": gate})
     monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(tmp_path))  # no configs
     monkeypatch.setenv("RETRAINER_DB_URL", registry_url)
     auth = {"Authorization": f"Bearer {token}"}
@@ -92,6 +95,9 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     v2 = client.get(f"/retrainer/models/{ref}/versions/2", headers=auth)
     assert v2.status_code == 200 and HOSTILE not in v2.text
     assert "data_replay" in v2.text and "manifest <code>aaaaaaaaaaaa</code>, weight 0.05" in v2.text
+    # Each suite metric, and each gate rule's result as it was recorded with the version.
+    assert "frozen.loss: 2.125" in v2.text and "gate pass: evaluate.gate.rules[0] &lt;script&gt;" in v2.text
+    assert "gate FAIL: evaluate.gate.rules[1] (new.loss min)" in v2.text
 
 
 def test_loss_curve_falls_back_to_the_runs_summary(
