@@ -88,7 +88,7 @@ def publish(
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
     With `experiment_key`, a checkpoint of another run is refused."""
-    from tasks.run import RunIdentity, fetch_model_files
+    from tasks.run import RunIdentity, WeightSources, fetch_model_files
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -105,7 +105,7 @@ def publish(
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
         with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
-            base_dir = fetch_model_files(cfg, run.init, Path(tmp) / "base")
+            base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
             ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),

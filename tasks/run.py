@@ -261,9 +261,10 @@ def weights_path(init: StartingWeights, cache_dir: str) -> Path | None:
     return Path(cache_dir) / "weights" / (init.digest if init.kind == "tree" else f"{init.digest}.pt")
 
 
-def fetch_model_files(cfg: JobConfig, init: StartingWeights, dest: Path) -> Path | None:
+def fetch_model_files(init: StartingWeights, src: WeightSources, dest: Path) -> Path | None:
     """The config.json and tokenizer files of the model a run started from, fetched alone into `dest` (never
-    its weights: an export needs only these of it); None when it has none (scratch, a weights file)."""
+    its weights: an export and a user metric need only these of it); None when it has none (scratch, a
+    weights file)."""
     from tasks.models.export import TOKENIZER_FILES
     from tasks.models.weights import HF_CONFIG
 
@@ -274,7 +275,7 @@ def fetch_model_files(cfg: JobConfig, init: StartingWeights, dest: Path) -> Path
     if init.kind == "pretrained":
         import fsspec
 
-        fs, root = fsspec.core.url_to_fs(init.url, **cfg.model.pretrained_storage_options)
+        fs, root = fsspec.core.url_to_fs(init.url, **src.model.get("pretrained_storage_options", {}))
         dest.mkdir(parents=True, exist_ok=True)
         for name in names:
             try:
@@ -286,7 +287,7 @@ def fetch_model_files(cfg: JobConfig, init: StartingWeights, dest: Path) -> Path
         return Path(init.url)
     from tasks.registry import ArtifactStore
 
-    return ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options).get_tree(init.digest, dest, only=names)
+    return ArtifactStore(src.store_url, src.store_options).get_tree(init.digest, dest, only=names)
 
 
 def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:

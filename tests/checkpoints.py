@@ -39,14 +39,15 @@ def commit_reference(cfg, run, state: dict, step: int) -> Path:
     return ck.finalize(root, tag, ck.make_marker(cfg, run, tag, step, 1), keep_last=5)
 
 
-def reference_checkpoint(cfg) -> tuple:
+def reference_checkpoint(cfg, init=None) -> tuple:
     """(run, checkpoint): a synthetic dataset at `data.source_url` and the single-process reference loop's
-    weights after `train.steps` steps, committed as that run's checkpoint (no ranks started)."""
+    weights after `train.steps` steps, committed as that run's checkpoint (no ranks started); `init`: the
+    StartingWeights the run names (default: scratch)."""
     from tasks.data import make_data
-    from tasks.run import for_dataset
+    from tasks.run import for_dataset, identity
     from tasks.train.reference import train_reference
 
-    make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)
-    run = for_dataset(cfg, cfg.data.source_url)
+    manifest = make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)
+    run = for_dataset(cfg, cfg.data.source_url) if init is None else identity(cfg, manifest.hash, init)
     state = train_reference(cfg, cfg.data.source_url).model.state_dict()
     return run, commit_reference(cfg, run, state, cfg.train.steps)

@@ -99,37 +99,42 @@ def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], su
     out = eval_root / eval_id[:16]
     eval_cfg = evaluation_layout(cfg).with_overrides({"train.output_dir": str(out)})
     layout = eval_cfg.parallel
-    data_options, data_env = split_credentials(cfg.data.storage_options, "data.storage_options")
-    store_options, store_env = split_credentials(cfg.publish.storage_options, "publish.storage_options")
-    clash = [k for k in data_env if store_env.get(k, data_env[k]) != data_env[k]]
-    if clash and any(m.get("weights") for m in models):
-        raise InvalidInputError("data.storage_options and publish.storage_options carry different credentials; the "
-                                "evaluation ranks read both (the suites, the live model): give the nodes their own "
-                                "credentials (instance roles) or one key for both")
+    fields = {"data": "data.storage_options", "store": "publish.storage_options",
+              "pretrained": "model.pretrained_storage_options"}
+    data_options, data_env = split_credentials(cfg.data.storage_options, fields["data"])
+    store_options, store_env = split_credentials(cfg.publish.storage_options, fields["store"])
+    model_options, model_env = split_credentials(cfg.model.pretrained_storage_options, fields["pretrained"])
+    secret_env = merged_env((fields["data"], data_env), (fields["store"], store_env),
+                            (fields["pretrained"], model_env if e.metrics else {}))
     spec = {
         "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size,
         "metrics": [m.model_dump(mode="json") for m in e.metrics],
         "cache_dir": cfg.data.cache_dir, "data_storage_options": data_options,
         "store_url": cfg.publish.store_url, "store_options": store_options,
-        "tokenizer": tokenizer_file(cfg, run, out),
+        "model": cfg.model.model_copy(update={"pretrained_storage_options": model_options}).model_dump(mode="json"),
+        "starting_weights": dataclasses.asdict(run.init),  # its tokenizer goes to the user metrics
     }
     log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
              len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
     eval_run = dataclasses.replace(run, experiment_key=eval_id)  # its own job name on Slurm / Kubernetes
-    summary = get_launcher(eval_cfg).run(eval_cfg, dataset_dir, run=eval_run, secret_env={**store_env, **data_env},
+    summary = get_launcher(eval_cfg).run(eval_cfg, dataset_dir, run=eval_run, secret_env=secret_env,
                                          evaluation=spec)
     return summary
 
 
-def tokenizer_file(cfg: JobConfig, run: RunIdentity, out: Path) -> str | None:
-    """The tokenizer.json user metrics receive: the starting model's, fetched alone (None without one)."""
-    if not cfg.evaluate.metrics:
-        return None
-    from tasks.run import fetch_model_files
-
-    files = fetch_model_files(cfg, run.init, out / "model-files")
-    path = None if files is None else Path(files) / "tokenizer.json"
-    return str(path) if path is not None and path.is_file() else None
+def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:
+    """One environment for the evaluation ranks from each source's credentials; two sources with different
+    values for one variable cannot both reach the ranks, so that is refused naming both fields."""
+    env: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for field, values in parts:
+        for name, value in values.items():
+            if name in env and env[name] != value:
+                raise InvalidInputError(f"{owner[name]} and {field} carry different credentials ({name}); the "
+                                        "evaluation ranks read both: give the nodes their own credentials "
+                                        "(instance roles) or one key for both")
+            env[name], owner[name] = value, field
+    return env
 
 
 def register(subparsers: Any) -> None:

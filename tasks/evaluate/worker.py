@@ -97,12 +97,34 @@ class Evaluation:
         completed from `train.checkpoint_url`), or a registry version fetched once per node."""
         if entry.get("path"):
             return Path(self.on_leaders(lambda: str(self.checkpoint(entry))))
-        from tasks.run import StartingWeights, WeightSources, fetch_weights
+        from tasks.run import StartingWeights, fetch_weights
 
         init = StartingWeights(**entry["weights"])
-        src = WeightSources(cache_dir=self.spec["cache_dir"], model=self.job.model.model_dump(mode="json"),
-                            store_url=self.spec["store_url"], store_options=self.spec["store_options"])
-        return Path(self.on_leaders(lambda: str(fetch_weights(init, src))))
+        return Path(self.on_leaders(lambda: str(fetch_weights(init, self.sources()))))
+
+    def sources(self) -> Any:
+        from tasks.run import WeightSources
+
+        s = self.spec
+        return WeightSources(cache_dir=s["cache_dir"], model=s["model"], store_url=s["store_url"],
+                             store_options=s["store_options"])
+
+    def tokenizer(self) -> Any:
+        """The starting model's tokenizer (fetched alone, once per node) for the user metrics, or None."""
+        from tasks.run import StartingWeights, fetch_model_files
+
+        def fetch() -> str | None:
+            dest = Path(self.job.train.output_dir) / "model-files"
+            files = fetch_model_files(StartingWeights(**self.spec["starting_weights"]), self.sources(), dest)
+            path = None if files is None else Path(files) / "tokenizer.json"
+            return str(path) if path is not None and path.is_file() else None
+
+        path = self.on_leaders(fetch)
+        if path is None:
+            return None
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(path)
 
     def checkpoint(self, entry: dict[str, Any]) -> Path:
         from tasks.train.checkpoint import validate_checkpoint_dir
@@ -141,11 +163,9 @@ class Evaluation:
         return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(sums[1])}
 
     def user_metrics(self, model: ShardedModel, dirs: dict[str, Path]) -> dict[str, float]:
-        tokenizer = None
-        if self.spec.get("tokenizer"):
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(self.spec["tokenizer"])
+        if not self.spec["metrics"]:
+            return {}
+        tokenizer = self.tokenizer()
         out: dict[str, float] = {}
         for metric in self.spec["metrics"]:
             fn = load_entry_point(metric["entry_point"])

@@ -23,20 +23,38 @@ from tasks.evaluate.spec import window_order
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_reference
-from tasks.run import RunIdentity
+from tasks.run import RunIdentity, StartingWeights
 from tasks.train.data import TokenWindows
 from tests.checkpoints import reference_checkpoint
 from tests.train.conftest import tiny_config
 
 USER_METRIC = {"entry_point": "tests.evaluate.user_metrics:token_prob", "suite": "heldout", "names": ["token_prob"]}
+TOKENIZER_METRIC = {"entry_point": "tests.evaluate.user_metrics:vocab_size", "suite": "heldout",
+                    "names": ["tokenizer_vocab"]}
+
+
+def model_files(directory: Path) -> tuple[StartingWeights, int]:
+    """A starting model directory with a tokenizer (a BPE trained here) that user metrics receive."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20,
+                            trainers.BpeTrainer(vocab_size=60, show_progress=False))
+    directory.mkdir(parents=True)
+    tok.save(str(directory / "tokenizer.json"))
+    return StartingWeights(requested=str(directory), digest="e" * 64, url=str(directory), kind="tree",
+                           note="a local model directory"), tok.get_vocab_size()
 
 
 @pytest.fixture
-def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path]:
+def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path, int]:
     """A tiny llama (the demo's family: vocab-parallel embedding and head) trained 20 steps."""
-    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20, "evaluate.metrics": [USER_METRIC]})
-    run, ckpt = reference_checkpoint(cfg)
-    return cfg, run, ckpt
+    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20,
+                                 "evaluate.metrics": [USER_METRIC, TOKENIZER_METRIC]})
+    init, vocab = model_files(tmp_path / "base-model")
+    run, ckpt = reference_checkpoint(cfg, init)
+    return cfg, run, ckpt, vocab
 
 
 def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:
@@ -52,7 +70,7 @@ def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:
 
 
 def test_every_layout_gives_the_same_numbers(trained) -> None:
-    cfg, run, ckpt = trained
+    cfg, run, ckpt, vocab = trained
     results = {}
     for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1)):
         layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp}})
@@ -65,6 +83,7 @@ def test_every_layout_gives_the_same_numbers(trained) -> None:
         assert m["heldout.loss"] == out["loss"] and math.isclose(out["perplexity"], math.exp(out["loss"]))
         assert m["heldout.tokens"] == out["tokens"] == e.batches * e.batch_size * cfg.model.seq_len
         assert 0 < m["heldout.token_prob"] < 1  # the user metric ran and was recorded
+        assert m["heldout.tokenizer_vocab"] == vocab  # the starting model's tokenizer reached it
         assert m["heldout.token_prob"] == pytest.approx(results[(1, 1, 1)]["metrics"]["heldout.token_prob"],
                                                         rel=1e-6), layout
         assert out["checkpoint_tag"] == "step-000020" and out["step"] == 20 and out["live"] is None
@@ -73,7 +92,7 @@ def test_every_layout_gives_the_same_numbers(trained) -> None:
 
 
 def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None:
-    cfg, run, ckpt = trained
+    cfg, run, ckpt, _ = trained
     incomplete = tmp_path / "incomplete"
     incomplete.mkdir()
     for layer in ckpt.glob("layer_*"):
@@ -94,7 +113,7 @@ def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None
 
 
 def test_cli_prints_json_writes_output_and_exits_2_on_bad_checkpoint(trained, tmp_path: Path) -> None:
-    cfg, _, ckpt = trained
+    cfg, _, ckpt, _ = trained
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     output = tmp_path / "metrics.json"
