@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger("tasks.warm")
 
-STREAM_CHUNK = 8 << 20
+STREAM_CHUNK = 1 << 20
 # obstore's own retries (connection errors, dropped connections, 5xx), kept short: every read is
 # retried again by the warm (tenacity, with backoff), since obstore does not retry every failure to
 # send a request, and an endpoint that is down for good must fail the warm in seconds.
