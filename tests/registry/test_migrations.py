@@ -84,16 +84,21 @@ def _at_revision(url: str, target: str) -> None:
     engine.dispose()
 
 
-def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
-    _at_revision(registry_url, "0003")
-    engine = make_engine(registry_url, poolclass=sa.NullPool)
-    with engine.begin() as conn:  # a version as the 0003 code wrote it (no artifact_kind)
+def _old_version_at(url: str, revision: str) -> None:
+    """The schema at `revision` holding one version of model 'm', inserted as that revision's code did."""
+    _at_revision(url, revision)
+    engine = make_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
         conn.exec_driver_sql("INSERT INTO registry_models (id, name, created_at) VALUES (1, 'm', CURRENT_TIMESTAMP)")
         conn.exec_driver_sql(
             "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, config_hash, "
             "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) VALUES "
             f"(1, 1, '{'ab' * 32}', 'file:///s/x', 3, 'c', 'd', 'r', 't', '{{}}', 'alice', CURRENT_TIMESTAMP)")
     engine.dispose()
+
+
+def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
+    _old_version_at(registry_url, "0003")  # as the 0003 code wrote it (no artifact_kind)
     assert upgrade(registry_url) == ["0004", "0005"]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).artifact_kind == "file"
@@ -105,15 +110,7 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
 
 
 def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(registry_url: str) -> None:
-    _at_revision(registry_url, "0004")
-    engine = make_engine(registry_url, poolclass=sa.NullPool)
-    with engine.begin() as conn:  # a version as the 0004 code wrote it (no data_replay)
-        conn.exec_driver_sql("INSERT INTO registry_models (id, name, created_at) VALUES (1, 'm', CURRENT_TIMESTAMP)")
-        conn.exec_driver_sql(
-            "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, config_hash, "
-            "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) VALUES "
-            f"(1, 1, '{'ab' * 32}', 'file:///s/x', 3, 'c', 'd', 'r', 't', '{{}}', 'alice', CURRENT_TIMESTAMP)")
-    engine.dispose()
+    _old_version_at(registry_url, "0004")  # as the 0004 code wrote it (no data_replay)
     assert upgrade(registry_url) == ["0005"]
     replay = [{"url": "s3://b/snap-a", "manifest_hash": "a" * 64, "weight": 0.05}]
     with Registry(registry_url) as reg:
