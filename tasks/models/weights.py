@@ -5,8 +5,8 @@ Hugging Face directory (sharded safetensors, ours or an imported model) and a le
 `consolidated.pt` all hold the same reference tensors. Ranks load starting weights through
 `load_into` (each reads only its stage's tensors and only its slice: `safe_open(...).get_slice`), and
 so do the evaluation ranks; `load_reference` builds a whole single-process model (tests, benchmarks:
-only for models one process holds), and export streams a checkpoint's layers with `CheckpointWeights`. Nothing here reads a whole model into memory unless asked for the
-whole model.
+only for models one process holds), and export streams a checkpoint's layers with `CheckpointWeights`.
+Nothing here reads a whole model into memory unless asked for the whole model.
 """
 
 from __future__ import annotations
