@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -114,9 +115,17 @@ class Evaluation:
         from tasks.run import StartingWeights, fetch_model_files
 
         def fetch() -> str | None:
-            dest = Path(self.job.train.output_dir) / "model-files"
-            files = fetch_model_files(StartingWeights(**self.spec["starting_weights"]), self.sources(), dest)
-            path = None if files is None else Path(files) / "tokenizer.json"
+            out = Path(self.job.train.output_dir)
+            files: Path | None = out / "model-files"  # an earlier attempt's (a retry): fetched whole, or not at all
+            if not files.is_dir():
+                tmp = out / f"model-files.tmp-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                got = fetch_model_files(StartingWeights(**self.spec["starting_weights"]), self.sources(), tmp)
+                files = None if got is None else Path(got)
+                if files == tmp:
+                    tmp.rename(out / "model-files")
+                    files = out / "model-files"
+            path = None if files is None else files / "tokenizer.json"
             return str(path) if path is not None and path.is_file() else None
 
         path = self.on_leaders(fetch)
