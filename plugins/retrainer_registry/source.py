@@ -113,7 +113,6 @@ class VersionFacts:
     data_replay: list[dict[str, Any]]
     created_by: str
     created_at: str
-    made_by_run: tuple[str, str] | None
     train_losses: list[float]
 
 
@@ -134,5 +133,5 @@ def version_facts(version: dict[str, Any], job: JobConfig | None) -> VersionFact
         data_url=version.get("data_url"), data_manifest_hash=str(version.get("data_manifest_hash", "")),
         data_replay=list(version.get("data_replay") or []),
         created_by=str(version.get("created_by", "")), created_at=str(version.get("created_at", "")),
-        made_by_run=dag_run_of(version.get("created_by")), train_losses=training_losses(version, job),
+        train_losses=training_losses(version, job),
     )
