@@ -120,7 +120,11 @@ def _local_run_modified(run_dir: Path) -> float:
     """When a run last wrote anything near its top (status every step, checkpoints, evaluations, summary)."""
     newest = run_dir.stat().st_mtime
     for sub in [run_dir, *(p for p in run_dir.iterdir() if p.is_dir() and not p.is_symlink())]:
-        for entry in os.scandir(sub):
+        try:
+            entries = list(os.scandir(sub))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
             with contextlib.suppress(FileNotFoundError):
                 newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
     return newest
@@ -208,7 +212,9 @@ class RegistryView:
 
     @classmethod
     def read(cls, registry: Registry, keep_versions: int) -> RegistryView:
-        versions, kept, went_live = [], {}, set()
+        versions: list[VersionRecord] = []
+        kept: dict[tuple[str, int], str] = {}
+        went_live: set[tuple[str, int]] = set()
         for model in (m["model"] for m in registry.models()):
             versions += registry.list_versions(model)
             pointed: dict[str, list[int]] = {}
@@ -303,10 +309,13 @@ def list_runs(cfg: JobConfig, report: Report) -> tuple[list[Run], list[Item]]:
 
 
 def _run_items(run: Run, reason: str) -> list[Item]:
+    """A whole run: its mirror prefix (`latest` first) and its local directory."""
+    from tasks.train.mirror import LATEST
+
     items = []
     if run.mirror is not None:
         m = run.mirror
-        items.append(Item("run_mirror", m.url, run.mirror_bytes, reason, lambda: _rm_url(m.fs, m.root, "latest")))
+        items.append(Item("run_mirror", m.url, run.mirror_bytes, reason, lambda: _rm_url(m.fs, m.root, LATEST)))
     if run.local is not None:
         path = run.local
         items.append(Item("run_dir", str(path), dir_bytes(path), reason, lambda: discard_local(path)))

@@ -192,7 +192,6 @@ class ArtifactStore:
                 self.fs.rm_file(f"{obj.path}/{MANIFEST_NAME}")
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(obj.path, recursive=True)
-        log.info("store: removed %s %s (%d bytes)", obj.kind, self.fs.unstrip_protocol(obj.path), obj.size)
 
     # -- single files: writing ------------------------------------------------
     def put(self, local_path: str | os.PathLike[str], *, verify_existing: bool = True) -> ArtifactRef:
