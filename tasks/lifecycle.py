@@ -359,6 +359,10 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
         pub = out["publish"]
         verb = "published" if pub["switched"] else "already live:"
         lines.append(f"{verb} {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
+        if pruned := out.get("housekeeping", {}).get("pruned"):
+            names = ", ".join(sorted({i["url"].rstrip("/").rsplit("/", 1)[-1] for i in pruned}))
+            lines.append(f"housekeeping: deleted {names} ({out['housekeeping']['bytes'] / 1e6:.1f} MB); the "
+                         f"checkpoint v{pub['version']} came from is kept")
     elif "gate" in out:
         lines.append("not published (refused by the gate)")
     else:

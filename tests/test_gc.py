@@ -23,6 +23,7 @@ import yaml
 from tasks.config import load_config
 from tasks.evaluate.cache import write_cached
 from tasks.fsutil import dir_bytes
+from tasks.lifecycle import describe_outcome
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
 from tasks.run import claim_run_dir, identity, scratch
 from tasks.train.checkpoint import read_latest
@@ -125,6 +126,7 @@ def test_weekly_runs_prune_on_publish_and_gc_reclaims_exactly_what_no_kept_versi
     assert sorted(p.name for p in (run1 / "ckpt").glob("step-*")) == ["step-000008"]
     assert read_latest(run1 / "ckpt") == "step-000008"
     assert sorted(p.name for p in (mirror / run1.name).iterdir()) == ["latest", "step-000008"]
+    assert "housekeeping: deleted step-000004 (" in "\n".join(describe_outcome(week1))  # what `retrainer run` prints
 
     # Week 2 starts from production (v1's registry artifact, not the pruned checkpoints) and becomes v2.
     new_week(config, tmp_path, seed=202)
