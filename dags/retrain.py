@@ -1,6 +1,7 @@
 """retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
 
-plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish.
+plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish
+-> housekeeping (the run's other checkpoints pruned once the alias points at its version).
 The plan task freezes the run: the config as the file was then, the data's manifest hash, the starting
 weights (`train.init_from`); every later task reads them from its XCom. Scheduled by the config's cron
 `schedule`, by data arrival (`data.asset`: an Asset event, whose extra `source_url` names the snapshot
@@ -153,6 +154,10 @@ def build_retrain_dag(config_path: Path):
                                                        "parent_version": result["parent_version"]})
             return result
 
+        @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless
+        def housekeeping(plan_out: dict, published_out: dict) -> dict:
+            return lifecycle.stage_housekeeping(*frozen(plan_out), published_out)
+
         planned = plan()
         warmed = warm(planned)
         new_data(planned) >> warmed
@@ -163,6 +168,7 @@ def build_retrain_dag(config_path: Path):
         publish_ok = gate(planned, metrics, warmed)
         published = publish(planned, summary, metrics)
         publish_ok >> published
+        housekeeping(planned, published)
 
     return retrain()
 

@@ -475,6 +475,9 @@ class EvaluateConfig(_Strict):
         return (GateRule(metric=f"{self.suites[0].name}.loss", tolerance=self.gate.tolerance),)
 
 
+ExportDtype = Literal["bf16", "fp32"]
+
+
 class PublishConfig(_Strict):
     registry_url: str = Field(description="SQLAlchemy URL of the registry database")
     store_url: str = Field(description="fsspec URL of the artifact store")
@@ -483,7 +486,26 @@ class PublishConfig(_Strict):
     model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    export_dtype: Literal["bf16", "fp32"] = Field("bf16", description="dtype of the published safetensors")
+    export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
+
+
+class RetentionConfig(_Strict):
+    """What housekeeping keeps: the pruning right after a publish and `retrainer gc` (tasks/gc.py).
+
+    The artifacts of every registry version are never deleted, whatever these say: every version an
+    alias ever pointed to (indeed every version) still pulls and verifies. They decide the run
+    directories (checkpoints) and the store objects no version references.
+    """
+
+    prune_checkpoints: bool = Field(True, description="once a run's version is live, delete the run's other "
+                                    "checkpoints (local and mirror), keeping the one it came from: right after "
+                                    "the publish, and in `retrainer gc`")
+    keep_versions: int = Field(2, ge=0, description="per alias, the runs of the versions it pointed to last (the "
+                               "live one first) keep their checkpoint; 0: the registry artifact is enough")
+    keep_runs: int = Field(3, ge=0, description="the newest run directories are kept, whatever they hold")
+    keep_days: float = Field(14.0, ge=0, description="run directories active in the last days are kept")
+    grace_hours: float = Field(24.0, ge=0, description="nothing younger is deleted: a store object no version "
+                               "references yet (an export or publish in flight), a run directory")
 
 
 class RankCluster(_Strict):
@@ -517,6 +539,7 @@ class JobConfig(_Strict):
     serving: ServingConfig = ServingConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     publish: PublishConfig
+    retention: RetentionConfig = RetentionConfig()
 
     @model_validator(mode="after")
     def _layout(self) -> JobConfig:

@@ -279,6 +279,26 @@ def stage_publish(
     return out
 
 
+def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, Any]) -> dict[str, Any]:
+    """Once the alias points at the published version: its run's other checkpoints go (locally and in the
+    mirror), the one it came from stays (`retention.prune_checkpoints`; tasks/gc.py). A deletion that fails
+    is logged, never raised: the publish stands, and `retrainer gc` reclaims what is left."""
+    from tasks.gc import prune_published
+
+    if not cfg.retention.prune_checkpoints:
+        return {"pruned": [], "bytes": 0}
+    label = f"{published['model']} v{published['version']}"
+    record = registry_for(cfg).get_version(published["model"], published["version"])
+    tag = record.checkpoint_tag if record.config_hash == run.experiment_key else None
+    try:
+        items = prune_published(cfg, run, tag, label)
+    except (OSError, RetrainerError) as exc:
+        log.warning("housekeeping: pruning run %s after %s failed (retrainer gc will reclaim it): %s", run.run_id,
+                    label, exc)
+        return {"pruned": [], "bytes": 0, "error": str(exc)}
+    return {"pruned": [i.to_dict() for i in items], "bytes": sum(i.bytes for i in items)}
+
+
 def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
     actor: str | None = None, reason: str = "rollback",
@@ -295,7 +315,7 @@ def stage_rollback(
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """identify -> plan -> warm -> train -> evaluate -> gate -> publish, in one process."""
+    """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process."""
     run = stage_identify(cfg)
     out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
     if (reason := nothing_new(run)) is not None:
@@ -311,6 +331,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
     if out["gate"]["publish"]:
         out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
+        out["housekeeping"] = stage_housekeeping(cfg, run, out["publish"])
     return out
 
 
@@ -338,6 +359,10 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
         pub = out["publish"]
         verb = "published" if pub["switched"] else "already live:"
         lines.append(f"{verb} {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
+        if pruned := out.get("housekeeping", {}).get("pruned"):
+            names = ", ".join(sorted({i["url"].rstrip("/").rsplit("/", 1)[-1] for i in pruned}))
+            lines.append(f"housekeeping: deleted {names} ({out['housekeeping']['bytes'] / 1e6:.1f} MB); the "
+                         f"checkpoint v{pub['version']} came from is kept")
     elif "gate" in out:
         lines.append("not published (refused by the gate)")
     else:

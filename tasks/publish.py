@@ -159,12 +159,19 @@ def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
     once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
     from tasks.models.export import export_checkpoint
     from tasks.models.weights import HF_INDEX
-    from tasks.train.export import EXPORT_DIR
 
-    dest = checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{cfg.publish.export_dtype}"
+    dest = export_dir(checkpoint_dir, cfg.publish.export_dtype)
     if (dest / HF_INDEX).is_file():
         log.info("export: reusing %s", dest)
         return dest
     return export_checkpoint(cfg.model, checkpoint_dir, dest, stages=cfg.parallel.pp,
                              dtype=cfg.publish.export_dtype,
                              base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None)
+
+
+def export_dir(checkpoint_dir: Path, dtype: str) -> Path:
+    """Where publish exports a checkpoint itself: `<run>/export/<tag>-<dtype>/` (a full copy of the weights,
+    which housekeeping deletes once the version is published)."""
+    from tasks.run import EXPORT_DIR
+
+    return checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{dtype}"

@@ -105,6 +105,8 @@ def test_overrides_are_validated() -> None:
          r"data\.replay\.0\.manifst"),
         (lambda c: c["data"].update(replay=[{"source_url": c["data"]["source_url"], "weight": 0.1}]),
          r"data\.replay: .*tiny-text.* listed twice"),
+        (lambda c: c.update(retention={"keep_days": -1}), r"retention\.keep_days"),
+        (lambda c: c.update(retention={"keep_run": 3}), r"retention\.keep_run"),
         # 17 sources of 1% each draw one sample a step each at times: more than the 16 of a global batch.
         (lambda c: c["data"].update(replay=[{"source_url": f"/s{i}", "weight": 0.01} for i in range(17)]),
          r"data\.replay: the replay sources draw up to 17 samples in one step, more than the global batch of 16"),

@@ -26,7 +26,7 @@ def test_dagbag_imports_without_errors_or_deprecations(airflow_db: str) -> None:
 def test_retrain_dag_shape(airflow_db: str) -> None:
     dag = _dagbag().get_dag("retrain_tiny-llama")
     assert dag.max_active_runs == 1
-    order = ["plan", "new_data", "warm", "not_dry_run", "train", "evaluate", "gate", "publish"]
+    order = ["plan", "new_data", "warm", "not_dry_run", "train", "evaluate", "gate", "publish", "housekeeping"]
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.get_task("train").retries >= 1
