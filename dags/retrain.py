@@ -1,6 +1,7 @@
 """retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
 
-plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish
+plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> approval
+(a person approves or rejects when the run's alias requires it: `publish.approval`) -> publish
 -> housekeeping (the run's other checkpoints pruned once the alias points at its version).
 The plan task freezes the run: the config as the file was then, the data's manifest hash, the starting
 weights (`train.init_from`); every later task reads them from its XCom. Scheduled by the config's cron
@@ -15,11 +16,15 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import (
     Asset,
     AssetAlias,
     AssetOrTimeSchedule,
+    AsyncCallback,
     CronTriggerTimetable,
+    DeadlineAlert,
+    DeadlineReference,
     Param,
     dag,
     get_current_context,
@@ -27,6 +32,8 @@ from airflow.sdk import (
 )
 
 from tasks import lifecycle
+from tasks.alerts import deadline_missed
+from tasks.approval import MAX_COMMENT, ApprovalAnswer, publish_attribution
 from tasks.config import NAME_PATTERN
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
@@ -42,6 +49,50 @@ def log_failure_reason(context) -> None:
     """One line saying why the task failed, for whoever reads the run at 3am."""
     ti = context["ti"]
     log.error("retrainer: %s.%s failed: %s", ti.dag_id, ti.task_id, context.get("exception"))
+
+
+def deadline_for(cfg) -> DeadlineAlert | None:
+    """`train.deadline`: an alert (the triggerer logs the run that overran) when a run is still not done that
+    long after it was queued."""
+    if cfg.train.deadline is None:
+        return None
+    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=cfg.train.deadline,
+                         callback=AsyncCallback(deadline_missed, kwargs={"deadline": str(cfg.train.deadline)}),
+                         name="train.deadline")
+
+
+class PublishApproval(ApprovalOperator):
+    """A person's go/no-go between gate and publish, asked only when the run's alias requires it
+    (`publish.approval` of the run's frozen config); otherwise it passes at once. The request shows
+    tasks.approval's summary; Reject (or no answer by `publish.approval_timeout_s`) skips publish and
+    says why in the run's note; Approve hands the approver to publish."""
+
+    def execute(self, context):
+        ti = context["ti"]
+        cfg, run = lifecycle.job_and_run(ti.xcom_pull(task_ids="plan"))
+        if not cfg.publish.approval_required:
+            log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
+            return None
+        request = lifecycle.stage_approval_request(cfg, run, ti.xcom_pull(task_ids="evaluate"),
+                                                   ti.xcom_pull(task_ids="gate", key="decision"))
+        self.subject, self.body = request["subject"], request["body"]
+        self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
+        return super().execute(context)
+
+    def execute_complete(self, context, event):
+        if "error" in event:  # not an answer: Airflow's own handling fails the task
+            return super().execute_complete(context, event)
+        answer = ApprovalAnswer.of(event["chosen_options"] == [self.APPROVE], event["responded_by_user"],
+                                   event["params_input"])
+        if answer.approved:
+            log.info("retrainer: approved by %s", answer.by)
+        else:  # noted first: the operator ends a rejection by raising (that skips publish)
+            cfg, _ = lifecycle.job_and_run(context["ti"].xcom_pull(task_ids="plan"))
+            note = answer.run_note(cfg.publish.approval_timeout_s)
+            log.warning("retrainer: %s", note)
+            context["ti"].xcom_push(key="run_note", value=note)  # the run-notes listener shows it on the run
+        super().execute_complete(context, event)
+        return answer.to_dict()
 
 
 def schedule_for(cfg):
@@ -67,6 +118,7 @@ def build_retrain_dag(config_path: Path):
         tags=["retrainer"],
         doc_md=__doc__,
         default_args={"on_failure_callback": log_failure_reason},
+        deadline=deadline_for(cfg),
         params={
             "steps": Param(cfg.train.steps, type="integer", minimum=1, maximum=10_000_000,
                            description="training steps"),
@@ -146,8 +198,9 @@ def build_retrain_dag(config_path: Path):
         def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
             ti = get_current_context()["ti"]
             decision = ti.xcom_pull(task_ids="gate", key="decision")
+            actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), f"airflow {ti.dag_id}/{ti.run_id}")
             result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
-                                             actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
+                                             actor=actor, reason=reason)
             if result["switched"]:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                                 extra={"version": result["version"],
@@ -167,7 +220,12 @@ def build_retrain_dag(config_path: Path):
         metrics = evaluate(planned, summary, warmed)
         publish_ok = gate(planned, metrics, warmed)
         published = publish(planned, summary, metrics)
-        publish_ok >> published
+        # No answer within publish.approval_timeout_s: the default, Reject.
+        approval = PublishApproval(
+            task_id="approval", subject="Publish the retrained model?", defaults=ApprovalOperator.REJECT,
+            params={"comment": Param("", type="string", maxLength=MAX_COMMENT,
+                                     description="why (kept in the run note or the alias history)")})
+        publish_ok >> approval >> published
         housekeeping(planned, published)
 
     return retrain()

@@ -14,12 +14,23 @@ import math
 import os
 import re
 import sys
+from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tasks.errors import ConfigError, validation_problems
 
@@ -162,6 +173,27 @@ INIT_FROM_HELP = ("scratch, pretrained (model.pretrained), live (the alias's ver
                   "before a first version: model.pretrained if set, else scratch), version:N, or a path of weights")
 
 
+_COMPACT_DURATION = re.compile(r"^(?=\d)(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_TIMEDELTA: TypeAdapter[timedelta] = TypeAdapter(timedelta)
+DURATION_HELP = "seconds (3600), d/h/m/s parts (2d, 36h, 1d12h, 90m) or ISO 8601 (P2D, PT36H)"
+
+
+def _duration(value: Any) -> Any:
+    """A duration as people write it: the compact d/h/m/s form here, numbers and ISO 8601 by pydantic."""
+    if isinstance(value, str) and (m := _COMPACT_DURATION.fullmatch(value.strip())):
+        days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if isinstance(value, str | int | float | timedelta) and not isinstance(value, bool):
+        try:
+            return _TIMEDELTA.validate_python(value)
+        except ValidationError:
+            pass
+    raise ValueError(f"not a duration ({value!r}): use {DURATION_HELP}")
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
@@ -180,6 +212,16 @@ class TrainConfig(_Strict):
     keep_last: int = Field(3, ge=1)
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary")
+    deadline: Duration | None = Field(
+        None, description=f"alert (the DAG's deadline callback) when a retrain run is still not done this long "
+                          f"after it was queued: {DURATION_HELP}; None: no alert")
+
+    @field_validator("deadline")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError(f"must be longer than zero, got {value.total_seconds():g} s")
+        return value
 
     @field_validator("init_from")
     @classmethod
@@ -476,6 +518,7 @@ class EvaluateConfig(_Strict):
 
 
 ExportDtype = Literal["bf16", "fp32"]
+ApprovalMode = Literal["none", "required"]
 
 
 class PublishConfig(_Strict):
@@ -487,6 +530,33 @@ class PublishConfig(_Strict):
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
+    approval: ApprovalMode | dict[str, ApprovalMode] = Field(
+        "none", description="required: a person approves (Airflow human-in-the-loop) before publish moves the "
+                            "alias; one mode for every alias, or per alias ({production: required}; an alias "
+                            "not listed: none)")
+    approval_timeout_s: float = Field(24 * 3600.0, gt=0, description="how long an approval waits for an answer; "
+                                      "no answer in time rejects the candidate (nothing is published)")
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        modes = ("none", "required")
+        if isinstance(value, dict):
+            bad = {alias: mode for alias, mode in value.items()
+                   if mode not in modes or not isinstance(alias, str) or not re.fullmatch(NAME_PATTERN, alias)}
+            if bad:
+                raise ValueError(f"alias -> mode, each alias a plain name ({NAME_PATTERN}) and each mode one of "
+                                 f"{modes}: got {bad}")
+        elif value not in modes:
+            raise ValueError(f"one of {modes}, or a mapping alias -> mode (e.g. {{production: required}}): "
+                             f"got {value!r}")
+        return value
+
+    @property
+    def approval_required(self) -> bool:
+        """Whether publishing to this config's alias (the run's, after a form override) waits for a person."""
+        mode = self.approval.get(self.alias, "none") if isinstance(self.approval, dict) else self.approval
+        return mode == "required"
 
 
 class RetentionConfig(_Strict):
@@ -578,7 +648,7 @@ class JobConfig(_Strict):
     def fingerprint(self) -> str:
         """sha256 of the config fields that define what training computes (tasks/run.py adds data and weights).
 
-        Run-time knobs (cluster, cache location, publish target, evaluation) and
+        Run-time knobs (cluster, cache location, publish target, evaluation, the deadline) and
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
@@ -588,7 +658,7 @@ class JobConfig(_Strict):
             "model": self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"}),
             "parallel": self.parallel.model_dump(mode="json"),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
-                                                                "checkpoint_storage_options"}),
+                                                                "checkpoint_storage_options", "deadline"}),
         }
         return sha256_json(defining)
 

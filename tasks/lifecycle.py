@@ -236,6 +236,18 @@ def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: 
     return decision.to_dict()
 
 
+def stage_approval_request(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any],
+                           gate: dict[str, Any]) -> dict[str, str]:
+    """What a person reads before approving this run's publish: subject and markdown body, with the version
+    live on the run's alias now."""
+    from tasks.approval import request_body, request_subject
+
+    model, alias = cfg.publish.model_name, cfg.publish.alias
+    live = registry_for(cfg).live_version(model, alias)
+    return {"subject": request_subject(model, alias),
+            "body": request_body(model, alias, run, metrics, gate, live, cfg.publish.approval_timeout_s)}
+
+
 def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
     """The training loss curve kept with a version (the registry page draws it), thinned to a bounded size."""
     stride = max(1, -(-len(losses) // max_points))

@@ -117,3 +117,34 @@ def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) ->
     with pytest.raises(ConfigError, match=message) as err:
         load_config(path)
     assert str(path) in str(err.value)
+
+
+def test_approval_is_per_alias_and_a_bad_mode_names_the_field() -> None:
+    base = load_config(DEMO)
+    assert not base.publish.approval_required and base.publish.approval_timeout_s == 24 * 3600
+    per_alias = base.with_overrides({"publish.approval": {"production": "required", "staging": "none"}})
+    assert per_alias.publish.approval_required
+    assert not per_alias.with_overrides({"publish.alias": "staging"}).publish.approval_required
+    assert not per_alias.with_overrides({"publish.alias": "canary"}).publish.approval_required  # not listed: none
+    assert base.with_overrides({"publish.approval": "required", "publish.alias": "canary"}).publish.approval_required
+    for bad in ("requried", {"production": "yes"}, {"prod/blue": "required"}, True):
+        with pytest.raises(ConfigError, match=r"publish\.approval: .*one of \('none', 'required'\)"):
+            base.with_overrides({"publish.approval": bad})
+    with pytest.raises(ConfigError, match=r"publish\.approval_timeout_s"):
+        base.with_overrides({"publish.approval_timeout_s": 0})
+
+
+def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -> None:
+    from datetime import timedelta
+
+    base = load_config(DEMO)
+    assert base.train.deadline is None
+    for written, meant in [("2d", timedelta(days=2)), ("36h", timedelta(hours=36)), ("1d12h", timedelta(hours=36)),
+                           ("90m", timedelta(minutes=90)), (3600, timedelta(hours=1)), ("PT6H", timedelta(hours=6))]:
+        cfg = base.with_overrides({"train.deadline": written})
+        assert cfg.train.deadline == meant, written
+        assert cfg.fingerprint() == base.fingerprint()  # when to alert changes nothing trained
+    for bad, message in [("soon", r"train\.deadline: .*not a duration \('soon'\)"),
+                         ("0s", r"train\.deadline: .*longer than zero"), (-5, r"train\.deadline: .*longer than zero")]:
+        with pytest.raises(ConfigError, match=message):
+            base.with_overrides({"train.deadline": bad})

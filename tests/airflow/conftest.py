@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
-def write_test_config(home: Path) -> Path:
-    """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss."""
+def write_test_config(home: Path, mutate: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss.
+    `mutate` changes the document further (a test module's own settings) before it is written."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["schedule"] = None  # runs only when the test triggers them
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
@@ -40,6 +41,8 @@ def write_test_config(home: Path) -> Path:
     cfg["cluster"]["master_port"] = free_port()
     cfg["evaluate"].update(batches=2, batch_size=4)
     cfg["publish"].update(registry_url=f"sqlite:///{home / 'registry.db'}", store_url=str(home / "store" / "models"))
+    if mutate is not None:
+        mutate(cfg)
     config_dir = home / "configs"
     config_dir.mkdir(parents=True)
     path = config_dir / "tiny-llama.yaml"
@@ -120,11 +123,19 @@ def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> Non
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    with run_standalone(tmp_path_factory) as sa:
+        yield sa
+
+
+@contextlib.contextmanager
+def run_standalone(tmp_path_factory: pytest.TempPathFactory,
+                   mutate: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Standalone]:
+    """A started standalone on the test config (changed by `mutate`), stopped on exit."""
     from tasks.data import make_data
     from tasks.registry import upgrade
 
     home = tmp_path_factory.mktemp("standalone")
-    config_path = write_test_config(home)
+    config_path = write_test_config(home, mutate)
     upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     port = free_port()
