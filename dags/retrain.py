@@ -24,6 +24,7 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
+from retrainer_airflow.operators import RankJobOperator
 
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
@@ -45,12 +46,13 @@ def log_failure_reason(context) -> None:
 
 def schedule_for(cfg):
     """Cron, data arrival, or either (whichever comes first), from the config."""
+    cron = cfg.schedule.cron
     if cfg.data.asset is None:
-        return cfg.schedule
+        return cron
     arrival = Asset(cfg.data.asset)
-    if cfg.schedule is None:
+    if cron is None:
         return arrival
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"), assets=arrival)
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=arrival)
 
 
 def build_retrain_dag(config_path: Path):
@@ -119,17 +121,21 @@ def build_retrain_dag(config_path: Path):
         def not_dry_run(_warm: dict) -> bool:
             return not get_current_context()["params"]["dry_run"]
 
-        @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
-              retry_exponential_backoff=True, pool=pool, pool_slots=pool_slots)
-        def train(plan_out: dict, warm_out: dict) -> dict:
-            ti = get_current_context()["ti"]
-            holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
-            return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
+        planned = plan()
+        warmed = warm(planned)
+        new_data(planned) >> warmed
+        go = not_dry_run(warmed)
 
+        # Both defer while their job runs where the engine allows (cluster.defers); their pool counts deferred
+        # tasks' slots (README: `airflow pools set ... --include-deferred`): a deferred job still holds the GPUs.
+        ranks = {"pool": pool, "priority_weight": cfg.schedule.priority, "weight_rule": "absolute"}
+        train = RankJobOperator(task_id="train", stage="train", plan_out=planned, warm_out=warmed,
+                                execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
+                                retry_exponential_backoff=True, pool_slots=pool_slots, **ranks)
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
-        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=eval_slots)
-        def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
-            return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
+        evaluate = RankJobOperator(task_id="evaluate", stage="evaluate", plan_out=planned, warm_out=warmed,
+                                   summary=train.output, execution_timeout=timedelta(hours=6), retries=1,
+                                   pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
@@ -153,13 +159,8 @@ def build_retrain_dag(config_path: Path):
                                                        "parent_version": result["parent_version"]})
             return result
 
-        planned = plan()
-        warmed = warm(planned)
-        new_data(planned) >> warmed
-        go = not_dry_run(warmed)
-        summary = train(planned, warmed)
-        go >> summary
-        metrics = evaluate(planned, summary, warmed)
+        go >> train
+        summary, metrics = train.output, evaluate.output
         publish_ok = gate(planned, metrics, warmed)
         published = publish(planned, summary, metrics)
         publish_ok >> published
