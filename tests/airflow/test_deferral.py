@@ -51,7 +51,8 @@ def _configs(home: Path) -> Path:
         cfg["schedule"] = {"cron": None, **extra}
         cfg["train"].update(steps=8, checkpoint_every=2, output_dir=str(home / "runs" / name))
         cfg["data"]["source_url"] = str(home / "store" / f"data-{name}")
-        cfg["cluster"].update(launcher="slurm", hang_timeout_s=300, slurm={"time_limit": "00:20:00"})
+        cfg["cluster"].update(launcher="slurm", gpus_per_node=2, hang_timeout_s=300,
+                              slurm={"time_limit": "00:20:00"})
         if name == LOW:
             cfg["cluster"]["deferrable"] = False
         (path.parent / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
@@ -89,6 +90,8 @@ def _xcom(sa: Standalone, name: str, run_id: str, task_id: str) -> dict:
 
 
 def _trigger(sa: Standalone, name: str) -> str:
+    with sa.client() as c:  # DAGs start paused
+        c.patch(f"/api/v2/dags/retrain_{name}", json={"is_paused": False}).raise_for_status()
     resp = sa.trigger(f"retrain_{name}", {})
     assert resp.status_code == 200, resp.text
     return resp.json()["dag_run_id"]
@@ -105,7 +108,11 @@ def _wait(what: str, check, sa: Standalone, timeout_s: float = 600):
 
 
 def _state(sa: Standalone, name: str, run_id: str, task_id: str) -> str | None:
-    return sa.task_states(f"retrain_{name}", run_id).get(task_id)
+    """The task's state; a failed task fails the test at once, naming it."""
+    states = sa.task_states(f"retrain_{name}", run_id)
+    failed = sorted(t for t, s in states.items() if s in ("failed", "upstream_failed"))
+    assert not failed, f"retrain_{name} {run_id}: {failed} failed:\n{sa.task_log(f'retrain_{name}', run_id, failed[0])}"
+    return states.get(task_id)
 
 
 def _run_dir(sa: Standalone, name: str) -> Path:
@@ -214,3 +221,24 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     summary = _xcom(sa, LOW, low_run, "train")
     assert summary["outcome"] == "resumed" and summary["resumed_from_step"] >= 2
     assert len(_versions(sa, LOW)) == before[LOW] + 1
+
+
+def test_marking_a_deferred_training_failed_cancels_its_job(deferring: Standalone,
+                                                            slurm_cluster: SlurmCluster) -> None:
+    """An operator stops a run from the UI (mark failed): the job must not train on unseen for days."""
+    from tasks.data import make_data
+
+    sa = deferring
+    make_data(str(sa.home / "store" / f"data-{HIGH}"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
+              seed=11)
+    live_before = [v.version for v in _versions(sa, HIGH)]
+    run_id = _trigger(sa, HIGH)
+    _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)
+    job_id = (_run_dir(sa, HIGH) / "slurm-job-id").read_text().strip()
+    with sa.client() as c:
+        c.patch(f"/api/v2/dags/retrain_{HIGH}/dagRuns/{run_id}/taskInstances/train",
+                json={"new_state": "failed"}).raise_for_status()
+    _wait("the job cancelled", lambda: _slurm_state(slurm_cluster, job_id) in ("CANCELLED", "COMPLETED"), sa)
+    assert _slurm_state(slurm_cluster, job_id) == "CANCELLED"
+    assert sa.wait_run(f"retrain_{HIGH}", run_id)["state"] == "failed"
+    assert [v.version for v in _versions(sa, HIGH)] == live_before
