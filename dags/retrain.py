@@ -30,10 +30,11 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
+from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks import lifecycle
 from tasks.alerts import deadline_missed
-from tasks.approval import MAX_COMMENT, ApprovalAnswer, publish_attribution
+from tasks.approval import MAX_COMMENT, publish_attribution
 from tasks.config import NAME_PATTERN
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
@@ -61,48 +62,15 @@ def deadline_for(cfg) -> DeadlineAlert | None:
                          name="train.deadline")
 
 
-class PublishApproval(ApprovalOperator):
-    """A person's go/no-go between gate and publish, asked only when the run's alias requires it
-    (`publish.approval` of the run's frozen config); otherwise it passes at once. The request shows
-    tasks.approval's summary; Reject (or no answer by `publish.approval_timeout_s`) skips publish and
-    says why in the run's note; Approve hands the approver to publish."""
-
-    def execute(self, context):
-        ti = context["ti"]
-        cfg, run = lifecycle.job_and_run(ti.xcom_pull(task_ids="plan"))
-        if not cfg.publish.approval_required:
-            log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
-            return None
-        request = lifecycle.stage_approval_request(cfg, run, ti.xcom_pull(task_ids="evaluate"),
-                                                   ti.xcom_pull(task_ids="gate", key="decision"))
-        self.subject, self.body = request["subject"], request["body"]
-        self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
-        return super().execute(context)
-
-    def execute_complete(self, context, event):
-        if "error" in event:  # not an answer: Airflow's own handling fails the task
-            return super().execute_complete(context, event)
-        answer = ApprovalAnswer.of(event["chosen_options"] == [self.APPROVE], event["responded_by_user"],
-                                   event["params_input"])
-        if answer.approved:
-            log.info("retrainer: approved by %s", answer.by)
-        else:  # noted first: the operator ends a rejection by raising (that skips publish)
-            cfg, _ = lifecycle.job_and_run(context["ti"].xcom_pull(task_ids="plan"))
-            note = answer.run_note(cfg.publish.approval_timeout_s)
-            log.warning("retrainer: %s", note)
-            context["ti"].xcom_push(key="run_note", value=note)  # the run-notes listener shows it on the run
-        super().execute_complete(context, event)
-        return answer.to_dict()
-
-
 def schedule_for(cfg):
     """Cron, data arrival, or either (whichever comes first), from the config."""
+    cron = cfg.schedule.cron
     if cfg.data.asset is None:
-        return cfg.schedule
+        return cron
     arrival = Asset(cfg.data.asset)
-    if cfg.schedule is None:
+    if cron is None:
         return arrival
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"), assets=arrival)
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=arrival)
 
 
 def build_retrain_dag(config_path: Path):
@@ -172,17 +140,21 @@ def build_retrain_dag(config_path: Path):
         def not_dry_run(_warm: dict) -> bool:
             return not get_current_context()["params"]["dry_run"]
 
-        @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
-              retry_exponential_backoff=True, pool=pool, pool_slots=pool_slots)
-        def train(plan_out: dict, warm_out: dict) -> dict:
-            ti = get_current_context()["ti"]
-            holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
-            return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
+        planned = plan()
+        warmed = warm(planned)
+        new_data(planned) >> warmed
+        go = not_dry_run(warmed)
 
+        # Both defer while their job runs where the engine allows (cluster.defers); their pool counts deferred
+        # tasks' slots (README: `airflow pools set ... --include-deferred`): a deferred job still holds the GPUs.
+        ranks = {"pool": pool, "priority_weight": cfg.schedule.priority, "weight_rule": "absolute"}
+        train = RankJobOperator(task_id="train", stage="train", plan_out=planned, warm_out=warmed,
+                                execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
+                                retry_exponential_backoff=True, pool_slots=pool_slots, **ranks)
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
-        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=eval_slots)
-        def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
-            return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
+        evaluate = RankJobOperator(task_id="evaluate", stage="evaluate", plan_out=planned, warm_out=warmed,
+                                   summary=train.output, execution_timeout=timedelta(hours=6), retries=1,
+                                   pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
@@ -211,13 +183,8 @@ def build_retrain_dag(config_path: Path):
         def housekeeping(plan_out: dict, published_out: dict) -> dict:
             return lifecycle.stage_housekeeping(*frozen(plan_out), published_out)
 
-        planned = plan()
-        warmed = warm(planned)
-        new_data(planned) >> warmed
-        go = not_dry_run(warmed)
-        summary = train(planned, warmed)
-        go >> summary
-        metrics = evaluate(planned, summary, warmed)
+        go >> train
+        summary, metrics = train.output, evaluate.output
         publish_ok = gate(planned, metrics, warmed)
         published = publish(planned, summary, metrics)
         # No answer within publish.approval_timeout_s: the default, Reject.

@@ -297,6 +297,10 @@ class SlurmConfig(_Strict):
     python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
     cancel_timeout_s: float = Field(180.0, gt=0, description="how long scancel may take to end every step")
+    qos: str | None = Field(None, pattern=r"^[-_.a-zA-Z0-9]+$", description="sbatch --qos (how most sites rank "
+                            "jobs: e.g. a high-priority QoS for production retrains)")
+    job_priority: bool = Field(False, description="also pass schedule.priority as sbatch --priority (needs Slurm "
+                               "operator rights, which most users lack: QoS is the usual way)")
 
     @field_validator("time_limit")
     @classmethod
@@ -346,6 +350,11 @@ class KubernetesConfig(_Strict):
     service_account: str | None = Field(None, pattern=_K8S_NAME, max_length=253)
     kube_context: str | None = Field(None, min_length=1, description="kubeconfig context; in-cluster config first")
     cancel_timeout_s: float = Field(300.0, gt=0, description="how long the pods may take to go after delete")
+    priority_class_name: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
+                                            description="pods' priorityClassName (preemption order on the cluster)")
+    kueue_queue: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
+                                    description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name): the job waits "
+                                    "in Kueue's queue, admitted by quota and priority")
 
     @model_validator(mode="after")
     def _env_once(self) -> KubernetesConfig:
@@ -376,6 +385,9 @@ class ClusterConfig(_Strict):
     namespace: str = "default"
     image: str | None = None
     hang_timeout_s: float = Field(600.0, gt=0)
+    deferrable: bool | None = Field(None, description="the Airflow task submits the job and defers while it runs "
+                                    "(no worker held); None: yes for slurm and kubernetes, whose jobs outlive "
+                                    "the task, no for local and ssh, whose ranks die with it")
     startup_timeout_s: float | None = Field(None, gt=0, description="allowance before the first step of a "
                                             "launch (imports, rendezvous, op builds); None: hang_timeout_s")
     ssh: SshConfig = SshConfig()
@@ -399,6 +411,19 @@ class ClusterConfig(_Strict):
         if old:
             raise ValueError("; ".join(f"cluster.{name} was renamed to cluster.{_RENAMED[name]}" for name in old))
         return data
+
+    @model_validator(mode="after")
+    def _deferrable_engine(self) -> ClusterConfig:
+        if self.deferrable and self.launcher in ("local", "ssh"):
+            raise ValueError(f"cluster.deferrable: the {self.launcher} launcher's ranks die with the process that "
+                             "started them (by design: a killed task takes its ranks along), so its task cannot "
+                             "defer; use slurm or kubernetes, or deferrable: false")
+        return self
+
+    @property
+    def defers(self) -> bool:
+        """Whether the Airflow task defers while the job runs (see `deferrable`)."""
+        return self.launcher in ("slurm", "kubernetes") if self.deferrable is None else self.deferrable
 
     @model_validator(mode="after")
     def _one_inter_node_unit(self) -> ClusterConfig:
@@ -598,9 +623,25 @@ class TrainingJob(_Strict):
     cluster: RankCluster
 
 
+class ScheduleConfig(_Strict):
+    """When the retrain DAG runs and how it ranks against other models' runs for the GPUs.
+
+    `schedule: "0 3 * * 1"` is short for `schedule: {cron: "0 3 * * 1"}`."""
+
+    cron: str | None = Field(None, description="cron expression or preset; None: manual or data arrival only")
+    priority: int = Field(0, ge=-10_000, le=10_000, description="higher trains first when the cluster's pool is "
+                          "full: the train and evaluate tasks' Airflow priority_weight (and Slurm --priority with "
+                          "cluster.slurm.job_priority)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cron_shorthand(cls, data: Any) -> Any:
+        return {"cron": data} if isinstance(data, str) else data
+
+
 class JobConfig(_Strict):
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    schedule: str | None = Field(None, description="cron expression or preset for the retrain DAG")
+    schedule: ScheduleConfig = ScheduleConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig
     parallel: ParallelConfig = ParallelConfig()
@@ -610,6 +651,11 @@ class JobConfig(_Strict):
     evaluate: EvaluateConfig = EvaluateConfig()
     publish: PublishConfig
     retention: RetentionConfig = RetentionConfig()
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _no_schedule(cls, value: Any) -> Any:
+        return ScheduleConfig() if value is None else value
 
     @model_validator(mode="after")
     def _layout(self) -> JobConfig:

@@ -12,7 +12,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
 from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
@@ -26,6 +26,9 @@ from tasks.run import (
     resolve_identity,
     weights_path,
 )
+
+if TYPE_CHECKING:
+    from tasks.launch import Launch
 
 log = logging.getLogger(__name__)
 
@@ -146,26 +149,84 @@ def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
 def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
                 holder: str | None = None) -> dict[str, Any]:
     """Train this run in its own directory; a finished run of the same key is reused, a killed one resumed."""
-    from tasks.launch import get_launcher
-    from tasks.train.checkpoint import finished_summary
+    with _train_lock(cfg, run, holder):
+        done = _finished(cfg, run)
+        if done is not None:
+            return done
+        summary = _train_launch(cfg, run, warm).run_here()
+    return _trained(run, summary)
 
+
+def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
+                       holder: str | None = None) -> dict[str, Any]:
+    """`stage_train` for a job that outlives the caller (an Airflow task that defers): {"result": the stage's
+    output} when the run has finished already, else {"job": the submitted job's handle} to follow
+    (tasks.launch.follow) and hand to `stage_train_collect`. The experiment lock is held while submitting;
+    while the job runs the engine holds the run (one job name per run: a later attempt cancels a job an
+    earlier one left before starting its own)."""
+    with _train_lock(cfg, run, holder):
+        done = _finished(cfg, run)
+        if done is not None:
+            return {"result": done}
+        return {"job": _train_launch(cfg, run, warm).submit()}
+
+
+def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], job: dict[str, Any],
+                        outcome: dict[str, Any], *, holder: str | None = None) -> dict[str, Any]:
+    """The trained run from its followed job's outcome ({"result": ...}); a job the cluster took away is
+    submitted again and resumes from its last checkpoint ({"job": ...} again), as long as each attempt gets
+    further than the one before."""
+    from tasks.errors import TrainingFailedError
+    from tasks.launch import JobPreempted, collect
+
+    try:
+        summary = collect(cfg, job, outcome)
+    except JobPreempted as exc:
+        step = outcome.get("last_step") or 0
+        if job.get("preempted_at_step") is not None and step <= job["preempted_at_step"]:
+            raise TrainingFailedError(f"{exc}, again without passing step {job['preempted_at_step']}: not "
+                                      "submitting it a third time") from None
+        log.warning("train: %s: submitting it again; it resumes from its last checkpoint", exc)
+        again = stage_train_submit(cfg, run, warm, holder=holder)
+        if "job" in again:
+            again["job"].update(preempted_at_step=step, preemptions=job.get("preemptions", 0) + 1,
+                                deadline=job.get("deadline"))
+        return again
+    return {"result": _trained(run, summary)}
+
+
+def _train_lock(cfg: JobConfig, run: RunIdentity, holder: str | None):
+    """The run's directory claimed for its key, and the experiment lock held (a context manager)."""
     run_dir = run.run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     claim_run_dir(run_dir, run)
-    run_cfg = cfg.with_overrides({"train.output_dir": str(run_dir)})
-    with experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli")):
-        done = finished_summary(run_dir, run, cfg.train.steps)
-        if done is not None:
-            log.info("train: run %s already finished (%s): reusing it, no training", run.run_id,
-                     done["checkpoint_tag"])
-            return {**done, "outcome": "reused", "trained_steps": 0}
-        launcher = get_launcher(cfg)
-        # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
-        init_path = (weights_path(run.init, cfg.data.cache_dir) if launcher.warms_nodes
-                     else fetch_starting_weights(cfg, run.init))
-        export, secret_env = export_spec(cfg)
-        summary = launcher.run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
-                               node_warm=True, export=export, secret_env=secret_env)
+    return experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli"))
+
+
+def _finished(cfg: JobConfig, run: RunIdentity) -> dict[str, Any] | None:
+    """The stage's output of this run's finished training, if it has one (then nothing trains)."""
+    from tasks.train.checkpoint import finished_summary
+
+    done = finished_summary(run.run_dir(cfg), run, cfg.train.steps)
+    if done is None:
+        return None
+    log.info("train: run %s already finished (%s): reusing it, no training", run.run_id, done["checkpoint_tag"])
+    return {**done, "outcome": "reused", "trained_steps": 0}
+
+
+def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Launch:
+    from tasks.launch import Launch, get_launcher
+
+    run_cfg = cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))})
+    # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
+    init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
+                 else fetch_starting_weights(cfg, run.init))
+    export, secret_env = export_spec(cfg)
+    return Launch(run_cfg, Path(warm["dataset_dir"]), run,
+                  {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+
+
+def _trained(run: RunIdentity, summary: dict[str, Any]) -> dict[str, Any]:
     outcome = "resumed" if summary.get("resumed_from_step") else "trained"
     log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
     return {**summary, "outcome": outcome}
@@ -186,10 +247,35 @@ def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
 
 def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     """Score the run's checkpoint and the live model on every suite, as rank jobs on the cluster."""
-    from tasks.evaluate import evaluate
+    launch, pending = _evaluation_launch(cfg, run, summary, warm)
+    return _evaluated(cfg, pending, launch.run_here())
+
+
+def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any],
+                          warm: dict[str, Any]) -> dict[str, Any]:
+    """`stage_evaluate` for a job that outlives the caller: {"job": handle} for `stage_evaluate_collect`."""
+    launch, pending = _evaluation_launch(cfg, run, summary, warm)
+    return {"job": {**launch.submit(), "pending": pending}}
+
+
+def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation's metrics from its followed job's outcome ({"result": ...})."""
+    from tasks.launch import collect
+
+    return {"result": _evaluated(cfg, job["pending"], collect(cfg, job, outcome))}
+
+
+def _evaluation_launch(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]):
+    from tasks.evaluate import evaluation_launch
 
     live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
-    metrics = evaluate(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+    return evaluation_launch(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+
+
+def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    from tasks.evaluate import evaluation_result
+
+    metrics = evaluation_result(cfg, pending, summary)
     log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics["metrics"].items()))
     if metrics["live"] is not None:
         log.info("evaluate: live v%d (%s): %s", metrics["live"]["version"],

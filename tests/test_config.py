@@ -81,6 +81,19 @@ def test_init_from_version_must_name_a_version(value: str) -> None:
         load_config(DEMO).with_overrides({"train.init_from": value})
 
 
+def test_schedule_is_a_cron_or_cron_and_priority_and_engines_that_outlive_the_task_defer(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, lambda c: c.update(schedule="0 3 * * 1"))).schedule.cron == "0 3 * * 1"
+    both = load_config(write(tmp_path, lambda c: c.update(schedule={"cron": None, "priority": 5}))).schedule
+    assert (both.cron, both.priority) == (None, 5)
+    base = load_config(DEMO)
+    assert not base.cluster.defers  # local: the ranks die with the task, it cannot defer
+    assert base.with_overrides({"cluster.launcher": "slurm"}).cluster.defers
+    assert base.with_overrides({"cluster.launcher": "kubernetes"}).cluster.defers
+    assert not base.with_overrides({"cluster.launcher": "slurm", "cluster.deferrable": False}).cluster.defers
+    # Neither is part of what a run computes: the experiment key does not change.
+    assert both and base.with_overrides({"cluster.deferrable": False}).fingerprint() == base.fingerprint()
+
+
 def test_overrides_are_validated() -> None:
     base = load_config(DEMO)
     with pytest.raises(ConfigError, match=r"train\.steps"):
@@ -110,6 +123,10 @@ def test_overrides_are_validated() -> None:
         # 17 sources of 1% each draw one sample a step each at times: more than the 16 of a global batch.
         (lambda c: c["data"].update(replay=[{"source_url": f"/s{i}", "weight": 0.01} for i in range(17)]),
          r"data\.replay: the replay sources draw up to 17 samples in one step, more than the global batch of 16"),
+        (lambda c: c["cluster"].update(launcher="ssh", deferrable=True), r"cluster\.deferrable: the ssh launcher"),
+        (lambda c: c["cluster"].update(deferrable=True), r"cluster\.deferrable: the local launcher"),
+        (lambda c: c.update(schedule={"cron": "@daily", "priority": 10**6}), r"schedule\.priority"),
+        (lambda c: c.update(schedule={"cron": "@daily", "prio": 3}), r"schedule\.prio"),
     ],
 )
 def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) -> None:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,20 @@ class Standalone:
     config_path: Path
     log_path: Path
     token: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    dag_ids: tuple[str, ...] = ()
+
+    def start(self) -> None:
+        """Start every component (again, after `stop`: same home, database, port and token)."""
+        with self.log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen([AIRFLOW, "standalone"], env=self.env, cwd=self.home, stdout=log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.token = ""  # a fresh one from the new API server
+        _wait_ready(self, list(self.dag_ids))
+
+    def stop(self) -> None:
+        """Stop the scheduler, triggerer, workers, DAG processor and API server (the whole process group)."""
+        _stop_group(self.proc)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -130,14 +144,27 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 @contextlib.contextmanager
 def run_standalone(tmp_path_factory: pytest.TempPathFactory,
                    mutate: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Standalone]:
-    """A started standalone on the test config (changed by `mutate`), stopped on exit."""
+    """A started standalone on the test config (changed by `mutate`) and its data, stopped on exit."""
     from tasks.data import make_data
-    from tasks.registry import upgrade
 
     home = tmp_path_factory.mktemp("standalone")
     config_path = write_test_config(home, mutate)
-    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
+    # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
+    with running_standalone(home, config_path, pools={"training-local": 8}) as sa:
+        yield sa
+
+
+@contextlib.contextmanager
+def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int],
+                       extra_env: dict[str, str] | None = None,
+                       dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
+    """A real `airflow standalone` for the job configs in `config_path`'s folder (registry: the home's SQLite
+    database, migrated as a deployment's `retrainer db upgrade` does), with the pools created (counting deferred
+    tasks' slots: a deferred training still holds its GPUs); stopped, whole process group, on exit."""
+    from tasks.registry import upgrade
+
+    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     port = free_port()
     env = {
         **os.environ,
@@ -157,22 +184,20 @@ def run_standalone(tmp_path_factory: pytest.TempPathFactory,
         # standalone starts its components as `airflow ...` from PATH: this venv's.
         "PATH": os.pathsep.join((str(Path(AIRFLOW).parent), os.environ.get("PATH", ""))),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        **(extra_env or {}),
     }
     env.pop("RETRAINER_DB_URL", None)
-    log_path = home / "standalone.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen([AIRFLOW, "standalone"], env=env, cwd=home, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    sa = Standalone(proc=proc, base_url=f"http://127.0.0.1:{port}", home=home, config_path=config_path,
-                    log_path=log_path)
+    sa = Standalone(proc=None, base_url=f"http://127.0.0.1:{port}", home=home,  # type: ignore[arg-type]
+                    config_path=config_path, log_path=home / "standalone.log", env=env, dag_ids=dag_ids)
     try:
-        _wait_ready(sa, ["retrain_tiny-llama", "rollback_model"])
-        # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
-        subprocess.run([AIRFLOW, "pools", "set", "training-local", "8", "GPU slots on this machine"],
-                       env=env, check=True, capture_output=True, timeout=120)
+        sa.start()
+        for pool, slots in pools.items():
+            subprocess.run([AIRFLOW, "pools", "set", pool, str(slots), "GPU slots", "--include-deferred"],
+                           env=env, check=True, capture_output=True, timeout=120)
         yield sa
     finally:
-        _stop_group(proc)
+        if sa.proc is not None:
+            _stop_group(sa.proc)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
