@@ -38,6 +38,7 @@ COMMAND_MODULES = {
     "registry": "tasks.registry.cli",
     "run": "tasks.lifecycle",
     "demo": "tasks.demo",
+    "airflow": "tasks.airflow_cmd",
 }
 
 
