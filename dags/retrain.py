@@ -111,17 +111,20 @@ def build_retrain_dag(config_path: Path):
         def plan() -> dict:
             ctx = get_current_context()
             params = ctx["params"]
-            overrides = lifecycle.overrides_from_params(params)
-            events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
-                            key=lambda e: e.timestamp)
-            arrived = lifecycle.arrived_source_url([e.extra for e in events])
-            if arrived:
-                log.info("retrainer: data arrived at %s: this run trains on it", arrived)
-                overrides["data.source_url"] = arrived
-            snap = lifecycle.snapshot(config_path, overrides)
-            job = lifecycle.from_snapshot(snap)
-            run = lifecycle.stage_identify(job)
-            budget = lifecycle.stage_plan(job, force=bool(params["force"]))
+            with lifecycle.refusal_noted(ctx["ti"], "plan"):  # a refusal here is the run's note
+                # Paths that skip the REST trigger's check (CLI, dag.test, other DAGs) stop here.
+                lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)
+                overrides = lifecycle.overrides_from_params(params)
+                events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
+                                key=lambda e: e.timestamp)
+                arrived = lifecycle.arrived_source_url([e.extra for e in events])
+                if arrived:
+                    log.info("retrainer: data arrived at %s: this run trains on it", arrived)
+                    overrides["data.source_url"] = arrived
+                snap = lifecycle.snapshot(config_path, overrides)
+                job = lifecycle.from_snapshot(snap)
+                run = lifecycle.stage_identify(job)
+                budget = lifecycle.stage_plan(job, force=bool(params["force"]))
             return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": lifecycle.nothing_new(run)}
 
         @task.short_circuit

@@ -39,6 +39,7 @@ COMMAND_MODULES = {
     "run": "tasks.lifecycle",
     "gc": "tasks.gc",
     "demo": "tasks.demo",
+    "airflow": "tasks.airflow_cmd",
 }
 
 

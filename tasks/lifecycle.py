@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
-from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
+from tasks.errors import ConfigError, InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate
 from tasks.lock import default_holder, experiment_lock
 from tasks.run import (
@@ -55,6 +57,32 @@ PARAM_OVERRIDES = {
 def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """Map a manual run's form values onto config fields; unset (None) values keep the config's."""
     return {field: params[name] for name, field in PARAM_OVERRIDES.items() if params.get(name) is not None}
+
+
+def refuse_unknown_params(conf: Mapping[str, Any] | None, params: Iterable[str]) -> None:
+    """A run's conf may name only the DAG's params: Airflow takes any other key and ignores it, so a typo
+    (`stpes`) would run with the default. Raises InvalidInputError naming each unknown key."""
+    known = sorted(params)
+    unknown = sorted(set(conf or {}) - set(known))
+    if unknown:
+        raise InvalidInputError(f"unknown conf key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
+                                f"not a param of this DAG (its params: {', '.join(known)})")
+
+
+# The XCom a task pushes for its run's note; the plugin's run-notes listener copies it into the DAG run's note.
+RUN_NOTE_KEY = "run_note"
+
+
+@contextmanager
+def refusal_noted(ti: Any, stage: str) -> Iterator[None]:
+    """A refusal (bad config, input, plan) raised inside becomes the run's note, `<stage>: <its message>`,
+    so the UI shows why the run failed on the run itself; the task still fails with it."""
+    try:
+        yield
+    except (ConfigError, RetrainerError) as exc:
+        message = str(exc)
+        ti.xcom_push(key=RUN_NOTE_KEY, value=message if message.startswith(f"{stage}:") else f"{stage}: {message}")
+        raise
 
 
 def known_configs(config_dir: str | Path) -> dict[str, Path]:

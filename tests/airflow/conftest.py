@@ -1,8 +1,13 @@
-"""Fixtures for the issue-8 Airflow tests: one real `airflow standalone` for the module that needs it.
+"""Fixtures for the Airflow tests: one real `airflow standalone` for the module that needs it.
 
-The standalone gets its own AIRFLOW_HOME, RETRAINER_HOME and config folder (a shrunk copy
-of the demo config, no schedule), its own port, parallelism 4, a fast DAG-folder refresh,
-and is started in its own session so the whole process group is stopped at the end.
+The standalone is started as the README tells a user to (`README_AIRFLOW_COMMANDS`, run through the
+venv's `retrainer airflow` wrapper; tests/airflow/test_airflow_cmd.py checks they are the README's lines),
+in an environment stripped of every AIRFLOW_*/RETRAINER_* variable and of the venv's bin on PATH, so
+whatever the wrapper fails to set fails every standalone test. On top it gets only settings the README
+names (its own AIRFLOW_HOME, RETRAINER_HOME, config folder with a shrunk copy of the demo config, and
+a free AIRFLOW__API__PORT, without the base URL) and harness tuning the instructions do not depend on
+(a fast DAG-folder refresh, one API worker, one OpenMP thread, this checkout first on PYTHONPATH). It is
+started in its own session so the whole process group is stopped at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ import yaml
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+RETRAINER = str(Path(sys.executable).with_name("retrainer"))  # the venv's console script
+
+# The README's "Under Airflow" commands after `retrainer`, in its order; the last one keeps running.
+README_AIRFLOW_COMMANDS = [
+    ["airflow", "db", "migrate"],
+    ["airflow", "pools", "set", "training-local", "8", "GPU slots on this machine", "--include-deferred"],
+    ["airflow", "standalone"],
+]
 
 
 def write_test_config(home: Path, mutate: Callable[[dict[str, Any]], None] | None = None) -> Path:
@@ -66,8 +78,8 @@ class Standalone:
     def start(self) -> None:
         """Start every component (again, after `stop`: same home, database, port and token)."""
         with self.log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen([AIRFLOW, "standalone"], env=self.env, cwd=self.home, stdout=log_file,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen([RETRAINER, *README_AIRFLOW_COMMANDS[-1]], env=self.env, cwd=self.home,
+                                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         self.token = ""  # a fresh one from the new API server
         _wait_ready(self, list(self.dag_ids))
 
@@ -151,53 +163,61 @@ def run_standalone(tmp_path_factory: pytest.TempPathFactory,
     config_path = write_test_config(home, mutate)
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
-    with running_standalone(home, config_path, pools={"training-local": 8}) as sa:
+    with running_standalone(home, config_path) as sa:
         yield sa
 
 
 @contextlib.contextmanager
-def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int],
+def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int] | None = None,
                        extra_env: dict[str, str] | None = None,
                        dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
-    """A real `airflow standalone` for the job configs in `config_path`'s folder (registry: the home's SQLite
-    database, migrated as a deployment's `retrainer db upgrade` does), with the pools created (counting deferred
-    tasks' slots: a deferred training still holds its GPUs); stopped, whole process group, on exit."""
+    """A real `airflow standalone` for the job configs in `config_path`'s folder, started by the README's lines
+    (registry: the home's SQLite database, migrated as a deployment's `retrainer db upgrade` does; `pools`
+    instead of the README's pool, created the same way); stopped, whole process group, on exit."""
     from tasks.registry import upgrade
 
     upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     port = free_port()
     env = {
-        **os.environ,
+        **_bare_environment(),
+        # What the README names for a user to set:
         "AIRFLOW_HOME": str(home / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__PORT": str(port),  # and not AIRFLOW__API__BASE_URL: the wrapper derives it
         "RETRAINER_CONFIG_DIR": str(config_path.parent),
         "RETRAINER_HOME": str(home / "retrainer"),
+        # Harness tuning for 2 busy cores:
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__API__WORKERS": "1",
         "OMP_NUM_THREADS": "1",
-        # standalone starts its components as `airflow ...` from PATH: this venv's.
-        "PATH": os.pathsep.join((str(Path(AIRFLOW).parent), os.environ.get("PATH", ""))),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
         **(extra_env or {}),
     }
-    env.pop("RETRAINER_DB_URL", None)
     sa = Standalone(proc=None, base_url=f"http://127.0.0.1:{port}", home=home,  # type: ignore[arg-type]
                     config_path=config_path, log_path=home / "standalone.log", env=env, dag_ids=dag_ids)
+    migrate, readme_pool, _ = README_AIRFLOW_COMMANDS
+    # The README's pool line; another module's pools in the same form (a deferred training holds its GPUs).
+    pool_lines = [readme_pool] if pools is None else [
+        [*readme_pool[:3], name, str(slots), *readme_pool[5:]] for name, slots in pools.items()]
+    for command in (migrate, *pool_lines):
+        done = subprocess.run([RETRAINER, *command], env=env, cwd=home, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, f"retrainer {' '.join(command)}:\n{done.stdout}\n{done.stderr}"
     try:
         sa.start()
-        for pool, slots in pools.items():
-            subprocess.run([AIRFLOW, "pools", "set", pool, str(slots), "GPU slots", "--include-deferred"],
-                           env=env, check=True, capture_output=True, timeout=120)
         yield sa
     finally:
         if sa.proc is not None:
             _stop_group(sa.proc)
+
+
+def _bare_environment() -> dict[str, str]:
+    """This process's environment without anything the README's instructions must provide themselves: no
+    AIRFLOW_*/RETRAINER_* variable (this test session sets several) and not the venv's bin on PATH."""
+    venv_bin = Path(sys.executable).parent.resolve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RETRAINER"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p).resolve() != venv_bin)
+    return env
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

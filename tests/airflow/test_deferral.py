@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.airflow.conftest import AIRFLOW, Standalone, running_standalone, write_test_config
+from tests.airflow.conftest import RETRAINER, Standalone, running_standalone, write_test_config
 from tests.slurm import SlurmCluster
 
 pytestmark = pytest.mark.multiproc
@@ -176,7 +176,7 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     before = {name: len(_versions(sa, name)) for name in (HIGH, LOW)}
 
     def pool(slots: int) -> None:
-        subprocess.run([AIRFLOW, "pools", "set", POOL, str(slots), "GPU slots", "--include-deferred"],
+        subprocess.run([RETRAINER, "airflow", "pools", "set", POOL, str(slots), "GPU slots", "--include-deferred"],
                        env=sa.env, check=True, capture_output=True, timeout=120)
 
     pool(0)  # the cluster is busy: both runs reach their train task and wait
