@@ -174,8 +174,9 @@ def build_retrain_dag(config_path: Path):
             ti = get_current_context()["ti"]
             decision = ti.xcom_pull(task_ids="gate", key="decision")
             actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), f"airflow {ti.dag_id}/{ti.run_id}")
-            result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
-                                             actor=actor, reason=reason)
+            with lifecycle.refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
+                result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
+                                                 actor=actor, reason=reason)
             if result["switched"]:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                                 extra={"version": result["version"],

@@ -395,6 +395,7 @@ def stage_publish(
         actor=actor or default_holder(),
         reason=reason,
         staged=summary.get("export"),
+        judged_live=gate["live_version"] if gate else ...,
     )
     out = result.to_dict()
     if "suite_hash" in metrics:
