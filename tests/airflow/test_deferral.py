@@ -135,9 +135,12 @@ def _slurm_state(slurm: SlurmCluster, job_id: str) -> str:
 
 
 def _versions(sa: Standalone, name: str) -> list:
-    from tasks.registry import Registry
+    from tasks.registry import NotFoundError, Registry
 
-    return Registry(f"sqlite:///{sa.home / 'registry.db'}").list_versions(name)
+    try:
+        return Registry(f"sqlite:///{sa.home / 'registry.db'}").list_versions(name)
+    except NotFoundError:  # nothing published yet
+        return []
 
 
 def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
