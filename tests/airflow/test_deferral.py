@@ -49,7 +49,8 @@ def _configs(home: Path) -> Path:
         cfg = json.loads(json.dumps(base))
         cfg["name"] = cfg["publish"]["model_name"] = name
         cfg["schedule"] = {"cron": None, **extra}
-        cfg["train"].update(steps=8, checkpoint_every=2, output_dir=str(home / "runs" / name))
+        # The attached one trains longer: its retry must find the job its SIGKILLed try left still running.
+        cfg["train"].update(steps=8 if name == HIGH else 24, checkpoint_every=2, output_dir=str(home / "runs" / name))
         cfg["data"]["source_url"] = str(home / "store" / f"data-{name}")
         cfg["cluster"].update(launcher="slurm", gpus_per_node=2, hang_timeout_s=300,
                               slurm={"time_limit": "00:20:00"})
