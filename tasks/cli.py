@@ -37,6 +37,7 @@ COMMAND_MODULES = {
     "rollback": "tasks.registry.cli",
     "registry": "tasks.registry.cli",
     "run": "tasks.lifecycle",
+    "deploy": "tasks.deploy",
     "demo": "tasks.demo",
 }
 
