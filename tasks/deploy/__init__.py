@@ -80,19 +80,15 @@ class DeployTarget:
         return cls(**{f.name: obj[f.name] for f in fields(cls)})
 
     def env(self) -> dict[str, str]:
-        """RETRAINER_DEPLOY_MODEL, _ALIAS, _VERSION, _DIGEST, _DIR, _MOVED_BY and _MOVED_FROM (empty: none)."""
-        return {f"{ENV_PREFIX}{k.upper()}": "" if v is None else str(v) for k, v in
-                {"model": self.model, "alias": self.alias, "version": self.version, "digest": self.digest,
-                 "dir": self.model_dir, "moved_by": self.moved_by, "moved_from": self.moved_from}.items()}
+        """Each field as RETRAINER_DEPLOY_<FIELD> (RETRAINER_DEPLOY_MODEL_DIR, ..._VERSION, ...; None: empty)."""
+        return {f"{ENV_PREFIX}{k.upper()}": "" if v is None else str(v) for k, v in self.to_dict().items()}
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> DeployTarget:
-        def get(name: str) -> str:
-            return env[f"{ENV_PREFIX}{name.upper()}"]
-
-        return cls(model=get("model"), alias=get("alias"), version=int(get("version")), digest=get("digest"),
-                   model_dir=get("dir"), moved_by=get("moved_by"),
-                   moved_from=int(get("moved_from")) if get("moved_from") else None, event_version=None)
+        values: dict[str, Any] = {f.name: env[f"{ENV_PREFIX}{f.name.upper()}"] for f in fields(cls)}
+        for name in ("version", "moved_from", "event_version"):
+            values[name] = int(values[name]) if values[name] else None
+        return cls(**values)
 
 
 def deploy_alias(cfg: JobConfig) -> str:

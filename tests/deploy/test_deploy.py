@@ -218,7 +218,7 @@ def test_a_published_export_passes_the_smoke_test_and_reaches_the_hook(
     # its environment, never a command line.
     monkeypatch.setenv("HOOK_TOKEN", "tok-5ec12e7")
     seen = tmp_path / "seen.txt"
-    config, cfg = job(command=f'printf "%s\\n" "$RETRAINER_DEPLOY_VERSION" "$RETRAINER_DEPLOY_DIR" '
+    config, cfg = job(command=f'printf "%s\\n" "$RETRAINER_DEPLOY_VERSION" "$RETRAINER_DEPLOY_MODEL_DIR" '
                               f'"$RETRAINER_DEPLOY_MOVED_BY" "${{HOOK_TOKEN}}" > {seen}; '
                               f'tr "\\0" " " < /proc/$$/cmdline > {tmp_path / "cmdline.txt"}')
     assert "tok-5ec12e7" in (cfg.deploy.command or "")
