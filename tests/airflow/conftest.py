@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
-def write_test_config(home: Path) -> Path:
-    """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss."""
+def write_test_config(home: Path, update: dict[str, Any] | None = None) -> Path:
+    """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss.
+    `update`: sections a test module changes (each merged into the section, or set when new)."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["schedule"] = None  # runs only when the test triggers them
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
@@ -40,6 +41,11 @@ def write_test_config(home: Path) -> Path:
     cfg["cluster"]["master_port"] = free_port()
     cfg["evaluate"].update(batches=2, batch_size=4)
     cfg["publish"].update(registry_url=f"sqlite:///{home / 'registry.db'}", store_url=str(home / "store" / "models"))
+    for section, values in (update or {}).items():
+        if isinstance(values, dict) and isinstance(cfg.get(section), dict):
+            cfg[section].update(values)
+        else:
+            cfg[section] = values
     config_dir = home / "configs"
     config_dir.mkdir(parents=True)
     path = config_dir / "tiny-llama.yaml"
@@ -80,6 +86,21 @@ class Standalone:
                 time.sleep(2)
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout}s:\n{self.log_tail()}")
 
+    def run_ids(self, dag_id: str) -> set[str]:
+        with self.client() as c:
+            runs = c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]
+        return {r["dag_run_id"] for r in runs}
+
+    def next_run(self, dag_id: str, known: set[str], timeout: float = 300) -> str:
+        """The id of a run of `dag_id` that is not in `known` (one the scheduler started on an Asset event)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = sorted(self.run_ids(dag_id) - known)
+            if new:
+                return new[0]
+            time.sleep(1)
+        raise AssertionError(f"no new {dag_id} run in {timeout}s:\n{self.log_tail()}")
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
         with self.client() as c:
             tis = c.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").raise_for_status().json()
@@ -119,12 +140,18 @@ def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> Non
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+def standalone_config() -> dict[str, Any]:
+    """Config sections a test module changes for its standalone (override this fixture there); none here."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory, standalone_config: dict[str, Any]) -> Iterator[Standalone]:
     from tasks.data import make_data
     from tasks.registry import upgrade
 
     home = tmp_path_factory.mktemp("standalone")
-    config_path = write_test_config(home)
+    config_path = write_test_config(home, standalone_config)
     upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     port = free_port()
@@ -155,7 +182,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
     sa = Standalone(proc=proc, base_url=f"http://127.0.0.1:{port}", home=home, config_path=config_path,
                     log_path=log_path)
     try:
-        _wait_ready(sa, ["retrain_tiny-llama", "rollback_model"])
+        deploys = ["deploy_tiny-llama"] if standalone_config.get("deploy", {}).get("enabled") else []
+        _wait_ready(sa, ["retrain_tiny-llama", "rollback_model", *deploys])
         # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
         subprocess.run([AIRFLOW, "pools", "set", "training-local", "8", "GPU slots on this machine"],
                        env=env, check=True, capture_output=True, timeout=120)
