@@ -73,14 +73,14 @@ def build_deploy_dag(config_path: Path, cfg):
 
         # smoke_test and hook make sure the verified copy is on their host too (a no-op where pull put it):
         # a queue served by several hosts may run them on different ones.
-        @task(execution_timeout=timedelta(hours=2), **on_host)
+        @task(execution_timeout=timedelta(hours=6), **on_host)
         def smoke_test(pulled: dict) -> dict:
             with recorded("smoke_test"):
                 job, target = frozen(pulled)
                 deploy.pull(job, target)
                 return deploy.smoke_test(job, target)
 
-        @task(execution_timeout=timedelta(hours=2), **on_host)
+        @task(execution_timeout=timedelta(hours=6), **on_host)
         def hook(pulled: dict, _smoke: dict) -> dict:
             with recorded("hook"):
                 job, target = frozen(pulled)

@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
         result = run(spec)
     except Failed as exc:
         Path(out_path).write_text(json.dumps({"error": str(exc)}))
-        print(f"smoke test: {exc}", file=sys.stderr)
+        print(f"failed: {exc}", file=sys.stderr)
         return 1
     Path(out_path).write_text(json.dumps(result))
     return 0
