@@ -81,14 +81,14 @@ def build_deploy_dag(config_path: Path, cfg):
                 return deploy.smoke_test(job, target)
 
         @task(execution_timeout=timedelta(hours=6), **on_host)
-        def hook(pulled: dict, _smoke: dict) -> dict:
+        def hook(pulled: dict) -> dict:
             with recorded("hook"):
                 job, target = frozen(pulled)
                 deploy.pull(job, target)
                 return deploy.run_hook(job, target)
 
         @task
-        def deployed(pulled: dict, smoke: dict, hooked: dict) -> None:
+        def deployed(smoke: dict, hooked: dict) -> None:
             """The run's last task: the run's state is the deploy's (a rolled-back deploy is a failed run)."""
             note = f"deployed v{hooked['version']} ({alias}): {deploy.describe(smoke)}"
             log.info("retrainer: %s", note)
@@ -115,8 +115,9 @@ def build_deploy_dag(config_path: Path, cfg):
 
         pulled = pull()
         smoked = smoke_test(pulled)
-        hooked = hook(pulled, smoked)
-        deployed(pulled, smoked, hooked)
+        hooked = hook(pulled)
+        smoked >> hooked
+        deployed(smoked, hooked)
         [pulled, smoked, hooked] >> rollback()
 
     return deploy_dag()
