@@ -1,6 +1,8 @@
 """retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
 
-plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> publish.
+plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> approval
+(a person approves or rejects when the run's alias requires it: `publish.approval`) -> publish
+-> housekeeping (the run's other checkpoints pruned once the alias points at its version).
 The plan task freezes the run: the config as the file was then, the data's manifest hash, the starting
 weights (`train.init_from`); every later task reads them from its XCom. Scheduled by the config's cron
 `schedule`, by data arrival (`data.asset`: an Asset event, whose extra `source_url` names the snapshot
@@ -14,18 +16,25 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import (
     Asset,
     AssetAlias,
     AssetOrTimeSchedule,
+    AsyncCallback,
     CronTriggerTimetable,
+    DeadlineAlert,
+    DeadlineReference,
     Param,
     dag,
     get_current_context,
     task,
 )
+from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks import lifecycle
+from tasks.alerts import deadline_missed
+from tasks.approval import MAX_COMMENT, publish_attribution
 from tasks.config import NAME_PATTERN
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
@@ -43,14 +52,25 @@ def log_failure_reason(context) -> None:
     log.error("retrainer: %s.%s failed: %s", ti.dag_id, ti.task_id, context.get("exception"))
 
 
+def deadline_for(cfg) -> DeadlineAlert | None:
+    """`train.deadline`: an alert (the triggerer logs the run that overran) when a run is still not done that
+    long after it was queued."""
+    if cfg.train.deadline is None:
+        return None
+    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=cfg.train.deadline,
+                         callback=AsyncCallback(deadline_missed, kwargs={"deadline": str(cfg.train.deadline)}),
+                         name="train.deadline")
+
+
 def schedule_for(cfg):
     """Cron, data arrival, or either (whichever comes first), from the config."""
+    cron = cfg.schedule.cron
     if cfg.data.asset is None:
-        return cfg.schedule
+        return cron
     arrival = Asset(cfg.data.asset)
-    if cfg.schedule is None:
+    if cron is None:
         return arrival
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"), assets=arrival)
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=arrival)
 
 
 def build_retrain_dag(config_path: Path):
@@ -66,6 +86,7 @@ def build_retrain_dag(config_path: Path):
         tags=["retrainer"],
         doc_md=__doc__,
         default_args={"on_failure_callback": log_failure_reason},
+        deadline=deadline_for(cfg),
         params={
             "steps": Param(cfg.train.steps, type="integer", minimum=1, maximum=10_000_000,
                            description="training steps"),
@@ -90,17 +111,20 @@ def build_retrain_dag(config_path: Path):
         def plan() -> dict:
             ctx = get_current_context()
             params = ctx["params"]
-            overrides = lifecycle.overrides_from_params(params)
-            events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
-                            key=lambda e: e.timestamp)
-            arrived = lifecycle.arrived_source_url([e.extra for e in events])
-            if arrived:
-                log.info("retrainer: data arrived at %s: this run trains on it", arrived)
-                overrides["data.source_url"] = arrived
-            snap = lifecycle.snapshot(config_path, overrides)
-            job = lifecycle.from_snapshot(snap)
-            run = lifecycle.stage_identify(job)
-            budget = lifecycle.stage_plan(job, force=bool(params["force"]))
+            with lifecycle.refusal_noted(ctx["ti"], "plan"):  # a refusal here is the run's note
+                # Paths that skip the REST trigger's check (CLI, dag.test, other DAGs) stop here.
+                lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)
+                overrides = lifecycle.overrides_from_params(params)
+                events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
+                                key=lambda e: e.timestamp)
+                arrived = lifecycle.arrived_source_url([e.extra for e in events])
+                if arrived:
+                    log.info("retrainer: data arrived at %s: this run trains on it", arrived)
+                    overrides["data.source_url"] = arrived
+                snap = lifecycle.snapshot(config_path, overrides)
+                job = lifecycle.from_snapshot(snap)
+                run = lifecycle.stage_identify(job)
+                budget = lifecycle.stage_plan(job, force=bool(params["force"]))
             return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": lifecycle.nothing_new(run)}
 
         @task.short_circuit
@@ -119,17 +143,21 @@ def build_retrain_dag(config_path: Path):
         def not_dry_run(_warm: dict) -> bool:
             return not get_current_context()["params"]["dry_run"]
 
-        @task(execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
-              retry_exponential_backoff=True, pool=pool, pool_slots=pool_slots)
-        def train(plan_out: dict, warm_out: dict) -> dict:
-            ti = get_current_context()["ti"]
-            holder = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
-            return lifecycle.stage_train(*frozen(plan_out), warm_out, holder=holder)
+        planned = plan()
+        warmed = warm(planned)
+        new_data(planned) >> warmed
+        go = not_dry_run(warmed)
 
+        # Both defer while their job runs where the engine allows (cluster.defers); their pool counts deferred
+        # tasks' slots (README: `airflow pools set ... --include-deferred`): a deferred job still holds the GPUs.
+        ranks = {"pool": pool, "priority_weight": cfg.schedule.priority, "weight_rule": "absolute"}
+        train = RankJobOperator(task_id="train", stage="train", plan_out=planned, warm_out=warmed,
+                                execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
+                                retry_exponential_backoff=True, pool_slots=pool_slots, **ranks)
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
-        @task(execution_timeout=timedelta(hours=6), retries=1, pool=pool, pool_slots=eval_slots)
-        def evaluate(plan_out: dict, summary: dict, warm_out: dict) -> dict:
-            return lifecycle.stage_evaluate(*frozen(plan_out), summary, warm_out)
+        evaluate = RankJobOperator(task_id="evaluate", stage="evaluate", plan_out=planned, warm_out=warmed,
+                                   summary=train.output, execution_timeout=timedelta(hours=6), retries=1,
+                                   pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
@@ -145,24 +173,31 @@ def build_retrain_dag(config_path: Path):
         def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
             ti = get_current_context()["ti"]
             decision = ti.xcom_pull(task_ids="gate", key="decision")
-            result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
-                                             actor=f"airflow {ti.dag_id}/{ti.run_id}", reason="retrain")
+            actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), f"airflow {ti.dag_id}/{ti.run_id}")
+            with lifecycle.refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
+                result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
+                                                 actor=actor, reason=reason)
             if result["switched"]:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                                 extra={"version": result["version"],
                                                        "parent_version": result["parent_version"]})
             return result
 
-        planned = plan()
-        warmed = warm(planned)
-        new_data(planned) >> warmed
-        go = not_dry_run(warmed)
-        summary = train(planned, warmed)
-        go >> summary
-        metrics = evaluate(planned, summary, warmed)
+        @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless
+        def housekeeping(plan_out: dict, published_out: dict) -> dict:
+            return lifecycle.stage_housekeeping(*frozen(plan_out), published_out)
+
+        go >> train
+        summary, metrics = train.output, evaluate.output
         publish_ok = gate(planned, metrics, warmed)
         published = publish(planned, summary, metrics)
-        publish_ok >> published
+        # No answer within publish.approval_timeout_s: the default, Reject.
+        approval = PublishApproval(
+            task_id="approval", subject="Publish the retrained model?", defaults=ApprovalOperator.REJECT,
+            params={"comment": Param("", type="string", maxLength=MAX_COMMENT,
+                                     description="why (kept in the run note or the alias history)")})
+        publish_ok >> approval >> published
+        housekeeping(planned, published)
 
     return retrain()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 
 from tasks import lifecycle
+from tasks.config import NAME_PATTERN
 from tasks.registry import alias_asset_uri
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
@@ -28,7 +29,7 @@ CONFIGS = lifecycle.known_configs(CONFIG_DIR)
     params={
         "model": Param(next(iter(CONFIGS), ""), type="string", enum=sorted(CONFIGS) or [""],
                        description="job name whose published model to roll back"),
-        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200,
+        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200, pattern=NAME_PATTERN,
                        description="alias to move (default: the config's publish.alias)"),
         "to_version": Param(None, type=["null", "integer"], minimum=1,
                             description="target version (default: the one live before the current)"),
@@ -40,11 +41,13 @@ def rollback_model():
     def rollback(*, outlet_events=None) -> dict:
         ctx = get_current_context()
         params = ctx["params"]
-        cfg = lifecycle.resolve_config(CONFIGS[params["model"]])
-        result = lifecycle.stage_rollback(
-            cfg, alias=params["alias"], to_version=params["to_version"],
-            actor=f"airflow {ctx['ti'].dag_id}/{ctx['ti'].run_id}", reason=params["reason"],
-        )
+        with lifecycle.refusal_noted(ctx["ti"], "rollback"):  # a refusal here is the run's note
+            lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)  # where REST did not check
+            cfg = lifecycle.resolve_config(CONFIGS[params["model"]])
+            result = lifecycle.stage_rollback(
+                cfg, alias=params["alias"], to_version=params["to_version"],
+                actor=f"airflow {ctx['ti'].dag_id}/{ctx['ti'].run_id}", reason=params["reason"],
+            )
         outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                         extra={"version": result["to_version"]})
         return result

@@ -38,7 +38,9 @@ COMMAND_MODULES = {
     "registry": "tasks.registry.cli",
     "run": "tasks.lifecycle",
     "deploy": "tasks.deploy",
+    "gc": "tasks.gc",
     "demo": "tasks.demo",
+    "airflow": "tasks.airflow_cmd",
 }
 
 

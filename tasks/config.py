@@ -15,12 +15,23 @@ import math
 import os
 import re
 import sys
+from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
 
@@ -163,6 +174,27 @@ INIT_FROM_HELP = ("scratch, pretrained (model.pretrained), live (the alias's ver
                   "before a first version: model.pretrained if set, else scratch), version:N, or a path of weights")
 
 
+_COMPACT_DURATION = re.compile(r"^(?=\d)(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_TIMEDELTA: TypeAdapter[timedelta] = TypeAdapter(timedelta)
+DURATION_HELP = "seconds (3600), d/h/m/s parts (2d, 36h, 1d12h, 90m) or ISO 8601 (P2D, PT36H)"
+
+
+def _duration(value: Any) -> Any:
+    """A duration as people write it: the compact d/h/m/s form here, numbers and ISO 8601 by pydantic."""
+    if isinstance(value, str) and (m := _COMPACT_DURATION.fullmatch(value.strip())):
+        days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if isinstance(value, str | int | float | timedelta) and not isinstance(value, bool):
+        try:
+            return _TIMEDELTA.validate_python(value)
+        except ValidationError:
+            pass
+    raise ValueError(f"not a duration ({value!r}): use {DURATION_HELP}")
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
@@ -181,6 +213,16 @@ class TrainConfig(_Strict):
     keep_last: int = Field(3, ge=1)
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary")
+    deadline: Duration | None = Field(
+        None, description=f"alert (the DAG's deadline callback) when a retrain run is still not done this long "
+                          f"after it was queued: {DURATION_HELP}; None: no alert")
+
+    @field_validator("deadline")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError(f"must be longer than zero, got {value.total_seconds():g} s")
+        return value
 
     @field_validator("init_from")
     @classmethod
@@ -256,6 +298,10 @@ class SlurmConfig(_Strict):
     python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
     cancel_timeout_s: float = Field(180.0, gt=0, description="how long scancel may take to end every step")
+    qos: str | None = Field(None, pattern=r"^[-_.a-zA-Z0-9]+$", description="sbatch --qos (how most sites rank "
+                            "jobs: e.g. a high-priority QoS for production retrains)")
+    job_priority: bool = Field(False, description="also pass schedule.priority as sbatch --priority (needs Slurm "
+                               "operator rights, which most users lack: QoS is the usual way)")
 
     @field_validator("time_limit")
     @classmethod
@@ -305,6 +351,11 @@ class KubernetesConfig(_Strict):
     service_account: str | None = Field(None, pattern=_K8S_NAME, max_length=253)
     kube_context: str | None = Field(None, min_length=1, description="kubeconfig context; in-cluster config first")
     cancel_timeout_s: float = Field(300.0, gt=0, description="how long the pods may take to go after delete")
+    priority_class_name: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
+                                            description="pods' priorityClassName (preemption order on the cluster)")
+    kueue_queue: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
+                                    description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name): the job waits "
+                                    "in Kueue's queue, admitted by quota and priority")
 
     @model_validator(mode="after")
     def _env_once(self) -> KubernetesConfig:
@@ -335,6 +386,9 @@ class ClusterConfig(_Strict):
     namespace: str = "default"
     image: str | None = None
     hang_timeout_s: float = Field(600.0, gt=0)
+    deferrable: bool | None = Field(None, description="the Airflow task submits the job and defers while it runs "
+                                    "(no worker held); None: yes for slurm and kubernetes, whose jobs outlive "
+                                    "the task, no for local and ssh, whose ranks die with it")
     startup_timeout_s: float | None = Field(None, gt=0, description="allowance before the first step of a "
                                             "launch (imports, rendezvous, op builds); None: hang_timeout_s")
     ssh: SshConfig = SshConfig()
@@ -358,6 +412,19 @@ class ClusterConfig(_Strict):
         if old:
             raise ValueError("; ".join(f"cluster.{name} was renamed to cluster.{_RENAMED[name]}" for name in old))
         return data
+
+    @model_validator(mode="after")
+    def _deferrable_engine(self) -> ClusterConfig:
+        if self.deferrable and self.launcher in ("local", "ssh"):
+            raise ValueError(f"cluster.deferrable: the {self.launcher} launcher's ranks die with the process that "
+                             "started them (by design: a killed task takes its ranks along), so its task cannot "
+                             "defer; use slurm or kubernetes, or deferrable: false")
+        return self
+
+    @property
+    def defers(self) -> bool:
+        """Whether the Airflow task defers while the job runs (see `deferrable`)."""
+        return self.launcher in ("slurm", "kubernetes") if self.deferrable is None else self.deferrable
 
     @model_validator(mode="after")
     def _one_inter_node_unit(self) -> ClusterConfig:
@@ -476,6 +543,10 @@ class EvaluateConfig(_Strict):
         return (GateRule(metric=f"{self.suites[0].name}.loss", tolerance=self.gate.tolerance),)
 
 
+ExportDtype = Literal["bf16", "fp32"]
+ApprovalMode = Literal["none", "required"]
+
+
 class PublishConfig(_Strict):
     registry_url: str = Field(description="SQLAlchemy URL of the registry database")
     store_url: str = Field(description="fsspec URL of the artifact store")
@@ -484,7 +555,53 @@ class PublishConfig(_Strict):
     model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    export_dtype: Literal["bf16", "fp32"] = Field("bf16", description="dtype of the published safetensors")
+    export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
+    approval: ApprovalMode | dict[str, ApprovalMode] = Field(
+        "none", description="required: a person approves (Airflow human-in-the-loop) before publish moves the "
+                            "alias; one mode for every alias, or per alias ({production: required}; an alias "
+                            "not listed: none)")
+    approval_timeout_s: float = Field(24 * 3600.0, gt=0, description="how long an approval waits for an answer; "
+                                      "no answer in time rejects the candidate (nothing is published)")
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        modes = ("none", "required")
+        if isinstance(value, dict):
+            bad = {alias: mode for alias, mode in value.items()
+                   if mode not in modes or not isinstance(alias, str) or not re.fullmatch(NAME_PATTERN, alias)}
+            if bad:
+                raise ValueError(f"alias -> mode, each alias a plain name ({NAME_PATTERN}) and each mode one of "
+                                 f"{modes}: got {bad}")
+        elif value not in modes:
+            raise ValueError(f"one of {modes}, or a mapping alias -> mode (e.g. {{production: required}}): "
+                             f"got {value!r}")
+        return value
+
+    @property
+    def approval_required(self) -> bool:
+        """Whether publishing to this config's alias (the run's, after a form override) waits for a person."""
+        mode = self.approval.get(self.alias, "none") if isinstance(self.approval, dict) else self.approval
+        return mode == "required"
+
+
+class RetentionConfig(_Strict):
+    """What housekeeping keeps: the pruning right after a publish and `retrainer gc` (tasks/gc.py).
+
+    The artifacts of every registry version are never deleted, whatever these say: every version an
+    alias ever pointed to (indeed every version) still pulls and verifies. They decide the run
+    directories (checkpoints) and the store objects no version references.
+    """
+
+    prune_checkpoints: bool = Field(True, description="once a run's version is live, delete the run's other "
+                                    "checkpoints (local and mirror), keeping the one it came from: right after "
+                                    "the publish, and in `retrainer gc`")
+    keep_versions: int = Field(2, ge=0, description="per alias, the runs of the versions it pointed to last (the "
+                               "live one first) keep their checkpoint; 0: the registry artifact is enough")
+    keep_runs: int = Field(3, ge=0, description="the newest run directories are kept, whatever they hold")
+    keep_days: float = Field(14.0, ge=0, description="run directories active in the last days are kept")
+    grace_hours: float = Field(24.0, ge=0, description="nothing younger is deleted: a store object no version "
+                               "references yet (an export or publish in flight), a run directory")
 
 
 _QUEUE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # an executor queue name (Celery: a worker's `-q` name)
@@ -559,9 +676,25 @@ class TrainingJob(_Strict):
     cluster: RankCluster
 
 
+class ScheduleConfig(_Strict):
+    """When the retrain DAG runs and how it ranks against other models' runs for the GPUs.
+
+    `schedule: "0 3 * * 1"` is short for `schedule: {cron: "0 3 * * 1"}`."""
+
+    cron: str | None = Field(None, description="cron expression or preset; None: manual or data arrival only")
+    priority: int = Field(0, ge=-10_000, le=10_000, description="higher trains first when the cluster's pool is "
+                          "full: the train and evaluate tasks' Airflow priority_weight (and Slurm --priority with "
+                          "cluster.slurm.job_priority)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cron_shorthand(cls, data: Any) -> Any:
+        return {"cron": data} if isinstance(data, str) else data
+
+
 class JobConfig(_Strict):
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    schedule: str | None = Field(None, description="cron expression or preset for the retrain DAG")
+    schedule: ScheduleConfig = ScheduleConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig
     parallel: ParallelConfig = ParallelConfig()
@@ -570,7 +703,13 @@ class JobConfig(_Strict):
     serving: ServingConfig = ServingConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     publish: PublishConfig
+    retention: RetentionConfig = RetentionConfig()
     deploy: DeployConfig = DeployConfig()
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _no_schedule(cls, value: Any) -> Any:
+        return ScheduleConfig() if value is None else value
 
     @model_validator(mode="after")
     def _layout(self) -> JobConfig:
@@ -612,7 +751,7 @@ class JobConfig(_Strict):
     def fingerprint(self) -> str:
         """sha256 of the config fields that define what training computes (tasks/run.py adds data and weights).
 
-        Run-time knobs (cluster, cache location, publish target, evaluation) and
+        Run-time knobs (cluster, cache location, publish target, evaluation, the deadline) and
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
@@ -622,7 +761,7 @@ class JobConfig(_Strict):
             "model": self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"}),
             "parallel": self.parallel.model_dump(mode="json"),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
-                                                                "checkpoint_storage_options"}),
+                                                                "checkpoint_storage_options", "deadline"}),
         }
         return sha256_json(defining)
 

@@ -31,6 +31,11 @@ class TrainingFailedError(RetrainerError):
     """Training stopped (non-finite loss, crashed rank, hang); nothing may be published."""
 
 
+class LiveMovedError(RetrainerError):
+    """The alias moved since the gate judged the candidate (e.g. a rollback while a person decided): the
+    candidate was compared with another model than the one it would replace, so it is not published."""
+
+
 class LockHeldError(RetrainerError):
     """Another run of the same experiment holds the lock."""
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -75,6 +75,43 @@ def put_object(fs: Any, path: str, data: bytes) -> None:
         atomic_write_bytes(path, data)
     else:
         fs.pipe_file(path, data)
+
+
+def dir_bytes(path: str | os.PathLike[str]) -> int:
+    """Apparent size of all files under path (0 if missing)."""
+    total = 0
+    stack = [Path(path)]
+    while stack:
+        p = stack.pop()
+        try:
+            entries = list(os.scandir(p))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                stack.append(Path(e.path))
+            else:
+                with suppress(FileNotFoundError):
+                    total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+def modified_at(info: dict[str, Any]) -> float | None:
+    """When an fsspec listing entry was last written (epoch seconds), or None when the filesystem does not say:
+    local `mtime`, S3 `LastModified`, GCS `updated`/`mtime`."""
+    import datetime as dt
+
+    value = info.get("mtime", info.get("LastModified", info.get("updated")))
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+    return None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

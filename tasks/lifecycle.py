@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
-from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
+from tasks.errors import ConfigError, InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate
 from tasks.lock import default_holder, experiment_lock
 from tasks.run import (
@@ -26,6 +28,9 @@ from tasks.run import (
     resolve_identity,
     weights_path,
 )
+
+if TYPE_CHECKING:
+    from tasks.launch import Launch
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,32 @@ PARAM_OVERRIDES = {
 def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """Map a manual run's form values onto config fields; unset (None) values keep the config's."""
     return {field: params[name] for name, field in PARAM_OVERRIDES.items() if params.get(name) is not None}
+
+
+def refuse_unknown_params(conf: Mapping[str, Any] | None, params: Iterable[str]) -> None:
+    """A run's conf may name only the DAG's params: Airflow takes any other key and ignores it, so a typo
+    (`stpes`) would run with the default. Raises InvalidInputError naming each unknown key."""
+    known = sorted(params)
+    unknown = sorted(set(conf or {}) - set(known))
+    if unknown:
+        raise InvalidInputError(f"unknown conf key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
+                                f"not a param of this DAG (its params: {', '.join(known)})")
+
+
+# The XCom a task pushes for its run's note; the plugin's run-notes listener copies it into the DAG run's note.
+RUN_NOTE_KEY = "run_note"
+
+
+@contextmanager
+def refusal_noted(ti: Any, stage: str) -> Iterator[None]:
+    """A refusal (bad config, input, plan) raised inside becomes the run's note, `<stage>: <its message>`,
+    so the UI shows why the run failed on the run itself; the task still fails with it."""
+    try:
+        yield
+    except (ConfigError, RetrainerError) as exc:
+        message = str(exc)
+        ti.xcom_push(key=RUN_NOTE_KEY, value=message if message.startswith(f"{stage}:") else f"{stage}: {message}")
+        raise
 
 
 def known_configs(config_dir: str | Path) -> dict[str, Path]:
@@ -146,26 +177,84 @@ def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
 def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
                 holder: str | None = None) -> dict[str, Any]:
     """Train this run in its own directory; a finished run of the same key is reused, a killed one resumed."""
-    from tasks.launch import get_launcher
-    from tasks.train.checkpoint import finished_summary
+    with _train_lock(cfg, run, holder):
+        done = _finished(cfg, run)
+        if done is not None:
+            return done
+        summary = _train_launch(cfg, run, warm).run_here()
+    return _trained(run, summary)
 
+
+def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
+                       holder: str | None = None) -> dict[str, Any]:
+    """`stage_train` for a job that outlives the caller (an Airflow task that defers): {"result": the stage's
+    output} when the run has finished already, else {"job": the submitted job's handle} to follow
+    (tasks.launch.follow) and hand to `stage_train_collect`. The experiment lock is held while submitting;
+    while the job runs the engine holds the run (one job name per run: a later attempt cancels a job an
+    earlier one left before starting its own)."""
+    with _train_lock(cfg, run, holder):
+        done = _finished(cfg, run)
+        if done is not None:
+            return {"result": done}
+        return {"job": _train_launch(cfg, run, warm).submit()}
+
+
+def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], job: dict[str, Any],
+                        outcome: dict[str, Any], *, holder: str | None = None) -> dict[str, Any]:
+    """The trained run from its followed job's outcome ({"result": ...}); a job the cluster took away is
+    submitted again and resumes from its last checkpoint ({"job": ...} again), as long as each attempt gets
+    further than the one before."""
+    from tasks.errors import TrainingFailedError
+    from tasks.launch import JobPreempted, collect
+
+    try:
+        summary = collect(cfg, job, outcome)
+    except JobPreempted as exc:
+        step = outcome.get("last_step") or 0
+        if job.get("preempted_at_step") is not None and step <= job["preempted_at_step"]:
+            raise TrainingFailedError(f"{exc}, again without passing step {job['preempted_at_step']}: not "
+                                      "submitting it a third time") from None
+        log.warning("train: %s: submitting it again; it resumes from its last checkpoint", exc)
+        again = stage_train_submit(cfg, run, warm, holder=holder)
+        if "job" in again:
+            again["job"].update(preempted_at_step=step, preemptions=job.get("preemptions", 0) + 1,
+                                deadline=job.get("deadline"))
+        return again
+    return {"result": _trained(run, summary)}
+
+
+def _train_lock(cfg: JobConfig, run: RunIdentity, holder: str | None):
+    """The run's directory claimed for its key, and the experiment lock held (a context manager)."""
     run_dir = run.run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     claim_run_dir(run_dir, run)
-    run_cfg = cfg.with_overrides({"train.output_dir": str(run_dir)})
-    with experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli")):
-        done = finished_summary(run_dir, run, cfg.train.steps)
-        if done is not None:
-            log.info("train: run %s already finished (%s): reusing it, no training", run.run_id,
-                     done["checkpoint_tag"])
-            return {**done, "outcome": "reused", "trained_steps": 0}
-        launcher = get_launcher(cfg)
-        # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
-        init_path = (weights_path(run.init, cfg.data.cache_dir) if launcher.warms_nodes
-                     else fetch_starting_weights(cfg, run.init))
-        export, secret_env = export_spec(cfg)
-        summary = launcher.run(run_cfg, Path(warm["dataset_dir"]), run=run, init_path=init_path,
-                               node_warm=True, export=export, secret_env=secret_env)
+    return experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli"))
+
+
+def _finished(cfg: JobConfig, run: RunIdentity) -> dict[str, Any] | None:
+    """The stage's output of this run's finished training, if it has one (then nothing trains)."""
+    from tasks.train.checkpoint import finished_summary
+
+    done = finished_summary(run.run_dir(cfg), run, cfg.train.steps)
+    if done is None:
+        return None
+    log.info("train: run %s already finished (%s): reusing it, no training", run.run_id, done["checkpoint_tag"])
+    return {**done, "outcome": "reused", "trained_steps": 0}
+
+
+def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Launch:
+    from tasks.launch import Launch, get_launcher
+
+    run_cfg = cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))})
+    # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
+    init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
+                 else fetch_starting_weights(cfg, run.init))
+    export, secret_env = export_spec(cfg)
+    return Launch(run_cfg, Path(warm["dataset_dir"]), run,
+                  {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+
+
+def _trained(run: RunIdentity, summary: dict[str, Any]) -> dict[str, Any]:
     outcome = "resumed" if summary.get("resumed_from_step") else "trained"
     log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
     return {**summary, "outcome": outcome}
@@ -186,10 +275,35 @@ def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
 
 def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     """Score the run's checkpoint and the live model on every suite, as rank jobs on the cluster."""
-    from tasks.evaluate import evaluate
+    launch, pending = _evaluation_launch(cfg, run, summary, warm)
+    return _evaluated(cfg, pending, launch.run_here())
+
+
+def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any],
+                          warm: dict[str, Any]) -> dict[str, Any]:
+    """`stage_evaluate` for a job that outlives the caller: {"job": handle} for `stage_evaluate_collect`."""
+    launch, pending = _evaluation_launch(cfg, run, summary, warm)
+    return {"job": {**launch.submit(), "pending": pending}}
+
+
+def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation's metrics from its followed job's outcome ({"result": ...})."""
+    from tasks.launch import collect
+
+    return {"result": _evaluated(cfg, job["pending"], collect(cfg, job, outcome))}
+
+
+def _evaluation_launch(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]):
+    from tasks.evaluate import evaluation_launch
 
     live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
-    metrics = evaluate(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+    return evaluation_launch(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+
+
+def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    from tasks.evaluate import evaluation_result
+
+    metrics = evaluation_result(cfg, pending, summary)
     log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics["metrics"].items()))
     if metrics["live"] is not None:
         log.info("evaluate: live v%d (%s): %s", metrics["live"]["version"],
@@ -236,6 +350,18 @@ def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: 
     return decision.to_dict()
 
 
+def stage_approval_request(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any],
+                           gate: dict[str, Any]) -> dict[str, str]:
+    """What a person reads before approving this run's publish: subject and markdown body, with the version
+    live on the run's alias now."""
+    from tasks.approval import request_body, request_subject
+
+    model, alias = cfg.publish.model_name, cfg.publish.alias
+    live = registry_for(cfg).live_version(model, alias)
+    return {"subject": request_subject(model, alias),
+            "body": request_body(model, alias, run, metrics, gate, live, cfg.publish.approval_timeout_s)}
+
+
 def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
     """The training loss curve kept with a version (the registry page draws it), thinned to a bounded size."""
     stride = max(1, -(-len(losses) // max_points))
@@ -269,6 +395,7 @@ def stage_publish(
         actor=actor or default_holder(),
         reason=reason,
         staged=summary.get("export"),
+        judged_live=gate["live_version"] if gate else ...,
     )
     out = result.to_dict()
     if "suite_hash" in metrics:
@@ -277,6 +404,26 @@ def stage_publish(
              "scratch" if out["parent_version"] is None else f"v{out['parent_version']}", out["alias"],
              out["artifact_url"])
     return out
+
+
+def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, Any]) -> dict[str, Any]:
+    """Once the alias points at the published version: its run's other checkpoints go (locally and in the
+    mirror), the one it came from stays (`retention.prune_checkpoints`; tasks/gc.py). A deletion that fails
+    is logged, never raised: the publish stands, and `retrainer gc` reclaims what is left."""
+    from tasks.gc import prune_published
+
+    if not cfg.retention.prune_checkpoints:
+        return {"pruned": [], "bytes": 0}
+    label = f"{published['model']} v{published['version']}"
+    record = registry_for(cfg).get_version(published["model"], published["version"])
+    tag = record.checkpoint_tag if record.config_hash == run.experiment_key else None
+    try:
+        items = prune_published(cfg, run, tag, label)
+    except (OSError, RetrainerError) as exc:
+        log.warning("housekeeping: pruning run %s after %s failed (retrainer gc will reclaim it): %s", run.run_id,
+                    label, exc)
+        return {"pruned": [], "bytes": 0, "error": str(exc)}
+    return {"pruned": [i.to_dict() for i in items], "bytes": sum(i.bytes for i in items)}
 
 
 def stage_rollback(
@@ -298,7 +445,7 @@ def stage_rollback(
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """identify -> plan -> warm -> train -> evaluate -> gate -> publish, in one process."""
+    """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process."""
     run = stage_identify(cfg)
     out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
     if (reason := nothing_new(run)) is not None:
@@ -314,6 +461,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
     if out["gate"]["publish"]:
         out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
+        out["housekeeping"] = stage_housekeeping(cfg, run, out["publish"])
     return out
 
 
@@ -341,6 +489,10 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
         pub = out["publish"]
         verb = "published" if pub["switched"] else "already live:"
         lines.append(f"{verb} {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
+        if pruned := out.get("housekeeping", {}).get("pruned"):
+            names = ", ".join(sorted({i["url"].rstrip("/").rsplit("/", 1)[-1] for i in pruned}))
+            lines.append(f"housekeeping: deleted {names} ({out['housekeeping']['bytes'] / 1e6:.1f} MB); the "
+                         f"checkpoint v{pub['version']} came from is kept")
     elif "gate" in out:
         lines.append("not published (refused by the gate)")
     else:

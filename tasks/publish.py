@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
+from tasks.errors import InvalidInputError, LiveMovedError
 from tasks.registry import ArtifactRef, ArtifactStore, Lineage, Registry, alias_asset_uri
 from tasks.registry.core import check_metrics
 
@@ -79,6 +79,7 @@ def publish(
     reason: str = "publish",
     registry_url: str | None = None,
     staged: dict[str, Any] | None = None,
+    judged_live: int | type[Ellipsis] | None = ...,
 ) -> PublishResult:
     """Publish `checkpoint_dir`, exported as a Hugging Face directory, as the next version and point
     `cfg.publish.alias` at it. The tokenizer and context length of the model the run started from (its
@@ -87,7 +88,9 @@ def publish(
 
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
-    With `experiment_key`, a checkpoint of another run is refused."""
+    With `experiment_key`, a checkpoint of another run is refused. `judged_live`: the live version the gate
+    compared the candidate with (None: none was live); if the alias points elsewhere now, LiveMovedError
+    before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
     from tasks.run import RunIdentity, WeightSources, fetch_model_files
     from tasks.train.checkpoint import validate_checkpoint_dir
 
@@ -104,6 +107,13 @@ def publish(
     with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
         live = reg.live_version(pub.model_name, pub.alias)
         previous = live.version if live else None
+        if judged_live is not ... and previous != judged_live:
+            mine = reg.find_version(pub.model_name, run.experiment_key, checkpoint_dir.name)
+            if mine is None or mine.version != previous:
+                now, then = (f"v{v}" if v is not None else "no version" for v in (previous, judged_live))
+                raise LiveMovedError(f"{pub.model_name}/{pub.alias} is {now} now; the gate compared this "
+                                     f"candidate with {then}: not published (run again to judge it against "
+                                     "what is live)")
         with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
             base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
             ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
@@ -159,12 +169,19 @@ def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
     once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
     from tasks.models.export import export_checkpoint
     from tasks.models.weights import HF_INDEX
-    from tasks.train.export import EXPORT_DIR
 
-    dest = checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{cfg.publish.export_dtype}"
+    dest = export_dir(checkpoint_dir, cfg.publish.export_dtype)
     if (dest / HF_INDEX).is_file():
         log.info("export: reusing %s", dest)
         return dest
     return export_checkpoint(cfg.model, checkpoint_dir, dest, stages=cfg.parallel.pp,
                              dtype=cfg.publish.export_dtype,
                              base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None)
+
+
+def export_dir(checkpoint_dir: Path, dtype: str) -> Path:
+    """Where publish exports a checkpoint itself: `<run>/export/<tag>-<dtype>/` (a full copy of the weights,
+    which housekeeping deletes once the version is published)."""
+    from tasks.run import EXPORT_DIR
+
+    return checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{dtype}"

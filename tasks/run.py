@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RUN_MARKER = "run.json"
+EXPORT_DIR = "export"  # <run dir>/export/: the ranks' shard reports per tag, and publish's own export copies
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.services import IN_CI, PgCluster, S3Endpoint, require  # noqa: E402
+from tests.services import IN_CI, PgCluster, S3Endpoint, require, require_binary  # noqa: E402
+from tests.slurm import SlurmCluster, slurm_daemons  # noqa: E402
 
 # Keep torch from oversubscribing 2 cores when several ranks run at once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -100,3 +101,11 @@ def hooked(monkeypatch: pytest.MonkeyPatch):
         hooks.install(monkeypatch.setattr)
 
     return install
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    require(os.geteuid() == 0, "root (slurmd runs jobs as root here)")
+    for binary in ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "scontrol"):
+        require_binary(binary)
+    yield from slurm_daemons(tmp_path_factory.mktemp("slurm"))

@@ -81,6 +81,19 @@ def test_init_from_version_must_name_a_version(value: str) -> None:
         load_config(DEMO).with_overrides({"train.init_from": value})
 
 
+def test_schedule_is_a_cron_or_cron_and_priority_and_engines_that_outlive_the_task_defer(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, lambda c: c.update(schedule="0 3 * * 1"))).schedule.cron == "0 3 * * 1"
+    both = load_config(write(tmp_path, lambda c: c.update(schedule={"cron": None, "priority": 5}))).schedule
+    assert (both.cron, both.priority) == (None, 5)
+    base = load_config(DEMO)
+    assert not base.cluster.defers  # local: the ranks die with the task, it cannot defer
+    assert base.with_overrides({"cluster.launcher": "slurm"}).cluster.defers
+    assert base.with_overrides({"cluster.launcher": "kubernetes"}).cluster.defers
+    assert not base.with_overrides({"cluster.launcher": "slurm", "cluster.deferrable": False}).cluster.defers
+    # Neither is part of what a run computes: the experiment key does not change.
+    assert both and base.with_overrides({"cluster.deferrable": False}).fingerprint() == base.fingerprint()
+
+
 def test_overrides_are_validated() -> None:
     base = load_config(DEMO)
     with pytest.raises(ConfigError, match=r"train\.steps"):
@@ -105,9 +118,15 @@ def test_overrides_are_validated() -> None:
          r"data\.replay\.0\.manifst"),
         (lambda c: c["data"].update(replay=[{"source_url": c["data"]["source_url"], "weight": 0.1}]),
          r"data\.replay: .*tiny-text.* listed twice"),
+        (lambda c: c.update(retention={"keep_days": -1}), r"retention\.keep_days"),
+        (lambda c: c.update(retention={"keep_run": 3}), r"retention\.keep_run"),
         # 17 sources of 1% each draw one sample a step each at times: more than the 16 of a global batch.
         (lambda c: c["data"].update(replay=[{"source_url": f"/s{i}", "weight": 0.01} for i in range(17)]),
          r"data\.replay: the replay sources draw up to 17 samples in one step, more than the global batch of 16"),
+        (lambda c: c["cluster"].update(launcher="ssh", deferrable=True), r"cluster\.deferrable: the ssh launcher"),
+        (lambda c: c["cluster"].update(deferrable=True), r"cluster\.deferrable: the local launcher"),
+        (lambda c: c.update(schedule={"cron": "@daily", "priority": 10**6}), r"schedule\.priority"),
+        (lambda c: c.update(schedule={"cron": "@daily", "prio": 3}), r"schedule\.prio"),
     ],
 )
 def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) -> None:
@@ -115,3 +134,34 @@ def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) ->
     with pytest.raises(ConfigError, match=message) as err:
         load_config(path)
     assert str(path) in str(err.value)
+
+
+def test_approval_is_per_alias_and_a_bad_mode_names_the_field() -> None:
+    base = load_config(DEMO)
+    assert not base.publish.approval_required and base.publish.approval_timeout_s == 24 * 3600
+    per_alias = base.with_overrides({"publish.approval": {"production": "required", "staging": "none"}})
+    assert per_alias.publish.approval_required
+    assert not per_alias.with_overrides({"publish.alias": "staging"}).publish.approval_required
+    assert not per_alias.with_overrides({"publish.alias": "canary"}).publish.approval_required  # not listed: none
+    assert base.with_overrides({"publish.approval": "required", "publish.alias": "canary"}).publish.approval_required
+    for bad in ("requried", {"production": "yes"}, {"prod/blue": "required"}, True):
+        with pytest.raises(ConfigError, match=r"publish\.approval: .*one of \('none', 'required'\)"):
+            base.with_overrides({"publish.approval": bad})
+    with pytest.raises(ConfigError, match=r"publish\.approval_timeout_s"):
+        base.with_overrides({"publish.approval_timeout_s": 0})
+
+
+def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -> None:
+    from datetime import timedelta
+
+    base = load_config(DEMO)
+    assert base.train.deadline is None
+    for written, meant in [("2d", timedelta(days=2)), ("36h", timedelta(hours=36)), ("1d12h", timedelta(hours=36)),
+                           ("90m", timedelta(minutes=90)), (3600, timedelta(hours=1)), ("PT6H", timedelta(hours=6))]:
+        cfg = base.with_overrides({"train.deadline": written})
+        assert cfg.train.deadline == meant, written
+        assert cfg.fingerprint() == base.fingerprint()  # when to alert changes nothing trained
+    for bad, message in [("soon", r"train\.deadline: .*not a duration \('soon'\)"),
+                         ("0s", r"train\.deadline: .*longer than zero"), (-5, r"train\.deadline: .*longer than zero")]:
+        with pytest.raises(ConfigError, match=message):
+            base.with_overrides({"train.deadline": bad})

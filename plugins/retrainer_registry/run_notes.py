@@ -1,6 +1,7 @@
-"""Listener: a retrain run's outcome note (e.g. the gate's refusal) becomes the DAG run's note.
+"""Listener: a retrain or rollback run's outcome note (the gate's or the plan's refusal, a refused conf)
+becomes the DAG run's note.
 
-A task cannot set its own run's note in Airflow 3, so the gate pushes the reason as the XCom
+A task cannot set its own run's note in Airflow 3, so the task pushes the reason as the XCom
 `run_note`, and this listener (run where the run's state changes: the scheduler, or `dag.test()`)
 copies it into the run's note, where the UI shows it on the run.
 """
@@ -11,9 +12,11 @@ import logging
 
 from airflow.listeners import hookimpl
 
+from tasks.lifecycle import RUN_NOTE_KEY
+
 log = logging.getLogger(__name__)
 
-RUN_NOTE_KEY = "run_note"
+NOTED_DAGS = ("retrain_", "rollback_model")  # dag id prefixes whose runs may carry a note
 
 
 @hookimpl
@@ -30,7 +33,7 @@ def _copy_note(dag_run) -> None:
     """In the scheduler the run is bound to the scheduler's session, inside its critical section: read
     and write through that session and let the scheduler commit (committing it ourselves breaks the
     scheduler's HA locks). An unbound run (`dag.test()`) gets a short session of its own."""
-    if not dag_run.dag_id.startswith("retrain_"):
+    if not dag_run.dag_id.startswith(NOTED_DAGS):
         return
     from sqlalchemy.orm import object_session
 

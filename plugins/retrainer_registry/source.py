@@ -1,8 +1,10 @@
-"""Where the page reads the registry from, and which job config owns each model.
+"""Where the page reads the registry from, which job config owns each model, and what a version's record says.
 
 The registry URL is $RETRAINER_DB_URL, else the `publish.registry_url` of the job
 configs in $RETRAINER_CONFIG_DIR (default: the project's configs/). The configs also
 tell the page which `rollback_model` form value (the job name) moves a given model.
+`VersionFacts` picks the numbers a person compares out of a version's recorded metrics
+(the evaluate stage's output plus what publish adds: the loss curve and the gate's rules).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrainer_registry.render import number
 from tasks.config import ConfigError, JobConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -72,3 +76,62 @@ def training_losses(version: dict[str, Any], job: JobConfig | None) -> list[floa
     if summary.get("experiment_key") != key or not isinstance(summary.get("losses"), list):
         return []
     return [float(x) for x in summary["losses"]]
+
+
+# The actor the DAGs record on a version and on each alias move: "airflow <dag_id>/<run_id>" (dags/retrain.py,
+# dags/rollback.py), possibly followed by more words. A DAG id has no "/" or space; the run id has no space.
+_DAG_RUN_ACTOR = re.compile(r"^airflow ([A-Za-z0-9_.-]+)/(\S+)")
+
+
+def dag_run_of(actor: str | None) -> tuple[str, str] | None:
+    """(dag_id, run_id) of the Airflow run an actor names, or None for a person or a CLI run."""
+    match = _DAG_RUN_ACTOR.match(actor or "")
+    return (match.group(1), match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
+class VersionFacts:
+    """What a version's record says about its quality and origin, as the page compares versions.
+
+    `loss`/`perplexity`/`eval_tokens`: the first evaluation suite's (the held-out numbers every gate
+    has); `suite_metrics`: every `<suite>.<metric>` scored; `gate`: each rule with its result as
+    recorded at publish; `step`: the checkpoint's training step; `evaluated_live`: the live version's
+    numbers on the same suites in the same evaluation (what the gate compared against), if any."""
+
+    version: int
+    parent_version: int | None
+    loss: float | None
+    perplexity: float | None
+    eval_tokens: int | None
+    step: int | None
+    suite_metrics: dict[str, float]
+    gate: list[dict[str, Any]]
+    evaluated_live: dict[str, Any] | None
+    suites: list[dict[str, Any]]
+    data_url: str | None
+    data_manifest_hash: str
+    data_replay: list[dict[str, Any]]
+    created_by: str
+    created_at: str
+    train_losses: list[float]
+
+
+def version_facts(version: dict[str, Any], job: JobConfig | None) -> VersionFacts:
+    """The facts of one `Registry.show()` version (older records lack some: those are None or empty)."""
+    m = version.get("metrics") or {}
+    suite = m.get("metrics") if isinstance(m.get("metrics"), dict) else {}
+    tokens, step = number(m.get("tokens")), number(m.get("step"))
+    live = m.get("live") if isinstance(m.get("live"), dict) else None
+    return VersionFacts(
+        version=int(version["version"]), parent_version=version.get("parent_version"),
+        loss=number(m.get("loss")), perplexity=number(m.get("perplexity")),
+        eval_tokens=None if tokens is None else int(tokens), step=None if step is None else int(step),
+        suite_metrics={k: float(v) for k, v in sorted(suite.items()) if number(v) is not None},
+        gate=[r for r in m.get("gate") or [] if isinstance(r, dict)],
+        evaluated_live=live if live is not None and isinstance(live.get("metrics"), dict) else None,
+        suites=[s for s in m.get("suites") or [] if isinstance(s, dict)],
+        data_url=version.get("data_url"), data_manifest_hash=str(version.get("data_manifest_hash", "")),
+        data_replay=list(version.get("data_replay") or []),
+        created_by=str(version.get("created_by", "")), created_at=str(version.get("created_at", "")),
+        train_losses=training_losses(version, job),
+    )

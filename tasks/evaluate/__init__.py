@@ -26,6 +26,7 @@ from tasks.config import JobConfig, sha256_json
 from tasks.errors import InvalidInputError
 
 if TYPE_CHECKING:
+    from tasks.launch import Launch
     from tasks.registry import VersionRecord
     from tasks.run import RunIdentity
 
@@ -36,7 +37,15 @@ def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, datas
              live: VersionRecord | None = None) -> dict[str, Any]:
     """Score the run's checkpoint (and `live`, unless cached) on every suite; InvalidInputError for incomplete
     checkpoints, another model's or another run's."""
-    from tasks.evaluate.cache import read_cached, write_cached
+    launch, pending = evaluation_launch(cfg, run, checkpoint_dir, dataset_dir, live=live)
+    return evaluation_result(cfg, pending, launch.run_here())
+
+
+def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
+                      live: VersionRecord | None = None) -> tuple[Launch, dict[str, Any]]:
+    """The evaluation ranks' job, and what `evaluation_result` needs of this evaluation besides their summary
+    (JSON: it may wait in Airflow while the job runs)."""
+    from tasks.evaluate.cache import read_cached
     from tasks.evaluate.spec import resolve_suites, suite_hash
     from tasks.train.checkpoint import validate_checkpoint_dir
 
@@ -60,38 +69,48 @@ def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, datas
         weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
                                   url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
         models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
-    summary = run_ranks(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
+               "live_version": None if live is None else live.version, "live_cached": live_metrics}
+    return launch, pending
+
+
+def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The stage's output from the ranks' summary; a live model scored in this job has its numbers cached."""
+    from tasks.evaluate.cache import write_cached
+
     scored, marker = summary["models"], summary["markers"]["candidate"]
-    if live is not None and live_metrics is None:
+    live_version, live_metrics = pending["live_version"], pending["live_cached"]
+    if live_version is not None and live_metrics is None:
         live_metrics = scored["live"]
-        write_cached(cfg, live.version, key, live_metrics)
+        write_cached(cfg, live_version, pending["suite_hash"], live_metrics)
     metrics = scored["candidate"]
     first = cfg.evaluate.suites[0].name
     return {
         "metrics": metrics,
-        "live": None if live is None else {"version": live.version, "metrics": live_metrics,
-                                           "cached": "live" not in scored},
-        "suite_hash": key,
-        "suites": suites,
+        "live": None if live_version is None else {"version": live_version, "metrics": live_metrics,
+                                                   "cached": "live" not in scored},
+        "suite_hash": pending["suite_hash"],
+        "suites": pending["suites"],
         "loss": metrics[f"{first}.loss"],
         "perplexity": metrics[f"{first}.perplexity"],
         "tokens": int(metrics[f"{first}.tokens"]),
         "batches": cfg.evaluate.batches,
         "batch_size": cfg.evaluate.batch_size,
-        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_dir": pending["checkpoint_dir"],
         "checkpoint_tag": marker.get("tag"),
         "step": marker.get("step"),
         "experiment_key": marker["experiment_key"],
     }
 
 
-def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
-              key: str, dataset_dir: Path, eval_root: Path) -> dict[str, Any]:
-    """Launch the evaluation ranks (the job's launcher, the evaluation layout) and return their summary (each
-    model's metrics, each checkpoint's marker); their status and summary go to `eval_root/<evaluation id>`
-    (the run directory's `eval/`)."""
+def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
+                 key: str, dataset_dir: Path, eval_root: Path) -> Launch:
+    """The evaluation ranks' job (the job's launcher, the evaluation layout), whose summary has each model's
+    metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
+    directory's `eval/`)."""
     from tasks.credentials import split_credentials
-    from tasks.launch import get_launcher
+    from tasks.launch import Launch
     from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
@@ -117,9 +136,7 @@ def run_ranks(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], su
     log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
              len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
     eval_run = dataclasses.replace(run, experiment_key=eval_id)  # its own job name on Slurm / Kubernetes
-    summary = get_launcher(eval_cfg).run(eval_cfg, dataset_dir, run=eval_run, secret_env=secret_env,
-                                         evaluation=spec)
-    return summary
+    return Launch(eval_cfg, dataset_dir, eval_run, {"secret_env": secret_env, "evaluation": spec})
 
 
 def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:

@@ -9,18 +9,52 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.config import JobConfig
 
 log = logging.getLogger(__name__)
 
+CACHE_DIR = "eval-cache"
+_ENTRY = re.compile(r"^(?P<model>[^/]+)/v(?P<version>[1-9][0-9]*)/[^/]+\.json$")
 
-def _path(cfg: JobConfig, version: int, suite_hash: str) -> tuple[Any, str]:
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One stored entry (housekeeping deletes those of versions the registry does not have)."""
+
+    model: str
+    version: int
+    path: str
+    size: int
+    modified: float | None
+
+
+def _root(cfg: JobConfig) -> tuple[Any, str]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(cfg.publish.store_url, **cfg.publish.storage_options)
-    return fs, f"{root.rstrip('/')}/eval-cache/{cfg.publish.model_name}/v{version}/{suite_hash}.json"
+    return fs, f"{root.rstrip('/')}/{CACHE_DIR}"
+
+
+def _path(cfg: JobConfig, version: int, suite_hash: str) -> tuple[Any, str]:
+    fs, root = _root(cfg)
+    return fs, f"{root}/{cfg.publish.model_name}/v{version}/{suite_hash}.json"
+
+
+def entries(cfg: JobConfig) -> tuple[Any, list[CacheEntry]]:
+    """The store's filesystem and every cache entry of every model in it."""
+    from tasks.fsutil import modified_at
+
+    fs, root = _root(cfg)
+    fs.invalidate_cache(root)
+    found = []
+    for path, info in fs.find(root, detail=True).items():
+        if m := _ENTRY.match(path[len(root) + 1:]):
+            found.append(CacheEntry(m["model"], int(m["version"]), path, info["size"], modified_at(info)))
+    return fs, found
 
 
 def read_cached(cfg: JobConfig, version: int, suite_hash: str) -> dict[str, float] | None:

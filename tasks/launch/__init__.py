@@ -10,12 +10,62 @@ summary, whichever engine runs the ranks: `local` (torchrun here), `ssh`
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
-from tasks.launch.base import Job, LaunchCancelled, Launcher
+from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
 
-__all__ = ["Job", "LaunchCancelled", "Launcher", "get_launcher", "pool_for", "train"]
+if TYPE_CHECKING:
+    from tasks.run import RunIdentity
+
+__all__ = ["Job", "JobPreempted", "Launch", "LaunchCancelled", "Launcher", "cancel", "collect", "follow",
+           "get_launcher", "pool_for", "train"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One rank job a stage starts: the config it runs under (its output dir, its layout) and what
+    `Launcher.run` / `Launcher.submit` take besides."""
+
+    cfg: JobConfig
+    dataset_dir: Path
+    run: RunIdentity
+    options: Mapping[str, Any]  # init_path, node_warm, export, secret_env, evaluation
+
+    def run_here(self) -> dict[str, Any]:
+        """Start and supervise it from this process; its summary."""
+        return get_launcher(self.cfg).run(self.cfg, self.dataset_dir, run=self.run, **self.options)
+
+    def submit(self) -> dict[str, Any]:
+        """Start it and return its handle, to follow from elsewhere (`follow`, `collect`)."""
+        return get_launcher(self.cfg).submit(self.cfg, self.dataset_dir, run=self.run, **self.options)
+
+
+def _for_handle(cfg: JobConfig, handle: Mapping[str, Any]) -> tuple[JobConfig, Launcher]:
+    """The config and launcher a submitted job is followed with: the job's engine and timeouts, its output dir."""
+    job_cfg = cfg.with_overrides({"train.output_dir": handle["output_dir"]})
+    return job_cfg, get_launcher(job_cfg)
+
+
+async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+    """Wait for a submitted job (see Launcher.follow); `cfg` is the run's config."""
+    job_cfg, launcher = _for_handle(cfg, handle)
+    return await launcher.follow(job_cfg, handle, deadline=deadline)
+
+
+def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary of a followed job, or the failure (see Launcher.collect)."""
+    job_cfg, launcher = _for_handle(cfg, handle)
+    return launcher.collect(job_cfg, handle, outcome)
+
+
+def cancel(cfg: JobConfig, handle: Mapping[str, Any]) -> None:
+    """Stop a submitted job on every node (a killed Airflow task's trigger calls this)."""
+    _, launcher = _for_handle(cfg, handle)
+    launcher.cancel(handle)
 
 
 def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], **run: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ only say how to start, poll, read the status of and stop a job.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -44,6 +45,15 @@ class LaunchCancelled(RetrainerError):
     exit_code = 143
 
 
+class JobPreempted(TrainingFailedError):
+    """The cluster took the job away (Slurm preemption or a cancel not ours, a node failure, a pod eviction):
+    the run is not at fault and resumes from its last checkpoint when started again."""
+
+
+def _watcher(cfg: JobConfig) -> ProgressWatcher:
+    return ProgressWatcher(cfg.cluster.hang_timeout_s, startup_timeout_s=cfg.cluster.startup_timeout_s)
+
+
 class Job(ABC):
     """A started training job on one or more nodes."""
 
@@ -64,6 +74,17 @@ class Job(ABC):
         None: read `<output_dir>/summary.json`."""
         return None
 
+    def preempted(self) -> bool:
+        """Once ended: whether the cluster took the job away (not the job's own failure)."""
+        return False
+
+    def handle(self) -> dict[str, Any]:
+        """What names this job on its engine (JSON), for `Launcher.attach` elsewhere (detachable engines)."""
+        raise RetrainerError(f"{type(self).__name__} cannot be followed from another process")
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Let go of the job without stopping it (log tails, API streams); it keeps running."""
+
 
 class Launcher(ABC):
     """Runs rank jobs through one engine: the training ranks (`tasks.train.worker`), or the evaluation ranks
@@ -71,6 +92,7 @@ class Launcher(ABC):
 
     name = "base"
     poll_interval_s = 0.5
+    detachable = False  # True: jobs outlive this process (submit / follow / collect; Airflow deferral)
     warms_nodes = False  # True: warm_nodes (or the job itself) fetches the data and starting weights per node
     node_warm = False  # set by run(): warm the dataset and starting weights on every node before the ranks
     # Set by run(): credentials the ranks need (the export's store), passed by environment only.
@@ -102,8 +124,8 @@ class Launcher(ABC):
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
             init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
             secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Train into `cfg.train.output_dir`; return the trainer's summary (with `node_warm`: each node's warm
-        report under "nodes").
+        """Train into `cfg.train.output_dir`, supervising the job from this process; return the trainer's summary
+        (with `node_warm`: each node's warm report under "nodes").
 
         `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
         starting weights a fresh run loads. `node_warm`: first warm `data.source_url` (and the starting
@@ -114,6 +136,121 @@ class Launcher(ABC):
         launch (imports, rendezvous, one-off op builds) the allowance is `cluster.startup_timeout_s`
         (default: cluster.hang_timeout_s). `evaluation`: run the evaluation ranks on this spec instead
         (tasks/evaluate: same engine, same supervision, their summary returned)."""
+        dataset_dir, run, config_json, reports = self._before_start(
+            cfg, dataset_dir, run=run, init_path=init_path, node_warm=node_warm, export=export,
+            secret_env=secret_env, evaluation=evaluation)
+        what = self._what()
+        watcher = _watcher(cfg)
+        try:
+            with _sigterm_cancels() as cancel:
+                with cancel.deferred():  # never leave a half-started job untracked
+                    job = self.start(cfg, dataset_dir, config_json, new_tag(), run)
+                try:
+                    rc = self._supervise(cfg, job, watcher, what)
+                finally:
+                    with _sigterm_ignored():
+                        job.stop()
+        finally:
+            config_json.unlink(missing_ok=True)
+        watcher.observe(job.status())  # a rank's last word (its failure reason) lands as it exits
+        return self._result(cfg, job, rc, watcher.failure, what, reports if node_warm else None,
+                            preempted=rc != 0 and job.preempted())
+
+    def submit(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity,
+               init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
+               secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start the job as `run()` does and return at once with its handle (JSON, no credentials): for engines
+        whose jobs outlive this process (`detachable`). `follow()` waits for it (anywhere: Airflow's
+        triggerer), `collect()` turns the outcome into the summary, `cancel()` stops it."""
+        if not self.detachable:
+            raise RetrainerError(f"the {self.name} launcher's ranks die with the process that started them: "
+                                 "its jobs cannot be submitted and followed from elsewhere")
+        dataset_dir, run, config_json, reports = self._before_start(
+            cfg, dataset_dir, run=run, init_path=init_path, node_warm=node_warm, export=export,
+            secret_env=secret_env, evaluation=evaluation)
+        with _sigterm_cancels() as cancel:
+            with cancel.deferred():  # a SIGTERM while starting: cancel what started, once it has
+                job = self.start(cfg, dataset_dir, config_json, new_tag(), run)
+                handle = {"engine": self.name, **job.handle(), "output_dir": cfg.train.output_dir,
+                          "config_json": str(config_json), "what": self._what(), "node_warm": node_warm,
+                          "reports": reports, "submitted_at": time.time()}
+                if cancel.pending:
+                    with _sigterm_ignored():
+                        job.stop()
+            job.close()
+        log.info("%s: %s job submitted (%s); following it from elsewhere", self.name, handle["what"],
+                 ", ".join(f"{k} {v}" for k, v in job.handle().items()))
+        return handle
+
+    def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
+        """The job a handle of `submit()` names, for following (`output`: stream its log lines into `logging`)
+        or stopping it (detachable engines)."""
+        raise RetrainerError(f"the {self.name} launcher cannot attach to a job it did not start")
+
+    async def follow(self, cfg: JobConfig, handle: Mapping[str, Any], *,
+                     deadline: float | None = None) -> dict[str, Any]:
+        """Wait (without blocking the event loop) until the job ends, hangs (`cluster.hang_timeout_s`) or
+        `deadline` (unix time) passes; the outcome `collect()` takes. Each blocking engine call runs in a
+        thread. A hung or overdue job is cancelled here, on every node, before returning."""
+        job = self.attach(handle, output=True)
+        watcher = _watcher(cfg)
+        outcome: dict[str, Any] = {}
+        try:
+            while (rc := await asyncio.to_thread(job.poll)) is None:
+                watcher.observe(await asyncio.to_thread(job.status))
+                if watcher.hung() or (deadline is not None and time.time() > deadline):
+                    outcome = ({"hung": watcher.describe()} if watcher.hung()
+                               else {"timed_out": f"still running at its deadline ({time.ctime(deadline)})"})
+                    log.error("%s job hung or overdue: %s; cancelling", self.name, next(iter(outcome.values())))
+                    await asyncio.to_thread(job.stop)
+                    rc = 1
+                    break
+                await asyncio.sleep(self.poll_interval_s)
+            watcher.observe(await asyncio.to_thread(job.status))
+        finally:
+            job.close()
+        return {**outcome, "rc": rc, "failure": watcher.failure, "last_step": watcher.last_step,
+                "preempted": not outcome and rc != 0 and job.preempted()}
+
+    def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """The summary of a followed job (`follow()`'s outcome): TrainingFailedError for a failed, hung or
+        overdue one (JobPreempted when the engine took it away), after making sure nothing of it is left."""
+        job = self.attach(handle)
+        what = handle["what"]
+        try:
+            if outcome["rc"] != 0:
+                job.stop()
+        finally:
+            job.close()
+        Path(handle["config_json"]).unlink(missing_ok=True)
+        if reason := outcome.get("hung") or outcome.get("timed_out"):
+            raise TrainingFailedError(f"{what} of {cfg.name} {'hung' if outcome.get('hung') else 'timed out'} "
+                                      f"({self.name} launcher): {reason}; job cancelled on every node")
+        if outcome["preempted"]:
+            raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
+                               f"cluster after step {outcome['last_step'] or 0}")
+        return self._result(cfg, job, outcome["rc"], outcome["failure"], what,
+                            handle["reports"] if handle["node_warm"] else None, preempted=False)
+
+    def cancel(self, handle: Mapping[str, Any]) -> None:
+        """Stop a submitted job on every node and wait until nothing of it is left (idempotent)."""
+        job = self.attach(handle)
+        try:
+            job.stop()
+        finally:
+            job.close()
+        Path(handle["config_json"]).unlink(missing_ok=True)
+
+    def _what(self) -> str:
+        return "evaluation" if self.evaluation else "training"
+
+    def _before_start(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None,
+                      init_path: Path | None, node_warm: bool, export: dict[str, Any] | None,
+                      secret_env: dict[str, str] | None, evaluation: dict[str, Any] | None,
+                      ) -> tuple[Path, RunIdentity, Path, list[dict[str, Any]]]:
+        """Everything before the job starts: inputs checked, stale summary and status gone, a job of this run an
+        earlier attempt left cancelled, the nodes warmed, the ranks' input written."""
+        from tasks.credentials import split_credentials
         from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
         from tasks.train.data import read_manifest
@@ -124,41 +261,31 @@ class Launcher(ABC):
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        summary_path = out / "summary.json"
-        summary_path.unlink(missing_ok=True)  # a stale summary must never describe this run
+        (out / "summary.json").unlink(missing_ok=True)  # a stale summary must never describe this run
         (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
-        watcher = ProgressWatcher(cfg.cluster.hang_timeout_s, startup_timeout_s=cfg.cluster.startup_timeout_s)
         self.cancel_earlier(cfg, run)
-        from tasks.credentials import split_credentials
-
         _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         self.node_warm, self.secret_env = node_warm, {**(secret_env or {}), **mirror_env}
         self.evaluation = evaluation is not None
-        what = "evaluation" if self.evaluation else "training"
         reports = self.warm_nodes(cfg, run) if node_warm else []
-        config_json = write_worker_config(cfg, out, run, init_path, export, evaluation)
-        tag = new_tag()
-        try:
-            with _sigterm_cancels() as cancel:
-                with cancel.deferred():  # never leave a half-started job untracked
-                    job = self.start(cfg, dataset_dir, config_json, tag, run)
-                try:
-                    rc = self._supervise(cfg, job, watcher, what)
-                finally:
-                    with _sigterm_ignored():
-                        job.stop()
-        finally:
-            config_json.unlink(missing_ok=True)
-        watcher.observe(job.status())  # a rank's last word (its failure reason) lands as it exits
+        return dataset_dir, run, write_worker_config(cfg, out, run, init_path, export, evaluation), reports
+
+    def _result(self, cfg: JobConfig, job: Job, rc: int, failure: str | None, what: str,
+                reports: list[dict[str, Any]] | None, *, preempted: bool) -> dict[str, Any]:
+        """The ended job's summary (`reports`: the nodes' warm reports, None when the nodes were not warmed)."""
+        summary_path = Path(cfg.train.output_dir) / "summary.json"
         if rc != 0:
             summary_path.unlink(missing_ok=True)
-            detail = watcher.failure or f"exit status {rc}"
-            raise TrainingFailedError(f"{what} of {cfg.name} failed ({self.name} launcher): {detail}")
+            if preempted:
+                raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
+                                   "cluster; a retry resumes from its last checkpoint")
+            raise TrainingFailedError(f"{what} of {cfg.name} failed ({self.name} launcher): "
+                                      f"{failure or f'exit status {rc}'}")
         try:
             summary = job.summary() or json.loads(summary_path.read_text())
         except FileNotFoundError:
             raise TrainingFailedError(f"{what} of {cfg.name} exited 0 but wrote no {summary_path}") from None
-        if node_warm:
+        if reports is not None:
             summary["nodes"] = reports or self.node_reports(cfg)
         return summary
 

@@ -32,6 +32,7 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 JOB_LABEL = "training.kubeflow.org/job-name"  # set by the operator on every pod of a job
+
+
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue admits the job from this LocalQueue (quota, priority)
+# A pod the cluster took away (preempted for a higher priority, evicted for node pressure): not the job's fault.
+_PREEMPTED_REASONS = ("Preempt", "Evict")
 
 
 def job_name(cfg: JobConfig, run_id: str) -> str:
@@ -128,7 +134,8 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels=labels),
         spec=k.V1PodSpec(containers=[container], init_containers=init_containers, volumes=volumes,
-                         restart_policy="Never", service_account_name=k8s.service_account),
+                         restart_policy="Never", service_account_name=k8s.service_account,
+                         priority_class_name=k8s.priority_class_name),
     )
     rendered = k.ApiClient().sanitize_for_serialization(template)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": rendered}}
@@ -137,7 +144,8 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "PyTorchJob",
-        "metadata": {"name": job_name(cfg, run_id), "namespace": cfg.cluster.namespace, "labels": labels},
+        "metadata": {"name": job_name(cfg, run_id), "namespace": cfg.cluster.namespace,
+                     "labels": {**labels, **({KUEUE_QUEUE: k8s.kueue_queue} if k8s.kueue_queue else {})}},
         "spec": {
             # Retries are Airflow's (they resume from the latest checkpoint); the job itself never restarts.
             "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0},
@@ -174,13 +182,27 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
 
 
 class KubernetesJob(Job):
-    def __init__(self, launcher: KubernetesLauncher, name: str, namespace: str) -> None:
+    def __init__(self, launcher: KubernetesLauncher, name: str, namespace: str, *, logs: bool = True) -> None:
         self.launcher, self.name, self.namespace = launcher, name, namespace
         self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[{name}] ")
         self._done = threading.Event()
         self._stopped = False
-        self._logs = threading.Thread(target=self._stream_master_log, name=f"log-{name}", daemon=True)
-        self._logs.start()
+        self._preempted = False
+        self._logs: threading.Thread | None = None
+        if logs:  # the master's log carries the relayed status too
+            self._logs = threading.Thread(target=self._stream_master_log, name=f"log-{name}", daemon=True)
+            self._logs.start()
+
+    def handle(self) -> dict[str, str]:
+        return {"name": self.name, "namespace": self.namespace}
+
+    def preempted(self) -> bool:
+        return self._preempted
+
+    def close(self) -> None:
+        self._done.set()
+        if self._logs is not None:
+            self._logs.join(timeout=10)
 
     def status(self) -> Status | None:
         return self.sink.status
@@ -206,7 +228,10 @@ class KubernetesJob(Job):
         if "Succeeded" in conditions:
             return 0
         if "Failed" in conditions:
-            log.error("PyTorchJob %s failed: %s", self.name, conditions["Failed"].get("message"))
+            failed = conditions["Failed"]
+            why = f"{failed.get('reason') or ''} {failed.get('message') or ''}"
+            self._preempted = any(word in why for word in _PREEMPTED_REASONS)
+            log.error("PyTorchJob %s failed: %s", self.name, why.strip())
             return 1
         return None
 
@@ -217,8 +242,7 @@ class KubernetesJob(Job):
         try:
             self.launcher.delete(self.name, self.namespace)
         finally:
-            self._done.set()
-            self._logs.join(timeout=10)
+            self.close()
 
 
 class KubernetesLauncher(Launcher):
@@ -285,6 +309,11 @@ class KubernetesLauncher(Launcher):
                 raise RetrainerError(f"PyTorchJob {name}: {len(pods.items)} pod(s) still present "
                                      f"{self.section.cancel_timeout_s:.0f}s after delete")
             time.sleep(2.0)
+
+    detachable = True
+
+    def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
+        return KubernetesJob(self, handle["name"], handle["namespace"], logs=output)
 
     def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:
         name = job_name(cfg, run.run_id)

@@ -25,7 +25,9 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tasks.config import JobConfig, SlurmConfig
 from tasks.errors import RetrainerError
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+# Ends the cluster caused: the job is not at fault and resumes from its checkpoint when started again. A
+# CANCELLED job we did not cancel stands for preemption too (an admin's scancel, a preemptor with GraceTime).
+PREEMPTED = {"PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
@@ -71,6 +76,10 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
     ]
     if cfg.cluster.partition:
         lines.append(f"#SBATCH --partition={cfg.cluster.partition}")
+    if slurm.qos:
+        lines.append(f"#SBATCH --qos={slurm.qos}")
+    if slurm.job_priority:
+        lines.append(f"#SBATCH --priority={max(cfg.schedule.priority, 0)}")
     if slurm.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={slurm.gpus_per_node}")
     lines += [f"#SBATCH {arg}" for arg in slurm.sbatch_args]
@@ -97,12 +106,25 @@ class SlurmJob(Job):
     """One submitted allocation; its status file is on the output dir (Slurm needs it shared: the job's
     output file is there too)."""
 
-    def __init__(self, launcher: SlurmLauncher, job_id: str, output: Path, status_path: Path) -> None:
+    def __init__(self, launcher: SlurmLauncher, job_id: str, output: Path, status_path: Path, *,
+                 tail: bool = True) -> None:
         self.launcher, self.job_id, self.status_path = launcher, job_id, status_path
         self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[slurm {job_id}] ")
-        self.tail = FileTail(output, self.sink)
+        self.tail = FileTail(output, self.sink) if tail else None
         self._stopped = False
         self._rc: int | None = None
+        self._state: str | None = None  # the state it ended in
+
+    def handle(self) -> dict[str, str]:
+        return {"job_id": self.job_id}
+
+    def preempted(self) -> bool:
+        """Seen ending PREEMPTED, NODE_FAIL, or CANCELLED by someone else (by poll(), before any stop of ours)."""
+        return self._state in PREEMPTED
+
+    def close(self) -> None:
+        if self.tail is not None:
+            self.tail.stop()
 
     def status(self) -> Status | None:
         return read_status(self.status_path)
@@ -113,7 +135,7 @@ class SlurmJob(Job):
         state, rc = self.launcher.state(self.job_id)
         if state not in ENDED and state != "GONE":
             return None
-        self._rc = 0 if state == "COMPLETED" else (rc or 1)
+        self._state, self._rc = state, 0 if state == "COMPLETED" else (rc or 1)
         log.info("slurm job %s ended: %s (exit %s)", self.job_id, state, self._rc)
         return self._rc
 
@@ -124,7 +146,7 @@ class SlurmJob(Job):
         try:
             self.launcher.cancel(self.job_id)
         finally:
-            self.tail.stop()
+            self.close()
 
 
 class SlurmLauncher(Launcher):
@@ -180,6 +202,13 @@ class SlurmLauncher(Launcher):
             log.warning("slurm: job %s (%s) of this run is still alive from an earlier attempt: cancelling it "
                         "before launching", job_id, name)
             self.cancel(job_id)
+
+    detachable = True
+
+    def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
+        out = Path(handle["output_dir"])
+        return SlurmJob(self, handle["job_id"], out / f"slurm-{handle['job_id']}.out", out / STATUS_FILE,
+                        tail=output)
 
     def node_reports(self, cfg: JobConfig) -> list[dict[str, object]]:
         from tasks.warm.node import REPORT_DIR, describe

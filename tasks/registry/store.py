@@ -6,6 +6,7 @@ Layout under the root:
   whose bytes hash to the digest (`tasks.registry.tree`). The manifest is the commit marker: a
   reader that finds it finds every file; without it the tree is not there.
 - `tmp/<32 hex>`: uploads and staging areas in progress.
+- `eval-cache/`: evaluation numbers of versions (tasks/evaluate/cache.py).
 Digests are the only user-influenced part of a store path, besides a tree's own file paths,
 which the manifest rules keep inside the tree. Uploads of single files go to a temporary key
 and are then moved into place. Every download is hashed while streaming and refused on
@@ -18,6 +19,10 @@ checks that every listed file is there with its size, then moves the staging are
 content address: one rename on a local disk, server-side copies on S3, the manifest last.
 The commit does not re-read the bytes (hundreds of GB): the writers hashed while writing,
 and every download verifies them.
+
+`contents()` lists the store as housekeeping deletes it (tasks/gc.py), one object at a time: a single
+file, a tree (its manifest first: a tree without it is not there, never a tree missing some files), or
+a staging area.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import re
 import shutil
 import uuid
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -45,6 +51,7 @@ from tasks.fsutil import (
     fresh_dir,
     fsync_dir,
     fsync_tree,
+    modified_at,
     sha256_bytes,
     sha256_file,
 )
@@ -97,6 +104,21 @@ def local_tree_manifest(root: str | os.PathLike[str]) -> TreeManifest:
     """The tree manifest of a local directory (what `put_tree` would commit), reading every file once."""
     return TreeManifest.of(TreeFile(path=rel, size=src.stat().st_size, sha256=sha256_file(src))
                            for rel, src in _local_files(Path(root)))
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of the store as housekeeping sees it: what it is, where, how big, when last written."""
+
+    kind: Literal["file", "tree", "staging"]
+    name: str  # the digest of a file or tree (as named in the store), a staging area's name
+    path: str  # its store path (`ArtifactStore.fs`), a file or a folder
+    size: int
+    modified: float | None  # the newest write inside (a committed tree's: its manifest, written at commit)
+    committed: bool = True  # a tree whose manifest is there
+
+
+_AREAS: dict[str, Literal["file", "tree", "staging"]] = {FILES_DIR: "file", TREES_DIR: "tree", TMP_DIR: "staging"}
 
 
 class ArtifactStore:
@@ -154,6 +176,40 @@ class ArtifactStore:
 
     def exists(self, digest: str) -> bool:
         return bool(self.fs.exists(self.path_for(digest)))
+
+    # -- housekeeping -----------------------------------------------------------
+    def contents(self) -> list[StoredObject]:
+        """Every single file, tree and staging area in the store, one listing per area (paginated on S3)."""
+        out = []
+        for area, kind in _AREAS.items():
+            base = f"{self.root}/{area}"
+            if not self.local:
+                self.fs.invalidate_cache(base)
+            depth = 1 if kind == "staging" else 2  # tmp/<name>, sha256/<2 hex>/<digest>, trees/<2 hex>/<digest>/
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for path, info in self.fs.find(base, detail=True).items():
+                rel = path[len(base) + 1:].split("/")
+                groups.setdefault("/".join(rel[:depth]), []).append({**info, "rel": "/".join(rel[depth:])})
+            if kind == "staging" and self.local:  # a staging area nobody wrote into yet is an empty folder
+                with contextlib.suppress(FileNotFoundError):
+                    for entry in self.fs.ls(base, detail=True):
+                        groups.setdefault(entry["name"].rsplit("/", 1)[-1], [{**entry, "size": 0, "rel": ""}])
+            for unit, files in sorted(groups.items()):
+                times = [t for t in (modified_at(f) for f in files) if t is not None]
+                out.append(StoredObject(
+                    kind=kind, name=unit.rsplit("/", 1)[-1], path=f"{base}/{unit}", size=sum(f["size"] for f in files),
+                    modified=max(times) if len(times) == len(files) else None,
+                    committed=kind != "tree" or any(f["rel"] == MANIFEST_NAME for f in files)))
+        return out
+
+    def remove(self, obj: StoredObject) -> None:
+        """Delete one object whole (housekeeping, of objects no version references). A committed tree loses its
+        manifest first: from that moment it is not there for any reader, whatever a crash leaves of the rest."""
+        if obj.kind == "tree" and obj.committed:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(f"{obj.path}/{MANIFEST_NAME}")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(obj.path, recursive=True)
 
     # -- single files: writing ------------------------------------------------
     def put(self, local_path: str | os.PathLike[str], *, verify_existing: bool = True) -> ArtifactRef:

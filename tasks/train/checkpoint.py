@@ -20,9 +20,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
@@ -37,6 +34,11 @@ _TAG = re.compile(r"^step-(\d{6,})$")
 
 def ckpt_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "ckpt"
+
+
+def is_tag(name: str) -> bool:
+    """Whether `name` is a committed checkpoint's directory name (`step-NNNNNN`)."""
+    return bool(_TAG.match(name))
 
 
 def tag_for(step: int) -> str:
@@ -127,6 +129,9 @@ def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_siz
 
 
 def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -134,6 +139,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -149,6 +157,8 @@ def save_rank_state(directory: Path, rank: int, data_position: dict[str, int], e
     """One rank's RNG states + data position (torch.save to bytes, then an atomic write)."""
     import io
 
+    import torch
+
     buf = io.BytesIO()
     torch.save({"rng": rng_state(), "data_position": data_position, **extra}, buf)
     atomic_write_bytes(rank_file(directory, rank), buf.getvalue())
@@ -158,6 +168,8 @@ def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:
     path = rank_file(directory, rank)
     if not path.is_file():
         raise InvalidInputError(f"{path}: missing per-rank state (was the checkpoint written with this layout?)")
+    import torch
+
     return torch.load(path, weights_only=False)
 
 

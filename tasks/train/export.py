@@ -30,10 +30,9 @@ from tasks.models import get_family
 from tasks.models.export import DTYPES, shard_name
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
+from tasks.run import EXPORT_DIR
 
 log = logging.getLogger(__name__)
-
-EXPORT_DIR = "export"
 
 
 def reports_dir(output_dir: str | Path, tag: str) -> Path:

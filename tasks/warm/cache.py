@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import RetrainerError
+from tasks.fsutil import dir_bytes
 
 log = logging.getLogger("tasks.warm")
 
@@ -168,25 +169,6 @@ def sibling_dataset_dir(dataset_dir: str | os.PathLike[str], manifest_hash: str)
     primary's directory (whichever node's it is)."""
     layout = CacheLayout(Path(dataset_dir).parent.parent)
     return layout.dataset_dir(layout.dataset_id(manifest_hash))
-
-
-def dir_bytes(path: Path) -> int:
-    """Apparent size of all files under path (0 if missing)."""
-    total = 0
-    stack = [path]
-    while stack:
-        p = stack.pop()
-        try:
-            entries = list(os.scandir(p))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                stack.append(Path(e.path))
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    total += e.stat(follow_symlinks=False).st_size
-    return total
 
 
 def try_evict(layout: CacheLayout, dsid: str) -> bool:

@@ -2,7 +2,8 @@
 
 The registry page sits behind Airflow's authentication, so the browser gets the same
 `_token` cookie the Airflow UI sets after login, then loads the page and captures a PNG.
-Also a tiny PNG decoder (zlib + filters) to check that the screenshot is not blank.
+Also a tiny PNG decoder (zlib + filters) to check that the screenshot is not blank, and
+`section` to read one titled part of a registry page's HTML.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -146,3 +148,10 @@ def pixel_stats(png: bytes) -> tuple[int, float]:
             n += 1
     mean = total / n
     return len(colours), total_sq / n - mean * mean
+
+
+def section(page_html: str, ident: str) -> str:
+    """The inside of a registry page's `<section id='ident'>` (its parts: aliases, versions, overlay, ...)."""
+    match = re.search(rf"<section id='{ident}'>(.*?)</section>", page_html, re.S)
+    assert match, f"no section {ident!r} in the page"
+    return match.group(1)

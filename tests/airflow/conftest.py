@@ -1,8 +1,13 @@
-"""Fixtures for the issue-8 Airflow tests: one real `airflow standalone` for the module that needs it.
+"""Fixtures for the Airflow tests: one real `airflow standalone` for the module that needs it.
 
-The standalone gets its own AIRFLOW_HOME, RETRAINER_HOME and config folder (a shrunk copy
-of the demo config, no schedule), its own port, parallelism 4, a fast DAG-folder refresh,
-and is started in its own session so the whole process group is stopped at the end.
+The standalone is started as the README tells a user to (`README_AIRFLOW_COMMANDS`, run through the
+venv's `retrainer airflow` wrapper; tests/airflow/test_airflow_cmd.py checks they are the README's lines),
+in an environment stripped of every AIRFLOW_*/RETRAINER_* variable and of the venv's bin on PATH, so
+whatever the wrapper fails to set fails every standalone test. On top it gets only settings the README
+names (its own AIRFLOW_HOME, RETRAINER_HOME, config folder with a shrunk copy of the demo config, and
+a free AIRFLOW__API__PORT, without the base URL) and harness tuning the instructions do not depend on
+(a fast DAG-folder refresh, one API worker, one OpenMP thread, this checkout first on PYTHONPATH). It is
+started in its own session so the whole process group is stopped at the end.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +31,19 @@ import yaml
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+RETRAINER = str(Path(sys.executable).with_name("retrainer"))  # the venv's console script
+
+# The README's "Under Airflow" commands after `retrainer`, in its order; the last one keeps running.
+README_AIRFLOW_COMMANDS = [
+    ["airflow", "db", "migrate"],
+    ["airflow", "pools", "set", "training-local", "8", "GPU slots on this machine", "--include-deferred"],
+    ["airflow", "standalone"],
+]
 
 
-def write_test_config(home: Path, update: dict[str, Any] | None = None) -> Path:
+def write_test_config(home: Path, mutate: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss.
-    `update`: sections a test module changes (each merged into the section, or set when new)."""
+    `mutate` changes the document further (a test module's own settings) before it is written."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["schedule"] = None  # runs only when the test triggers them
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
@@ -41,11 +53,8 @@ def write_test_config(home: Path, update: dict[str, Any] | None = None) -> Path:
     cfg["cluster"]["master_port"] = free_port()
     cfg["evaluate"].update(batches=2, batch_size=4)
     cfg["publish"].update(registry_url=f"sqlite:///{home / 'registry.db'}", store_url=str(home / "store" / "models"))
-    for section, values in (update or {}).items():
-        if isinstance(values, dict) and isinstance(cfg.get(section), dict):
-            cfg[section].update(values)
-        else:
-            cfg[section] = values
+    if mutate is not None:
+        mutate(cfg)
     config_dir = home / "configs"
     config_dir.mkdir(parents=True)
     path = config_dir / "tiny-llama.yaml"
@@ -63,6 +72,20 @@ class Standalone:
     config_path: Path
     log_path: Path
     token: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    dag_ids: tuple[str, ...] = ()
+
+    def start(self) -> None:
+        """Start every component (again, after `stop`: same home, database, port and token)."""
+        with self.log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen([RETRAINER, *README_AIRFLOW_COMMANDS[-1]], env=self.env, cwd=self.home,
+                                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        self.token = ""  # a fresh one from the new API server
+        _wait_ready(self, list(self.dag_ids))
+
+    def stop(self) -> None:
+        """Stop the scheduler, triggerer, workers, DAG processor and API server (the whole process group)."""
+        _stop_group(self.proc)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -140,56 +163,78 @@ def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> Non
 
 
 @pytest.fixture(scope="module")
-def standalone_config() -> dict[str, Any]:
-    """Config sections a test module changes for its standalone (override this fixture there); none here."""
-    return {}
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    with run_standalone(tmp_path_factory) as sa:
+        yield sa
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory, standalone_config: dict[str, Any]) -> Iterator[Standalone]:
+@contextlib.contextmanager
+def run_standalone(tmp_path_factory: pytest.TempPathFactory,
+                   mutate: Callable[[dict[str, Any]], None] | None = None,
+                   dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
+    """A started standalone on the test config (changed by `mutate`) and its data, stopped on exit (once the
+    DAGs `dag_ids` are parsed)."""
     from tasks.data import make_data
-    from tasks.registry import upgrade
 
     home = tmp_path_factory.mktemp("standalone")
-    config_path = write_test_config(home, standalone_config)
-    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
+    config_path = write_test_config(home, mutate)
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
+    # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
+    with running_standalone(home, config_path, dag_ids=dag_ids) as sa:
+        yield sa
+
+
+@contextlib.contextmanager
+def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int] | None = None,
+                       extra_env: dict[str, str] | None = None,
+                       dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
+    """A real `airflow standalone` for the job configs in `config_path`'s folder, started by the README's lines
+    (registry: the home's SQLite database, migrated as a deployment's `retrainer db upgrade` does; `pools`
+    instead of the README's pool, created the same way); stopped, whole process group, on exit."""
+    from tasks.registry import upgrade
+
+    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
     port = free_port()
     env = {
-        **os.environ,
+        **_bare_environment(),
+        # What the README names for a user to set:
         "AIRFLOW_HOME": str(home / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__PORT": str(port),  # and not AIRFLOW__API__BASE_URL: the wrapper derives it
         "RETRAINER_CONFIG_DIR": str(config_path.parent),
         "RETRAINER_HOME": str(home / "retrainer"),
+        # Harness tuning for 2 busy cores:
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__API__WORKERS": "1",
         "OMP_NUM_THREADS": "1",
-        # standalone starts its components as `airflow ...` from PATH: this venv's.
-        "PATH": os.pathsep.join((str(Path(AIRFLOW).parent), os.environ.get("PATH", ""))),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        **(extra_env or {}),
     }
-    env.pop("RETRAINER_DB_URL", None)
-    log_path = home / "standalone.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen([AIRFLOW, "standalone"], env=env, cwd=home, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    sa = Standalone(proc=proc, base_url=f"http://127.0.0.1:{port}", home=home, config_path=config_path,
-                    log_path=log_path)
+    sa = Standalone(proc=None, base_url=f"http://127.0.0.1:{port}", home=home,  # type: ignore[arg-type]
+                    config_path=config_path, log_path=home / "standalone.log", env=env, dag_ids=dag_ids)
+    migrate, readme_pool, _ = README_AIRFLOW_COMMANDS
+    # The README's pool line; another module's pools in the same form (a deferred training holds its GPUs).
+    pool_lines = [readme_pool] if pools is None else [
+        [*readme_pool[:3], name, str(slots), *readme_pool[5:]] for name, slots in pools.items()]
+    for command in (migrate, *pool_lines):
+        done = subprocess.run([RETRAINER, *command], env=env, cwd=home, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, f"retrainer {' '.join(command)}:\n{done.stdout}\n{done.stderr}"
     try:
-        deploys = ["deploy_tiny-llama"] if standalone_config.get("deploy", {}).get("enabled") else []
-        _wait_ready(sa, ["retrain_tiny-llama", "rollback_model", *deploys])
-        # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
-        subprocess.run([AIRFLOW, "pools", "set", "training-local", "8", "GPU slots on this machine"],
-                       env=env, check=True, capture_output=True, timeout=120)
+        sa.start()
         yield sa
     finally:
-        _stop_group(proc)
+        if sa.proc is not None:
+            _stop_group(sa.proc)
+
+
+def _bare_environment() -> dict[str, str]:
+    """This process's environment without anything the README's instructions must provide themselves: no
+    AIRFLOW_*/RETRAINER_* variable (this test session sets several) and not the venv's bin on PATH."""
+    venv_bin = Path(sys.executable).parent.resolve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RETRAINER"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p).resolve() != venv_bin)
+    return env
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

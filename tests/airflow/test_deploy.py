@@ -10,12 +10,13 @@ reason, and the rollback's own event deploys v1 again.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.airflow.conftest import Standalone
+from tests.airflow.conftest import Standalone, run_standalone
 
 RETRAIN, DEPLOY = "retrain_tiny-llama", "deploy_tiny-llama"
 MODEL, ALIAS = "tiny-llama", "production"
@@ -23,9 +24,14 @@ MODEL, ALIAS = "tiny-llama", "production"
 pytestmark = pytest.mark.multiproc
 
 
+def _deploys(cfg: dict[str, Any]) -> None:
+    cfg["deploy"] = {"enabled": True, "entry_point": "tests.hooks.deploy:record"}
+
+
 @pytest.fixture(scope="module")
-def standalone_config() -> dict[str, Any]:
-    return {"deploy": {"enabled": True, "entry_point": "tests.hooks.deploy:record"}}
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    with run_standalone(tmp_path_factory, _deploys, dag_ids=(RETRAIN, DEPLOY)) as sa:
+        yield sa
 
 
 def _cfg(sa: Standalone):

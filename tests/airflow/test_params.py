@@ -1,5 +1,7 @@
 """The manual-run form of the retrain and rollback DAGs: bad values are refused before anything runs,
-with the offending field named (the REST side of this is in test_standalone.py)."""
+with the offending field named; a conf key that is no param, or a layout the plan refuses, fails the
+run in its first task with the reason as the run's note (the REST side of this is in test_standalone.py
+and test_ux.py)."""
 
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def test_rollback_form_only_offers_known_models(rollback_dag) -> None:
 
     assert rollback_dag.params.get_param("model").schema["enum"] == ["tiny-llama"]
     for conf, field in (({"model": "nope"}, "model"), ({"to_version": 0}, "to_version"),
-                        ({"reason": ""}, "reason")):
+                        ({"reason": ""}, "reason"), ({"alias": "prod/blue"}, "alias")):
         with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
             validate(rollback_dag, conf)
 
@@ -88,3 +90,37 @@ def test_dag_test_refuses_a_bad_run_conf_before_running_anything(retrain_dag, ai
         warnings.simplefilter("ignore")
         with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
             retrain_dag.test(run_conf=conf)
+
+
+def _failed_run(dag, conf: dict) -> tuple[dict[str, str], str]:
+    """Run the DAG through dag.test(): its task states and the run's note, as the UI shows them."""
+    from tests.dags.test_lifecycle_e2e import run_dag, run_note, run_state
+
+    dag_run = run_dag(dag, conf)
+    return {t: run_state(dag_run, t) for t in dag.task_ids}, run_note(dag_run)
+
+
+@pytest.mark.parametrize(("which", "conf", "first"), [("retrain", {"stpes": 10}, "plan"),
+                                                      ("rollback", {"modle": "tiny-llama"}, "rollback")])
+def test_an_unknown_conf_key_fails_the_first_task_naming_it(request: pytest.FixtureRequest, airflow_db: str,
+                                                            which: str, conf: dict, first: str) -> None:
+    """What the REST trigger refuses, a run started another way (here dag.test) stops at its first task."""
+    dag = request.getfixturevalue(f"{which}_dag")
+    states, note = _failed_run(dag, conf)
+    assert states[first] == "failed" and all(s in ("upstream_failed", None) for t, s in states.items()
+                                             if t != first), states
+    key = next(iter(conf))
+    assert note.startswith(f"{first}: unknown conf key '{key}': not a param of this DAG"), note
+    assert all(name in note for name in dag.params), note  # and what it could have meant
+
+
+def test_a_layout_the_plan_refuses_is_the_runs_note(retrain_dag, airflow_db: str) -> None:
+    """tp=3 passes the form (1..64) but the model's 2 heads do not divide by it: the plan's own message."""
+    from tasks import lifecycle
+    from tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        lifecycle.from_snapshot(lifecycle.snapshot(ROOT / "configs" / "tiny-llama.yaml", {"parallel.tp": 3}))
+    states, note = _failed_run(retrain_dag, {"tp": 3})
+    assert states["plan"] == "failed" and states["train"] == "upstream_failed", states
+    assert note == f"plan: {refused.value}" and "parallel.tp (3) must divide model.n_heads" in note

@@ -1,20 +1,26 @@
 """The registry page inside Airflow's own API app (in-process, real auth manager, real registry DBs).
 
-Fast checks the standalone test does not make: hostile names are escaped, the loss curve
-comes from the version's metrics or from the run's summary.json, an unreadable registry is
-reported (password hidden), and the rollback button refuses cross-site cookie posts.
+Fast checks the standalone test does not make: two weeks of retraining and a rollback recorded by the
+real gate, publish and rollback code, then what the page shows of them (the metrics table, the live
+version's curve, the overlay, candidate vs live, links to the runs and parents); hostile names are
+escaped, the loss curve comes from the version's metrics or from the run's summary.json, an unreadable
+registry is reported (password hidden), and the rollback button refuses cross-site cookie posts.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import warnings
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 import yaml
 
+from tests.airflow.browser import section
 from tests.airflow.conftest import ROOT
 
 HOSTILE = "<script>alert('x')</script>"
@@ -46,14 +52,17 @@ def _publish(registry_url: str, tmp_path: Path, model: str, n: int, metrics_for)
             replay = [{"url": f"s3://b/{HOSTILE}", "manifest_hash": "a" * 64, "weight": 0.05}] if i == 2 else []
             lineage = Lineage(config_hash=f"{i:064x}", data_manifest_hash="d" * 64, code_revision="rev",
                               checkpoint_tag=f"step-{i:06d}", data_replay=replay)
-            reg.publish_version(model, store.put(blob), lineage, metrics_for(i), created_by=HOSTILE)
+            reg.publish_version(model, store.put(blob), lineage, metrics_for(i),
+                                created_by=HOSTILE if i == 1 else f"airflow retrain_m/{HOSTILE}")
             reg.switch_alias(model, "production", i, actor=HOSTILE, reason=f"because {HOSTILE}", action="publish")
 
 
-def _config(tmp_path: Path, model: str, registry_url: str) -> Path:
+def _config(tmp_path: Path, model: str, registry_url: str, **sections: dict[str, Any]) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["publish"].update(model_name=model, registry_url=registry_url)
     cfg["train"]["output_dir"] = str(tmp_path / "runs")
+    for name, values in sections.items():
+        cfg[name].update(values)
     folder = tmp_path / "configs"
     folder.mkdir()
     (folder / "job.yaml").write_text(yaml.safe_dump(cfg))
@@ -96,8 +105,16 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     assert v2.status_code == 200 and HOSTILE not in v2.text
     assert "data_replay" in v2.text and "manifest <code>aaaaaaaaaaaa</code>, weight 0.05" in v2.text
     # Each suite metric, and each gate rule's result as it was recorded with the version.
-    assert "frozen.loss: 2.125" in v2.text and "gate pass: evaluate.gate.rules[0] &lt;script&gt;" in v2.text
-    assert "gate FAIL: evaluate.gate.rules[1] (new.loss min)" in v2.text
+    assert "<td>frozen.loss</td><td class='num'>2.125</td>" in section(v2.text, "metrics")
+    gate_rows = section(v2.text, "gate")
+    assert "<span class='pass'>pass</span>" in gate_rows and "evaluate.gate.rules[0] &lt;script&gt;" in gate_rows
+    assert "<span class='fail'>FAIL</span>" in gate_rows and "evaluate.gate.rules[1] (new.loss min)" in gate_rows
+    # A run id in an actor, and one in the page's own query, are quoted in links and escaped in text.
+    hostile_run = f"href='/dags/retrain_m/runs/{quote(HOSTILE, safe='')}' target='_top'"
+    assert hostile_run in page.text and f"airflow retrain_m/{HOSTILE}" not in page.text
+    after = client.get(f"/retrainer/models/{ref}", params={"triggered": HOSTILE}, headers=auth)
+    assert after.status_code == 200 and HOSTILE not in after.text
+    assert f"/dags/rollback_model/runs/{quote(HOSTILE, safe='')}" in after.text
 
 
 def test_loss_curve_falls_back_to_the_runs_summary(
@@ -143,3 +160,140 @@ def test_rollback_button_refuses_cross_site_cookie_posts_and_unknown_models(
         assert unknown.status_code == 404 and "unknown" in unknown.text
     finally:
         client.cookies.clear()
+
+
+RETRAIN_RUNS = {1: "manual__2025-01-06T00:00:00+00:00", 2: "asset_triggered__2025-01-13T00:00:00.5+00:00"}
+ROLLBACK_RUN = "manual__2025-01-14T09:30:00+00:00"
+GATE_RULES = [{"metric": "heldout.loss", "tolerance": 0.05},
+              {"metric": "heldout.perplexity", "against": "absolute", "threshold": 500.0}]
+
+
+def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: float | None) -> dict[str, Any]:
+    """One retrain run as the DAG records it, minus the training and scoring: a committed checkpoint of the
+    run (starting from the live version), the evaluate stage's output shape (the live model scored in the
+    same evaluation), then the real gate and the real publish with the DAG's actor."""
+    from tasks import lifecycle
+    from tasks.registry import Registry
+    from tasks.run import StartingWeights, identity, scratch
+    from tests.checkpoints import commit_reference, reference_state
+
+    with Registry(cfg.publish.registry_url) as reg:
+        live = reg.live_version(cfg.publish.model_name, cfg.publish.alias)
+    init = scratch(cfg) if live is None else StartingWeights(
+        requested="live", version=live.version, digest=live.artifact_digest, url=live.artifact_url,
+        note=f"v{live.version}", trained_on=live.data_manifest_hash, kind=live.artifact_kind)
+    run = identity(cfg, f"{week:064x}", init)
+    steps = len(losses)
+    ckpt = commit_reference(cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))}), run,
+                            reference_state(cfg.model, week), steps)
+    scores = {"heldout.loss": heldout, "heldout.perplexity": math.exp(heldout), "heldout.tokens": 4096}
+    metrics = {
+        "metrics": scores, "suite_hash": f"{week:064x}", "loss": heldout, "perplexity": math.exp(heldout),
+        "tokens": 4096, "batches": 8, "batch_size": 8, "checkpoint_dir": str(ckpt), "checkpoint_tag": ckpt.name,
+        "step": steps, "experiment_key": run.experiment_key,
+        "suites": [{"name": "heldout", "source_url": run.data_url, "manifest": "manifest.json", "split": "heldout",
+                    "manifest_hash": run.data_manifest_hash}],
+        "live": None if live is None else {"version": live.version, "cached": False, "metrics": {
+            "heldout.loss": live_heldout, "heldout.perplexity": math.exp(live_heldout), "heldout.tokens": 4096}},
+    }
+    decision = lifecycle.stage_gate(cfg, run, metrics, {})
+    assert decision["publish"], decision
+    summary = {"checkpoint_dir": str(ckpt), "losses": losses}
+    return lifecycle.stage_publish(cfg, run, summary, metrics, gate=decision,
+                                   actor=f"airflow retrain_{cfg.name}/{RETRAIN_RUNS[week]}", reason="retrain")
+
+
+def _run_href(dag_id: str, run_id: str) -> str:
+    return f"href='/dags/{dag_id}/runs/{quote(run_id, safe='')}' target='_top'"
+
+
+def test_two_weeks_and_a_rollback_as_the_page_shows_them(
+    airflow_app, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Week 1 publishes v1, week 2 v2 from v1 (both through the real gate and publish), an operator's
+    rollback_model run moves production back to v1. The page shows each version's numbers and gate
+    verdicts, v1's curve as the live one (not the newest's), both curves overlaid, v2 beside v1 with the
+    live numbers of v2's own evaluation, and links to the runs that made them and to the parent."""
+    from tasks import lifecycle
+    from tasks.config import load_config
+    from tasks.registry import upgrade
+
+    client, token = airflow_app
+    monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    folder = _config(tmp_path, "tiny-llama", sqlite_url, evaluate={"gate": {"rules": GATE_RULES}},
+                     data={"cache_dir": str(tmp_path / "cache")},
+                     publish={"store_url": str(tmp_path / "store"), "export_dtype": "fp32"})
+    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(folder))
+    cfg = load_config(folder / "job.yaml")
+    upgrade(sqlite_url)
+    curves = {1: [6.0, 5.0, 4.5, 4.25], 2: [4.4, 3.9, 3.7, 3.5]}
+    assert _retrain(cfg, 1, curves[1], heldout=4.3, live_heldout=None)["version"] == 1
+    assert _retrain(cfg, 2, curves[2], heldout=3.6, live_heldout=4.0)["parent_version"] == 1
+    moved = lifecycle.stage_rollback(cfg, actor=f"airflow rollback_model/{ROLLBACK_RUN}", reason="prod regression")
+    assert (moved["from_version"], moved["to_version"]) == (2, 1)
+
+    auth = {"Authorization": f"Bearer {token}"}
+    page = client.get("/retrainer/models/tiny-llama", headers=auth)
+    assert page.status_code == 200
+    text = page.text
+
+    # The metrics table: one row per version, newest first, the numbers as recorded.
+    versions = section(text, "versions")
+    rows = re.findall(r"<tr( class='live')?>(.*?)</tr>", versions, re.S)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for _, row in rows]
+    assert [bool(live) for live, _ in rows] == [False, True]  # v1 is live again
+    v2, v1 = cells
+    assert v2[0].startswith("<a href='/retrainer/models/tiny-llama/versions/2'>v2</a>")
+    assert "rolled back from production" in v2[0] and "live: production" in v1[0]
+    assert v2[1] == "from <a href='/retrainer/models/tiny-llama/versions/1'>v1</a>" and v1[1] == "from scratch"
+    assert v2[2:6] == ["3.6", f"{math.exp(3.6):.4g}", "4,096", "4"] and v1[2:6] == ["4.3", "73.7", "4,096", "4"]
+    assert "<span class='pass'>pass</span>" in v2[6] and "heldout.loss 3.6 ≤ 4.2" in v2[6]  # 4.0 + 5%
+    assert "heldout.perplexity 36.6 ≤ 500" in v2[6] and "heldout.loss 4.3 (no live model)" in v1[6]
+    assert cfg.data.source_url in v2[7] and f"{2:064x}"[:12] in v2[7]
+    assert _run_href("retrain_tiny-llama", RETRAIN_RUNS[2]) in v2[8]
+    assert _run_href("retrain_tiny-llama", RETRAIN_RUNS[1]) in v1[8]
+
+    # The live version's curve is v1's, though v2 is newer; the overlay has both.
+    live_curve = section(text, "live-curve")
+    assert live_curve.count("<polyline") == 1
+    assert "v1 (live: production): loss 6 → 4.25 over 4 steps" in live_curve
+    overlay = section(text, "overlay")
+    assert overlay.count("<polyline") == 2 and overlay.count("<li>") == 2
+    assert "v1 (live: production): loss 6 → 4.25" in overlay and "v2: loss 4.4 → 3.5 over 4 steps" in overlay
+
+    # Candidate (the newest) beside live, the live numbers from the candidate's own evaluation.
+    side = section(text, "candidate")
+    assert "candidate v2" in side and "live v1" in side and "the same held-out windows" in side
+    assert re.search(r"<td>heldout.loss</td><td class='num'>3.6</td><td class='num'>4</td>"
+                     r"<td class='num'>−0.4 \(−10.0%\)</td>", side), side
+    assert "v2 was rolled back from production" in side and "prod regression" in side
+
+    # The pointer history names the runs that moved it, linked.
+    history = section(text, "history")
+    assert _run_href("rollback_model", ROLLBACK_RUN) in history
+    assert _run_href("retrain_tiny-llama", RETRAIN_RUNS[2]) in history
+
+    # After the page's "Roll back" the redirect lands here with the run: linked, and what it did.
+    after = client.get("/retrainer/models/tiny-llama", params={"triggered": ROLLBACK_RUN}, headers=auth)
+    banner = re.search(r"<p class='msg' id='triggered'>(.*?)</p>", after.text, re.S)
+    assert banner, after.text
+    assert _run_href("rollback_model", ROLLBACK_RUN) in banner.group(1)
+    assert "moved production from <a href='/retrainer/models/tiny-llama/versions/2'>v2</a> to" in banner.group(1)
+    assert "http-equiv='refresh'" not in after.text  # done: no reloading
+    # A run Airflow does not know (or the caller may not see): linked, nothing claimed, no reloading.
+    unknown = client.get("/retrainer/models/tiny-llama", params={"triggered": "manual__x"}, headers=auth)
+    assert "Triggered rollback_model run" in unknown.text and "http-equiv='refresh'" not in unknown.text
+
+    # The version page: the numbers, every gate rule in full, the live numbers of the same evaluation.
+    vpage = client.get("/retrainer/models/tiny-llama/versions/2", headers=auth).text
+    assert "rolled back from production" in vpage
+    assert _run_href("retrain_tiny-llama", RETRAIN_RUNS[2]) in vpage
+    gate = section(vpage, "gate")
+    assert gate.count("<span class='pass'>pass</span>") == 2
+    assert "evaluate.gate.rules[0] (heldout.loss min vs live, tolerance 0.05 relative)" in gate
+    assert "evaluate.gate.rules[1] (heldout.perplexity min, threshold 500)" in gate
+    metrics = section(vpage, "metrics")
+    assert "live v1 in the same evaluation" in metrics
+    assert re.search(r"<td>heldout.loss</td><td class='num'>3.6</td><td class='num'>4</td>", metrics)
+    assert "v2: loss 4.4 → 3.5 over 4 steps" in section(vpage, "curve")

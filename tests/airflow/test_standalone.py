@@ -6,15 +6,19 @@ event starts a retrain that warms and trains on exactly that snapshot, from v1 (
 the URL); `rollback_model` moves the alias back; the same snapshot announced again through
 `POST /api/v2/assets/events` is v2 again and the gate refuses to put the rolled-back version back.
 Then the plugin's registry page: refused without a token, lists the versions with one, its rollback
-button triggers `rollback_model`, and a headless Chromium screenshot of it is not blank. The tests
+button triggers `rollback_model` and the page it lands on follows that run until the alias moved, and a
+headless Chromium screenshot of it is not blank. The tests
 run in file order and share the one standalone.
 """
 
 from __future__ import annotations
 
+import time
+from urllib.parse import parse_qs, quote, urlsplit
+
 import pytest
 
-from tests.airflow.browser import chromium_binary, pixel_stats, screenshot
+from tests.airflow.browser import chromium_binary, pixel_stats, screenshot, section
 from tests.airflow.conftest import Standalone
 from tests.services import free_port, require
 
@@ -129,22 +133,41 @@ def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalon
         page = c.get(f"/retrainer/models/{MODEL}")
         assert page.status_code == 200
         for text in ("v1", "v2", "Pointer history", "rollback", "<polyline", "Roll back", "standalone test",
-                     "from <a", "rolled back from production"):
+                     "from <a", "rolled back from production", "candidate v2", "live v1"):
             assert text in page.text, text
+        assert "v1 (live: production)" in section(page.text, "live-curve")  # the live one, not the newest
+        assert section(page.text, "overlay").count("<polyline") == 2
+        # Each version links to the Airflow run that made it: a run Airflow knows.
+        for v in detail["versions"]:
+            run_id = v["created_by"].removeprefix(f"airflow {RETRAIN}/")
+            assert c.get(f"/api/v2/dags/{RETRAIN}/dagRuns/{run_id}").status_code == 200, v["created_by"]
+            assert f"href='/dags/{RETRAIN}/runs/{quote(run_id, safe='')}' target='_top'" in page.text
         version_page = c.get(f"/retrainer/models/{MODEL}/versions/2")
         assert version_page.status_code == 200 and "<polyline" in version_page.text
         assert c.get(f"/retrainer/models/{MODEL}/versions/99").status_code == 404
         assert c.get("/retrainer/models/no-such-model").status_code == 404
 
-        # The button: a form post to the plugin, which triggers rollback_model as the caller.
-        resp = c.post(f"/retrainer/models/{MODEL}/rollback",
+        # The button, as a browser posts it: triggers rollback_model as the caller, back to the page.
+        resp = c.post(f"/retrainer/models/{MODEL}/rollback", headers={"Accept": "text/html"},
                       data={"alias": ALIAS, "to_version": "2", "reason": "from the page"})
-        assert resp.status_code == 200, resp.text
-        triggered = resp.json()
-        assert triggered["dag_id"] == ROLLBACK and triggered["conf"]["model"] == MODEL
+        assert resp.status_code == 303, resp.text
+        run_id = parse_qs(urlsplit(resp.headers["location"]).query)["triggered"][0]
+        assert c.get(f"/api/v2/dags/{ROLLBACK}/dagRuns/{run_id}").json()["conf"]["to_version"] == 2
         bad = c.post(f"/retrainer/models/{MODEL}/rollback", data={"alias": ALIAS, "to_version": "x"})
         assert bad.status_code == 400 and "to_version" in bad.text
-    assert standalone.wait_run(ROLLBACK, triggered["dag_run_id"])["state"] == "success"
+        # The page it lands on links the run and reloads itself until the run has moved the alias.
+        deadline = time.monotonic() + 300
+        while True:
+            after = c.get(resp.headers["location"])
+            assert f"href='/dags/{ROLLBACK}/runs/{quote(run_id, safe='')}' target='_top'" in after.text
+            if "it moved production" in after.text or time.monotonic() > deadline:
+                break
+            assert "http-equiv='refresh'" in after.text, after.text  # pending: the page comes back by itself
+            time.sleep(1)
+    assert f"moved production from <a href='/retrainer/models/{MODEL}/versions/1'>v1</a> to" in after.text
+    assert "http-equiv='refresh'" not in after.text
+    assert f"<a href='/retrainer/models/{MODEL}/versions/2'>v2</a>" in section(after.text, "aliases")
+    assert standalone.wait_run(ROLLBACK, run_id)["state"] == "success"
     assert _registry(standalone).live_version(MODEL, ALIAS).version == 2
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,8 @@ def test_dagbag_imports_without_errors_or_deprecations(airflow_db: str) -> None:
 def test_retrain_dag_shape(airflow_db: str) -> None:
     dag = _dagbag().get_dag("retrain_tiny-llama")
     assert dag.max_active_runs == 1
-    order = ["plan", "new_data", "warm", "not_dry_run", "train", "evaluate", "gate", "publish"]
+    order = ["plan", "new_data", "warm", "not_dry_run", "train", "evaluate", "gate", "approval", "publish",
+             "housekeeping"]
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.get_task("train").retries >= 1
@@ -34,13 +36,71 @@ def test_retrain_dag_shape(airflow_db: str) -> None:
     train, evaluate = dag.get_task("train"), dag.get_task("evaluate")
     assert train.pool == evaluate.pool == "training-local" and train.pool_slots == evaluate.pool_slots == 2
     assert set(dag.params.keys()) >= {"steps", "tp", "pp", "dp", "alias", "dry_run", "force"}
+    # The approval step is Airflow's own (its REST endpoints answer it); timing out means Reject.
+    approval = dag.get_task("approval")
+    assert approval.options == ["Approve", "Reject"] and approval.defaults == ["Reject"]
+    assert list(approval.params.keys()) == ["comment"]  # the form a person fills is its own, not the run's
+    assert dag.deadline is None  # the demo config sets no train.deadline
+
+
+def test_train_deadline_becomes_the_retrain_dags_deadline_alert(airflow_db: str, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """The scheduler gets it through the serialized DAG: the alert's callback must survive that."""
+    import importlib.util
+    import sys
+
+    import yaml
+    from airflow.sdk import DeadlineReference
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    doc["train"]["deadline"] = "1d12h"
+    (tmp_path / "tiny-llama.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("retrainer_dagbag_deadline", ROOT / "dags" / "retrain.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    dag = module.__dict__["retrain_tiny-llama"]
+
+    [alert] = dag.deadline
+    assert alert.reference == DeadlineReference.DAGRUN_QUEUED_AT and alert.interval == timedelta(hours=36)
+    assert alert.callback.path == "tasks.alerts.deadline_missed"  # importable by the triggerer
+    assert alert.callback.kwargs == {"deadline": "1 day, 12:00:00"}
+    serialized = DagSerialization.to_dict(dag)
+    assert "tasks.alerts.deadline_missed" in str(serialized)
+
+
+def test_deadline_alert_names_the_run_and_the_limit() -> None:
+    import asyncio
+    import logging
+
+    from tasks.alerts import deadline_missed
+
+    context = {"dag_run": {"dag_id": "retrain_tiny-llama", "dag_run_id": "manual__1", "state": "running",
+                           "queued_at": "2026-03-01T02:00:00Z"},
+               "deadline": {"deadline_time": "2026-03-02T14:00:00Z"}}
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("tasks.alerts").addHandler(handler)
+    try:
+        asyncio.run(deadline_missed(deadline="1 day, 12:00:00", context=context))
+    finally:
+        logging.getLogger("tasks.alerts").removeHandler(handler)
+    [record] = records
+    assert record.levelno == logging.ERROR
+    assert record.getMessage() == (
+        "retrainer: retrain_tiny-llama run manual__1 missed its deadline: not done 1 day, 12:00:00 "
+        "(train.deadline) after it was queued at 2026-03-01T02:00:00Z (due 2026-03-02T14:00:00Z); state running")
 
 
 def test_dags_hold_no_business_logic() -> None:
-    """dags/ may only wire: it imports airflow.sdk and tasks, nothing that computes."""
+    """dags/ may only wire: it imports airflow.sdk, tasks and the plugins' Airflow glue (retrainer_airflow: the
+    rank-job operator and trigger), nothing that computes."""
     for path in (ROOT / "dags").glob("*.py"):
         for line in path.read_text().splitlines():
             if line.startswith(("import ", "from ")):
                 module = line.split()[1]
-                assert module.split(".")[0] in {"__future__", "airflow", "tasks", "logging", "os", "datetime",
-                                                "pathlib"}, f"{path.name}: {line}"
+                assert module.split(".")[0] in {"__future__", "airflow", "tasks", "retrainer_airflow", "logging", "os",
+                                                "datetime", "pathlib"}, f"{path.name}: {line}"

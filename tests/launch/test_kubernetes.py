@@ -192,3 +192,13 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
     words = shlex.split(pod_spec(job)["containers"][0]["command"][2])
     assert "tasks.evaluate.worker" in words and "tasks.train.worker" not in words
     assert job["metadata"]["name"] == "retrainer-tiny-test-fedcba987654"  # not the training job's name
+
+
+def test_priority_class_and_kueue_queue_reach_the_job(tmp_path: Path) -> None:
+    job = render(tmp_path, **{"cluster.kubernetes.priority_class_name": "retrain-high",
+                              "cluster.kubernetes.kueue_queue": "gpu-queue"})
+    validate_manifest(job)
+    assert all(pod_spec(job, r)["priorityClassName"] == "retrain-high" for r in ("Master", "Worker"))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    plain = render(tmp_path / "plain")
+    assert "priorityClassName" not in pod_spec(plain) and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]

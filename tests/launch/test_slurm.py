@@ -150,3 +150,38 @@ def test_evaluation_runs_as_a_slurm_job(slurm_cluster: SlurmCluster, tmp_path: P
     job_id = (script.parent / "slurm-job-id").read_text().strip()
     job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
     assert "JobState=COMPLETED" in job and job_processes(job_id) == []
+
+
+
+def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
+        slurm_cluster: SlurmCluster, tmp_path: Path, hooked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Airflow's triggerer does with a deferred task's job: submit returns at once with a JSON handle;
+    `follow` (a launcher of its own, as a re-created trigger has) waits for it and `collect` returns the
+    summary; a job still running at its deadline is cancelled on every node and fails naming the deadline."""
+    import asyncio
+    import time
+
+    from tasks.errors import TrainingFailedError
+    from tasks.launch import collect, follow
+    from tasks.run import for_dataset
+
+    hooked(HOOK_STEP_DELAY_S="1")
+    for name, value in slurm_cluster.env.items():  # the triggerer's environment reaches Slurm the same way
+        monkeypatch.setenv(name, value)
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.slurm.time_limit": "00:10:00",
+                                 "train.steps": 3}, out="slurm")
+    handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
+    outcome = asyncio.run(follow(cfg, handle))
+    assert outcome["rc"] == 0 and not outcome["preempted"], outcome
+    summary = collect(cfg, handle, outcome)
+    assert len(summary["losses"]) == 3 and summary["trained_steps"] == 3
+
+    slow = cfg.with_overrides({"train.steps": 60, "train.output_dir": str(tmp_path / "slow")})
+    handle = get_launcher(slow).submit(slow, dataset, run=for_dataset(slow, dataset))
+    wait_for_step(slow.train.output_dir, 1)
+    outcome = asyncio.run(follow(slow, handle, deadline=time.time()))
+    assert "timed_out" in outcome and job_processes(handle["job_id"]) == []
+    assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
+    with pytest.raises(TrainingFailedError, match=r"timed out .* deadline"):
+        collect(slow, handle, outcome)

@@ -105,6 +105,14 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
     assert "#SBATCH --job-name=retrainer-tiny-test-0123456789abcdef" in lines  # how a retry finds this run's job
     default = render_script(tiny_config(tmp_path), SlurmConfig(), tmp_path / "ds", tmp_path / "c.json", "0" * 16)
     assert "#SBATCH --time=24:00:00" in default and "--gpus-per-node" not in default  # CPU partitions ask none
+    assert "--qos" not in default and "--priority" not in default
+
+
+def test_slurm_script_carries_the_qos_and_with_job_priority_the_schedule_priority(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "schedule": {"cron": "@daily", "priority": 40},
+                                 "cluster.slurm": {"qos": "prod-retrain", "job_priority": True}})
+    lines = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json", "0" * 16).splitlines()
+    assert "#SBATCH --qos=prod-retrain" in lines and "#SBATCH --priority=40" in lines
 
 
 def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> None:

@@ -165,3 +165,28 @@ def test_sigkill_between_version_insert_and_switch(
     with Registry(pg_url) as reg:
         assert reg.live_version("tiny-llama", "production").version == 2
         assert [(h.from_version, h.to_version) for h in reg.history("tiny-llama")] == [(None, 1), (1, 2)]
+
+
+def test_a_rollback_while_a_candidate_awaits_approval_is_not_undone(
+    registry_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    """Week 3's candidate is judged against v2 and waits for a person; meanwhile an operator rolls production
+    back to v1. Approving the candidate must not move production off the operator's choice: it was never
+    compared with v1. A retry of a publish that did switch is no such case."""
+    from tasks.errors import LiveMovedError
+
+    upgrade(registry_url)
+    cfg = job_config(registry_url)
+    publish(cfg, make_checkpoint(tmp_path, cfg, "a", seed=1), METRICS)
+    publish(cfg, make_checkpoint(tmp_path, cfg, "b", seed=2), METRICS)
+    candidate = make_checkpoint(tmp_path, cfg, "c", seed=3)
+    with Registry(registry_url) as reg:
+        reg.rollback("tiny-llama", "production", actor="ops", reason="v2 answers in the wrong language")
+        with pytest.raises(LiveMovedError, match=r"production is v1 now; the gate compared this candidate with v2"):
+            publish(cfg, candidate, METRICS, judged_live=2)
+        assert reg.live_version("tiny-llama", "production").version == 1
+        assert [v.version for v in reg.list_versions("tiny-llama")] == [1, 2]  # nothing written
+        result = publish(cfg, candidate, METRICS, judged_live=1)  # judged again, against v1
+        assert result.switched and result.version == 3
+        again = publish(cfg, candidate, METRICS, judged_live=1)  # a retry after the switch: already live
+        assert again.version == 3 and not again.switched

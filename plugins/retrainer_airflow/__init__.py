@@ -1,0 +1,6 @@
+"""Airflow glue the triggerer must import: the rank-job operator and its trigger.
+
+They live under plugins/ because Airflow puts the plugins folder on every component's sys.path
+(the triggerer included), and a trigger is found by its import path. No business logic: the
+operator calls tasks.lifecycle, the trigger tasks.launch.
+"""

@@ -1,0 +1,68 @@
+"""`retrainer airflow ARGS...`: this venv's `airflow ARGS...` with the settings this project's DAGs need.
+
+Two things make a bare `.venv/bin/airflow standalone` fail: standalone starts its components as
+`airflow ...` looked up on PATH (not next to itself), and every task reaches the execution API at
+`AIRFLOW__API__BASE_URL` (default http://localhost:8080), so a changed `AIRFLOW__API__PORT` alone leaves
+every task unable to report. The wrapper puts this venv's bin first on PATH, derives the base URL from
+the port, points Airflow at the project's dags/ and plugins/, and fills the README's defaults; each
+setting applies only where the environment does not already set it. It execs the airflow binary:
+tasks/ never imports airflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sysconfig
+from pathlib import Path
+
+from tasks.errors import RetrainerError
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def airflow_env() -> dict[str, str]:
+    """The environment `retrainer airflow` runs airflow in: this one plus the project's defaults."""
+    from tasks.config import retrainer_home
+
+    env = dict(os.environ)
+    bin_dir = sysconfig.get_path("scripts")
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    env["PATH"] = os.pathsep.join([bin_dir, *path])  # first: standalone's components are this venv's airflow
+    defaults = {
+        "AIRFLOW_HOME": str(Path.cwd() / "airflow-home"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "RETRAINER_HOME": str(retrainer_home()),
+    }
+    if env.get("AIRFLOW__API__PORT"):  # tasks reach the execution API through the base URL, not the port
+        defaults["AIRFLOW__API__BASE_URL"] = f"http://localhost:{env['AIRFLOW__API__PORT']}"
+    for key, value in defaults.items():
+        if env.get(key):
+            continue
+        if key.endswith("_FOLDER") and not Path(value).is_dir():  # an install without the checkout's folders
+            raise RetrainerError(f"{key}: no {value} (run from a checkout set up with scripts/setup.sh, or set it)")
+        env[key] = value
+    return env
+
+
+def _cmd_airflow(args: argparse.Namespace) -> int:
+    binary = Path(sysconfig.get_path("scripts")) / "airflow"
+    if not binary.is_file():
+        raise RetrainerError(f"no airflow in {binary.parent} (run bash scripts/setup.sh)")
+    env = airflow_env()
+    log.debug("exec %s %s (AIRFLOW_HOME=%s)", binary, " ".join(args.args), env["AIRFLOW_HOME"])
+    os.execve(binary, [str(binary), *args.args], env)  # replaces this process: airflow's exit code is ours
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    # No option of our own (prefix_chars that never match): every argument, `--help` included, is airflow's.
+    p = sub.add_parser("airflow", add_help=False, prefix_chars="\0",
+                       help="run this venv's airflow with the project's dags/plugins and the README's settings")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="airflow's own arguments, e.g. standalone")
+    p.set_defaults(handler=_cmd_airflow)

@@ -1,0 +1,92 @@
+"""`retrainer airflow`: the README's Airflow instructions are the commands every standalone test runs, and the
+wrapper gives airflow what those instructions promise (fast: no airflow process is started here)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tasks.airflow_cmd import PROJECT_ROOT, airflow_env
+from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER
+
+README = (PROJECT_ROOT / "README.md").read_text()
+PROGRAM = ".venv/bin/retrainer"
+
+
+def _under_airflow_block() -> list[str]:
+    """The lines of the first bash block of the README's "Under Airflow" section."""
+    section = README.split("### Under Airflow", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+
+
+def test_the_readme_airflow_lines_are_what_the_standalone_fixture_runs() -> None:
+    commands = [shlex.split(line, comments=True) for line in _under_airflow_block()]
+    wrapped = [words[1:] for words in commands if words[:2] == [PROGRAM, "airflow"]]
+    assert wrapped == README_AIRFLOW_COMMANDS
+    # The fixture runs the venv's own console script, which is what `.venv/bin/retrainer` names.
+    assert Path(RETRAINER).parent == Path(sys.executable).parent and Path(RETRAINER).name == "retrainer"
+
+
+@pytest.fixture
+def bare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A shell as the README's user has it: no Airflow or retrainer variable, venv not on PATH, cwd tmp_path."""
+    for name in [k for k in os.environ if k.startswith(("AIRFLOW", "RETRAINER"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = airflow_env()
+    assert env["PATH"].split(":") == [sysconfig.get_path("scripts"), "/usr/bin", "/bin"]
+    assert env["AIRFLOW_HOME"] == str(bare / "airflow-home")
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(PROJECT_ROOT / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(PROJECT_ROOT / "plugins")
+    assert (env["AIRFLOW__CORE__LOAD_EXAMPLES"], env["AIRFLOW__CORE__PARALLELISM"]) == ("False", "4")
+    assert env["RETRAINER_HOME"] == str(bare / ".retrainer")
+    assert "AIRFLOW__API__BASE_URL" not in env  # Airflow's own default (port 8080) matches its default port
+
+    # The README's other-port line: only the port is set, the base URL follows it.
+    port = re.search(r"`AIRFLOW__API__PORT=(\d+) \.venv/bin/retrainer airflow standalone`", README)
+    assert port is not None
+    assert f"`AIRFLOW__API__BASE_URL=http://localhost:{port[1]}`" in README
+    monkeypatch.setenv("AIRFLOW__API__PORT", port[1])
+    assert airflow_env()["AIRFLOW__API__BASE_URL"] == f"http://localhost:{port[1]}"
+
+
+def test_what_the_user_sets_wins(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = {"AIRFLOW__API__PORT": "9000", "AIRFLOW__API__BASE_URL": "https://airflow.example.internal",
+            "AIRFLOW_HOME": str(bare / "elsewhere"), "AIRFLOW__CORE__DAGS_FOLDER": str(bare),
+            "AIRFLOW__CORE__PARALLELISM": "32", "RETRAINER_HOME": str(bare / "state")}
+    for name, value in mine.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", f"/usr/bin:{sysconfig.get_path('scripts')}")  # the venv late on PATH: moved first
+    env = airflow_env()
+    assert {k: env[k] for k in mine} == mine
+    assert env["PATH"].split(":") == [sysconfig.get_path("scripts"), "/usr/bin"]
+
+
+def test_every_argument_is_airflows() -> None:
+    from tasks.cli import build_parser
+
+    argv = ["airflow", "--help"], ["airflow", "dags", "list", "-o", "json"], ["airflow", "-v", "--", "x"]
+    for args in argv:
+        assert build_parser(args).parse_args(args).args == args[1:]
+
+
+def test_airflow_reads_the_wrapper_settings(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the console script, as a user runs it: airflow itself sees the derived base URL and our dags."""
+    monkeypatch.setenv("AIRFLOW__API__PORT", "8081")
+    for (section, key), value in {("api", "base_url"): "http://localhost:8081",
+                                  ("core", "dags_folder"): str(PROJECT_ROOT / "dags")}.items():
+        done = subprocess.run([RETRAINER, "airflow", "config", "get-value", section, key], capture_output=True,
+                              text=True, timeout=300)
+        assert (done.returncode, done.stdout.strip()) == (0, value), done.stderr

@@ -1,0 +1,247 @@
+"""Deferrable training under a real scheduler on a real Slurm: what a platform team running multi-day jobs sees.
+
+One `airflow standalone` (scheduler, triggerer, workers, DAG processor, API server) and one single-node
+Slurm. Two models: `tiny-llama` defers while its jobs run (the slurm default), `tiny-llama-attached` keeps
+its task attached (`cluster.deferrable: false`, today's behaviour). The pool holds one job at a time.
+1. A run defers, then every Airflow component is stopped and started again while its job trains: the
+   job never notices, the same try collects it and the version is published.
+2. New data for both models, both triggered while the pool is closed: the higher `schedule.priority`
+   trains first, the other waits queued (not failed). The first one's job is cancelled under the
+   scheduler's feet (standing in for preemption): it is submitted again and resumes from its checkpoint,
+   in the same try. The second one's task process is SIGKILLed mid-training: the retry cancels the job
+   it left and resumes from the checkpoint. Each run publishes exactly one version.
+The ranks sleep a little after each step (tests/hooks, installed in every process of this standalone by
+its sitecustomize) so there is a mid-training to act in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.airflow.conftest import RETRAINER, Standalone, running_standalone, write_test_config
+from tests.slurm import SlurmCluster
+
+pytestmark = pytest.mark.multiproc
+
+HIGH, LOW = "tiny-llama", "tiny-llama-attached"
+POOL = "training-slurm"
+SITECUSTOMIZE = '''"""Test-only: every Python process of this standalone installs the launcher-side test hooks."""
+from tests.hooks import install
+
+install()
+'''
+
+
+def _configs(home: Path) -> Path:
+    """Both models' configs: the standalone's test config on Slurm, each with its own data, runs and name."""
+    path = write_test_config(home)
+    base = yaml.safe_load(path.read_text())
+    for name, extra in ((HIGH, {"priority": 10}), (LOW, {"priority": 1})):
+        cfg = json.loads(json.dumps(base))
+        cfg["name"] = cfg["publish"]["model_name"] = name
+        cfg["schedule"] = {"cron": None, **extra}
+        cfg["train"].update(steps=8, checkpoint_every=2, output_dir=str(home / "runs" / name))
+        cfg["data"]["source_url"] = str(home / "store" / f"data-{name}")
+        cfg["cluster"].update(launcher="slurm", gpus_per_node=2, hang_timeout_s=300,
+                              slurm={"time_limit": "00:20:00"})
+        if name == LOW:
+            cfg["cluster"]["deferrable"] = False
+        (path.parent / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def deferring(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: SlurmCluster) -> Iterator[Standalone]:
+    from tasks.data import make_data
+
+    home = tmp_path_factory.mktemp("deferral")
+    config_path = _configs(home)
+    for name in (HIGH, LOW):
+        make_data(str(home / "store" / f"data-{name}"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
+    site = home / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "2",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    with running_standalone(home, config_path, pools={POOL: 2}, extra_env=env,
+                            dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}")) as sa:
+        yield sa
+
+
+def _ti(sa: Standalone, name: str, run_id: str, task_id: str) -> dict:
+    with sa.client() as c:
+        return c.get(f"/api/v2/dags/retrain_{name}/dagRuns/{run_id}/taskInstances/{task_id}").raise_for_status().json()
+
+
+def _xcom(sa: Standalone, name: str, run_id: str, task_id: str) -> dict:
+    with sa.client() as c:
+        url = f"/api/v2/dags/retrain_{name}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+        value = c.get(url).raise_for_status().json()["value"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _trigger(sa: Standalone, name: str) -> str:
+    with sa.client() as c:  # DAGs start paused
+        c.patch(f"/api/v2/dags/retrain_{name}", json={"is_paused": False}).raise_for_status()
+    resp = sa.trigger(f"retrain_{name}", {})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["dag_run_id"]
+
+
+def _wait(what: str, check, sa: Standalone, timeout_s: float = 600):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        assert sa.proc.poll() is None, f"airflow standalone died:\n{sa.log_tail()}"
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout_s}s\n{sa.log_tail()}")
+
+
+def _state(sa: Standalone, name: str, run_id: str, task_id: str) -> str | None:
+    """The task's state; a failed task fails the test at once, naming it."""
+    states = sa.task_states(f"retrain_{name}", run_id)
+    failed = sorted(t for t, s in states.items() if s in ("failed", "upstream_failed"))
+    assert not failed, f"retrain_{name} {run_id}: {failed} failed:\n{sa.task_log(f'retrain_{name}', run_id, failed[0])}"
+    return states.get(task_id)
+
+
+def _run_dir(sa: Standalone, name: str) -> Path:
+    """The newest run directory of a model (each run has its own)."""
+    runs = sorted((sa.home / "runs" / name).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    assert runs, f"no run directory of {name}"
+    return runs[-1].parent
+
+
+def _committed(run_dir: Path, step: int) -> bool:
+    from tasks.train.checkpoint import ckpt_root, read_latest, tag_for
+
+    latest = read_latest(ckpt_root(run_dir))
+    return latest is not None and latest >= tag_for(step)
+
+
+def _slurm_state(slurm: SlurmCluster, job_id: str) -> str:
+    return dict(f.split("=", 1) for f in slurm.run("scontrol", "show", "job", "-o", job_id).stdout.split()
+                if "=" in f).get("JobState", "GONE")
+
+
+def _versions(sa: Standalone, name: str) -> list:
+    from tasks.registry import NotFoundError, Registry
+
+    try:
+        return Registry(f"sqlite:///{sa.home / 'registry.db'}").list_versions(name)
+    except NotFoundError:  # nothing published yet
+        return []
+
+
+def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
+        deferring: Standalone, slurm_cluster: SlurmCluster) -> None:
+    sa = deferring
+    run_id = _trigger(sa, HIGH)
+    _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)
+    run_dir = _run_dir(sa, HIGH)
+    job_id = (run_dir / "slurm-job-id").read_text().strip()
+    assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING")
+
+    sa.stop()  # scheduler, triggerer, workers: all gone while the job trains
+    assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING"), "the job must not depend on Airflow"
+    sa.start()
+
+    run = sa.wait_run(f"retrain_{HIGH}", run_id, timeout=900)
+    assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", run_id, "train")
+    train = _ti(sa, HIGH, run_id, "train")
+    assert train["try_number"] == 1, "collected by the same try, never retried"
+    assert (run_dir / "slurm-job-id").read_text().strip() == job_id, "the one job, not a second"
+    assert _slurm_state(slurm_cluster, job_id) == "COMPLETED"
+    summary = _xcom(sa, HIGH, run_id, "train")
+    assert summary["outcome"] == "trained" and summary["trained_steps"] == 8
+    [v1] = _versions(sa, HIGH)
+    assert v1.version == 1
+
+
+def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_checkpoint(
+        deferring: Standalone, slurm_cluster: SlurmCluster) -> None:
+    from tasks.data import make_data
+
+    sa = deferring
+    for name in (HIGH, LOW):  # this week's data for both models
+        make_data(str(sa.home / "store" / f"data-{name}"), name="tiny-llama", n_train_shards=2,
+                  tokens_per_shard=16384, seed=7)
+    before = {name: len(_versions(sa, name)) for name in (HIGH, LOW)}
+
+    def pool(slots: int) -> None:
+        subprocess.run([RETRAINER, "airflow", "pools", "set", POOL, str(slots), "GPU slots", "--include-deferred"],
+                       env=sa.env, check=True, capture_output=True, timeout=120)
+
+    pool(0)  # the cluster is busy: both runs reach their train task and wait
+    low_run = _trigger(sa, LOW)  # the lower priority fires first
+    high_run = _trigger(sa, HIGH)
+    _wait("both trains waiting for the pool", lambda: _state(sa, LOW, low_run, "train") == "scheduled"
+          and _state(sa, HIGH, high_run, "train") == "scheduled", sa)
+    pool(2)
+
+    # The higher priority trains first; the other waits queued, not failed.
+    _wait("high trains", lambda: _state(sa, HIGH, high_run, "train") == "deferred", sa)
+    assert _state(sa, LOW, low_run, "train") == "scheduled"
+    high_dir = _run_dir(sa, HIGH)
+    _wait("high's step-2 checkpoint", lambda: _committed(high_dir, 2), sa)
+    first_job = (high_dir / "slurm-job-id").read_text().strip()
+    slurm_cluster.run("scancel", first_job)  # the cluster takes the job away (stands in for preemption)
+
+    run = sa.wait_run(f"retrain_{HIGH}", high_run, timeout=900)
+    assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", high_run, "train")
+    train = _ti(sa, HIGH, high_run, "train")
+    assert train["try_number"] == 1, "preemption is not a failure: the same try submits the job again"
+    assert "preempted" in sa.task_log(f"retrain_{HIGH}", high_run, "train")
+    assert (high_dir / "slurm-job-id").read_text().strip() != first_job
+    summary = _xcom(sa, HIGH, high_run, "train")
+    assert summary["outcome"] == "resumed" and summary["resumed_from_step"] >= 2
+    assert len(_versions(sa, HIGH)) == before[HIGH] + 1
+
+    # The lower priority ran after it; its task process is SIGKILLed mid-training (no cleanup runs).
+    _wait("low trains", lambda: _state(sa, LOW, low_run, "train") == "running", sa)
+    low_dir = _run_dir(sa, LOW)
+    _wait("low's step-2 checkpoint", lambda: _committed(low_dir, 2), sa)
+    orphan = (low_dir / "slurm-job-id").read_text().strip()
+    os.kill(_ti(sa, LOW, low_run, "train")["pid"], signal.SIGKILL)
+
+    run = sa.wait_run(f"retrain_{LOW}", low_run, timeout=900)
+    assert run["state"] == "success", sa.task_log(f"retrain_{LOW}", low_run, "train", 2)
+    high_train, low_train = _ti(sa, HIGH, high_run, "train"), _ti(sa, LOW, low_run, "train")
+    assert low_train["start_date"] > high_train["end_date"], "queued behind the higher priority, not beside it"
+    assert low_train["try_number"] == 2
+    assert "cancelling it before launching" in sa.task_log(f"retrain_{LOW}", low_run, "train", 2)
+    assert _slurm_state(slurm_cluster, orphan) == "CANCELLED"
+    summary = _xcom(sa, LOW, low_run, "train")
+    assert summary["outcome"] == "resumed" and summary["resumed_from_step"] >= 2
+    assert len(_versions(sa, LOW)) == before[LOW] + 1
+
+
+def test_marking_a_deferred_training_failed_cancels_its_job(deferring: Standalone,
+                                                            slurm_cluster: SlurmCluster) -> None:
+    """An operator stops a run from the UI (mark failed): the job must not train on unseen for days."""
+    from tasks.data import make_data
+
+    sa = deferring
+    make_data(str(sa.home / "store" / f"data-{HIGH}"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
+              seed=11)
+    live_before = [v.version for v in _versions(sa, HIGH)]
+    run_id = _trigger(sa, HIGH)
+    _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)
+    job_id = (_run_dir(sa, HIGH) / "slurm-job-id").read_text().strip()
+    with sa.client() as c:
+        c.patch(f"/api/v2/dags/retrain_{HIGH}/dagRuns/{run_id}/taskInstances/train",
+                json={"new_state": "failed"}).raise_for_status()
+    _wait("the job cancelled", lambda: _slurm_state(slurm_cluster, job_id) in ("CANCELLED", "COMPLETED"), sa)
+    assert _slurm_state(slurm_cluster, job_id) == "CANCELLED"
+    assert sa.wait_run(f"retrain_{HIGH}", run_id)["state"] == "failed"
+    assert [v.version for v in _versions(sa, HIGH)] == live_before
