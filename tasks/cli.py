@@ -37,6 +37,7 @@ COMMAND_MODULES = {
     "rollback": "tasks.registry.cli",
     "registry": "tasks.registry.cli",
     "run": "tasks.lifecycle",
+    "deploy": "tasks.deploy",
     "gc": "tasks.gc",
     "demo": "tasks.demo",
     "airflow": "tasks.airflow_cmd",

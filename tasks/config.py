@@ -9,6 +9,7 @@ laptop and in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absol
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from tasks.errors import ConfigError, validation_problems
+from tasks.errors import ConfigError, InvalidInputError, validation_problems
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -603,6 +604,58 @@ class RetentionConfig(_Strict):
                                "references yet (an export or publish in flight), a run directory")
 
 
+_QUEUE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # an executor queue name (Celery: a worker's `-q` name)
+
+
+class SmokeTestConfig(_Strict):
+    """What a deploy checks before handing a version to the hook (tasks/deploy): it loads with transformers,
+    reproduces the version's evaluated held-out loss and generates tokens."""
+
+    generate_tokens: int = Field(8, ge=1, le=4096, description="new tokens generated greedily; each must come "
+                                 "with finite scores")
+    prompt: str | None = Field(None, min_length=1, max_length=10_000,
+                               description="text prompt (needs the export's tokenizer); None: the first tokens "
+                                           "of a held-out window")
+    loss_tolerance: float | None = Field(
+        0.02, gt=0, le=10, description="largest relative difference between the held-out loss the served "
+                                       "weights give and the one the version was evaluated at, on the same "
+                                       "windows; None: not compared")
+    dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="dtype the model is loaded in "
+                                                   "(auto: the export's)")
+    timeout_s: float = Field(1800.0, gt=0, description="for loading, scoring and generating together")
+
+
+class DeployConfig(_Strict):
+    """The deploy DAG (dags/deploy.py): on every move of `alias`, pull the version now live onto the serving
+    host, smoke-test it and hand it to the hook; a failure rolls the alias back (audited)."""
+
+    enabled: bool = False
+    alias: str | None = Field(None, min_length=1, max_length=200, pattern=NAME_PATTERN,
+                              description="the alias whose moves are deployed; None: publish.alias")
+    models_dir: AbsolutePath | None = Field(
+        None, description="where versions land on the serving host (<models_dir>/v<N>-<digest>); "
+                          "None: <data.cache_dir>/deploy/<publish.model_name>")
+    smoke_test: SmokeTestConfig = SmokeTestConfig()
+    command: str | None = Field(None, min_length=1, max_length=10_000,
+                                description="shell command that deploys; the version reaches it as "
+                                            "RETRAINER_DEPLOY_* environment variables")
+    entry_point: str | None = Field(None, pattern=_ENTRY_POINT, description="module:function(DeployTarget) "
+                                    "that deploys, called in a process of its own")
+    hook_timeout_s: float = Field(600.0, gt=0)
+    queue: str | None = Field(None, max_length=200, pattern=_QUEUE,
+                              description="executor queue of the deploy tasks: the serving host's workers; "
+                                          "None: the default queue")
+
+    @model_validator(mode="after")
+    def _one_hook(self) -> DeployConfig:
+        if self.command is not None and self.entry_point is not None:
+            raise ValueError("deploy: set one of deploy.command and deploy.entry_point, not both")
+        if self.enabled and self.command is None and self.entry_point is None:
+            raise ValueError("deploy.enabled needs a hook that deploys: deploy.command (a shell command) or "
+                             "deploy.entry_point (module:function)")
+        return self
+
+
 class RankCluster(_Strict):
     """What a rank needs of `cluster`: the collective timeout and the peak for its MFU figure."""
 
@@ -651,6 +704,7 @@ class JobConfig(_Strict):
     evaluate: EvaluateConfig = EvaluateConfig()
     publish: PublishConfig
     retention: RetentionConfig = RetentionConfig()
+    deploy: DeployConfig = DeployConfig()
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -667,6 +721,9 @@ class JobConfig(_Strict):
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
+        if self.deploy.enabled and m.family != "llama":
+            raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
+                             f"{m.family!r} exports are not transformers models (only 'llama' is)")
         if self.train.init_from == "pretrained" and m.pretrained is None:
             raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:
@@ -732,6 +789,16 @@ class JobConfig(_Strict):
                 raise ConfigError(f"override {dotted!r}: unknown field {leaf!r}")
             node[leaf] = value
         return _validate(data, source="overrides")
+
+
+def load_entry_point(ref: str, field: str) -> Any:
+    """`module:function` (as config field `field` names it) -> the function; InvalidInputError naming the field and
+    the reference when it does not resolve."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidInputError(f"{field} entry point {ref!r}: {exc}") from None
 
 
 def sha256_json(obj: Any) -> str:

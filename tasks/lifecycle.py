@@ -428,12 +428,15 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, An
 
 def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
-    actor: str | None = None, reason: str = "rollback",
+    actor: str | None = None, reason: str = "rollback", expect: int | None = None,
 ) -> dict[str, Any]:
-    """Move the alias back (to the version live before the current one, or to `to_version`), audited."""
+    """Move the alias back (to the version live before the current one, or to `to_version`), audited; with
+    `expect`, only if the alias still points to that version (ConflictError otherwise)."""
+    from tasks.registry import ANY
+
     record = registry_for(cfg).rollback(
         cfg.publish.model_name, alias or cfg.publish.alias, to=to_version,
-        actor=actor or default_holder(), reason=reason,
+        actor=actor or default_holder(), reason=reason, expect=ANY if expect is None else expect,
     )
     out = record.to_dict()
     log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, out["alias"],

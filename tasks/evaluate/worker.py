@@ -13,7 +13,6 @@ Rank 0 keeps the status file current (batches done) and writes `summary.json`:
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import math
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from tasks.config import TrainingJob
+from tasks.config import TrainingJob, load_entry_point
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
@@ -177,7 +176,7 @@ class Evaluation:
         tokenizer = self.tokenizer()
         out: dict[str, float] = {}
         for metric in self.spec["metrics"]:
-            fn = load_entry_point(metric["entry_point"])
+            fn = load_entry_point(metric["entry_point"], "evaluate.metrics")
             values = fn(model, tokenizer, dirs[metric["suite"]])
             if not isinstance(values, dict) or set(values) != set(metric["names"]):
                 got = sorted(values) if isinstance(values, dict) else type(values).__name__
@@ -213,15 +212,6 @@ class Evaluation:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
         self.report("finished")
         return summary
-
-
-def load_entry_point(ref: str) -> Any:
-    """`module:function` -> the function (InvalidInputError naming the reference when it does not resolve)."""
-    module_name, _, attr = ref.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidInputError(f"evaluate.metrics entry point {ref!r}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

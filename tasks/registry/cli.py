@@ -185,8 +185,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch a version, verified, into an empty or new DEST: a tree as the directory itself, ready for
     `from_pretrained(DEST)`; a single-file version as DEST/consolidated.pt. Nothing is left on failure."""
-    from tasks.fsutil import fresh_dir
-    from tasks.models.weights import LEGACY_FILE
     from tasks.registry import ArtifactStore, NotFoundError, Registry
 
     with Registry(_db(args)) as reg:
@@ -197,14 +195,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
             rec = reg.live_version(args.model, alias)
             if rec is None:
                 raise NotFoundError(f"model {args.model!r} alias {alias!r} points to no version")
-    store_url = args.store or ArtifactStore.root_of(rec.artifact_url, rec.artifact_digest, rec.artifact_kind)
-    store = ArtifactStore(store_url, args.storage_options)
-    dest = Path(args.dest)
-    if rec.artifact_kind == "tree":
-        store.get_tree(rec.artifact_digest, dest)
-    else:
-        with fresh_dir(dest) as tmp:
-            store.get(rec.artifact_digest, tmp / LEGACY_FILE)
+    store = ArtifactStore.of_version(rec, args.storage_options, store_url=args.store)
+    dest = store.pull(rec, args.dest)
     _emit(args, {"model": rec.model, "version": rec.version, "kind": rec.artifact_kind, "digest": rec.artifact_digest,
                  "size_bytes": rec.size_bytes, "store": store.url, "dest": str(dest)},
           f"{rec.model} v{rec.version}: {rec.artifact_kind} {rec.artifact_digest[:12]} ({rec.size_bytes} bytes, "

@@ -57,7 +57,7 @@ from tasks.fsutil import (
 )
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
-from tasks.registry.records import ArtifactKind, ArtifactRef
+from tasks.registry.records import ArtifactKind, ArtifactRef, VersionRecord
 from tasks.registry.tree import MANIFEST_NAME, TreeFile, TreeManifest, check_path
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,24 @@ class ArtifactStore:
             raise InvalidInputError(
                 f"artifact URL {artifact_url!r} does not end in {suffix!r}, so its store is unknown: give the store")
         return artifact_url[: -len(suffix)]
+
+    @classmethod
+    def of_version(cls, rec: VersionRecord, storage_options: dict[str, Any] | None = None,
+                   store_url: str | None = None) -> ArtifactStore:
+        """The store a version's artifact lives in (`store_url`, else the one its artifact URL names)."""
+        return cls(store_url or cls.root_of(rec.artifact_url, rec.artifact_digest, rec.artifact_kind), storage_options)
+
+    def pull(self, rec: VersionRecord, dest: str | os.PathLike[str]) -> Path:
+        """A version's artifact, every byte verified, into an empty or new `dest`: a tree as the directory itself
+        (ready for `from_pretrained(dest)`), a single-file version as `dest/consolidated.pt`. Nothing is left
+        on failure."""
+        if rec.artifact_kind == "tree":
+            return self.get_tree(rec.artifact_digest, dest)
+        from tasks.models.weights import LEGACY_FILE
+
+        with fresh_dir(dest) as tmp:
+            self.get(rec.artifact_digest, tmp / LEGACY_FILE)
+        return Path(dest)
 
     def exists(self, digest: str) -> bool:
         return bool(self.fs.exists(self.path_for(digest)))

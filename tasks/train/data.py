@@ -65,6 +65,11 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     return path
 
 
+def window_starts(n_tokens: int, seq_len: int) -> range:
+    """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
+    return range(0, n_tokens - seq_len, seq_len)
+
+
 class TokenWindows:
     """All non-overlapping windows of `seq_len + 1` tokens in one split (shards are not crossed)."""
 
@@ -92,7 +97,7 @@ class TokenWindows:
             tokens = np.memmap(path, dtype=dtype, mode="r")
             shard = len(self.shards)
             self.shards.append(tokens)
-            index.extend((shard, start) for start in range(0, len(tokens) - seq_len, seq_len))
+            index.extend((shard, start) for start in window_starts(len(tokens), seq_len))
         if not index:
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
         self.index = index

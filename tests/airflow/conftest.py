@@ -109,6 +109,21 @@ class Standalone:
                 time.sleep(2)
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout}s:\n{self.log_tail()}")
 
+    def run_ids(self, dag_id: str) -> set[str]:
+        with self.client() as c:
+            runs = c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]
+        return {r["dag_run_id"] for r in runs}
+
+    def next_run(self, dag_id: str, known: set[str], timeout: float = 300) -> str:
+        """The id of a run of `dag_id` that is not in `known` (one the scheduler started on an Asset event)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = sorted(self.run_ids(dag_id) - known)
+            if new:
+                return new[0]
+            time.sleep(1)
+        raise AssertionError(f"no new {dag_id} run in {timeout}s:\n{self.log_tail()}")
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
         with self.client() as c:
             tis = c.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").raise_for_status().json()
@@ -155,15 +170,17 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 @contextlib.contextmanager
 def run_standalone(tmp_path_factory: pytest.TempPathFactory,
-                   mutate: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Standalone]:
-    """A started standalone on the test config (changed by `mutate`) and its data, stopped on exit."""
+                   mutate: Callable[[dict[str, Any]], None] | None = None,
+                   dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
+    """A started standalone on the test config (changed by `mutate`) and its data, stopped on exit (once the
+    DAGs `dag_ids` are parsed)."""
     from tasks.data import make_data
 
     home = tmp_path_factory.mktemp("standalone")
     config_path = write_test_config(home, mutate)
     make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
     # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
-    with running_standalone(home, config_path) as sa:
+    with running_standalone(home, config_path, dag_ids=dag_ids) as sa:
         yield sa
 
 

@@ -69,24 +69,6 @@ def test_rest_rejects_unknown_rollback_model(standalone: Standalone) -> None:
     assert "model" in resp.text
 
 
-def _next_run(sa: Standalone, dag_id: str, known: set[str], timeout: float = 300) -> str:
-    """The id of a run of `dag_id` that is not in `known` (one the scheduler started on an Asset event)."""
-    deadline = time.monotonic() + timeout
-    with sa.client() as c:
-        while time.monotonic() < deadline:
-            runs = c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]
-            new = [r["dag_run_id"] for r in runs if r["dag_run_id"] not in known]
-            if new:
-                return new[0]
-            time.sleep(1)
-    raise AssertionError(f"no new {dag_id} run in {timeout}s:\n{sa.log_tail()}")
-
-
-def _run_ids(sa: Standalone, dag_id: str) -> set[str]:
-    with sa.client() as c:
-        return {r["dag_run_id"] for r in c.get(f"/api/v2/dags/{dag_id}/dagRuns").raise_for_status().json()["dag_runs"]}
-
-
 def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(standalone: Standalone) -> None:
     with standalone.client() as c:
         for dag_id in (RETRAIN, ROLLBACK, PRODUCER):
@@ -101,11 +83,11 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     assert registry.live_version(MODEL, ALIAS).version == 1
 
     # Week 2: the producer writes a snapshot and announces it; the scheduler starts a retrain on it.
-    known = _run_ids(standalone, RETRAIN)
+    known = standalone.run_ids(RETRAIN)
     resp = standalone.trigger(PRODUCER, {"job": "tiny-llama", "seed": 2})
     assert resp.status_code == 200, resp.text
     assert standalone.wait_run(PRODUCER, resp.json()["dag_run_id"])["state"] == "success"
-    arrived = _next_run(standalone, RETRAIN, known)
+    arrived = standalone.next_run(RETRAIN, known)
     assert standalone.wait_run(RETRAIN, arrived)["state"] == "success", standalone.task_states(RETRAIN, arrived)
     v2 = registry.live_version(MODEL, ALIAS)
     snapshot = v2.data_url
@@ -121,13 +103,13 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     assert (last.action, last.from_version, last.to_version, last.reason) == ("rollback", 2, 1, "standalone test")
 
     # The same snapshot announced again from outside Airflow: that run is v2 again, which was rolled back.
-    known = _run_ids(standalone, RETRAIN)
+    known = standalone.run_ids(RETRAIN)
     with standalone.client() as c:
         assets = c.get("/api/v2/assets", params={"uri_pattern": "retrainer-data"}).raise_for_status().json()
         asset_id = assets["assets"][0]["id"]
         c.post("/api/v2/assets/events", json={"asset_id": asset_id, "extra": {"source_url": snapshot}}
                ).raise_for_status()
-    again = _next_run(standalone, RETRAIN, known)
+    again = standalone.next_run(RETRAIN, known)
     assert standalone.wait_run(RETRAIN, again)["state"] == "success"
     states = standalone.task_states(RETRAIN, again)
     assert states["gate"] == "success" and states["publish"] == "skipped", states
