@@ -16,7 +16,7 @@ from tasks.lifecycle import RUN_NOTE_KEY
 
 log = logging.getLogger(__name__)
 
-NOTED_DAGS = ("retrain_", "rollback_model")  # dag id prefixes whose runs may carry a note
+NOTED_DAGS = ("retrain_", "rollback_model", "deploy_")  # dag id prefixes whose runs may carry a note
 
 
 @hookimpl
