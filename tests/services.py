@@ -44,6 +44,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_daemon(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM a test daemon, SIGKILL it if it has not exited within `timeout_s`, and reap it."""
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout_s)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def _pg_bin(name: str) -> str | None:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     return found[-1] if found else shutil.which(name)

@@ -3,7 +3,6 @@ the launcher tests and the Airflow deferral tests share one per session (fixture
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import subprocess
@@ -12,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.services import free_port
+from tests.services import free_port, stop_daemon
 
 
 @dataclass
@@ -82,9 +81,4 @@ def slurm_daemons(root: Path) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         for proc in reversed(cluster.daemons):
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_daemon(proc, 15)

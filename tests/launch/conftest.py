@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import require, require_binary
+from tests.services import require, require_binary, stop_daemon
 from tests.slurm import SlurmCluster
 from tests.train.conftest import tiny_config, write_dataset
 
@@ -151,12 +151,7 @@ def _netns_hosts(root: Path) -> Iterator[NetnsHosts]:
         yield hosts
     finally:
         for proc in hosts.sshd:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_daemon(proc, 10)
         for i, ns in enumerate(made_ns):  # nothing may outlive the fixture in a namespace
             leftovers = hosts.pids(i) if ns in made_ns else set()
             for pid in leftovers:
