@@ -198,6 +198,13 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     first_job = (high_dir / "slurm-job-id").read_text().strip()
     slurm_cluster.run("scancel", first_job)  # the cluster takes the job away (stands in for preemption)
 
+    # The lower priority runs after it; its task process is SIGKILLed mid-training (no cleanup runs).
+    _wait("low trains", lambda: _state(sa, LOW, low_run, "train") == "running", sa)
+    low_dir = _run_dir(sa, LOW)
+    _wait("low's step-2 checkpoint", lambda: _committed(low_dir, 2), sa)
+    orphan = (low_dir / "slurm-job-id").read_text().strip()
+    os.kill(_ti(sa, LOW, low_run, "train")["pid"], signal.SIGKILL)
+
     run = sa.wait_run(f"retrain_{HIGH}", high_run, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", high_run, "train")
     train = _ti(sa, HIGH, high_run, "train")
@@ -207,13 +214,6 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     summary = _xcom(sa, HIGH, high_run, "train")
     assert summary["outcome"] == "resumed" and summary["resumed_from_step"] >= 2
     assert len(_versions(sa, HIGH)) == before[HIGH] + 1
-
-    # The lower priority ran after it; its task process is SIGKILLed mid-training (no cleanup runs).
-    _wait("low trains", lambda: _state(sa, LOW, low_run, "train") == "running", sa)
-    low_dir = _run_dir(sa, LOW)
-    _wait("low's step-2 checkpoint", lambda: _committed(low_dir, 2), sa)
-    orphan = (low_dir / "slurm-job-id").read_text().strip()
-    os.kill(_ti(sa, LOW, low_run, "train")["pid"], signal.SIGKILL)
 
     run = sa.wait_run(f"retrain_{LOW}", low_run, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{LOW}", low_run, "train", 2)
