@@ -117,10 +117,12 @@ def _state(sa: Standalone, name: str, run_id: str, task_id: str) -> str | None:
 
 
 def _run_dir(sa: Standalone, name: str) -> Path:
-    """The newest run directory of a model (each run has its own)."""
-    runs = sorted((sa.home / "runs" / name).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    assert runs, f"no run directory of {name}"
-    return runs[-1].parent
+    """The newest run directory of a model (each run has its own; the train task creates it)."""
+    def newest() -> Path | None:
+        runs = sorted((sa.home / "runs" / name).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+        return runs[-1].parent if runs else None
+
+    return _wait(f"a run directory of {name}", newest, sa)
 
 
 def _committed(run_dir: Path, step: int) -> bool:
