@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.airflow.conftest import RETRAINER, Standalone, running_standalone, write_test_config
+from tests.airflow.conftest import RETRAINER, ROOT, Standalone, running_standalone, write_test_config
 from tests.slurm import SlurmCluster
 
 pytestmark = pytest.mark.multiproc
@@ -71,8 +71,8 @@ def deferring(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: SlurmClus
     site = home / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "2",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "2",  # every process imports tests.hooks: the checkout too
+           "PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with running_standalone(home, config_path, pools={POOL: 2}, extra_env=env,
                             dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}")) as sa:
         yield sa
