@@ -103,4 +103,5 @@ def test_dags_hold_no_business_logic() -> None:
             if line.startswith(("import ", "from ")):
                 module = line.split()[1]
                 assert module.split(".")[0] in {"__future__", "airflow", "tasks", "retrainer_airflow", "logging", "os",
-                                                "datetime", "pathlib", "collections", "contextlib"}, f"{path.name}: {line}"
+                                                "datetime", "pathlib", "collections", "contextlib"}, \
+                    f"{path.name}: {line}"
