@@ -65,7 +65,7 @@ def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any
 def cancel(cfg: JobConfig, handle: Mapping[str, Any]) -> None:
     """Stop a submitted job on every node (a killed Airflow task's trigger calls this)."""
     _, launcher = _for_handle(cfg, handle)
-    launcher.cancel(handle)
+    launcher.stop_job(handle)
 
 
 def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], **run: Any) -> dict[str, Any]:

@@ -161,7 +161,7 @@ class Launcher(ABC):
                secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start the job as `run()` does and return at once with its handle (JSON, no credentials): for engines
         whose jobs outlive this process (`detachable`). `follow()` waits for it (anywhere: Airflow's
-        triggerer), `collect()` turns the outcome into the summary, `cancel()` stops it."""
+        triggerer), `collect()` turns the outcome into the summary, `stop_job()` stops it."""
         if not self.detachable:
             raise RetrainerError(f"the {self.name} launcher's ranks die with the process that started them: "
                                  "its jobs cannot be submitted and followed from elsewhere")
@@ -232,7 +232,7 @@ class Launcher(ABC):
         return self._result(cfg, job, outcome["rc"], outcome["failure"], what,
                             handle["reports"] if handle["node_warm"] else None, preempted=False)
 
-    def cancel(self, handle: Mapping[str, Any]) -> None:
+    def stop_job(self, handle: Mapping[str, Any]) -> None:
         """Stop a submitted job on every node and wait until nothing of it is left (idempotent)."""
         job = self.attach(handle)
         try:

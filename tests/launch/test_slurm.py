@@ -162,7 +162,7 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     import time
 
     from tasks.errors import TrainingFailedError
-    from tasks.launch import collect, follow
+    from tasks.launch import cancel, collect, follow
     from tasks.run import for_dataset
 
     hooked(HOOK_STEP_DELAY_S="1")
@@ -185,3 +185,10 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
     with pytest.raises(TrainingFailedError, match=r"timed out .* deadline"):
         collect(slow, handle, outcome)
+
+    # What a killed deferred task's trigger does (on_kill): stop a running job by its handle.
+    handle = get_launcher(slow).submit(slow, dataset, run=for_dataset(slow, dataset))
+    wait_for_step(slow.train.output_dir, 1)
+    cancel(slow, json.loads(json.dumps(handle)))
+    assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
+    assert job_processes(handle["job_id"]) == []
