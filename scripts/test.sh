@@ -7,4 +7,4 @@ bash scripts/setup.sh
 bash scripts/system-deps.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .
-exec .venv/bin/pytest "$@"
+exec .venv/bin/pytest --durations=15 "$@"
