@@ -141,7 +141,9 @@ class _Cells:
     def parent(self, f: VersionFacts) -> str:
         """Where its training started: a link to the parent version, else the recorded origin (scratch, a
         pretrained directory, a weights path)."""
-        return f"from {self.version(f.parent_version)}" if f.parent_version is not None else f"from {esc(f.started_from)}"
+        if f.parent_version is not None:
+            return f"from {self.version(f.parent_version)}"
+        return f"from {esc(f.started_from)}"
 
     def actor(self, actor: str | None) -> str:
         """Who did it; an Airflow run (the DAGs' actors) links to that run's page in the Airflow UI."""

@@ -297,3 +297,9 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     assert "live v1 in the same evaluation" in metrics
     assert re.search(r"<td>heldout.loss</td><td class='num'>3.6</td><td class='num'>4</td>", metrics)
     assert "v2: loss 4.4 → 3.5 over 4 steps" in section(vpage, "curve")
+    # What made it: the run's resolved config, summarised, the whole of it folded below.
+    made = section(vpage, "config")
+    p = cfg.parallel
+    assert (f"<details><summary>{cfg.train.steps} steps, lr {cfg.train.lr}, layout tp {p.tp} pp {p.pp} dp {p.dp}, "
+            f"{cfg.model.n_layers} layers × d_model {cfg.model.d_model}, init_from live</summary>") in made
+    assert f"&quot;source_url&quot;: &quot;{cfg.data.source_url}&quot;" in made
