@@ -251,10 +251,13 @@ def _config(config: dict[str, Any] | None) -> str:
     if not config:
         return "<p class='muted'>Not recorded (published before versions kept their config).</p>"
     train, par, model = config.get("train") or {}, config.get("parallel") or {}, config.get("model") or {}
-    summary = (f"{esc(train.get('steps'))} steps, lr {esc(train.get('lr'))}, layout tp {esc(par.get('tp'))} "
-               f"pp {esc(par.get('pp'))} dp {esc(par.get('dp'))}, {esc(model.get('n_layers'))} layers × "
-               f"d_model {esc(model.get('d_model'))}, init_from {esc(train.get('init_from'))}")
-    return render.collapsible(summary, render.json_block(config))
+    parts = [f"{train['steps']} steps" if "steps" in train else None,
+             f"lr {train['lr']}" if "lr" in train else None,
+             f"layout tp {par.get('tp')} pp {par.get('pp')} dp {par.get('dp')}" if par else None,
+             f"{model.get('n_layers')} layers × d_model {model.get('d_model')}" if model else None,
+             f"init_from {train['init_from']}" if "init_from" in train else None]
+    summary = ", ".join(p for p in parts if p) or "the whole config"
+    return render.collapsible(esc(summary), render.json_block(config))
 
 
 OVERLAID = 5  # versions whose curves share the overlay chart (the newest, plus whatever is live)
