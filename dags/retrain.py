@@ -181,6 +181,7 @@ def build_retrain_dag(config_path: Path):
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                                 extra={"version": result["version"],
                                                        "parent_version": result["parent_version"]})
+            ti.xcom_push(key="run_note", value=lifecycle.publish_note(result))  # the run's note: what, from what
             return result
 
         @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless

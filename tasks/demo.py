@@ -65,8 +65,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(f"   {row['at']}  {row['from_version']} -> {row['to_version']}  by {row['actor']}: {row['reason']}")
     print("== versions")
     for version in registry.list_versions(cfg.publish.model_name):
-        origin = "scratch" if version.parent_version is None else f"v{version.parent_version}"
-        print(f"   v{version.version} from {origin}: held-out loss {version.metrics['loss']:.4f}, "
+        print(f"   v{version.version} from {version.origin}: held-out loss {version.metrics['loss']:.4f}, "
               f"data manifest {version.data_manifest_hash[:12]}")
     live = registry.live_version(cfg.publish.model_name, cfg.publish.alias)
     assert live is not None

@@ -400,10 +400,15 @@ def stage_publish(
     out = result.to_dict()
     if "suite_hash" in metrics:
         write_cached(cfg, out["version"], metrics["suite_hash"], metrics["metrics"])
-    log.info("publish: %s v%s (from %s) is now %s (artifact %s)", out["model"], out["version"],
-             "scratch" if out["parent_version"] is None else f"v{out['parent_version']}", out["alias"],
-             out["artifact_url"])
+    log.info("publish: %s (artifact %s)", publish_note(out), out["artifact_url"])
     return out
+
+
+def publish_note(published: dict[str, Any]) -> str:
+    """One line on a publish (its log, the run's note): the version, where its training started, the alias."""
+    verb = "published" if published["switched"] else "already live:"
+    return (f"{verb} {published['model']} v{published['version']} (from {published['started_from']}) -> alias "
+            f"{published['alias']!r}")
 
 
 def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, Any]) -> dict[str, Any]:
@@ -487,8 +492,7 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
         lines.append(f"held-out loss {out['evaluate']['loss']:.4f}; gate: {out['gate']['reason']}")
     if "publish" in out:
         pub = out["publish"]
-        verb = "published" if pub["switched"] else "already live:"
-        lines.append(f"{verb} {pub['model']} v{pub['version']} -> alias {pub['alias']!r}: {pub['artifact_url']}")
+        lines.append(f"{publish_note(pub)}: {pub['artifact_url']}")
         if pruned := out.get("housekeeping", {}).get("pruned"):
             names = ", ".join(sorted({i["url"].rstrip("/").rsplit("/", 1)[-1] for i in pruned}))
             lines.append(f"housekeeping: deleted {names} ({out['housekeeping']['bytes'] / 1e6:.1f} MB); the "

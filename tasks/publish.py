@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import JobConfig
+from tasks.credentials import redact
 from tasks.errors import InvalidInputError, LiveMovedError
 from tasks.registry import ArtifactRef, ArtifactStore, Lineage, Registry, alias_asset_uri
 from tasks.registry.core import check_metrics
@@ -42,6 +43,7 @@ class PublishResult:
     switched: bool
     asset_uri: str
     parent_version: int | None
+    started_from: str  # the version's record: scratch, pretrained <dir>, version <N>, weights <path>
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +90,7 @@ def publish(
 
     The version's lineage (experiment key, data, starting weights and the version they were) comes from
     the checkpoint's own COMPLETE marker: what the weights were trained from is a fact of the checkpoint.
+    The version also records `cfg` as resolved, credentials redacted (what made it, beside the hashes).
     With `experiment_key`, a checkpoint of another run is refused. `judged_live`: the live version the gate
     compared the candidate with (None: none was live); if the alias points elsewhere now, LiveMovedError
     before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
@@ -121,6 +124,7 @@ def publish(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
             init_digest=run.init.digest, data_url=run.data_url, data_replay=[asdict(r) for r in run.replay],
+            config=redact(cfg.model_dump(mode="json")), started_from=redact(run.init.origin),
         )
         record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
         switched = False
@@ -132,6 +136,7 @@ def publish(
         model=pub.model_name, alias=pub.alias, version=record.version, previous_version=previous,
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,
         asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=run.init.version,
+        started_from=record.started_from or redact(run.init.origin),
     )
 
 

@@ -46,6 +46,19 @@ class StartingWeights:
     def scratch(self) -> bool:
         return self.digest is None
 
+    @property
+    def origin(self) -> str:
+        """Where training started, as a version records it (`started_from`): scratch, the pretrained directory,
+        the registry version, or the weights path. Why not `note`: that line carries digests and the alias for
+        logs; this one is what a person asks of a version ("from what?")."""
+        if self.version is not None:
+            return f"version {self.version}"
+        if self.scratch:
+            return "scratch"
+        if self.kind == "pretrained":
+            return f"pretrained {self.url}"
+        return f"weights {'directory' if self.kind == 'tree' else 'file'} {self.url}"
+
 
 @dataclass(frozen=True)
 class ReplayData:
@@ -263,13 +276,13 @@ def weights_path(init: StartingWeights, cache_dir: str) -> Path | None:
 
 
 def fetch_model_files(init: StartingWeights, src: WeightSources, dest: Path) -> Path | None:
-    """The config.json and tokenizer files of the model a run started from, fetched alone into `dest` (never
-    its weights: an export and a user metric need only these of it); None when it has none (scratch, a
-    weights file)."""
-    from tasks.models.export import TOKENIZER_FILES
+    """The config.json, generation_config.json and tokenizer files of the model a run started from, fetched
+    alone into `dest` (never its weights: an export and a user metric need only these of it); None when it has
+    none (scratch, a weights file)."""
+    from tasks.models.export import GENERATION_CONFIG, TOKENIZER_FILES
     from tasks.models.weights import HF_CONFIG
 
-    names = (HF_CONFIG, *TOKENIZER_FILES)
+    names = (HF_CONFIG, GENERATION_CONFIG, *TOKENIZER_FILES)
     if init.scratch or init.kind == "file":
         return None
     assert init.digest is not None and init.url is not None

@@ -117,6 +117,7 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     info = show(tmp_path)
     assert info["aliases"]["production"]["version"] == 3
     assert [v["parent_version"] for v in info["versions"]] == [None, 1, 1]
+    assert [v["started_from"] for v in info["versions"]] == ["scratch", "version 1", "version 1"]
     assert all("created" not in v for v in info["versions"])
 
     # What a person reads: where the run started, and that it trained.

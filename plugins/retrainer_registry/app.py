@@ -139,7 +139,11 @@ class _Cells:
         return "—" if number is None else f"<a href='{self.mref}/versions/{int(number)}'>v{int(number)}</a>"
 
     def parent(self, f: VersionFacts) -> str:
-        return "from scratch" if f.parent_version is None else f"from {self.version(f.parent_version)}"
+        """Where its training started: a link to the parent version, else the recorded origin (scratch, a
+        pretrained directory, a weights path)."""
+        if f.parent_version is not None:
+            return f"from {self.version(f.parent_version)}"
+        return f"from {esc(f.started_from)}"
 
     def actor(self, actor: str | None) -> str:
         """Who did it; an Airflow run (the DAGs' actors) links to that run's page in the Airflow UI."""
@@ -237,7 +241,23 @@ def version_page(request: Request, model: str, version: int) -> str:
             f"<code>{esc(r['url'])}</code> (manifest <code>{esc(r['manifest_hash'][:12])}</code>, "
             f"weight {esc(r['weight'])})" for r in v["data_replay"])])
     body += render.section("lineage", "Lineage", render.table(["field", "value"], lineage))
+    body += render.section("config", "Training config", _config(v.get("config")))
     return render.page(f"{model} v{version}", body)
+
+
+def _config(config: dict[str, Any] | None) -> str:
+    """The resolved job config the version was trained with (credentials redacted at publish): a one-line
+    summary of what people compare first, the whole of it folded below."""
+    if not config:
+        return "<p class='muted'>Not recorded (published before versions kept their config).</p>"
+    train, par, model = config.get("train") or {}, config.get("parallel") or {}, config.get("model") or {}
+    parts = [f"{train['steps']} steps" if "steps" in train else None,
+             f"lr {train['lr']}" if "lr" in train else None,
+             f"layout tp {par.get('tp')} pp {par.get('pp')} dp {par.get('dp')}" if par else None,
+             f"{model.get('n_layers')} layers × d_model {model.get('d_model')}" if model else None,
+             f"init_from {train['init_from']}" if "init_from" in train else None]
+    summary = ", ".join(p for p in parts if p) or "the whole config"
+    return render.collapsible(esc(summary), render.json_block(config))
 
 
 OVERLAID = 5  # versions whose curves share the overlay chart (the newest, plus whatever is live)

@@ -8,6 +8,7 @@ UI the page is embedded in (its fonts and its brand/gray palette), light or dark
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,16 @@ def page(title: str, body: str, refresh_s: int | None = None) -> str:
 def section(ident: str, heading: str, body: str) -> str:
     """A titled part of a page; `ident` names it for links and tests (a constant, not data)."""
     return f"<section id='{ident}'><h2>{heading}</h2>{body}</section>"
+
+
+def collapsible(summary_html: str, body_html: str) -> str:
+    """A closed-by-default part of a section (long, rarely read: a version's whole config)."""
+    return f"<details><summary>{summary_html}</summary>{body_html}</details>"
+
+
+def json_block(value: Any) -> str:
+    """A JSON value as an indented, escaped code block."""
+    return f"<pre><code>{esc(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))}</code></pre>"
 
 
 class Num(str):

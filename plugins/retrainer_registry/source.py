@@ -19,6 +19,7 @@ from typing import Any
 
 from retrainer_registry.render import number
 from tasks.config import ConfigError, JobConfig, load_config
+from tasks.registry.records import origin
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class VersionFacts:
 
     version: int
     parent_version: int | None
+    started_from: str  # where training started: scratch, pretrained <dir>, version <N>, weights <path>
     loss: float | None
     perplexity: float | None
     eval_tokens: int | None
@@ -124,6 +126,7 @@ def version_facts(version: dict[str, Any], job: JobConfig | None) -> VersionFact
     live = m.get("live") if isinstance(m.get("live"), dict) else None
     return VersionFacts(
         version=int(version["version"]), parent_version=version.get("parent_version"),
+        started_from=origin(version.get("started_from"), version.get("parent_version"), version.get("init_digest")),
         loss=number(m.get("loss")), perplexity=number(m.get("perplexity")),
         eval_tokens=None if tokens is None else int(tokens), step=None if step is None else int(step),
         suite_metrics={k: float(v) for k, v in sorted(suite.items()) if number(v) is not None},

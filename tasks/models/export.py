@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+# Generation defaults (sampling settings, special token ids), kept whole from the model a run started from.
+GENERATION_CONFIG = "generation_config.json"
 
 
 def shard_name(index: int, count: int) -> str:
@@ -102,17 +104,27 @@ def write_metadata(dest: Path, m: ModelConfig, weight_map: dict[str, str], total
     index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     atomic_write_json(dest / HF_INDEX, index)
     config = family.hf_config(
-        m, torch_dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
+        m, dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
         bos_token_id=base_config.get("bos_token_id"), eos_token_id=base_config.get("eos_token_id"))
     atomic_write_json(dest / HF_CONFIG, config)
-    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if config.get(k) is not None}
-    atomic_write_json(dest / "generation_config.json", generation)
-    written = [HF_INDEX, HF_CONFIG, "generation_config.json"]
+    atomic_write_json(dest / GENERATION_CONFIG, generation_config(config, base_dir))
+    written = [HF_INDEX, HF_CONFIG, GENERATION_CONFIG]
     for name in TOKENIZER_FILES:
         if base_dir and (Path(base_dir) / name).is_file():
             shutil.copyfile(Path(base_dir) / name, dest / name)
             written.append(name)
     return written
+
+
+def generation_config(config: dict[str, Any], base_dir: str | Path | None) -> dict[str, Any]:
+    """generation_config.json of the export: the parent's as it was (temperature, top_p, max_new_tokens, ...:
+    a retrain changes the weights, not how the model is meant to be sampled), with the special token ids of
+    `config` where the parent's file has none; without a parent file, those ids alone."""
+    generation = _read_json(Path(base_dir) / GENERATION_CONFIG) if base_dir else {}
+    for key in ("bos_token_id", "eos_token_id"):
+        if generation.get(key) is None and config.get(key) is not None:
+            generation[key] = config[key]
+    return generation
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -341,10 +341,10 @@ _GPT_NAMES = {
 _FIELDS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout")
 
 
-def hf_config(m: ModelConfig, *, torch_dtype: str = "bfloat16", **_: Any) -> dict[str, Any]:
+def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", **_: Any) -> dict[str, Any]:
     """config.json of an exported GPT: our architecture name and the model fields (read back by
     `model_fields_from_hf`); transformers has no class for it, retrainer's evaluate reads it."""
-    return {"architectures": [ARCHITECTURE], "model_type": "retrainer-gpt", "torch_dtype": torch_dtype,
+    return {"architectures": [ARCHITECTURE], "model_type": "retrainer-gpt", "dtype": dtype,
             **{f: getattr(m, f) for f in _FIELDS}}
 
 

@@ -469,7 +469,7 @@ _COMMON_DEFAULTS: dict[str, Any] = {
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 
 
-def hf_config(m: ModelConfig, *, torch_dtype: str = "bfloat16", max_position_embeddings: int | None = None,
+def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: LlamaForCausalLM, or Qwen2ForCausalLM when `qkv_bias`.
 
@@ -495,7 +495,7 @@ def hf_config(m: ModelConfig, *, torch_dtype: str = "bfloat16", max_position_emb
         "rope_theta": m.rope_theta,
         "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
         "tie_word_embeddings": m.tie_embeddings,
-        "torch_dtype": torch_dtype,
+        "dtype": dtype,  # transformers 5 writes `dtype` (`torch_dtype` is its deprecated spelling)
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }

@@ -137,22 +137,36 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(value: Any) -> str | None:
+    """A recorded metric for a table cell (4 decimals), or None when the record has none."""
+    return f"{value:.4f}" if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _gate(metrics: dict[str, Any]) -> str | None:
+    """The gate's verdict at publish: pass (every rule passed), FAIL (one did not), None (no gate recorded)."""
+    rules = [r for r in metrics.get("gate") or [] if isinstance(r, dict)]
+    if not rules:
+        return None
+    return "pass" if all(r.get("passed") for r in rules) else "FAIL"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from tasks.registry import Registry
+    from tasks.registry.records import origin
 
     with Registry(_db(args)) as reg:
         info = reg.show(args.model)
     lines = [f"model {info['model']}", "aliases:"]
     lines += [f"  {name} -> {a['version']}  (by {a['updated_by']} at {a['updated_at']})"
               for name, a in info["aliases"].items()] or ["  (none)"]
-    rows = [[v["version"], "scratch" if v["parent_version"] is None else f"v{v['parent_version']}",
-             v["artifact_digest"][:12], v["size_bytes"], v["checkpoint_tag"],
-             json.dumps({k: x for k, x in v["metrics"].items() if k != "train_losses"}, sort_keys=True)[:60],
-             v["created_by"], v["created_at"],
+    rows = [[v["version"], origin(v["started_from"], v["parent_version"], v["init_digest"]),
+             _number(v["metrics"].get("loss")), _number(v["metrics"].get("perplexity")), _gate(v["metrics"]),
+             v["artifact_digest"][:12], v["size_bytes"], v["checkpoint_tag"], v["created_by"], v["created_at"],
              "; ".join(f"rolled back from {a}" for a in sorted(v["rolled_back_from"])) or None]
             for v in info["versions"]]
-    lines += ["versions:", _table(rows, ["VERSION", "FROM", "DIGEST", "BYTES", "CHECKPOINT", "METRICS", "BY", "AT",
-                                         "NOTE"])]
+    lines += ["versions:", _table(rows, ["VERSION", "FROM", "LOSS", "PERPLEXITY", "GATE", "DIGEST", "BYTES",
+                                         "CHECKPOINT", "BY", "AT", "NOTE"])]
+    lines.append("(--json: each version's whole record: metrics, training config, lineage)")
     _emit(args, info, "\n".join(lines))
     return 0
 

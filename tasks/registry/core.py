@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from tasks.credentials import unredacted_credentials
 from tasks.errors import InvalidInputError
 from tasks.registry import schema as t
 from tasks.registry.db import make_engine
@@ -59,29 +60,41 @@ def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat()
 
 
-def check_metrics(metrics: Any) -> dict[str, Any]:
-    """A JSON object of finite values, normalised through JSON (what the database will store)."""
+def check_metrics(metrics: Any, where: str = "metrics") -> dict[str, Any]:
+    """A JSON object of finite values, normalised through JSON (what the database will store); `where` names
+    the field in errors (metrics, lineage.config)."""
     if not isinstance(metrics, dict):
-        raise InvalidInputError(f"metrics: must be a JSON object, got {type(metrics).__name__}")
+        raise InvalidInputError(f"{where}: must be a JSON object, got {type(metrics).__name__}")
 
-    def finite(x: Any, where: str) -> None:
+    def finite(x: Any, path: str) -> None:
         if isinstance(x, float) and not math.isfinite(x):
-            raise InvalidInputError(f"metrics.{where}: non-finite value {x!r} cannot be published")
+            raise InvalidInputError(f"{where}.{path}: non-finite value {x!r} cannot be published")
         if isinstance(x, dict):
             for k, v in x.items():
-                finite(v, f"{where}.{k}" if where else str(k))
+                finite(v, f"{path}.{k}" if path else str(k))
         elif isinstance(x, list):
             for i, v in enumerate(x):
-                finite(v, f"{where}[{i}]")
+                finite(v, f"{path}[{i}]")
 
     finite(metrics, "")
     try:
         text = json.dumps(metrics, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"metrics: not JSON-serializable: {exc}") from None
+        raise InvalidInputError(f"{where}: not JSON-serializable: {exc}") from None
     if "\\u0000" in text:
-        raise InvalidInputError("metrics: contains a NUL character")
+        raise InvalidInputError(f"{where}: contains a NUL character")
     return json.loads(text)
+
+
+def check_config(config: Any) -> dict[str, Any] | None:
+    """A version's recorded job config: a JSON object whose credentials were redacted (never a secret in a
+    record: an option named like a credential that still holds a value is refused, naming it)."""
+    if config is None:
+        return None
+    config = check_metrics(config, "lineage.config")
+    if leaks := unredacted_credentials(config):
+        raise InvalidInputError(f"lineage.config: {', '.join(leaks)} would record a credential; redact it first")
+    return config
 
 
 def check_replay(replay: Any) -> list[dict[str, Any]]:
@@ -206,7 +219,7 @@ class Registry:
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
             created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
             init_digest=m["init_digest"], data_url=m["data_url"], artifact_kind=m["artifact_kind"],
-            data_replay=m["data_replay"] or [], created=created,
+            data_replay=m["data_replay"] or [], config=m["config"], started_from=m["started_from"], created=created,
         )
 
     @staticmethod
@@ -254,7 +267,10 @@ class Registry:
         if lineage.data_url is not None:
             check_text(lineage.data_url, "lineage.data_url", max_len=4096)
         check_text(artifact.url, "artifact.url", max_len=4096)
+        if lineage.started_from is not None:
+            check_text(lineage.started_from, "lineage.started_from", max_len=4096)
         replay = check_replay(lineage.data_replay)
+        config = check_config(lineage.config)
         metrics = check_metrics(metrics)
         now = _now()
         with self._db().begin() as conn:
@@ -282,6 +298,7 @@ class Registry:
                 "parent_version": lineage.parent_version, "init_digest": lineage.init_digest,
                 "data_url": lineage.data_url, "artifact_kind": artifact.kind,
                 "data_replay": replay or None,  # NULL: no replay, as for every version before revision 0005
+                "config": config, "started_from": lineage.started_from,
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])

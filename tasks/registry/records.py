@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 # 'file': one object whose bytes hash to the digest; 'tree': a directory whose manifest hashes to it
 # (tasks/registry/tree.py). A version records which (migration 0004), so readers know how to fetch it.
-# Its training mixture's replay sources are `data_replay` (migration 0005).
+# Its training mixture's replay sources are `data_replay` (migration 0005); the resolved job config it was
+# trained with and the weights training started from are `config` and `started_from` (migration 0006).
 ArtifactKind = Literal["file", "tree"]
 
 
@@ -39,6 +40,20 @@ class Lineage:
     # Earlier snapshots mixed into training (`data.replay`): {url, manifest_hash, weight} each, in order;
     # the primary data above had the rest of the weight. Empty: trained on the primary data alone.
     data_replay: list[dict[str, Any]] = field(default_factory=list)
+    # The run's resolved job config, credentials redacted (tasks/credentials.py: redact); None: not recorded.
+    config: dict[str, Any] | None = None
+    # Where training started, one line: "scratch", "pretrained <dir>", "version <N>", "weights directory <path>".
+    started_from: str | None = None
+
+
+def origin(started_from: str | None, parent_version: int | None, init_digest: str | None) -> str:
+    """Where a version's training started, for people: as recorded, or (versions published before revision
+    0006 recorded no `started_from`) what its lineage says: a parent version, outside weights, or scratch."""
+    if started_from:
+        return started_from
+    if parent_version is not None:
+        return f"version {parent_version}"
+    return "scratch" if init_digest is None else f"weights {init_digest[:12]} (not a registry version)"
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,13 @@ class VersionRecord:
     data_url: str | None = None
     artifact_kind: ArtifactKind = "file"
     data_replay: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # None: published before revision 0006, which did not record it
+    started_from: str | None = None
     created: bool = field(default=False, compare=False)  # this call inserted it (publish's answer, not a fact)
+
+    @property
+    def origin(self) -> str:
+        return origin(self.started_from, self.parent_version, self.init_digest)
 
     def to_dict(self) -> dict[str, Any]:
         """The version as stored (without `created`, which describes a call, not the version)."""

@@ -18,7 +18,7 @@ from tasks.registry.errors import SchemaVersionError
 # alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
 VERSION_TABLE = "retrainer_schema_version"
 # The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
-HEAD = "0005"
+HEAD = "0006"
 
 metadata = sa.MetaData()
 
@@ -51,6 +51,8 @@ versions = sa.Table(
     sa.Column("data_url", sa.Text, nullable=True),
     sa.Column("artifact_kind", sa.String(16), nullable=False, server_default="file"),
     sa.Column("data_replay", sa.JSON, nullable=True),
+    sa.Column("config", sa.JSON, nullable=True),
+    sa.Column("started_from", sa.Text, nullable=True),
     sa.UniqueConstraint("model_id", "artifact_digest"),
 )
 

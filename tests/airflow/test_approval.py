@@ -146,7 +146,7 @@ def test_approve_through_rest_publishes_and_names_the_approver(standalone: Stand
 
     run = _finished(standalone, run_id)
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "success"
-    assert run["note"] is None
+    assert run["note"] == f"published {MODEL} v1 (from scratch) -> alias '{ALIAS}'"  # what, from what, where
     registry = _registry(standalone)
     live = registry.live_version(MODEL, ALIAS)
     assert live is not None and live.version == 1

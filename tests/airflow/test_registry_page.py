@@ -9,6 +9,7 @@ registry is reported (password hidden), and the rollback button refuses cross-si
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -50,8 +51,10 @@ def _publish(registry_url: str, tmp_path: Path, model: str, n: int, metrics_for)
             blob = tmp_path / f"weights-{i}.pt"
             blob.write_bytes(f"weights {model} {i}".encode())
             replay = [{"url": f"s3://b/{HOSTILE}", "manifest_hash": "a" * 64, "weight": 0.05}] if i == 2 else []
+            made = {"config": {"train": {"steps": 7, "lr": 0.01}, "data": {"source_url": f"s3://b/{HOSTILE}"}},
+                    "started_from": f"pretrained s3://b/{HOSTILE}"} if i == 2 else {}  # v1: before revision 0006
             lineage = Lineage(config_hash=f"{i:064x}", data_manifest_hash="d" * 64, code_revision="rev",
-                              checkpoint_tag=f"step-{i:06d}", data_replay=replay)
+                              checkpoint_tag=f"step-{i:06d}", data_replay=replay, **made)
             reg.publish_version(model, store.put(blob), lineage, metrics_for(i),
                                 created_by=HOSTILE if i == 1 else f"airflow retrain_m/{HOSTILE}")
             reg.switch_alias(model, "production", i, actor=HOSTILE, reason=f"because {HOSTILE}", action="publish")
@@ -104,6 +107,11 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     v2 = client.get(f"/retrainer/models/{ref}/versions/2", headers=auth)
     assert v2.status_code == 200 and HOSTILE not in v2.text
     assert "data_replay" in v2.text and "manifest <code>aaaaaaaaaaaa</code>, weight 0.05" in v2.text
+    # The config each version was trained with (v1 predates recording it), and where it started, escaped.
+    assert "Not recorded" in section(v1.text, "config")
+    assert "<summary>7 steps, lr 0.01</summary>" in section(v2.text, "config")
+    assert f"s3://b/{html.escape(HOSTILE)}" in section(v2.text, "config")
+    assert f"from pretrained s3://b/{html.escape(HOSTILE)}" in page.text
     # Each suite metric, and each gate rule's result as it was recorded with the version.
     assert "<td>frozen.loss</td><td class='num'>2.125</td>" in section(v2.text, "metrics")
     gate_rows = section(v2.text, "gate")
@@ -297,3 +305,9 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     assert "live v1 in the same evaluation" in metrics
     assert re.search(r"<td>heldout.loss</td><td class='num'>3.6</td><td class='num'>4</td>", metrics)
     assert "v2: loss 4.4 → 3.5 over 4 steps" in section(vpage, "curve")
+    # What made it: the run's resolved config, summarised, the whole of it folded below.
+    made = section(vpage, "config")
+    p = cfg.parallel
+    assert (f"<details><summary>{cfg.train.steps} steps, lr {cfg.train.lr}, layout tp {p.tp} pp {p.pp} dp {p.dp}, "
+            f"{cfg.model.n_layers} layers × d_model {cfg.model.d_model}, init_from live</summary>") in made
+    assert f"&quot;source_url&quot;: &quot;{cfg.data.source_url}&quot;" in made

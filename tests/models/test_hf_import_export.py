@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.services import free_port
+from tests.services import S3Endpoint, free_port
 from tests.test_weekly_retrain import retrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +191,100 @@ def test_each_rank_reads_only_its_stage_slice_when_importing(tmp_path: Path) -> 
             assert r["held_bytes"] < whole / 3  # a quarter of the model, give or take the norms
             budget = r["held_bytes"] + r["largest_bytes"] + (16 << 20)
             assert r["peak_added_bytes"] <= budget, (stage, tp_rank, r, whole)
+
+
+@pytest.mark.multiproc
+def test_each_version_records_what_made_it_and_exports_as_transformers_writes(
+    tmp_path: Path, pg_url: str, s3: S3Endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A team's model with its own sampling defaults -> v1, new data -> v2 from v1, published to PostgreSQL and S3
+    with credentials from the environment: each version says where it started and what config made it (without
+    those credentials), `registry show` shows its numbers, and the export is what transformers writes and loads."""
+    import logging
+    import warnings
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    from tests.secrets_scan import files_containing
+
+    hf = make_hf_llama(tmp_path / "hf", layers=2)
+    sampling = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 20}
+    GenerationConfig(bos_token_id=1, eos_token_id=2, **sampling).save_pretrained(hf)
+    secret_values = [f"dbpw-{secrets.token_hex(8)}", f"AKIA{secrets.token_hex(8).upper()}",
+                     f"s3sk-{secrets.token_hex(16)}"]
+    for name, value in zip(("REC_DB_PASSWORD", "REC_S3_KEY", "REC_S3_SECRET"), secret_values, strict=True):
+        monkeypatch.setenv(name, value)
+    cfg = _config(tmp_path, hf)
+    cfg["parallel"] = {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1, "micro_batches": 1}
+    cfg["evaluate"]["gate"] = {"tolerance": 1.0}  # this test is about the record, not the gate's verdict
+    cfg["publish"].update(  # trust auth takes the password and ignores it; moto takes any key
+        registry_url=pg_url.replace("postgres@", "postgres:${REC_DB_PASSWORD}@", 1),
+        store_url=f"s3://{s3_bucket}/models",
+        storage_options={"key": "${REC_S3_KEY}", "secret": "${REC_S3_SECRET}",
+                         "client_kwargs": {"endpoint_url": s3.endpoint_url}})
+    config = _write(tmp_path, cfg)
+    db = ["--db", pg_url]
+    assert retrainer("db", "upgrade", *db, tmp=tmp_path).returncode == 0
+    said = []
+    for seed in (3, 4):  # week 1, then week 2 with new data at the same URL
+        made = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", tmp=tmp_path)
+        assert made.returncode == 0, made.stderr[-2000:]
+        done = retrainer("run", str(config), tmp=tmp_path)
+        assert done.returncode == 0, done.stderr[-4000:]
+        said.append(done.stdout + done.stderr)
+    assert f"published team-llama v1 (from pretrained {hf}) -> alias 'production'" in said[0]
+    assert "published team-llama v2 (from version 1) -> alias 'production'" in said[1]
+
+    shown = retrainer("registry", "show", "--model", "team-llama", *db, tmp=tmp_path)
+    record = retrainer("registry", "show", "--model", "team-llama", *db, "--json", tmp=tmp_path)
+    assert shown.returncode == 0 and record.returncode == 0, shown.stderr + record.stderr
+    versions = json.loads(record.stdout)["versions"]
+    lines = shown.stdout.splitlines()
+    head = lines.index("versions:") + 1
+    assert lines[head].split()[:5] == ["VERSION", "FROM", "LOSS", "PERPLEXITY", "GATE"]
+    for v, line in zip(versions, lines[head + 1:head + 3], strict=True):
+        assert f"{v['metrics']['loss']:.4f}" in line and f"{v['metrics']['perplexity']:.4f}" in line
+        assert line.split()[:2] == [str(v["version"]), "pretrained" if v["version"] == 1 else "version"]
+        assert " pass " in line
+    assert [v["started_from"] for v in versions] == [f"pretrained {hf}", "version 1"]
+    for v in versions:  # what made it: the run's resolved config, as a person would compare two versions
+        made_by = v["config"]
+        assert (made_by["train"]["steps"], made_by["train"]["lr"], made_by["train"]["init_from"]) == (3, 1e-3, "live")
+        assert {k: made_by["parallel"][k] for k in ("tp", "pp", "dp")} == {"tp": 1, "pp": 1, "dp": 1}
+        assert (made_by["model"]["pretrained"], made_by["model"]["n_layers"], made_by["model"]["d_model"]) == (
+            str(hf), 2, 64)  # the sizes as resolved from the team's config.json
+        assert made_by["data"]["source_url"] == cfg["data"]["source_url"]
+        assert made_by["publish"]["storage_options"]["secret"] == "<redacted>"
+        assert made_by["publish"]["registry_url"].startswith("postgresql+psycopg://postgres:<redacted>@127.0.0.1")
+    leaks = [(where, value) for where, text in [("run output", "".join(said)), ("registry show", shown.stdout),
+                                                ("registry show --json", record.stdout)]
+             for value in secret_values if value in text]
+    assert not leaks and not files_containing([tmp_path], secret_values)
+
+    # Serving pulls v2 (two exports from the team's model) and loads it as it is, with its sampling defaults.
+    pulled = tmp_path / "serving" / "v2"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", secret_values[1])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_values[2])
+    done = retrainer("registry", "pull", "--model", "team-llama", "--version", "2", str(pulled), *db,
+                     "--storage-options", json.dumps({"client_kwargs": {"endpoint_url": s3.endpoint_url}}),
+                     tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    exported = json.loads((pulled / "config.json").read_text())
+    assert exported["dtype"] == "float32" and "torch_dtype" not in exported
+    generation = json.loads((pulled / "generation_config.json").read_text())
+    assert {k: generation.get(k) for k in (*sampling, "bos_token_id", "eos_token_id")} == {
+        **sampling, "bos_token_id": 1, "eos_token_id": 2}
+    logger = hf_logging.get_logger()  # the library's root logger: every transformers warning reaches it
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            served = AutoModelForCausalLM.from_pretrained(pulled)
+    finally:
+        logger.removeHandler(handler)
+    assert not [str(w.message) for w in caught] and not [r.getMessage() for r in records]
+    assert (served.generation_config.temperature, served.generation_config.top_p) == (0.7, 0.9)

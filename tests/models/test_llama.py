@@ -62,7 +62,7 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
         torch.testing.assert_close(reference(tokens), expected, rtol=0, atol=1e-5)
 
     # Out again: our config.json loads in transformers as the right class and our weights give the same logits.
-    exported = llama.hf_config(m, torch_dtype="float32")
+    exported = llama.hf_config(m, dtype="float32")
     (tmp_path / "config.json").write_text(json.dumps(exported))
     back = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32).eval()
     assert type(back) is type(hf)
@@ -91,7 +91,7 @@ def test_counts_equal_the_real_modules(tied: bool) -> None:
     reference = llama.Reference(m, seed=0)
     hf_cls = Qwen2ForCausalLM if m.qkv_bias else LlamaForCausalLM
     hf_config_cls = Qwen2Config if m.qkv_bias else LlamaConfig
-    hf = hf_cls(hf_config_cls(**llama.hf_config(m, torch_dtype="float32")))
+    hf = hf_cls(hf_config_cls(**llama.hf_config(m, dtype="float32")))
     assert llama.total_params(m) == numel(reference) == numel(hf)
     c = llama.param_counts(m, 1)  # pp=1: a tied head's matrix is the embedding itself, one tensor
     assert numel(reference) == c.embedding + m.n_layers * c.block + c.head - (c.embedding if tied else 0)

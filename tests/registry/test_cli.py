@@ -67,6 +67,15 @@ def test_cli_lifecycle(
     assert rc == 1 and "version 1 was rolled back from it" in err
     rc, out, _ = cli("registry", "show", "--model", "tiny-llama", *db)
     assert "production -> 2" in out and "rolled back from production" in out
+    # The numbers a person compares are columns, not cut-off JSON; --json has each version's whole record.
+    lines = out.splitlines()
+    head = lines.index("versions:") + 1
+    assert lines[head].split()[:5] == ["VERSION", "FROM", "LOSS", "PERPLEXITY", "GATE"]
+    assert [line.split()[:5] for line in lines[head + 1:head + 3]] == [["1", "scratch", "1.5000", "-", "-"],
+                                                                      ["2", "scratch", "1.5000", "-", "-"]]
+    assert "{" not in out
+    assert info["versions"][0]["config"] == cfg.model_dump(mode="json") and info["versions"][0]["started_from"] == (
+        "scratch")
     rc, out, _ = cli("registry", "models", *db, "--json")
     assert json.loads(out) == [{"model": "tiny-llama", "versions": 2, "aliases": {"production": 2}}]
     rc, out, err = cli("registry", "show", "--model", "nope", *db)

@@ -14,9 +14,9 @@ from tasks.registry.schema import HEAD
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005", "0006"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == HEAD == "0005"  # the code's HEAD is the migrations' head
+    assert current(registry_url) == HEAD == "0006"  # the code's HEAD is the migrations' head
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
@@ -99,7 +99,7 @@ def _old_version_at(url: str, revision: str) -> None:
 
 def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
     _old_version_at(registry_url, "0003")  # as the 0003 code wrote it (no artifact_kind)
-    assert upgrade(registry_url) == ["0004", "0005"]
+    assert upgrade(registry_url) == ["0004", "0005", "0006"]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).artifact_kind == "file"
         tree = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/trees/cd/x", 9, kind="tree"),
@@ -111,7 +111,7 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
 
 def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(registry_url: str) -> None:
     _old_version_at(registry_url, "0004")  # as the 0004 code wrote it (no data_replay)
-    assert upgrade(registry_url) == ["0005"]
+    assert upgrade(registry_url) == ["0005", "0006"]
     replay = [{"url": "s3://b/snap-a", "manifest_hash": "a" * 64, "weight": 0.05}]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).data_replay == []
@@ -124,6 +124,29 @@ def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(
             with pytest.raises(InvalidInputError, match=field):
                 reg.publish_version("m", ArtifactRef("ef" * 32, "u", 1), Lineage("c", "d", "r", "t3", data_replay=bad),
                                     {}, "a")
+
+
+def test_0006_versions_published_before_keep_everything_and_record_no_config(registry_url: str) -> None:
+    """An upgrade from 0005 with versions in place: they stay as they were (no config, origin from the
+    lineage they have), a new version records its config and origin, and a config holding a credential is
+    refused before anything is written."""
+    _old_version_at(registry_url, "0005")  # as the 0005 code wrote it (no config, no started_from)
+    assert upgrade(registry_url) == ["0006"]
+    with Registry(registry_url) as reg:
+        old = reg.get_version("m", 1)
+        assert (old.artifact_url, old.config_hash, old.created_by) == ("file:///s/x", "c", "alice")
+        assert old.config is None and old.started_from is None and old.origin == "scratch"
+        config = {"train": {"steps": 3, "lr": 0.001}, "publish": {"storage_options": {"secret": "<redacted>"}}}
+        new = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/y", 9), Lineage(
+            "c", "d", "r", "t2", parent_version=1, config=config, started_from="version 1"), {}, "alice")
+        assert reg.get_version("m", new.version).config == config == new.config
+        assert reg.get_version("m", new.version).origin == "version 1"
+        for leak, field in (({"publish": {"storage_options": {"secret": "s3cr3t"}}}, "publish.storage_options.secret"),
+                            ({"publish": {"registry_url": "postgresql://u:pw@h/db"}}, "publish.registry_url")):
+            with pytest.raises(InvalidInputError, match=rf"lineage\.config: {field} would record a credential"):
+                reg.publish_version("m", ArtifactRef("ef" * 32, "u", 1), Lineage("c", "d", "r", "t3", config=leak),
+                                    {}, "a")
+        assert [v.version for v in reg.list_versions("m")] == [1, 2]
 
 
 def test_0004_postgres_refuses_an_unknown_artifact_kind(pg_url: str) -> None:

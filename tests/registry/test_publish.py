@@ -46,6 +46,9 @@ def test_publish_uploads_records_lineage_and_moves_alias(
             "deadbeef", experiment_key_of(c1), "m1", "step-10")
         assert (v1.parent_version, v1.init_digest, v1.data_url) == (None, None, cfg.data.source_url)
         assert v1.metrics == METRICS and v1.serving_bytes == 1 << 20 and v1.created_by == "ci"
+        # What made it, beside the hashes: the resolved config (a checkpoint from scratch says so).
+        assert v1.started_from == "scratch" and v1.config == cfg.model_dump(mode="json")
+        assert (v1.config["train"]["steps"], v1.config["parallel"]["dp"]) == (cfg.train.steps, cfg.parallel.dp)
         assert reg.live_version("tiny-llama", "production").version == 2
         assert [(h.action, h.from_version, h.to_version) for h in reg.history("tiny-llama")] == [
             ("publish", None, 1), ("publish", 1, 2)]
@@ -63,6 +66,12 @@ def test_publish_to_s3_store(
     res = publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), METRICS, actor="ci")
     assert res.artifact_url == f"s3://{s3_bucket}/models/trees/{res.digest[:2]}/{res.digest}"
     assert s3.filesystem().exists(f"{res.artifact_url}/model.safetensors.index.json")
+    # The store's key and secret reached the store, not the version's record of its config.
+    with Registry(sqlite_url) as reg:
+        record = reg.get_version("tiny-llama", res.version)
+    assert record.config["publish"]["storage_options"] == {
+        "key": "<redacted>", "secret": "<redacted>", "client_kwargs": {"endpoint_url": s3.endpoint_url}}
+    assert s3.key not in json.dumps(record.to_dict()) and s3.secret not in json.dumps(record.to_dict())
 
 
 def test_publish_refuses_bad_checkpoints(
