@@ -35,7 +35,7 @@ from retrainer_airflow.operators import PublishApproval, RankJobOperator
 from tasks import lifecycle
 from tasks.alerts import deadline_missed
 from tasks.approval import MAX_COMMENT, publish_attribution
-from tasks.config import NAME_PATTERN
+from tasks.config import NAME_PATTERN, format_duration
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
@@ -58,7 +58,8 @@ def deadline_for(cfg) -> DeadlineAlert | None:
     if cfg.train.deadline is None:
         return None
     return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=cfg.train.deadline,
-                         callback=AsyncCallback(deadline_missed, kwargs={"deadline": str(cfg.train.deadline)}),
+                         callback=AsyncCallback(deadline_missed,
+                                                kwargs={"deadline": format_duration(cfg.train.deadline)}),
                          name="train.deadline")
 
 

@@ -110,18 +110,18 @@ def test_no_answer_in_time_rejects_and_the_deadline_alert_fires(standalone: Stan
     body = request["body"]
     for text in ("`heldout.loss`", "`heldout.perplexity`", "| metric | candidate | live | change |",
                  f"Live on `{ALIAS}`: nothing yet", "**Gate**: passed:", "- passed: evaluate.gate.rules[0]",
-                 "No answer within 0:01:00 rejects it."):
+                 "No answer within 1 minute rejects it."):
         assert text in body, (text, body)
 
     run = _finished(standalone, run_id)  # nobody answers: the scheduler's timeout sweep applies Reject
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "skipped"
-    assert run["note"] == ("approval: nobody answered within 0:01:00 (publish.approval_timeout_s): timed out, "
+    assert run["note"] == ("approval: nobody answered within 1 minute (publish.approval_timeout_s): timed out, "
                            "rejected; not published")
     assert _registry(standalone).models() == []  # nothing published, no alias
 
     # The run overran train.deadline (20 s) long before it finished: the triggerer logged the alert.
     line = _poll_log(standalone, f"run {run_id} missed its deadline")
-    assert "not done 0:00:20 (train.deadline) after it was queued at" in line
+    assert "not done 20 seconds (train.deadline) after it was queued at" in line
 
 
 def test_reject_through_rest_publishes_nothing_and_notes_who_and_why(standalone: Standalone) -> None:
