@@ -51,6 +51,9 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(PROJECT_ROOT / "dags")
     assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(PROJECT_ROOT / "plugins")
     assert (env["AIRFLOW__CORE__LOAD_EXAMPLES"], env["AIRFLOW__CORE__PARALLELISM"]) == ("False", "4")
+    assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # a trigger runs without an unpause
+    assert "`AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False`" in README
+    assert "PYTHONPATH" not in env  # run outside a checkout: the package's own
     assert env["RETRAINER_HOME"] == str(bare / ".retrainer")
     assert "AIRFLOW__API__BASE_URL" not in env  # Airflow's own default (port 8080) matches its default port
 
@@ -65,7 +68,8 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
 def test_what_the_user_sets_wins(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mine = {"AIRFLOW__API__PORT": "9000", "AIRFLOW__API__BASE_URL": "https://airflow.example.internal",
             "AIRFLOW_HOME": str(bare / "elsewhere"), "AIRFLOW__CORE__DAGS_FOLDER": str(bare),
-            "AIRFLOW__CORE__PARALLELISM": "32", "RETRAINER_HOME": str(bare / "state")}
+            "AIRFLOW__CORE__PARALLELISM": "32", "RETRAINER_HOME": str(bare / "state"),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
     for name, value in mine.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PATH", f"/usr/bin:{sysconfig.get_path('scripts')}")  # the venv late on PATH: moved first
@@ -90,3 +94,25 @@ def test_airflow_reads_the_wrapper_settings(bare: Path, monkeypatch: pytest.Monk
         done = subprocess.run([RETRAINER, "airflow", "config", "get-value", section, key], capture_output=True,
                               text=True, timeout=300)
         assert (done.returncode, done.stdout.strip()) == (0, value), done.stderr
+
+
+def test_a_second_checkout_sharing_the_venv_serves_itself(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with a second checkout (same venv) runs `retrainer airflow` in it: its DAGs, configs, plugins and
+    code are served, not those of the checkout the venv was installed from."""
+    import shutil
+
+    other = bare / "second-checkout"
+    for folder in ("dags", "plugins", "configs", "tasks"):
+        shutil.copytree(PROJECT_ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(other)
+    env = airflow_env()
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(other / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(other / "plugins")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(other)  # its tasks/, which its DAGs import
+    assert env["AIRFLOW_HOME"] == str(other / "airflow-home") and env["RETRAINER_HOME"] == str(other / ".retrainer")
+    # The DAG files find their configs next to themselves: the second checkout's.
+    done = subprocess.run([sys.executable, "-c", "import retrain; print(retrain.CONFIG_DIR)"], env={
+        **env, "PYTHONPATH": os.pathsep.join([env["AIRFLOW__CORE__DAGS_FOLDER"], env["AIRFLOW__CORE__PLUGINS_FOLDER"],
+                                              env["PYTHONPATH"]])},
+        capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, str(other / "configs")), done.stderr
