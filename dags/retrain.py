@@ -195,7 +195,7 @@ def build_retrain_dag(config_path: Path):
         # No answer within publish.approval_timeout_s: the default, Reject.
         approval = PublishApproval(
             task_id="approval", subject="Publish the retrained model?", defaults=ApprovalOperator.REJECT,
-            params={"comment": Param("", type="string", maxLength=MAX_COMMENT,
+            params={"comment": Param(None, type=["null", "string"], maxLength=MAX_COMMENT,  # null: optional in the UI
                                      description="why (kept in the run note or the alias history)")})
         publish_ok >> approval >> published
         housekeeping(planned, published)

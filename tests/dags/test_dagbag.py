@@ -40,6 +40,9 @@ def test_retrain_dag_shape(airflow_db: str) -> None:
     approval = dag.get_task("approval")
     assert approval.options == ["Approve", "Reject"] and approval.defaults == ["Reject"]
     assert list(approval.params.keys()) == ["comment"]  # the form a person fills is its own, not the run's
+    assert approval.params.get_param("comment").schema["type"] == ["null", "string"]  # optional: buttons enabled
+    # Retries for Airflow 3.3.2's stale-exit race (operators.PublishApproval), a few seconds apart.
+    assert approval.retries == 2 and approval.retry_delay.total_seconds() == 2
     assert dag.deadline is None  # the demo config sets no train.deadline
 
 
