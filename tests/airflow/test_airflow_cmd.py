@@ -14,20 +14,14 @@ from pathlib import Path
 import pytest
 
 from tasks.airflow_cmd import PROJECT_ROOT, airflow_env
-from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER
+from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER, under_airflow_bash_blocks
 
 README = (PROJECT_ROOT / "README.md").read_text()
 PROGRAM = ".venv/bin/retrainer"
 
 
-def _under_airflow_block() -> list[str]:
-    """The lines of the first bash block of the README's "Under Airflow" section."""
-    section = README.split("### Under Airflow", 1)[1]
-    return section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-
-
 def test_the_readme_airflow_lines_are_what_the_standalone_fixture_runs() -> None:
-    commands = [shlex.split(line, comments=True) for line in _under_airflow_block()]
+    commands = [shlex.split(line, comments=True) for line in under_airflow_bash_blocks()[0].splitlines()]
     wrapped = [words[1:] for words in commands if words[:2] == [PROGRAM, "airflow"]]
     assert wrapped == README_AIRFLOW_COMMANDS
     # The fixture runs the venv's own console script, which is what `.venv/bin/retrainer` names.
@@ -54,6 +48,12 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
     assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # a trigger runs without an unpause
     assert "`AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False`" in README
     assert "PYTHONPATH" not in env  # run outside a checkout: the package's own
+    # Where the README sends a reader for the password (what the standalone fixture reads, under AIRFLOW_HOME),
+    # in the first block and in the REST lines that test_approval.py runs.
+    password = Path(env["AIRFLOW_HOME"]).relative_to(bare) / "simple_auth_manager_passwords.json.generated"
+    first, rest = under_airflow_bash_blocks()[:2]
+    assert f"password in {password})" in first and f" {password} " in rest
+    assert '"logical_date": null' in rest and "/auth/token" in rest
     assert env["RETRAINER_HOME"] == str(bare / ".retrainer")
     assert "AIRFLOW__API__BASE_URL" not in env  # Airflow's own default (port 8080) matches its default port
 
