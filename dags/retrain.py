@@ -35,7 +35,7 @@ from retrainer_airflow.operators import PublishApproval, RankJobOperator
 from tasks import lifecycle
 from tasks.alerts import deadline_missed
 from tasks.approval import MAX_COMMENT, publish_attribution
-from tasks.config import NAME_PATTERN
+from tasks.config import NAME_PATTERN, format_duration
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
@@ -58,7 +58,8 @@ def deadline_for(cfg) -> DeadlineAlert | None:
     if cfg.train.deadline is None:
         return None
     return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=cfg.train.deadline,
-                         callback=AsyncCallback(deadline_missed, kwargs={"deadline": str(cfg.train.deadline)}),
+                         callback=AsyncCallback(deadline_missed,
+                                                kwargs={"deadline": format_duration(cfg.train.deadline)}),
                          name="train.deadline")
 
 
@@ -195,7 +196,7 @@ def build_retrain_dag(config_path: Path):
         # No answer within publish.approval_timeout_s: the default, Reject.
         approval = PublishApproval(
             task_id="approval", subject="Publish the retrained model?", defaults=ApprovalOperator.REJECT,
-            params={"comment": Param("", type="string", maxLength=MAX_COMMENT,
+            params={"comment": Param(None, type=["null", "string"], maxLength=MAX_COMMENT,  # null: optional in the UI
                                      description="why (kept in the run note or the alias history)")})
         publish_ok >> approval >> published
         housekeeping(planned, published)

@@ -4,7 +4,9 @@ Two things make a bare `.venv/bin/airflow standalone` fail: standalone starts it
 `airflow ...` looked up on PATH (not next to itself), and every task reaches the execution API at
 `AIRFLOW__API__BASE_URL` (default http://localhost:8080), so a changed `AIRFLOW__API__PORT` alone leaves
 every task unable to report. The wrapper puts this venv's bin first on PATH, derives the base URL from
-the port, points Airflow at the project's dags/ and plugins/, and fills the README's defaults; each
+the port, points Airflow at the checkout's dags/ and plugins/ (the one it is run in, so a second checkout
+sharing a venv serves its own DAGs, configs and code, else the one the package was installed from),
+creates DAGs unpaused (a trigger of a paused DAG queues forever) and fills the README's defaults; each
 setting applies only where the environment does not already set it. It execs the airflow binary:
 tasks/ never imports airflow.
 """
@@ -21,7 +23,16 @@ from tasks.errors import RetrainerError
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout the package was installed from
+
+
+def served_checkout(cwd: Path) -> Path:
+    """The checkout whose DAGs, plugins and configs `retrainer airflow` serves: `cwd` when it is a retrainer
+    checkout (its own dags/retrain.py and plugins/retrainer_airflow/), else the package's own."""
+    here = cwd.resolve()
+    if (here / "dags" / "retrain.py").is_file() and (here / "plugins" / "retrainer_airflow").is_dir():
+        return here
+    return PROJECT_ROOT
 
 
 def airflow_env() -> dict[str, str]:
@@ -32,10 +43,14 @@ def airflow_env() -> dict[str, str]:
     bin_dir = sysconfig.get_path("scripts")
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     env["PATH"] = os.pathsep.join([bin_dir, *path])  # first: standalone's components are this venv's airflow
+    checkout = served_checkout(Path.cwd())
+    if checkout != PROJECT_ROOT:  # its tasks/ too, not the package's (the DAGs and plugins import it)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH")) if p)
     defaults = {
         "AIRFLOW_HOME": str(Path.cwd() / "airflow-home"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(checkout / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(checkout / "plugins"),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "RETRAINER_HOME": str(retrainer_home()),

@@ -10,9 +10,9 @@ a rejection or the actor and reason publish records for an approval.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from tasks.config import format_duration
 from tasks.errors import RetrainerError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def request_body(model: str, alias: str, run: RunIdentity, metrics: dict[str, An
     lines += [f"- {'passed' if r['passed'] else 'FAILED'}: {r['note']}" for r in rules]
     lines += ["", f"**Approve** publishes the candidate as the next version of {_code(model)} and moves "
               f"{_code(alias)} to it. **Reject** publishes nothing (say why in the comment: it becomes the "
-              f"run's note). No answer within {timedelta(seconds=round(timeout_s))} rejects it."]
+              f"run's note). No answer within {format_duration(timeout_s)} rejects it."]
     return "\n".join(lines)
 
 
@@ -108,7 +108,7 @@ class ApprovalAnswer:
     def run_note(self, timeout_s: float | None = None) -> str:
         """Why nothing was published, for the run's note."""
         if self.by is None:
-            within = "in time" if timeout_s is None else f"within {timedelta(seconds=round(timeout_s))}"
+            within = "in time" if timeout_s is None else f"within {format_duration(timeout_s)}"
             return (f"approval: nobody answered {within} (publish.approval_timeout_s): timed out, rejected; "
                     "not published")
         because = f": {self.comment}" if self.comment else " (no comment)"

@@ -138,7 +138,8 @@ class DataConfig(_Strict):
     asset: str | None = Field(
         None, min_length=1, max_length=1500,
         description="Airflow Asset URI whose events start a retrain (data arrival); an event's "
-                    "extra.source_url names the new snapshot to train on",
+                    "extra.source_url names the new snapshot to train on (default retrainer-data://<name>; "
+                    "null: no data arrival)",
     )
     replay: tuple[ReplaySource, ...] = Field((), description="earlier snapshots drawn by weight besides "
                                              "source_url (which gets 1 - their sum)")
@@ -195,6 +196,20 @@ def _duration(value: Any) -> Any:
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 
 
+def format_duration(value: timedelta | float) -> str:
+    """A duration (or seconds) as people say it: "1 day", "1 day 12 hours", "1 minute 30 seconds", never
+    timedelta's "1 day, 0:00:00". Rounded to whole seconds."""
+    seconds = round(value.total_seconds() if isinstance(value, timedelta) else value)
+    if seconds <= 0:
+        return "0 seconds"
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}" + ("s" if count != 1 else ""))
+    return " ".join(parts)
+
+
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
@@ -212,7 +227,8 @@ class TrainConfig(_Strict):
     checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
     keep_last: int = Field(3, ge=1)
     seed: int = 1234
-    output_dir: str = Field(description="run directory: checkpoints, telemetry, summary")
+    output_dir: str = Field(description="run directory: checkpoints, telemetry, summary (default "
+                                        "$RETRAINER_HOME/runs/<name>)")
     deadline: Duration | None = Field(
         None, description=f"alert (the DAG's deadline callback) when a retrain run is still not done this long "
                           f"after it was queued: {DURATION_HELP}; None: no alert")
@@ -381,7 +397,8 @@ class ClusterConfig(_Strict):
     hosts: list[Annotated[str, Field(pattern=_HOST)]] = Field(default_factory=list,
                                                               description="ssh: one host per node")
     master_addr: str = "127.0.0.1"
-    master_port: int = Field(29500, gt=0, lt=65536)
+    master_port: int = Field(29500, gt=0, lt=65536, description="rank rendezvous port (default: from the job's "
+                             "name, see default_master_port)")
     partition: str | None = None
     namespace: str = "default"
     image: str | None = None
@@ -552,7 +569,8 @@ class PublishConfig(_Strict):
     store_url: str = Field(description="fsspec URL of the artifact store")
     # The door of the lifecycle: names that reach URLs, Asset URIs, locks and logs are plain.
     # (The registry API itself stores any printable name safely; it is the config that says no.)
-    model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
+    model_name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN,
+                            description="the registry's model (default: the job's name)")
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
@@ -711,6 +729,21 @@ class JobConfig(_Strict):
     def _no_schedule(cls, value: Any) -> Any:
         return ScheduleConfig() if value is None else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named_defaults(cls, data: Any) -> Any:
+        """What two models must not share follows `name` unless the config gives it (explicit values win, an
+        explicit `data.asset: null` included): a second model is a copy of the config with a new name."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            return data
+        name = data["name"]
+        data = dict(data)
+        for (section, key), value in named_defaults(name).items():
+            given = data.get(section, {}) if section == "cluster" else data.get(section)  # cluster is optional
+            if isinstance(given, dict) and key not in given:
+                data[section] = {**given, key: value}
+        return data
+
     @model_validator(mode="after")
     def _layout(self) -> JobConfig:
         m, p = self.model, self.parallel
@@ -805,6 +838,24 @@ def sha256_json(obj: Any) -> str:
     """sha256 of canonical JSON (sorted keys, no whitespace)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+MASTER_PORTS = range(20000, 30000)  # under Linux's ephemeral ports (32768+), which the OS hands out
+
+
+def default_master_port(name: str) -> int:
+    """The rank rendezvous port of a model that names none: sha256 of its name into MASTER_PORTS, the same on
+    every machine and run; two names share one with odds 1 in 10000."""
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return MASTER_PORTS[digest % len(MASTER_PORTS)]
+
+
+def named_defaults(name: str) -> dict[tuple[str, str], Any]:
+    """(section, field) -> the default the model called `name` gets where its config leaves the field out."""
+    return {("publish", "model_name"): name,
+            ("data", "asset"): f"retrainer-data://{name}",
+            ("train", "output_dir"): str(retrainer_home() / "runs" / name),
+            ("cluster", "master_port"): default_master_port(name)}
 
 
 def retrainer_home() -> Path:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from tasks.config import ExportDtype, JobConfig, RetentionConfig
+from tasks.config import ExportDtype, JobConfig, RetentionConfig, format_duration
 from tasks.errors import LockHeldError, RetrainerError
 from tasks.fsutil import dir_bytes, modified_at
 from tasks.lock import default_holder, experiment_lock
@@ -84,10 +84,6 @@ class Report:
         lists = ("delete", "skipped", "kept", "failed")
         return {"dry_run": self.dry_run, "bytes": sum(i.bytes for i in self.delete),
                 **{name: [i.to_dict() for i in getattr(self, name)] for name in lists}}
-
-
-def _age(seconds: float) -> str:
-    return f"{seconds / DAY:.1f} days" if seconds >= DAY else f"{seconds / 3600:.1f} hours"
 
 
 def _size(n: int) -> str:
@@ -334,9 +330,9 @@ def _why_kept(run: Run, rank: int, versions: list[VersionRecord], view: Registry
         return "its age is unknown (the filesystem gives no times)"
     age = now - run.modified
     if age < policy.keep_days * DAY:
-        return f"active {_age(age)} ago (retention.keep_days {policy.keep_days:g})"
+        return f"active {format_duration(age)} ago (retention.keep_days {policy.keep_days:g})"
     if age < policy.grace_hours * 3600:
-        return f"active {_age(age)} ago (retention.grace_hours {policy.grace_hours:g})"
+        return f"active {format_duration(age)} ago (retention.grace_hours {policy.grace_hours:g})"
     return None
 
 
@@ -393,7 +389,7 @@ def plan(cfg: JobConfig, *, dry_run: bool) -> tuple[Report, list[Group]]:
         why = _why_kept(run, rank, versions, view, policy, now)
         if why is None:
             names = ", ".join(f"{v.model} v{v.version}" for v in versions)
-            age = "" if run.modified is None else f", last active {_age(now - run.modified)} ago"
+            age = "" if run.modified is None else f", last active {format_duration(now - run.modified)} ago"
             reason = (f"its versions ({names}) are not among the {policy.keep_versions} an alias pointed to last "
                       "(retention.keep_versions; their artifacts stay)" if versions else "no version came from it")
             groups.append(Group(_run_items(run, reason + age), key=run.key))
@@ -434,7 +430,7 @@ def _store_items(store: ArtifactStore, objects: list[StoredObject], view: Regist
             report.kept.append(Item("staging", url, obj.size, f"the export of run {in_use[obj.name]} (kept)"))
             continue
         if obj.modified is None or now - obj.modified < policy.grace_hours * 3600:
-            age = "of unknown age" if obj.modified is None else f"{_age(now - obj.modified)} old"
+            age = "of unknown age" if obj.modified is None else f"{format_duration(now - obj.modified)} old"
             report.kept.append(Item(obj.kind, url, obj.size, f"no version references it, but it is {age} "
                                     f"(retention.grace_hours {policy.grace_hours:g}: maybe in flight)"))
             continue
@@ -442,7 +438,7 @@ def _store_items(store: ArtifactStore, objects: list[StoredObject], view: Regist
                 "tree": "a tree no version references (an aborted publish)" if obj.committed
                 else "a tree without its manifest (an interrupted commit)",
                 "staging": "a staging area no version references (a stale or aborted export)"}[obj.kind]
-        items.append(Item(obj.kind, url, obj.size, f"{what}, {_age(now - obj.modified)} old",
+        items.append(Item(obj.kind, url, obj.size, f"{what}, {format_duration(now - obj.modified)} old",
                           lambda o=obj: store.remove(o), name=obj.name))
     return items
 

@@ -50,7 +50,7 @@ def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_
     assert "| `heldout.tokens` | 512 | 512 | +0 (+0.00%) |" in body
     assert "**Gate**: passed:" in body
     assert f"- passed: {gate['rules'][0]['note']}" in body  # every rule with its result
-    assert "No answer within 2:00:00 rejects it." in body
+    assert "No answer within 2 hours rejects it." in body
 
 
 def test_first_version_request_says_nothing_is_live() -> None:
@@ -63,7 +63,7 @@ def test_first_version_request_says_nothing_is_live() -> None:
                         {"metrics": {"heldout.loss": 3.0}, "live": None}, gate, None, 86400)
     assert "nothing yet; this would be the first version" in body
     assert "**Gate**: passed: no live model: first version" in body
-    assert "| `heldout.loss` | 3 |  |  |" in body and "No answer within 1 day, 0:00:00" in body
+    assert "| `heldout.loss` | 3 |  |  |" in body and "No answer within 1 day rejects it." in body
 
 
 def test_answers_become_the_note_or_the_publish_attribution() -> None:
@@ -74,8 +74,8 @@ def test_answers_become_the_note_or_the_publish_attribution() -> None:
         "approval: rejected by Bo (id 7) (no comment); not published")
     timed_out = ApprovalAnswer.of(False, None, {"comment": ""})  # the timeout applies the default: Reject
     assert timed_out.by is None
-    assert timed_out.run_note(5400) == ("approval: nobody answered within 1:30:00 (publish.approval_timeout_s): "
-                                        "timed out, rejected; not published")
+    assert timed_out.run_note(5400) == ("approval: nobody answered within 1 hour 30 minutes "
+                                        "(publish.approval_timeout_s): timed out, rejected; not published")
 
     approved = ApprovalAnswer.of(True, admin, {"comment": "ship it"})
     actor, reason = publish_attribution(approved.to_dict(), "airflow retrain_tiny-llama/manual__1")

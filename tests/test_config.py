@@ -165,3 +165,52 @@ def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -
                          ("0s", r"train\.deadline: .*longer than zero"), (-5, r"train\.deadline: .*longer than zero")]:
         with pytest.raises(ConfigError, match=message):
             base.with_overrides({"train.deadline": bad})
+
+
+def test_a_second_model_is_a_copy_with_a_new_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What a user does for a second model: copy the demo config, change `name`. Nothing the two must not
+    share (registry entry, data trigger, run folder, rank port) is shared; the demo keeps what it had."""
+    from tasks.config import MASTER_PORTS, default_master_port
+
+    monkeypatch.setenv("RETRAINER_HOME", str(tmp_path))
+    first = load_config(DEMO)
+    second = load_config(write(tmp_path, lambda c: c.update(name="tiny-llama-2")))
+    assert (first.publish.model_name, first.data.asset, first.train.output_dir) == (
+        "tiny-llama", "retrainer-data://tiny-llama", f"{tmp_path}/runs/tiny-llama")
+    assert (second.publish.model_name, second.data.asset, second.train.output_dir) == (
+        "tiny-llama-2", "retrainer-data://tiny-llama-2", f"{tmp_path}/runs/tiny-llama-2")
+    assert first.cluster.master_port != second.cluster.master_port
+    # The port is the name's, the same in every process (no salted hash()), and in the documented range.
+    assert second.cluster.master_port == default_master_port("tiny-llama-2") in MASTER_PORTS
+    assert default_master_port("tiny-llama") == first.cluster.master_port == 27208
+    ports = {default_master_port(f"model-{i}") for i in range(200)}
+    assert len(ports) >= 198  # a couple of collisions in 200 names at most: 10000 ports
+
+
+def test_explicit_values_win_over_the_name_defaults(tmp_path: Path) -> None:
+    def explicit(c: dict) -> None:
+        c["name"] = "other"
+        c["publish"]["model_name"] = "shared-entry"
+        c["data"]["asset"] = None  # data arrival off
+        c["train"]["output_dir"] = str(tmp_path / "mine")
+        c["cluster"]["master_port"] = 29500
+
+    cfg = load_config(write(tmp_path, explicit))
+    assert (cfg.publish.model_name, cfg.data.asset, cfg.train.output_dir, cfg.cluster.master_port) == (
+        "shared-entry", None, str(tmp_path / "mine"), 29500)
+    # A config without a cluster section still gets the name's port; overrides keep the resolved values.
+    bare = load_config(write(tmp_path, lambda c: c.pop("cluster")))
+    assert bare.cluster.master_port == load_config(DEMO).cluster.master_port
+    assert bare.with_overrides({"train.steps": 3}).cluster.master_port == bare.cluster.master_port
+
+
+def test_durations_read_as_people_write_them() -> None:
+    from datetime import timedelta
+
+    from tasks.config import format_duration
+
+    assert format_duration(86400) == "1 day"
+    assert format_duration(timedelta(days=1, hours=12)) == "1 day 12 hours"
+    assert format_duration(5400.4) == "1 hour 30 minutes"
+    assert format_duration(61) == "1 minute 1 second"
+    assert format_duration(0) == "0 seconds"

@@ -1,4 +1,4 @@
-"""The retrain DAG's own operators: RankJobOperator (train, evaluate) and PublishApproval.
+"""The retrain DAG's own operators: RankJobOperator (train, evaluate) and PublishApproval (below).
 
 RankJobOperator: the train and evaluate tasks, deferring while their job runs where the engine allows.
 
@@ -19,7 +19,9 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.providers.standard.triggers.hitl import HITLTrigger
 from airflow.sdk import BaseOperator
+from airflow.sdk.timezone import utcnow
 
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks import lifecycle
@@ -73,7 +75,19 @@ class PublishApproval(ApprovalOperator):
     """A person's go/no-go between gate and publish, asked only when the run's alias requires it
     (`publish.approval` of the run's frozen config); otherwise it passes at once. The request shows
     tasks.approval's summary; Reject (or no answer by `publish.approval_timeout_s`) skips publish and
-    says why in the run's note; Approve hands the approver to publish."""
+    says why in the run's note; Approve hands the approver to publish.
+
+    An answer given at any moment stands. Airflow 3.3.2 fails a waiting task answered within about a
+    second (the scheduler takes the waiting try's stale exit event for a kill, apache/airflow#67330), after
+    the answer is recorded on the task's request. The task's retries cover that: a retry (not a first try,
+    nor the first after a person cleared the task, who wants to be asked again) does not ask anew, which
+    would erase the recorded answer, but waits on the request it has (HITLTrigger): a recorded answer
+    resumes it at once, else a person answers it as before."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("retries", 2)  # see the class docstring: the stale-exit race, not flaky work
+        kwargs.setdefault("retry_delay", timedelta(seconds=2))
+        super().__init__(**kwargs)
 
     def execute(self, context):
         ti = context["ti"]
@@ -85,6 +99,16 @@ class PublishApproval(ApprovalOperator):
                                                    ti.xcom_pull(task_ids="gate", key="decision"))
         self.subject, self.body = request["subject"], request["body"]
         self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
+        # Airflow's own reckoning (its sensors' first reschedule): a clear restarts the series of tries.
+        first_try = ti.max_tries - (self.retries or 0) + 1
+        if ti.try_number > first_try:
+            log.warning("retrainer: try %s of the approval: an earlier try was asked and may have been answered "
+                        "(apache/airflow#67330); taking that answer, or waiting for it, instead of asking again",
+                        ti.try_number)
+            self.defer(trigger=HITLTrigger(ti_id=ti.id, options=self.options, defaults=self.defaults,
+                                           params=self.serialized_params, multiple=self.multiple,
+                                           timeout_datetime=utcnow() + self.response_timeout, poke_interval=1.0),
+                       method_name="execute_complete")
         return super().execute(context)
 
     def execute_complete(self, context, event):

@@ -29,9 +29,10 @@ from tasks.errors import InvalidInputError
 from tasks.registry import schema as t
 from tasks.registry.db import make_engine
 from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
+from tasks.registry.migrate import upgrade
 from tasks.registry.names import check_digest, check_name, check_text, check_version
 from tasks.registry.records import ArtifactKind, ArtifactRef, Lineage, SwitchRecord, VersionRecord
-from tasks.registry.schema import require_head
+from tasks.registry.schema import blank_sqlite, require_head
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +170,9 @@ def _check_expect(expect: Any) -> Expect:
 class Registry:
     """Python API over the registry database; one instance per process is enough (it pools connections).
 
-    The schema is checked, never changed: the first query finds out once whether the database is at the
+    The schema is checked, not changed: the first query finds out once whether the database is at the
     revision this code speaks (SchemaVersionError naming it otherwise; `retrainer db upgrade` migrates).
+    A blank SQLite database (the embedded default's first use) is migrated then instead.
     """
 
     def __init__(self, db_url: str, *, engine: sa.Engine | None = None) -> None:
@@ -192,6 +194,9 @@ class Registry:
     def _db(self) -> sa.Engine:
         """The engine, once the database is known to be at the schema revision this code needs."""
         if not self._schema_checked:
+            if blank_sqlite(self.engine):
+                log.info("registry: %s is a new SQLite database: creating the schema", self.engine.url.database)
+                upgrade(self.db_url, self.engine)
             require_head(self.engine)
             self._schema_checked = True
         return self.engine

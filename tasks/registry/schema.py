@@ -4,7 +4,9 @@ The DDL that creates them lives in the migrations under `sql/versions/`, which
 are frozen snapshots; this module mirrors the latest schema (`HEAD`). Table names carry a
 `registry_` prefix because the registry may share a database with Airflow.
 
-Only `retrainer db upgrade` changes the schema. Everything else checks it once per
+Only `retrainer db upgrade` changes the schema, with one exception: a blank embedded SQLite
+database (no table at all: a new file) is migrated on first use (`Registry`), since nothing
+there can be in the way and its user owns the file. Everything else checks it once per
 engine (`require_head`: one read of the version table, no alembic import), so task
 users need no DDL rights and a database that is not at `HEAD` fails with one line.
 """
@@ -92,6 +94,14 @@ def revision(conn: sa.Connection) -> str | None:
     if not sa.inspect(conn).has_table(VERSION_TABLE):
         return None
     return conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+
+
+def blank_sqlite(engine: sa.Engine) -> bool:
+    """An SQLite database without a single table (a file just created): the embedded default's first use."""
+    if engine.dialect.name != "sqlite":
+        return False
+    with engine.connect() as conn:
+        return not sa.inspect(conn).get_table_names()
 
 
 def require_head(engine: sa.Engine) -> None:

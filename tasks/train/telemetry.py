@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from tasks.config import format_duration
+
 log = logging.getLogger(__name__)
 
 COMM_WARN_FRACTION = 0.2
@@ -47,12 +49,6 @@ def peak_memory_bytes() -> int:
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class Telemetry:
@@ -109,7 +105,7 @@ class Telemetry:
         eta = (time.perf_counter() - self._t_start) / done * (self.steps - step)
         mfu = f", MFU {row['mfu']:.0%}" if row["mfu"] is not None else ""
         log.info("step %d/%d (%d%%): loss %.4f, %.0f tokens/s%s, ETA %s", step, self.steps,
-                 100 * step // self.steps, row["loss"], row["tokens_per_s"], mfu, _duration(eta))
+                 100 * step // self.steps, row["loss"], row["tokens_per_s"], mfu, format_duration(eta))
 
     def _comm_window(self, step: int, comm_s: float, step_s: float) -> None:
         self._window = [*self._window, (comm_s, step_s)][-COMM_WARN_WINDOW:]

@@ -41,6 +41,12 @@ README_AIRFLOW_COMMANDS = [
 ]
 
 
+def under_airflow_bash_blocks() -> list[str]:
+    """The bash blocks of the README's "Under Airflow" section, in order (what its reader types)."""
+    section = (ROOT / "README.md").read_text().split("### Under Airflow", 1)[1].split("\n### ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("```bash\n")[1:]]
+
+
 def write_test_config(home: Path, mutate: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss.
     `mutate` changes the document further (a test module's own settings) before it is written."""
@@ -189,11 +195,8 @@ def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int] |
                        extra_env: dict[str, str] | None = None,
                        dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
     """A real `airflow standalone` for the job configs in `config_path`'s folder, started by the README's lines
-    (registry: the home's SQLite database, migrated as a deployment's `retrainer db upgrade` does; `pools`
-    instead of the README's pool, created the same way); stopped, whole process group, on exit."""
-    from tasks.registry import upgrade
-
-    upgrade(f"sqlite:///{home / 'registry.db'}")  # the deployment's `retrainer db upgrade`
+    (registry: the home's SQLite database, created by its first use as the README's embedded default is;
+    `pools` instead of the README's pool, created the same way); stopped, whole process group, on exit."""
     port = free_port()
     env = {
         **_bare_environment(),

@@ -14,20 +14,14 @@ from pathlib import Path
 import pytest
 
 from tasks.airflow_cmd import PROJECT_ROOT, airflow_env
-from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER
+from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER, under_airflow_bash_blocks
 
 README = (PROJECT_ROOT / "README.md").read_text()
 PROGRAM = ".venv/bin/retrainer"
 
 
-def _under_airflow_block() -> list[str]:
-    """The lines of the first bash block of the README's "Under Airflow" section."""
-    section = README.split("### Under Airflow", 1)[1]
-    return section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-
-
 def test_the_readme_airflow_lines_are_what_the_standalone_fixture_runs() -> None:
-    commands = [shlex.split(line, comments=True) for line in _under_airflow_block()]
+    commands = [shlex.split(line, comments=True) for line in under_airflow_bash_blocks()[0].splitlines()]
     wrapped = [words[1:] for words in commands if words[:2] == [PROGRAM, "airflow"]]
     assert wrapped == README_AIRFLOW_COMMANDS
     # The fixture runs the venv's own console script, which is what `.venv/bin/retrainer` names.
@@ -51,6 +45,15 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(PROJECT_ROOT / "dags")
     assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(PROJECT_ROOT / "plugins")
     assert (env["AIRFLOW__CORE__LOAD_EXAMPLES"], env["AIRFLOW__CORE__PARALLELISM"]) == ("False", "4")
+    assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # a trigger runs without an unpause
+    assert "`AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False`" in README
+    assert "PYTHONPATH" not in env  # run outside a checkout: the package's own
+    # Where the README sends a reader for the password (what the standalone fixture reads, under AIRFLOW_HOME),
+    # in the first block and in the REST lines that test_approval.py runs.
+    password = Path(env["AIRFLOW_HOME"]).relative_to(bare) / "simple_auth_manager_passwords.json.generated"
+    first, rest = under_airflow_bash_blocks()[:2]
+    assert f"password in {password})" in first and f" {password} " in rest
+    assert '"logical_date": null' in rest and "/auth/token" in rest
     assert env["RETRAINER_HOME"] == str(bare / ".retrainer")
     assert "AIRFLOW__API__BASE_URL" not in env  # Airflow's own default (port 8080) matches its default port
 
@@ -65,7 +68,8 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
 def test_what_the_user_sets_wins(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mine = {"AIRFLOW__API__PORT": "9000", "AIRFLOW__API__BASE_URL": "https://airflow.example.internal",
             "AIRFLOW_HOME": str(bare / "elsewhere"), "AIRFLOW__CORE__DAGS_FOLDER": str(bare),
-            "AIRFLOW__CORE__PARALLELISM": "32", "RETRAINER_HOME": str(bare / "state")}
+            "AIRFLOW__CORE__PARALLELISM": "32", "RETRAINER_HOME": str(bare / "state"),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
     for name, value in mine.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PATH", f"/usr/bin:{sysconfig.get_path('scripts')}")  # the venv late on PATH: moved first
@@ -90,3 +94,25 @@ def test_airflow_reads_the_wrapper_settings(bare: Path, monkeypatch: pytest.Monk
         done = subprocess.run([RETRAINER, "airflow", "config", "get-value", section, key], capture_output=True,
                               text=True, timeout=300)
         assert (done.returncode, done.stdout.strip()) == (0, value), done.stderr
+
+
+def test_a_second_checkout_sharing_the_venv_serves_itself(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with a second checkout (same venv) runs `retrainer airflow` in it: its DAGs, configs, plugins and
+    code are served, not those of the checkout the venv was installed from."""
+    import shutil
+
+    other = bare / "second-checkout"
+    for folder in ("dags", "plugins", "configs", "tasks"):
+        shutil.copytree(PROJECT_ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(other)
+    env = airflow_env()
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(other / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(other / "plugins")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(other)  # its tasks/, which its DAGs import
+    assert env["AIRFLOW_HOME"] == str(other / "airflow-home") and env["RETRAINER_HOME"] == str(other / ".retrainer")
+    # The DAG files find their configs next to themselves: the second checkout's.
+    done = subprocess.run([sys.executable, "-c", "import retrain; print(retrain.CONFIG_DIR)"], env={
+        **env, "PYTHONPATH": os.pathsep.join([env["AIRFLOW__CORE__DAGS_FOLDER"], env["AIRFLOW__CORE__PLUGINS_FOLDER"],
+                                              env["PYTHONPATH"]])},
+        capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, str(other / "configs")), done.stderr

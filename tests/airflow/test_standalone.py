@@ -70,9 +70,9 @@ def test_rest_rejects_unknown_rollback_model(standalone: Standalone) -> None:
 
 
 def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(standalone: Standalone) -> None:
-    with standalone.client() as c:
-        for dag_id in (RETRAIN, ROLLBACK, PRODUCER):
-            c.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+    with standalone.client() as c:  # `retrainer airflow` created them unpaused: no step of the README's unpauses
+        assert not any(c.get(f"/api/v2/dags/{d}").raise_for_status().json()["is_paused"]
+                       for d in (RETRAIN, ROLLBACK, PRODUCER))
     registry = _registry(standalone)
 
     # Week 1, a manual run: nothing live yet, v1 from scratch.
@@ -105,8 +105,11 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     # The same snapshot announced again from outside Airflow: that run is v2 again, which was rolled back.
     known = standalone.run_ids(RETRAIN)
     with standalone.client() as c:
-        assets = c.get("/api/v2/assets", params={"uri_pattern": "retrainer-data"}).raise_for_status().json()
-        asset_id = assets["assets"][0]["id"]
+        # The README's lookup: by pattern, since Airflow stores the URI as retrainer-data://tiny-llama/.
+        assets = c.get("/api/v2/assets", params={"uri_pattern": f"retrainer-data://{MODEL}"}).raise_for_status()
+        [asset] = assets.json()["assets"]
+        assert asset["uri"] == f"retrainer-data://{MODEL}/"
+        asset_id = asset["id"]
         c.post("/api/v2/assets/events", json={"asset_id": asset_id, "extra": {"source_url": snapshot}}
                ).raise_for_status()
     again = standalone.next_run(RETRAIN, known)

@@ -40,6 +40,9 @@ def test_retrain_dag_shape(airflow_db: str) -> None:
     approval = dag.get_task("approval")
     assert approval.options == ["Approve", "Reject"] and approval.defaults == ["Reject"]
     assert list(approval.params.keys()) == ["comment"]  # the form a person fills is its own, not the run's
+    assert approval.params.get_param("comment").schema["type"] == ["null", "string"]  # optional: buttons enabled
+    # Retries for Airflow 3.3.2's stale-exit race (operators.PublishApproval), a few seconds apart.
+    assert approval.retries == 2 and approval.retry_delay.total_seconds() == 2
     assert dag.deadline is None  # the demo config sets no train.deadline
 
 
@@ -66,7 +69,7 @@ def test_train_deadline_becomes_the_retrain_dags_deadline_alert(airflow_db: str,
     [alert] = dag.deadline
     assert alert.reference == DeadlineReference.DAGRUN_QUEUED_AT and alert.interval == timedelta(hours=36)
     assert alert.callback.path == "tasks.alerts.deadline_missed"  # importable by the triggerer
-    assert alert.callback.kwargs == {"deadline": "1 day, 12:00:00"}
+    assert alert.callback.kwargs == {"deadline": "1 day 12 hours"}
     serialized = DagSerialization.to_dict(dag)
     assert "tasks.alerts.deadline_missed" in str(serialized)
 
@@ -85,13 +88,13 @@ def test_deadline_alert_names_the_run_and_the_limit() -> None:
     handler.emit = records.append
     logging.getLogger("tasks.alerts").addHandler(handler)
     try:
-        asyncio.run(deadline_missed(deadline="1 day, 12:00:00", context=context))
+        asyncio.run(deadline_missed(deadline="1 day 12 hours", context=context))
     finally:
         logging.getLogger("tasks.alerts").removeHandler(handler)
     [record] = records
     assert record.levelno == logging.ERROR
     assert record.getMessage() == (
-        "retrainer: retrain_tiny-llama run manual__1 missed its deadline: not done 1 day, 12:00:00 "
+        "retrainer: retrain_tiny-llama run manual__1 missed its deadline: not done 1 day 12 hours "
         "(train.deadline) after it was queued at 2026-03-01T02:00:00Z (due 2026-03-02T14:00:00Z); state running")
 
 

@@ -1,4 +1,5 @@
-"""Only `retrainer db upgrade` migrates; every other command checks the revision once and says what to do.
+"""Only `retrainer db upgrade` migrates (but a blank embedded SQLite file, created on first use); every other
+command checks the revision once and says what to do.
 
 Through the real entry point in its own process (`python -m tasks.cli`): the output a user sees.
 """
@@ -37,7 +38,9 @@ def _seed(url: str) -> None:
 def test_commands_print_no_alembic_lines_even_at_first_use(registry_url: str) -> None:
     first = retrainer("db", "upgrade", "--db", registry_url)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "applied: 0001, 0002, 0003, 0004, 0005"
+    revisions = sorted(f.name[:4] for f in (ROOT / "sql" / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
+    assert revisions[:6] == ["0001", "0002", "0003", "0004", "0005", "0006"]
+    assert first.stdout.strip() == f"applied: {', '.join(revisions)}"
     _seed(registry_url)
     for argv in (("registry", "show", "--model", "m"), ("promote", "--model", "m", "--version", "1"),
                  ("db", "upgrade")):
@@ -60,11 +63,13 @@ def test_stale_or_empty_schema_fails_with_one_line_until_upgraded(registry_url: 
     from tasks.registry.migrate import alembic_config
 
     url = _with_password(registry_url)
-    if state == "0001":
-        engine = make_engine(url, poolclass=sa.NullPool)
-        with engine.begin() as conn:
+    engine = make_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        if state == "0001":
             command.upgrade(alembic_config(conn), "0001")
-        engine.dispose()
+        elif conn.dialect.name == "sqlite":  # not blank (a file something else uses): not ours to migrate
+            conn.execute(sa.text("CREATE TABLE notes (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
     where = normalize_url(url).render_as_string(hide_password=True)
     for argv in (("registry", "show", "--model", "m"), ("rollback", "--model", "m")):
         done = retrainer(*argv, "--db", url)
@@ -86,11 +91,19 @@ def test_stale_or_empty_schema_fails_with_one_line_until_upgraded(registry_url: 
 def test_python_api_checks_once_and_publish_uploads_nothing_to_a_stale_registry(
     sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
 ) -> None:
+    from alembic import command
+
     from tasks.lifecycle import registry_for
     from tasks.publish import publish
+    from tasks.registry.db import make_engine
+    from tasks.registry.migrate import alembic_config
 
+    engine = make_engine(sqlite_url, poolclass=sa.NullPool)
+    with engine.begin() as conn:  # an older schema: only `retrainer db upgrade` moves it
+        command.upgrade(alembic_config(conn), "0001")
+    engine.dispose()
     cfg = job_config(sqlite_url)
-    with pytest.raises(SchemaVersionError, match="run `retrainer db upgrade`"):
+    with pytest.raises(SchemaVersionError, match=r"is at schema revision 0001, .*run `retrainer db upgrade`"):
         publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), {"loss": 1.0})
     assert not Path(cfg.publish.store_url).exists()  # checked before any upload
     with pytest.raises(SchemaVersionError):
@@ -107,3 +120,21 @@ def test_python_api_checks_once_and_publish_uploads_nothing_to_a_stale_registry(
         reg.list_versions("m")
     reg.close()
     assert len(reads) == 1  # one revision check per Registry, not one per call
+
+
+def test_a_new_embedded_sqlite_registry_is_created_on_first_use(
+    sqlite_url: str, job_config: Callable[..., JobConfig], tmp_path: Path
+) -> None:
+    """A user's first run on the embedded default: no `retrainer db upgrade`, the publish goes through and the
+    registry then reads like any other (the CLI, another process)."""
+    from tasks.publish import publish
+
+    cfg = job_config(sqlite_url)
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+    publish(cfg, make_checkpoint(tmp_path, cfg, "step-10"), {"loss": 1.0})
+    with Registry(sqlite_url) as reg:
+        live = reg.live_version(cfg.publish.model_name, "production")
+    assert live is not None and live.version == 1
+    done = retrainer("registry", "show", "--model", cfg.publish.model_name, "--db", sqlite_url)
+    assert done.returncode == 0 and "production -> 1" in done.stdout, done.stderr
+    assert retrainer("db", "upgrade", "--db", sqlite_url).stdout.strip() == f"schema already at {HEAD}; nothing applied"
