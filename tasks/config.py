@@ -70,7 +70,7 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    family: Literal["gpt", "llama"] = "gpt"
+    family: Literal["gpt", "llama"] = "llama"  # tasks.models.FAMILIES
     # Llama family only (gpt ignores them).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
