@@ -1,4 +1,4 @@
-"""The GPT family: a GPT-2-style decoder, one set of layer classes for the 3D pipeline and the reference.
+"""The GPT family's layers: a GPT-2-style decoder, one set of layer classes for the 3D pipeline and the reference.
 
 Why one set: the planner, the 3D-equality tests and `evaluate` all rely on the
 pipeline and the reference being the same maths with the same parameter names.
