@@ -67,8 +67,8 @@ def cpu_model_states() -> list[str]:
 def cpu_activations() -> list[str]:
     import torch
 
-    from tasks.models.gpt import Reference as GPT
-    from tasks.models.gpt import lm_loss
+    from tasks.models.gpt.model import Reference as GPT
+    from tasks.models.gpt.model import lm_loss
 
     rows = ["| model (fp32, SDPA) | mbs x seq | measured saved | planner | planner/measured |",
             "|---|---|---:|---:|---:|"]
@@ -108,10 +108,10 @@ def gpu_peak() -> list[str]:
         return ["GPU peak memory: not measured: no GPU lent"]
     import deepspeed
 
-    from tasks.models.gpt import Reference as GPT
-    from tasks.models.gpt import lm_loss
+    from tasks.models.gpt.model import Reference as GPT
+    from tasks.models.gpt.model import lm_loss
 
-    one_b = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16,
+    one_b = {"family": "gpt", "vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16,
              "n_kv_heads": 16, "d_ff": 8192, "dropout": 0.0}
     rows = ["| ~1B layout (1 GPU, bf16) | max_memory_allocated | planner total | planner/measured |",
             "|---|---:|---:|---:|"]

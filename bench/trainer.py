@@ -97,7 +97,8 @@ def cpu_bench(steps: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     from tasks.train.reference import train_reference
 
-    model = {"vocab_size": 512, "seq_len": 128, "n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024}
+    model = {"family": "gpt",
+             "vocab_size": 512, "seq_len": 128, "n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         root = Path(tmp)
         dataset = write_dataset(root / "data", 512, 200_000)
@@ -127,19 +128,21 @@ def gpu_bench(steps: int) -> None:
     if not torch.cuda.is_available():
         print("GPU: not measured: no GPU lent (torch.cuda.is_available() is False)")
         return
-    model = {"vocab_size": 32000, "seq_len": 2048, "n_layers": 20, "d_model": 2048, "n_heads": 16, "d_ff": 8192}
+    model = {"family": "gpt",
+             "vocab_size": 32000, "seq_len": 2048, "n_layers": 20, "d_model": 2048, "n_heads": 16, "d_ff": 8192}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-gpu-", dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
         dataset = write_dataset(root / "data", 32000, 4_000_000)
         cfg = job(root, model, {"steps": steps, "micro_batch_size": 8, "checkpoint_every": steps,
                                 "precision": "bf16", "lr": 3e-4}, free_port())
-        from tasks.plan.shapes import total_params
+        from tasks.models import get_family
 
         rows, ckpts = engine_run(cfg, dataset)
         tail = rows[3:]
         tps = statistics.median(r["tokens_per_s"] for r in tail)
         mfu = statistics.median(r["mfu"] for r in tail)
-        print(f"GPU {torch.cuda.get_device_name()}: GPT {total_params(cfg.model) / 1e9:.2f}B, bf16, mbs 8 x 2048")
+        n = get_family(cfg.model.family).total_params(cfg.model)
+        print(f"GPU {torch.cuda.get_device_name()}: GPT {n / 1e9:.2f}B, bf16, mbs 8 x 2048")
         print(f"  tokens/s {tps:,.0f}  MFU {mfu * 100:.1f}% of {cfg.cluster.peak_tflops} TFLOPS (goal >= 45%)")
         print(f"  peak memory {max(r['peak_mem_bytes'] for r in rows) / 2**30:.1f} GiB")
         last = ckpts[-1]

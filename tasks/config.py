@@ -70,7 +70,7 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    family: Literal["gpt", "llama"] = "gpt"
+    family: str = Field("llama", description="a name in tasks.models.FAMILIES")
     # Llama family only (gpt ignores them).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
@@ -84,6 +84,15 @@ class ModelConfig(_Strict):
                     "from its weights",
     )
     pretrained_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, name: str) -> str:
+        from tasks.models import FAMILIES  # the registry only: no family (and no torch) is imported
+
+        if name not in FAMILIES:
+            raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}")
+        return name
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:

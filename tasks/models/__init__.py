@@ -1,25 +1,39 @@
-"""Model families by name (`model.family`): each is a module with the same API.
+"""Model families by name (`model.family`): each is a `ModelFamily` (tasks/models/family.py) in its own package.
 
-A family module provides its pipeline layers, tensor-parallel shard rules, exact
-parameter counts and FLOPs, and (where it has one) its Hugging Face name mapping.
-Families are imported lazily, so asking for one never imports torch for the others.
+The registry names where each family object lives, so asking for one imports only
+that family (and torch); the config and the planner's imports stay light.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING
 
-FAMILIES = {
-    "gpt": "tasks.models.gpt",
+if TYPE_CHECKING:
+    from tasks.models.family import ModelFamily
+
+# name -> package whose `FAMILY` is the family object. Adding a family = its package + one line here.
+FAMILIES: dict[str, str] = {
     "llama": "tasks.models.llama",
+    "gpt": "tasks.models.gpt",
 }
 
 
-def get_family(name: str) -> ModuleType:
-    """The module implementing model family `name`."""
+def get_family(name: str) -> ModelFamily:
+    """The family object of `model.family` `name`; an unknown name is refused, listing the known ones."""
     try:
-        module = FAMILIES[name]
+        package = FAMILIES[name]
     except KeyError:
         raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}") from None
-    return importlib.import_module(module)
+    return importlib.import_module(package).FAMILY
+
+
+def family_for_architecture(architectures: object) -> ModelFamily:
+    """The family that reads a config.json `architectures` value (a one-element list); others are refused."""
+    from tasks.errors import InvalidInputError
+
+    known = {arch: name for name in FAMILIES for arch in get_family(name).architectures}
+    if not isinstance(architectures, list) or len(architectures) != 1 or architectures[0] not in known:
+        raise InvalidInputError(f"config.json architectures {architectures!r} is not supported; "
+                                f"known: {', '.join(sorted(known))}")
+    return get_family(known[architectures[0]])

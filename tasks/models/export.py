@@ -22,8 +22,8 @@ from typing import Any
 from tasks.config import ModelConfig
 from tasks.fsutil import atomic_write_json, fresh_dir
 from tasks.models import get_family
+from tasks.models.shapes import pipeline_stages
 from tasks.models.weights import HF_CONFIG, HF_INDEX, CheckpointWeights
-from tasks.plan.shapes import pipeline_stages
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from filelock import FileLock
 from tasks.config import ModelConfig, sha256_json
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.fsutil import atomic_write_json, atomic_writer
-from tasks.models import FAMILIES, get_family
+from tasks.models import family_for_architecture, get_family
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +51,6 @@ def read_hf_config(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInputError(f"model.pretrained: {url}/{CONFIG} is not JSON: {exc}") from None
 
 
-def _family_of(config: dict[str, Any]) -> str:
-    for name in FAMILIES:
-        try:
-            get_family(name).model_fields_from_hf(config)
-        except InvalidInputError:
-            continue
-        return name
-    get_family("llama").model_fields_from_hf(config)  # raises, naming what is unsupported
-    raise AssertionError("unreachable")
-
-
 def sizes_from_pretrained(m: ModelConfig, source: str) -> dict[str, Any]:
     """The model section with its sizes from the pretrained config.json; a contradicting YAML value is an error.
 
@@ -71,8 +60,9 @@ def sizes_from_pretrained(m: ModelConfig, source: str) -> dict[str, Any]:
     assert url is not None
     try:
         config = read_hf_config(url, m.pretrained_storage_options)
-        family = m.family if "family" in m.model_fields_set else _family_of(config)
-        fields = get_family(family).model_fields_from_hf(config)
+        family = (get_family(m.family) if "family" in m.model_fields_set
+                  else family_for_architecture(config.get("architectures")))
+        fields = family.model_fields_from_hf(config)
     except InvalidInputError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     current = m.model_dump(mode="json")

@@ -12,19 +12,15 @@ from tasks.plan.cli import register
 from tasks.plan.layout import validate_layout
 from tasks.plan.search import search
 from tasks.plan.serving import serving_estimate
-from tasks.plan.shapes import param_counts, pipeline_stages, total_params
 
 __all__ = [
     "Memory",
     "Plan",
     "Step",
-    "param_counts",
-    "pipeline_stages",
     "plan",
     "register",
     "resolve_precision",
     "search",
     "serving_estimate",
-    "total_params",
     "validate_layout",
 ]

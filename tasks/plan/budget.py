@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tasks.config import JobConfig
+from tasks.models import get_family
+from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget
 from tasks.plan.layout import ranks_per_node, validate_layout
-from tasks.plan.shapes import Stage, param_counts, pipeline_stages, total_params
 
 log = logging.getLogger(__name__)
 
@@ -191,15 +192,13 @@ def _tp_payload(cfg: JobConfig, stage: Stage, b: Bytes) -> int:
     two more forward ones when recomputing. A vocab-parallel family adds the embedding's forward
     all-reduce (s x b x h), the LM head input's gradient (s x b x h) and the cross entropy's three
     fp32 values per token (max; sum of exp and target logit)."""
-    from tasks.models import get_family
-
     if cfg.parallel.tp == 1:
         return 0
     m, t = cfg.model, cfg.train
     tokens = m.seq_len * t.micro_batch_size
     per_block = (4 + (2 if t.activation_checkpointing else 0)) * b.activation * tokens * m.d_model
     per_micro = per_block * stage.blocks
-    if get_family(m.family).VOCAB_PARALLEL:
+    if get_family(m.family).vocab_parallel:
         per_micro += stage.has_embedding * b.activation * tokens * m.d_model
         per_micro += stage.has_head * (b.activation * tokens * m.d_model + 3 * tokens * 4)
     return per_micro * cfg.parallel.micro_batches
@@ -235,7 +234,7 @@ def plan(
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     precision = resolve_precision(cfg, device)
     b = PRECISION_BYTES[precision]
-    counts = param_counts(m, p.tp)
+    counts = get_family(m.family).param_counts(m, p.tp)
     stages = pipeline_stages(m.n_layers, p.pp)
     dp, zero = p.dp, p.zero_stage
 
@@ -295,7 +294,7 @@ def plan(
     )
 
     step = _step(cfg, per_stage, busiest, b)
-    n_total = total_params(m)
+    n_total = get_family(m.family).total_params(m)
 
     evaluation = evaluation_budget(cfg, capacity)
     fits = mem.total <= capacity and evaluation["fits"]
@@ -362,7 +361,7 @@ def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, in
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
     tokens = mb * p.micro_batches * p.dp * s
-    n = total_params(m)
+    n = get_family(m.family).total_params(m)
     # 6 N per token (fwd + bwd) + attention scores 12 L s h per token; +2 N (one more forward) with recomputation.
     per_token = 6 * n + 12 * m.n_layers * s * h + (2 * n if t.activation_checkpointing else 0)
     flops = float(per_token * tokens)

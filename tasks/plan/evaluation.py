@@ -12,8 +12,9 @@ from typing import Any
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
+from tasks.models import get_family
+from tasks.models.shapes import pipeline_stages
 from tasks.plan.layout import validate_layout
-from tasks.plan.shapes import param_counts, pipeline_stages
 
 FP32 = 4
 
@@ -35,7 +36,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
         except InvalidInputError as exc:
             raise InvalidInputError(f"evaluate.parallel: {exc}") from None
     m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
-    counts = param_counts(m, p.tp)
+    counts = get_family(m.family).param_counts(m, p.tp)
     tokens = e.batch_size * m.seq_len
     best: dict[str, Any] | None = None
     for stage in pipeline_stages(m.n_layers, p.pp):

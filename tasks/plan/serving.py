@@ -5,22 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import JobConfig
-from tasks.plan.shapes import total_params
+from tasks.models import get_family
 
 SERVING_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}  # bytes per element of each `serving.dtype`
 
 
 def serving_estimate(cfg: JobConfig) -> dict[str, Any]:
-    """KV cache per token = layers x kv_heads x head_dim x 2 (K and V) x bytes; total adds the weights.
+    """KV cache per token as the model family states it (K and V per layer and kv head); total adds the weights.
 
     `serving.context_len` defaults to model.seq_len (the longest the learned positions allow).
     """
     m, s = cfg.model, cfg.serving
     context = m.seq_len if s.context_len is None else s.context_len
     e = SERVING_BYTES[s.dtype]
-    params = total_params(m)
+    family = get_family(m.family)
+    params = family.total_params(m)
     weights = params * e
-    kv_per_token = m.n_layers * m.kv_heads * m.head_dim * 2 * e
+    kv_per_token = family.kv_bytes_per_token(m, e)
     kv_total = kv_per_token * s.concurrency * context
     return {
         "dtype": s.dtype,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
-import types
 
 from tasks.train import checkpoint as ck
 from tasks.train import telemetry, worker
@@ -28,7 +28,7 @@ def install() -> None:
 
         def get_family(name):  # the family as the product has it, its loss turned NaN at one step
             family = product_family(name)
-            patched = types.SimpleNamespace(**vars(family))
+            patched = copy.copy(family)
 
             def make_loss_fn(tp):
                 loss_fn = family.make_loss_fn(tp)

@@ -32,8 +32,8 @@ def main() -> None:
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.models.pretrained import sizes_from_pretrained
+    from tasks.models.shapes import pipeline_stages
     from tasks.models.weights import load_into
-    from tasks.plan.shapes import pipeline_stages
 
     m = ModelConfig.model_validate(sizes_from_pretrained(ModelConfig(pretrained=args.model_dir), "test"))
     family, tp = get_family(m.family), TPGroup(None, args.tp_rank, args.tp)

@@ -18,9 +18,11 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from tasks.config import ModelConfig
-from tasks.models import llama
+from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
+
+llama = get_family("llama")
 
 SEED = 5
 # Untied with llama3 rope scaling and the qkv bias; tied with plain rope.

@@ -14,7 +14,7 @@ def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | 
                 serving: dict[str, Any] | None = None, evaluate: dict[str, Any] | None = None) -> JobConfig:
     return JobConfig.model_validate({
         "name": "plan-test",
-        "model": model or {},
+        "model": {"family": "gpt", **(model or {})},  # the planner tests' hand-worked numbers are GPT's
         "data": {"source_url": "/nonexistent/data", "cache_dir": "/nonexistent/cache"},
         "parallel": parallel or {},
         "train": {"output_dir": "/nonexistent/out", **(train or {})},

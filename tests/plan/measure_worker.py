@@ -100,13 +100,14 @@ def main() -> None:
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     from tasks.config import ModelConfig
-    from tasks.models.gpt import lm_loss, pipeline_layers
+    from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.parallel import TPGroup
 
     torch.manual_seed(0)
     deepspeed.init_distributed(dist_backend="gloo")
     rank = tdist.get_rank()
-    m = ModelConfig(vocab_size=a.vocab, seq_len=a.seq, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads,
+    m = ModelConfig(family="gpt",
+                    vocab_size=a.vocab, seq_len=a.seq, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads,
                     n_kv_heads=a.kv_heads, d_ff=a.ffn, dropout=0.0)
     topo = PipeModelDataParallelTopology(num_pp=a.pp, num_mp=a.tp, num_dp=a.dp)
     grid = PipelineParallelGrid(topology=topo)

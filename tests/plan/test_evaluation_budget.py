@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tasks.errors import InvalidInputError
-from tasks.plan import plan, total_params
+from tasks.models import get_family
+from tasks.plan import plan
 from tests.plan.conftest import make_config
+
+LLAMA = get_family("llama")
 
 # Llama-3-70B's shape on 8 nodes x 8 GPUs of 80 GiB, trained tp=8 x pp=8.
 LLAMA_70B = {"family": "llama", "vocab_size": 128256, "seq_len": 4096, "n_layers": 80, "d_model": 8192,
@@ -25,7 +28,7 @@ def test_evaluation_in_the_training_layout_fits_and_is_reported() -> None:
     r = plan(seventy_b())
     ev = r.evaluation
     assert r.fits and ev is not None and ev["fits"] and ev["layout"] == {"tp": 8, "pp": 8, "dp": 1}
-    assert ev["weights"] < total_params(make_config(model=LLAMA_70B).model) * 4 / 50  # a 64th of it, in fp32
+    assert ev["weights"] < LLAMA.total_params(make_config(model=LLAMA_70B).model) * 4 / 50  # a 64th of it, in fp32
     assert ev["total"] == ev["weights"] + ev["activations"] + ev["logits"] + ev["comm_buffers"]
 
 
@@ -34,7 +37,7 @@ def test_one_rank_per_replica_cannot_hold_70b_and_the_plan_refuses_naming_evalua
     assert not r.fits and r.verdict == "does_not_fit"
     assert r.overflow is not None and r.overflow["term"] == "evaluation"
     assert r.evaluation is not None
-    assert r.evaluation["weights"] == total_params(make_config(model=LLAMA_70B).model) * 4  # all of it, fp32
+    assert r.evaluation["weights"] == LLAMA.total_params(make_config(model=LLAMA_70B).model) * 4  # all of it, fp32
 
 
 def test_an_evaluation_layout_the_cluster_cannot_run_is_refused_by_name() -> None:
@@ -48,6 +51,6 @@ def test_small_model_by_hand() -> None:
     r = plan(make_config(model=m, evaluate={"batch_size": 8}))
     ev = r.evaluation
     tokens = 8 * 64
-    assert ev["weights"] == total_params(make_config(model=m).model) * 4
+    assert ev["weights"] == get_family("gpt").total_params(make_config(model=m).model) * 4
     assert ev["logits"] == 2 * tokens * 4 * 256 and ev["comm_buffers"] == 0
     assert ev["activations"] == tokens * 64 * 4 * 3 + tokens * 4 * (64 + 2 * 4 * 16) + tokens * 4 * 3 * 256

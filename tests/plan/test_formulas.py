@@ -6,11 +6,15 @@ import math
 
 import pytest
 
-from tasks.plan import param_counts, pipeline_stages, plan, search, serving_estimate, total_params
+from tasks.models import get_family
+from tasks.models.shapes import pipeline_stages
+from tasks.plan import plan, search, serving_estimate
 from tests.plan.conftest import make_config
 
 # d=64, heads=4 (hd=16), kv=4, ffn=256, vocab=256, seq=64, 4 layers: the demo model.
-DEMO = {"vocab_size": 256, "seq_len": 64, "n_layers": 4, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
+DEMO = {"family": "gpt",
+        "vocab_size": 256, "seq_len": 64, "n_layers": 4, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
+GPT_FAMILY = get_family("gpt")
 
 
 def test_param_count_exact_by_hand() -> None:
@@ -19,17 +23,17 @@ def test_param_count_exact_by_hand() -> None:
     # block: ln1 128 + qkv (64*192 + 192 = 12480) + out (64*64 + 64 = 4160) + ln2 128
     #        + fc1 (64*256 + 256 = 16640) + fc2 (256*64 + 64 = 16448) = 49984
     # head: ln 128 + 64*256 = 16512
-    c = param_counts(cfg.model)
+    c = GPT_FAMILY.param_counts(cfg.model)
     assert (c.embedding, c.block, c.head) == (20480, 49984, 16512)
-    assert total_params(cfg.model) == 20480 + 4 * 49984 + 16512 == 236928
+    assert GPT_FAMILY.total_params(cfg.model) == 20480 + 4 * 49984 + 16512 == 236928
 
 
 def test_param_count_matches_the_real_model() -> None:
-    from tasks.models.gpt import Reference as GPT
+    from tasks.models.gpt.model import Reference as GPT
 
     for model in (DEMO, {**DEMO, "n_kv_heads": 2, "d_ff": 96, "n_layers": 3}):
         cfg = make_config(model=model)
-        assert total_params(cfg.model) == sum(p.numel() for p in GPT(cfg.model).parameters())
+        assert GPT_FAMILY.total_params(cfg.model) == sum(p.numel() for p in GPT(cfg.model).parameters())
 
 
 def test_tp_shards_column_and_row_weights_but_not_norms_or_row_biases() -> None:
@@ -37,7 +41,7 @@ def test_tp_shards_column_and_row_weights_but_not_norms_or_row_biases() -> None:
     # qkv out = (4 + 2*2)*16 = 128: weight 64*128 + bias 128 = 8320 -> 4160 per rank
     # out: 64*64 = 4096 -> 2048, its bias 64 replicated; fc1 16640 -> 8320; fc2 weight 16384 -> 8192, bias 64
     # replicated: 2 LNs 256 + 64 + 64 = 384;  per rank: 384 + 4160 + 2048 + 8320 + 8192 = 23104
-    assert param_counts(cfg.model, 2).block == 23104
+    assert GPT_FAMILY.param_counts(cfg.model, 2).block == 23104
 
 
 def test_pipeline_stages_follow_deepspeed_type_partition() -> None:
@@ -177,7 +181,7 @@ def test_serving_estimate_by_hand() -> None:
     # KV per token: 4 layers x 2 kv heads x 16 hd x 2 (K, V) x 2 B = 512
     assert est["kv_cache_bytes_per_token"] == 512
     assert est["kv_cache_bytes"] == 512 * 8 * 1000
-    n = total_params(cfg.model)
+    n = GPT_FAMILY.total_params(cfg.model)
     assert est["weights_bytes"] == 2 * n
     assert est["serving_bytes"] == 2 * n + 4_096_000
     fp32 = cfg.with_overrides({"serving.dtype": "fp32", "serving.context_len": None})

@@ -25,7 +25,7 @@ from tests.services import free_port, require
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("measure_worker.py")
-MODEL = {"vocab_size": 64, "seq_len": 16, "n_layers": 3, "d_model": 32, "n_heads": 4, "n_kv_heads": 2,
+MODEL = {"family": "gpt", "vocab_size": 64, "seq_len": 16, "n_layers": 3, "d_model": 32, "n_heads": 4, "n_kv_heads": 2,
          "d_ff": 128, "dropout": 0.0}
 
 LAYOUTS = {

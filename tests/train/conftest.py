@@ -54,7 +54,7 @@ def tiny_config(tmp_path: Path, overrides: dict[str, object] | None = None, *, o
     """A tiny GPT job whose every section points into tmp_path; dotted overrides applied."""
     cfg = JobConfig.model_validate({
         "name": "tiny-test",
-        "model": {"vocab_size": 256, "seq_len": 16, "n_layers": 2, "d_model": 32, "n_heads": 4,
+        "model": {"family": "gpt", "vocab_size": 256, "seq_len": 16, "n_layers": 2, "d_model": 32, "n_heads": 4,
                   "n_kv_heads": 2, "d_ff": 64, "dropout": 0.0},
         "data": {"source_url": str(tmp_path / "src"), "cache_dir": str(tmp_path / "cache")},
         "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1, "micro_batches": 1},

@@ -11,8 +11,9 @@ import torch
 
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.models.gpt import Reference as GPT
-from tasks.models.gpt import TransformerBlock, shard_spec, unshard
+from tasks.models.gpt.model import Reference as GPT
+from tasks.models.gpt.model import TransformerBlock
+from tasks.models.gpt.sharding import shard_spec, unshard
 from tasks.models.parallel import TPGroup
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows
@@ -118,7 +119,7 @@ def test_token_windows_refuse_bad_datasets(dataset_dir: Path) -> None:
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_slices_reassemble_to_the_reference_block(tp: int) -> None:
-    m = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2 if tp == 2 else 4, d_ff=64)
+    m = ModelConfig(family="gpt", d_model=32, n_heads=4, n_kv_heads=2 if tp == 2 else 4, d_ff=64)
     full = TransformerBlock(m, 1, seed=3).state_dict()
     shards = [TransformerBlock(m, 1, seed=3, tp=TPGroup(None, r, tp)).state_dict() for r in range(tp)]
     for name, tensor in full.items():

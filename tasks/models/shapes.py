@@ -1,15 +1,13 @@
 """Parameter counts per layer kind (stated by each model family) and how DeepSpeed places layers on stages.
 
-Kept separate from the budget arithmetic because the measured-vs-predicted tests
-check these numbers against the real model, tensor by tensor.
+With the models (not the planner) because families state their counts in `ParamCounts` and export
+walks the stages; the planner reads both from here. No torch import.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from tasks.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -19,20 +17,6 @@ class ParamCounts:
     embedding: int  # the first stage's embedding layer, as held by one TP rank
     block: int  # one transformer block, as held by one TP rank
     head: int  # the last stage's final norm + LM head (a tied copy of the embedding included)
-
-
-def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
-    """Per-TP-rank parameter counts of the config's model family (the family states them; see tasks.models)."""
-    from tasks.models import get_family
-
-    return get_family(m.family).param_counts(m, tp)
-
-
-def total_params(m: ModelConfig) -> int:
-    """Exact parameter count of the unsharded model, as its family counts it."""
-    from tasks.models import get_family
-
-    return get_family(m.family).total_params(m)
 
 
 def partition_balanced(weights: list[int], num_parts: int) -> list[int]:

@@ -1,0 +1,110 @@
+"""The model-family protocol: what every family states once, and what it inherits.
+
+Why a class and not a bare module: the planner, the trainer, evaluate, import and
+export all ask a family the same questions (layers, shard rules, exact counts and
+FLOPs, KV bytes, Hugging Face names and config.json); an abstract base says which
+answers a new family must give and keeps the ones that are the same maths for
+every decoder (totals, FLOPs, KV bytes) in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tasks.models.shapes import ParamCounts
+
+if TYPE_CHECKING:
+    import torch
+
+    from tasks.config import ModelConfig
+    from tasks.models.parallel import TPGroup
+
+# Reference-model prefixes of the first and last pipeline layers (tasks/models/weights.py reads by them).
+EMBED, HEAD = "embed", "head"
+
+
+class ModelFamily(ABC):
+    """One decoder family. Layers take (m, seed, tp) (blocks: (m, index, seed, tp)); `seed` None = no draw.
+
+    Reference names (the Reference's state-dict names) are the contract between the
+    layers, the shard rules, checkpoints and the Hugging Face mapping.
+    """
+
+    name: ClassVar[str]  # `model.family`
+    architectures: ClassVar[tuple[str, ...]]  # config.json `architectures` this family reads
+    vocab_parallel: ClassVar[bool]  # embedding, LM head and cross entropy split by vocab rows across TP
+    Embedding: ClassVar[type]
+    TransformerBlock: ClassVar[type]
+    Head: ClassVar[type]
+    Reference: ClassVar[type]  # the whole model in one module (tasks.models.common.Reference)
+
+    # ---- layers ----
+    @abstractmethod
+    def pipeline_layers(self, m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
+        """DeepSpeed LayerSpecs [embedding, n_layers blocks, head (, tied logits)]."""
+
+    @abstractmethod
+    def make_loss_fn(self, tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """loss_fn(logits as the last stage emits them, labels): mean next-token cross entropy."""
+
+    @abstractmethod
+    def make_token_nll_fn(self, tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """token_nll(logits, labels): per-token cross entropy in fp32 (evaluation)."""
+
+    # ---- shapes and shard rules ----
+    @abstractmethod
+    def full_shapes(self, m: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Reference name -> full (unsharded) shape of every parameter, without building the model."""
+
+    @abstractmethod
+    def shard_spec(self, m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
+        """(dim, indices) of the full tensor `name` one TP rank holds; None = replicated."""
+
+    @abstractmethod
+    def unshard(self, m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The full tensor from its TP pieces (ordered by TP rank)."""
+
+    # ---- counts for the planner and telemetry ----
+    @abstractmethod
+    def param_counts(self, m: ModelConfig, tp: int = 1) -> ParamCounts:
+        """Parameters one TP rank holds per layer kind, as DeepSpeed places them."""
+
+    def total_params(self, m: ModelConfig) -> int:
+        """Unique parameters of the whole model (a tied matrix once)."""
+        return sum(math.prod(s) for s in self.full_shapes(m).values())
+
+    def flops_per_token(self, m: ModelConfig) -> float:
+        """Training FLOPs per token, PaLM appendix B / Megatron style: 6N + 12 * n_layers * seq_len * d_model.
+
+        N = the parameters that take part in matmuls: all blocks plus the head (final
+        norm + the d x vocab LM-head matrix, counted even when tied, because the
+        logits matmul runs either way); the input embedding is a lookup and is left
+        out. The attention term counts QK^T and AV over the full (not causal-halved)
+        seq_len x seq_len score matrix, n_heads * head_dim = d_model wide.
+        """
+        c = self.param_counts(m, 1)
+        return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.seq_len * m.d_model
+
+    def kv_bytes_per_token(self, m: ModelConfig, element_bytes: int) -> int:
+        """KV-cache bytes one token takes when serving: a key and a value per layer and kv head."""
+        return m.n_layers * m.kv_heads * m.head_dim * 2 * element_bytes
+
+    # ---- Hugging Face in/out ----
+    @abstractmethod
+    def hf_name(self, ref: str) -> str:
+        """The exported tensor name of a reference name."""
+
+    @abstractmethod
+    def ref_name(self, hf: str) -> str:
+        """The reference name of an exported tensor name (inverse of `hf_name`); a foreign name is refused."""
+
+    @abstractmethod
+    def hf_config(self, m: ModelConfig, *, dtype: str = "bfloat16", **extra: Any) -> dict[str, Any]:
+        """config.json of the exported model."""
+
+    @abstractmethod
+    def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The ModelConfig fields a config.json implies; an unsupported feature fails naming its key."""

@@ -1,0 +1,173 @@
+"""Llama-family Hugging Face mapping: tensor names and config.json in and out."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tasks.config import ModelConfig
+from tasks.errors import InvalidInputError
+from tasks.models.common import BLOCK
+from tasks.models.family import EMBED, HEAD
+
+_TOP_NAMES = {
+    f"{EMBED}.tok.weight": "model.embed_tokens.weight",
+    f"{HEAD}.norm.weight": "model.norm.weight",
+    f"{HEAD}.out.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.q.weight": "self_attn.q_proj.weight",
+    "attn.q.bias": "self_attn.q_proj.bias",
+    "attn.k.weight": "self_attn.k_proj.weight",
+    "attn.k.bias": "self_attn.k_proj.bias",
+    "attn.v.weight": "self_attn.v_proj.weight",
+    "attn.v.bias": "self_attn.v_proj.bias",
+    "attn.o.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate.weight": "mlp.gate_proj.weight",
+    "mlp.up.weight": "mlp.up_proj.weight",
+    "mlp.down.weight": "mlp.down_proj.weight",
+}
+_HF_TOP = {v: k for k, v in _TOP_NAMES.items()}
+_HF_BLOCK = {v: k for k, v in _BLOCK_NAMES.items()}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def hf_name(ref_name: str) -> str:
+    """Hugging Face name of a reference name: `blocks.3.attn.q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    if ref_name in _TOP_NAMES:
+        return _TOP_NAMES[ref_name]
+    match = BLOCK.fullmatch(ref_name)
+    if match and match.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+    raise ValueError(f"{ref_name!r} is not a Llama-family parameter name")
+
+
+def ref_name(hf_name: str) -> str:
+    """Reference name of a Hugging Face tensor name (the inverse of `hf_name`)."""
+    if hf_name in _HF_TOP:
+        return _HF_TOP[hf_name]
+    match = _HF_LAYER.fullmatch(hf_name)
+    if match and match.group(2) in _HF_BLOCK:
+        return f"blocks.{match.group(1)}.{_HF_BLOCK[match.group(2)]}"
+    raise ValueError(f"{hf_name!r} is not a tensor of a supported Llama-family checkpoint")
+
+
+# Architectures we read, with the HF defaults of the keys a config.json may leave out.
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "LlamaForCausalLM": ("llama", {"max_position_embeddings": 2048}),
+    "MistralForCausalLM": ("mistral", {"max_position_embeddings": 131072, "sliding_window": 4096}),
+    "Qwen2ForCausalLM": ("qwen2", {"max_position_embeddings": 32768}),
+}
+_COMMON_DEFAULTS: dict[str, Any] = {
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+    "mlp_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "rope_theta": 10000.0,
+}
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
+def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
+              bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
+    """config.json of the exported model: LlamaForCausalLM, or Qwen2ForCausalLM when `qkv_bias`.
+
+    Why Qwen2 for qkv_bias: Llama's `attention_bias` also puts a bias on o_proj,
+    which this model does not have. rope_theta/rope_scaling are written in the
+    long-standing flat form that transformers 4 and 5 and vLLM all read.
+    `max_position_embeddings` defaults to model.seq_len; pass the parent's value to
+    keep an imported model's context length.
+    """
+    qwen = m.qkv_bias
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "hidden_size": m.d_model,
+        "intermediate_size": m.ffn,
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.kv_heads,
+        "num_hidden_layers": m.n_layers,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": max_position_embeddings or m.seq_len,
+        "hidden_act": "silu",
+        "rms_norm_eps": m.rms_norm_eps,
+        "rope_theta": m.rope_theta,
+        "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
+        "tie_word_embeddings": m.tie_embeddings,
+        "dtype": dtype,  # transformers 5 writes `dtype` (`torch_dtype` is its deprecated spelling)
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+    if qwen:
+        cfg["use_sliding_window"] = False
+    else:
+        cfg.update(attention_bias=False, mlp_bias=False, head_dim=m.head_dim)
+    return cfg
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters."""
+    params = config.get("rope_parameters") or {}
+    if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
+        raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")
+    theta = float(params.get("rope_theta", config.get("rope_theta", _COMMON_DEFAULTS["rope_theta"])))
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    scaling = config.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if scaling.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise InvalidInputError("config.json partial_rotary_factor: only full rotary (1.0) is supported")
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported (default or llama3)")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in keys if k not in scaling]
+    if missing:
+        raise InvalidInputError(f"config.json {key}: llama3 needs {', '.join(missing)}")
+    return theta, {"rope_type": "llama3", **{k: scaling[k] for k in keys}}
+
+
+def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields implied by a Hugging Face config.json; unsupported features fail naming the key."""
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise InvalidInputError(
+            f"config.json architectures {archs!r} is not supported by model.family 'llama' "
+            f"(supported: {', '.join(ARCHITECTURES)})"
+        )
+    model_type, arch_defaults = ARCHITECTURES[archs[0]]
+    if config.get("model_type", model_type) != model_type:
+        raise InvalidInputError(f"config.json model_type {config['model_type']!r} does not match {archs[0]}")
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise InvalidInputError(f"config.json lacks {', '.join(missing)}")
+    c = {**_COMMON_DEFAULTS, **arch_defaults, **config}
+    heads = c["num_attention_heads"]
+    unsupported = {
+        "hidden_act": c["hidden_act"] != "silu",
+        "head_dim": c.get("head_dim") not in (None, c["hidden_size"] // heads),
+        "mlp_bias": bool(c["mlp_bias"]),
+        "attention_bias": model_type != "qwen2" and bool(c["attention_bias"]),  # Llama's puts a bias on o_proj too
+        "attention_dropout": bool(c["attention_dropout"]),
+        "use_sliding_window": model_type == "qwen2" and bool(c["use_sliding_window"]),
+        "sliding_window": model_type == "mistral" and c["sliding_window"] is not None,
+    }
+    for key, bad in unsupported.items():
+        if bad:
+            raise InvalidInputError(f"config.json {key} = {c[key]!r} is not supported by model.family 'llama'")
+    theta, scaling = _rope(c)
+    return {
+        "family": "llama",
+        "vocab_size": c["vocab_size"],
+        "seq_len": c["max_position_embeddings"],
+        "n_layers": c["num_hidden_layers"],
+        "d_model": c["hidden_size"],
+        "n_heads": heads,
+        "n_kv_heads": c.get("num_key_value_heads") or heads,
+        "d_ff": c["intermediate_size"],
+        "dropout": 0.0,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "rms_norm_eps": c["rms_norm_eps"],
+        "tie_embeddings": bool(c["tie_word_embeddings"]),
+        "qkv_bias": model_type == "qwen2",
+    }

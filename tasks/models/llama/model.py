@@ -1,0 +1,253 @@
+"""The Llama family's layers (Llama 2/3, Mistral without sliding window, Qwen2 with `qkv_bias`).
+
+Why it looks like this: every parameter maps 1:1 to one Hugging Face tensor (q, k,
+v, gate, up and down are separate linears) and rotary uses transformers'
+`rotate_half` convention, so HF weights load with no permutation. The same layer
+classes build the 3D pipeline and the single-process `Reference`; each layer
+draws its full-size initial weights from its own seeded generator (seed, layer
+index), one tensor at a time, and a tensor-parallel rank keeps only its slice,
+so any (tp, pp, dp) layout starts from the same weights.
+
+Architecture: pre-RMSNorm blocks; grouped-query attention with q/k/v
+column-parallel (sharded by heads) and o row-parallel, causal SDPA; SwiGLU MLP
+with gate/up column-parallel and down row-parallel; no biases except the
+optional q/k/v bias; vocabulary-parallel embedding, LM head and cross entropy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.config import ModelConfig
+from tasks.models import common
+from tasks.models.common import layer_generator
+from tasks.models.family import EMBED, HEAD
+from tasks.models.llama.sharding import full_shapes, shard_spec
+from tasks.models.parallel import (
+    TPGroup,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+    copy_to_tp,
+    row_parallel,
+    set_slice,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_logits,
+    vocab_parallel_token_nll,
+)
+
+INIT_STD = 0.02
+TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first and last stage
+
+
+def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup) -> None:
+    """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
+
+    Linear weights and the embedding ~ N(0, 0.02); norms 1; q/k/v biases 0. `seed` None: no draw (the
+    weights are loaded next: a resume or starting weights), only the tensor-parallel marks.
+    """
+    g = None if seed is None else layer_generator(seed, seed_layer)
+    shapes = full_shapes(m)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            ref = f"{layer.ref_prefix}.{name}"
+            shape = shapes[ref]
+            if g is None:
+                full = None
+            elif name.endswith("norm.weight"):
+                full = torch.ones(shape)
+            elif name.endswith(".bias"):
+                full = torch.zeros(shape)
+            else:
+                full = torch.randn(*shape, generator=g) * INIT_STD
+            set_slice(p, full, shard_spec(m, ref, tp.rank, tp.size), tp.size)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, the statistics in fp32 (as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def inv_freq(m: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies in fp32, exactly as transformers' default and `llama3` rope init compute them."""
+    dim = m.head_dim
+    freq = 1.0 / (m.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = m.rope_scaling
+    if rs is None:
+        return freq
+    old_len = rs.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_len / rs.low_freq_factor, old_len / rs.high_freq_factor
+    wavelen = 2 * math.pi / freq
+    scaled = torch.where(wavelen > low_freq_wavelen, freq / rs.factor, freq)
+    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with rotary positions; this rank's q heads and their kv heads."""
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp, self.hd = tp, m.head_dim
+        self.nq, self.nkv = m.n_heads // tp.size, m.kv_heads // tp.size
+        self.q = nn.Linear(m.d_model, self.nq * self.hd, bias=m.qkv_bias)
+        self.k = nn.Linear(m.d_model, self.nkv * self.hd, bias=m.qkv_bias)
+        self.v = nn.Linear(m.d_model, self.nkv * self.hd, bias=m.qkv_bias)
+        self.o = nn.Linear(self.nq * self.hd, m.d_model, bias=False)
+        # A plain attribute, not a buffer: a bf16 engine must not round the frequencies.
+        self.inv_freq = inv_freq(m)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        x = copy_to_tp(x, self.tp)
+        q = self.q(x).view(b, t, self.nq, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
+            k = k.repeat_interleave(self.nq // self.nkv, dim=1)
+            v = v.repeat_interleave(self.nq // self.nkv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.gate = nn.Linear(m.d_model, m.ffn // tp.size, bias=False)
+        self.up = nn.Linear(m.d_model, m.ffn // tp.size, bias=False)
+        self.down = nn.Linear(m.ffn // tp.size, m.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.tp)
+        return row_parallel(F.silu(self.gate(x)) * self.up(x), self.down, self.tp)
+
+
+class Embedding(nn.Module):
+    """Vocab-parallel token embedding (no positions: rotary lives in attention). First stage.
+
+    With tied embeddings the last stage holds a second copy (DeepSpeed ties the two)
+    and computes the logits with `logits`.
+    """
+
+    ref_prefix = EMBED
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        self.tp = tp or TPGroup()
+        self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
+        _init(self, m, 0, seed, self.tp)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Local logits [b, s, vocab/tp] through the tied matrix."""
+        return vocab_parallel_logits(x, self.tok.weight, self.tp)
+
+
+def tied_logits(embed: Embedding, x: torch.Tensor) -> torch.Tensor:
+    """The last stage's forward of the tied embedding (DeepSpeed TiedLayerSpec forward_fn)."""
+    return embed.logits(x)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(attn_norm(x)); x + mlp(mlp_norm(x))."""
+
+    def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        tp = tp or TPGroup()
+        self.ref_prefix = f"blocks.{index}"
+        self.attn_norm = RMSNorm(m.d_model, m.rms_norm_eps)
+        self.attn = Attention(m, tp)
+        self.mlp_norm = RMSNorm(m.d_model, m.rms_norm_eps)
+        self.mlp = MLP(m, tp)
+        _init(self, m, index + 1, seed, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Head(nn.Module):
+    """Final RMSNorm + untied vocab-parallel LM head (local logits). Tied: the norm only. Last stage."""
+
+    ref_prefix = HEAD
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        tp = tp or TPGroup()
+        self.norm = RMSNorm(m.d_model, m.rms_norm_eps)
+        self.out = None if m.tie_embeddings else VocabParallelHead(m.d_model, m.vocab_size, tp)
+        _init(self, m, m.n_layers + 1, seed, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return x if self.out is None else self.out(x)
+
+
+class Reference(common.Reference):
+    """The whole Llama model in one module (tp=1: full logits)."""
+
+    Embedding, TransformerBlock, Head = Embedding, TransformerBlock, Head
+
+
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
+    """DeepSpeed LayerSpecs [Embedding, n_layers x TransformerBlock, Head] (+ the tied embedding's logits).
+
+    Tied embeddings: the embedding is a TiedLayerSpec keyed "embed" at both ends;
+    DeepSpeed builds one module when both ends share a stage, else one per end
+    stage, broadcasts the weight from the first and all-reduces its gradient.
+    """
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    blocks = [LayerSpec(TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)]
+    if not m.tie_embeddings:
+        return [LayerSpec(Embedding, m, seed, tp), *blocks, LayerSpec(Head, m, seed, tp)]
+    return [
+        TiedLayerSpec(EMBED, Embedding, m, seed, tp, tied_weight_attr=[TIED]),
+        *blocks,
+        LayerSpec(Head, m, seed, tp),
+        TiedLayerSpec(EMBED, Embedding, m, seed, tp, forward_fn=tied_logits, tied_weight_attr=[TIED]),
+    ]
+
+
+def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """loss_fn(local_logits, labels) for the PipelineModule: vocab-parallel mean cross entropy."""
+
+    def loss_fn(local_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(local_logits, labels, tp)
+
+    return loss_fn
+
+
+def make_token_nll_fn(tp: TPGroup) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """token_nll(local_logits, labels) -> per-token cross entropy (evaluation), from vocab-parallel logits."""
+    return lambda local_logits, labels: vocab_parallel_token_nll(local_logits, labels, tp)

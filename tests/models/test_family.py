@@ -1,0 +1,75 @@
+"""The model-family protocol: each registered family answers it consistently, unknown names are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import ModelConfig, load_config
+from tasks.errors import ConfigError, InvalidInputError
+from tasks.models import FAMILIES, family_for_architecture, get_family
+from tasks.models.family import ModelFamily
+from tasks.plan.cli import main as plan_main
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = dict(vocab_size=96, seq_len=16, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48)
+CASES = {
+    "gpt": ModelConfig(family="gpt", **SIZES),
+    "llama": ModelConfig(family="llama", **SIZES),
+    "llama-tied-qkv-bias": ModelConfig(family="llama", tie_embeddings=True, qkv_bias=True, **SIZES),
+}
+
+
+def test_every_registered_family_is_tested() -> None:
+    assert {m.family for m in CASES.values()} == set(FAMILIES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_family_states_what_its_model_holds(case: str) -> None:
+    m = CASES[case]
+    family = get_family(m.family)
+    assert isinstance(family, ModelFamily) and family.name == m.family
+    state = family.Reference(m, seed=0).state_dict()
+    # exact counts: the stated shapes are the built parameters, tensor by tensor
+    assert {n: tuple(t.shape) for n, t in state.items()} == family.full_shapes(m)
+    assert family.total_params(m) == sum(t.numel() for t in state.values())
+    c = family.param_counts(m, 1)
+    tied = m.vocab_size * m.d_model if m.family == "llama" and m.tie_embeddings else 0  # counted on both ends
+    assert c.embedding + m.n_layers * c.block + c.head - tied == family.total_params(m)
+    # HF names round trip, and config.json in/out gives back the same model and family
+    assert [family.ref_name(family.hf_name(n)) for n in state] == list(state)
+    exported = json.loads(json.dumps(family.hf_config(m, dtype="float32")))
+    assert family_for_architecture(exported["architectures"]) is family
+    assert ModelConfig(**family.model_fields_from_hf(exported)) == m
+
+
+def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gpt, llama"):
+        get_family("bert")
+    with pytest.raises(InvalidInputError, match=r"config\.json architectures \['BertForMaskedLM'\] is not "
+                                                r"supported; known: .*LlamaForCausalLM.*RetrainerGPT"):
+        family_for_architecture(["BertForMaskedLM"])
+    with pytest.raises(InvalidInputError, match=r"config\.json architectures None"):
+        family_for_architecture(None)
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    doc["model"]["family"] = "bert"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gpt, llama"):
+        load_config(path)
+
+
+def test_a_config_without_family_plans_as_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user leaves `family` out of the demo config: it is the Llama model, and the plan counts it as one."""
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    del doc["model"]["family"]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert plan_main([str(path), "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    m = load_config(path).model
+    assert report["model_family"] == m.family == "llama"
+    assert report["params_total"] == get_family("llama").total_params(m) == 229952
