@@ -82,7 +82,7 @@ def test_cli_lifecycle(
                        "--actor", "ops", *db, "--json")
     assert rc == 0, err
     forced = json.loads(out)
-    assert (forced["action"], forced["from_version"], forced["to_version"], forced["actor"]) == ("rollback", 2, 1, "ops")
+    assert [forced[k] for k in ("action", "from_version", "to_version", "actor")] == ["rollback", 2, 1, "ops"]
     assert forced["reason"].startswith("v1 retested fine [forced: v1 had been rolled back from production by ")
     assert json.loads(cli("registry", "history", "--model", "tiny-llama", *db, "--json")[1])[-1] == {
         **forced, "to_parent_version": None}
