@@ -170,7 +170,7 @@ def _needs_force(model: str, alias: str, version: int, rec: SwitchRecord) -> For
 
 def _nothing_left(model: str, alias: str, current: int, history: Sequence[SwitchRecord]) -> NothingToRollBackError:
     """Why a rollback without a target has nowhere to go: each earlier version was rolled back from the alias."""
-    rolled = rolled_back_from(history)
+    rolled = _rolled_back_from(history)
     earlier = [v for v in dict.fromkeys(r.from_version for r in reversed(history)) if v is not None and v != current]
     if not earlier:
         return _first_version(model, alias, current)
@@ -181,16 +181,16 @@ def _nothing_left(model: str, alias: str, current: int, history: Sequence[Switch
     )
 
 
-def rolled_back_from(history: Sequence[SwitchRecord]) -> dict[int, SwitchRecord]:
+def _rolled_back_from(history: Sequence[SwitchRecord]) -> dict[int, SwitchRecord]:
     """Versions a rollback moved the alias away from, each with its latest such rollback; `history` is one
     alias's, oldest first."""
     return {r.from_version: r for r in history if r.action == "rollback" and r.from_version is not None}
 
 
-def rollback_target(history: Sequence[SwitchRecord], current: int) -> int | None:
+def _default_target(history: Sequence[SwitchRecord], current: int) -> int | None:
     """Where a rollback without a target goes: the newest version live on the alias before `current` that no
     rollback moved it away from (rolling back twice means further back, never redo); None if there is none."""
-    rolled = rolled_back_from(history)
+    rolled = _rolled_back_from(history)
     for rec in reversed(history):
         if rec.from_version is not None and rec.from_version != current and rec.from_version not in rolled:
             return rec.from_version
@@ -528,7 +528,7 @@ class Registry:
 
     def _target(self, conn: sa.Connection, model_id: int, model: str, alias: str, current: int) -> int:
         history = self._alias_history(conn, model_id, model, alias)
-        target = rollback_target(history, current)
+        target = _default_target(history, current)
         if target is None:
             raise _nothing_left(model, alias, current, history)
         return target
@@ -550,7 +550,7 @@ class Registry:
     def rollbacks(self, model: str, alias: str) -> dict[int, SwitchRecord]:
         """Versions a rollback moved `alias` away from, each with its latest such rollback (who, when, why)."""
         try:
-            return rolled_back_from(self.history(model, alias))
+            return _rolled_back_from(self.history(model, alias))
         except NotFoundError:  # a model never published has nothing rolled back
             return {}
 
