@@ -12,8 +12,10 @@ Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
   the server works.
 - promote and rollback (a person's decisions) read the alias history under that same
   row lock: the default rollback target and the "rolled back from this alias: needs
-  force" rule come from it. They run from Python on both databases, in one transaction,
-  so nothing can move the alias between that read and the move.
+  force" rule come from it, so nothing can move the alias between that read and the
+  move. A plain promote on PostgreSQL is still one round trip (`_PG_PROMOTE`: one
+  pipelined implicit transaction); a rollback or a forced move runs from Python, in
+  one transaction, on both databases.
 SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE,
 and it runs the same steps from Python (it has no stored procedures).
 """
@@ -56,6 +58,28 @@ _PG_MOVE = (
     "SELECT * FROM registry_move_alias(%(model)s::text, %(alias)s::text, %(to)s::integer, "
     "%(expect_any)s::boolean, %(expect)s::integer, %(actor)s::text, %(reason)s::text, "
     "%(action)s::text, %(rollback)s::boolean, %(at)s::timestamptz)"
+)
+
+
+# PostgreSQL promote: one pipeline, i.e. one implicit transaction committed at its single Sync, one round trip.
+# It creates the alias row if new, locks it, and calls the function only when no rollback moved the alias away
+# from the target (or the alias is there already: a no-op). In READ COMMITTED each statement reads a snapshot
+# taken after the one before it finished: the guard sees every move committed before the lock was ours, and no
+# other move commits until our Sync. The uncorrelated guard is a one-time filter evaluated before the function
+# scan, so a refused promote never calls the function; the rollback it names is read afterwards.
+_PG_ROLLED_BACK = (
+    "SELECT h.seq, h.action, h.from_version, h.to_version, h.actor, h.reason, h.at FROM registry_alias_history h "
+    "JOIN registry_models m ON m.id = h.model_id WHERE m.name = %(model)s::text AND h.alias = %(alias)s::text "
+    "AND h.action = 'rollback' AND h.from_version = %(to)s::integer"
+)
+_PG_PROMOTE = (
+    "INSERT INTO registry_aliases (model_id, name, version, generation) SELECT m.id, %(alias)s::text, NULL, 0 "
+    "FROM registry_models m WHERE m.name = %(model)s::text ON CONFLICT (model_id, name) DO NOTHING",
+    "SELECT a.version FROM registry_aliases a JOIN registry_models m ON m.id = a.model_id "
+    "WHERE m.name = %(model)s::text AND a.name = %(alias)s::text FOR UPDATE OF a",
+    _PG_MOVE + f" WHERE NOT EXISTS ({_PG_ROLLED_BACK}) OR EXISTS (SELECT 1 FROM registry_aliases a "
+    "JOIN registry_models m ON m.id = a.model_id WHERE m.name = %(model)s::text AND a.name = %(alias)s::text "
+    "AND a.version = %(to)s::integer)",
 )
 
 
@@ -361,7 +385,7 @@ class Registry:
         expect = _check_expect(expect)
         if action not in ("promote", "publish", "rollback"):
             raise InvalidInputError(f"action: unknown switch action {action!r}")
-        if self._pg and action == "publish":  # the function applies the publish rule itself (migration 0003)
+        if self._pg and (action == "publish" or not force):  # a publish: the function applies its rule itself
             return self._pg_move(model, alias, to_version, expect, actor, reason, action)
         with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
@@ -379,7 +403,8 @@ class Registry:
     def _pg_move(
         self, model: str, alias: str, to: int, expect: Expect, actor: str, reason: str, action: str,
     ) -> SwitchRecord:
-        """Switch through `registry_move_alias` (migration 0002): one statement, one round trip.
+        """Switch through `registry_move_alias` (migration 0002) in one round trip: a publish as one statement
+        (the function refuses a rolled-back target itself, migration 0003), a promote as `_PG_PROMOTE`.
 
         The function runs the same steps as the SQLite path under the same row lock;
         its `RG...` SQLSTATEs are mapped back to our exceptions and messages here.
@@ -393,10 +418,24 @@ class Registry:
         pooled = self._db().raw_connection()  # the pool's checkout checks still run
         try:
             pg = pooled.driver_connection
-            pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT round trips
+            pg.autocommit = True  # one statement (or pipeline) = one implicit transaction, no BEGIN/COMMIT
             try:
-                with pg.cursor(row_factory=dict_row) as cur:
-                    row = cur.execute(_PG_MOVE, params).fetchone()
+                current = removed = None
+                if action == "publish":
+                    with pg.cursor(row_factory=dict_row) as cur:
+                        row = cur.execute(_PG_MOVE, params).fetchone()
+                else:
+                    with pg.pipeline():
+                        cursors = [pg.cursor(row_factory=dict_row) for _ in _PG_PROMOTE]
+                        for cur, statement in zip(cursors, _PG_PROMOTE, strict=True):
+                            cur.execute(statement, params)
+                    locked, row = (cur.fetchone() for cur in cursors[1:])
+                    current = (locked or {}).get("version")
+                    for cur in cursors:
+                        cur.close()
+                    if row is None:  # refused: the rollback to name (a read; the pipeline committed nothing)
+                        with pg.cursor(row_factory=dict_row) as cur:
+                            removed = cur.execute(_PG_ROLLED_BACK + " ORDER BY h.seq DESC LIMIT 1", params).fetchone()
             finally:
                 pg.autocommit = False
         except psycopg.Error as exc:
@@ -406,7 +445,12 @@ class Registry:
             raise mapped from None
         finally:
             pooled.close()  # back to the pool
-        assert row is not None
+        if row is None:  # a promote the guard refused
+            if expect != ANY and expect != current:
+                raise _cas_lost(model, alias, expect, current)
+            assert removed is not None
+            raise _needs_force(model, alias, to, SwitchRecord(model=model, alias=alias,
+                                                              **{**removed, "at": _iso(removed["at"]) or ""}))
         rec = SwitchRecord(model=model, alias=alias, seq=row["o_seq"], action=row["o_action"],
                            from_version=row["o_from"], to_version=row["o_to"], actor=row["o_actor"],
                            reason=row["o_reason"], at=_iso(row["o_at"]) or "", changed=row["o_changed"])

@@ -150,6 +150,8 @@ def test_rolling_back_twice_goes_further_back_never_redoes_and_rolled_back_versi
             again()
         assert "version 3 was rolled back from it by alice at" in str(refused.value)
         assert "'v3 hallucinates'" in str(refused.value) and "--force" in str(refused.value)
+    with pytest.raises(ConflictError, match="expected version 2 but it points to version 1"):  # CAS news first
+        reg.switch_alias("m", "production", 3, expect=2, actor="carol")
     assert reg.live_version("m", "production").version == 1 and len(reg.history("m", "production")) == 5
     with pytest.raises(InvalidInputError, match="needs a reason"):
         reg.switch_alias("m", "production", 2, actor="carol", reason=" ", force=True)
@@ -159,6 +161,7 @@ def test_rolling_back_twice_goes_further_back_never_redoes_and_rolled_back_versi
     assert forced.reason.startswith("v2 fixed by a config change [forced: v2 had been rolled back from production "
                                     "by bob at ")
     assert reg.history("m", "production")[-1] == forced
+    assert not reg.switch_alias("m", "production", 2, actor="carol").changed  # already there: a no-op, not refused
     # Back from the forced v2: v1 (live before it, never rolled back), not v3; a publish never puts v3 back.
     assert reg.rollback_target("m", "production") == 1
     with pytest.raises(ConflictError, match="an automatic publish never points it there again"):
