@@ -205,9 +205,10 @@ def test_a_person_forces_v2_back_in_a_browser_and_the_page_follows_until_the_ali
         form = f"document.getElementById('rollback-{ALIAS}')"
         page.eval(f"{form}.to_version.value = '2'; {form}.force.checked = true; "
                   f"{form}.reason.value = 'v2 retested fine'; {form}.querySelector('button').click()")
-        page.wait_for("location.search.includes('triggered=')", 60)
+        page.wait_for("location.search.includes('triggered=') && document.readyState === 'complete'", 60)
         landed = page.loads
-        assert "this page reloads until it finishes" in page.eval("document.body.innerText")  # the run is pending
+        banner = page.eval("document.getElementById('triggered').innerText")
+        assert "this page reloads until it finishes" in banner, banner  # the run is pending
         # The test never reloads: the page does, until the run has moved the alias.
         page.wait_for("document.body.innerText.includes('it moved production')", 300)
         assert page.loads > landed and "#" not in page.eval("location.href")
