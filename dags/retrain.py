@@ -30,6 +30,7 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
+from retrainer_airflow.audit import run_name, triggering_user
 from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks import lifecycle
@@ -172,9 +173,10 @@ def build_retrain_dag(config_path: Path):
         @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
               outlets=[MODEL_EVENTS])
         def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
-            ti = get_current_context()["ti"]
+            ctx = get_current_context()
+            ti = ctx["ti"]
             decision = ti.xcom_pull(task_ids="gate", key="decision")
-            actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), f"airflow {ti.dag_id}/{ti.run_id}")
+            actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), run_name(ctx), triggering_user(ctx))
             with lifecycle.refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
                 result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
                                                  actor=actor, reason=reason)

@@ -1,6 +1,9 @@
 """rollback_model: move a model's alias back to the version that was live before (or to a chosen one).
 
-Thin wiring over tasks.lifecycle.stage_rollback; the switch is audited in the registry's history and
+Thin wiring over tasks.lifecycle.stage_rollback. By default the alias goes to the newest version live on it
+before the current one that was not itself rolled back from it (twice means further back, never redo); a
+chosen version that was rolled back from the alias needs `force` and a reason. The switch is audited in the
+registry's history under the person who triggered the run (`alice via airflow rollback_model/<run>`) and
 emits an Asset event model://<name>/<alias> so a deploy DAG can react.
 """
 
@@ -10,6 +13,7 @@ import os
 from pathlib import Path
 
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+from retrainer_airflow.audit import run_actor
 
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
@@ -32,7 +36,10 @@ CONFIGS = lifecycle.known_configs(CONFIG_DIR)
         "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200, pattern=NAME_PATTERN,
                        description="alias to move (default: the config's publish.alias)"),
         "to_version": Param(None, type=["null", "integer"], minimum=1,
-                            description="target version (default: the one live before the current)"),
+                            description="target version (default: the newest one live before the current that "
+                                        "was not rolled back from the alias)"),
+        "force": Param(False, type="boolean",
+                       description="allow a target version that was rolled back from this alias (say why in reason)"),
         "reason": Param("rollback", type="string", minLength=1, maxLength=500, description="audit note"),
     },
 )
@@ -45,8 +52,8 @@ def rollback_model():
             lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)  # where REST did not check
             cfg = lifecycle.resolve_config(CONFIGS[params["model"]])
             result = lifecycle.stage_rollback(
-                cfg, alias=params["alias"], to_version=params["to_version"],
-                actor=f"airflow {ctx['ti'].dag_id}/{ctx['ti'].run_id}", reason=params["reason"],
+                cfg, alias=params["alias"], to_version=params["to_version"], actor=run_actor(ctx),
+                reason=params["reason"], force=bool(params["force"]),
             )
         outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                         extra={"version": result["to_version"]})

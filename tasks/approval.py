@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from tasks.audit import via
 from tasks.config import format_duration
 from tasks.errors import RetrainerError
 
@@ -117,15 +118,17 @@ class ApprovalAnswer:
     def attribution(self, automatic_actor: str) -> tuple[str, str]:
         """The (actor, reason) publish records: the approver names the version's creator and the alias move."""
         reason = f"retrain, approved by {self.by}" + (f": {self.comment}" if self.comment else "")
-        return f"{self.by} via {automatic_actor}", reason
+        return via(self.by, automatic_actor), reason
 
 
-def publish_attribution(answer: dict[str, Any] | None, automatic_actor: str) -> tuple[str, str]:
-    """Who publishes and why: the approver when a person approved, else the run itself (no approval asked).
-    A rejected candidate is never published, even when its publish task is cleared and run again."""
+def publish_attribution(answer: dict[str, Any] | None, run: str, triggered_by: str | None = None
+                        ) -> tuple[str, str]:
+    """Who publishes and why: the approver when a person approved, else the person who triggered the run `run`
+    (no approval asked), else the run itself (a scheduled or data-triggered run). A rejected candidate is
+    never published, even when its publish task is cleared and run again."""
     if answer is None:
-        return automatic_actor, "retrain"
+        return via(triggered_by, run), "retrain"
     decided = ApprovalAnswer.from_dict(answer)
     if not decided.approved:
         raise RetrainerError(f"{decided.run_note()} (a rejected candidate is never published)")
-    return decided.attribution(automatic_actor)
+    return decided.attribution(run)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.audit import default_actor
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
 from tasks.errors import ConfigError, InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate
@@ -392,7 +393,7 @@ def stage_publish(
          "gate": list(gate["rules"]) if gate else []},
         experiment_key=run.experiment_key,
         serving_bytes=int(serving["serving_bytes"]),
-        actor=actor or default_holder(),
+        actor=actor or default_actor(),
         reason=reason,
         staged=summary.get("export"),
         judged_live=gate["live_version"] if gate else ...,
@@ -433,15 +434,16 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, An
 
 def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
-    actor: str | None = None, reason: str = "rollback", expect: int | None = None,
+    actor: str | None = None, reason: str = "rollback", expect: int | None = None, force: bool = False,
 ) -> dict[str, Any]:
-    """Move the alias back (to the version live before the current one, or to `to_version`), audited; with
-    `expect`, only if the alias still points to that version (ConflictError otherwise)."""
+    """Move the alias back (to the newest version live before the current one that was not rolled back from it,
+    or to `to_version`: one that was needs `force`), audited; with `expect`, only if the alias still points to
+    that version (ConflictError otherwise)."""
     from tasks.registry import ANY
 
     record = registry_for(cfg).rollback(
         cfg.publish.model_name, alias or cfg.publish.alias, to=to_version,
-        actor=actor or default_holder(), reason=reason, expect=ANY if expect is None else expect,
+        actor=actor or default_actor(), reason=reason, expect=ANY if expect is None else expect, force=force,
     )
     out = record.to_dict()
     log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, out["alias"],

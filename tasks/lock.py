@@ -10,7 +10,6 @@ holder's description in a sidecar file.
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -23,13 +22,15 @@ from pathlib import Path
 import sqlalchemy as sa
 from filelock import FileLock, Timeout
 
+from tasks.audit import default_actor
 from tasks.errors import LockHeldError
 
 log = logging.getLogger(__name__)
 
 
 def default_holder(context: str = "") -> str:
-    who = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+    """Who holds a lock (`alice@host pid 123 (cli)`): the person, and the process that can be found and ended."""
+    who = f"{default_actor()}@{socket.gethostname()} pid {os.getpid()}"
     return f"{who} ({context})" if context else who
 
 

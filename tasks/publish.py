@@ -14,7 +14,6 @@ an unpointed version (harmless; a re-run picks it up), never a dangling pointer.
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import subprocess
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.audit import default_actor
 from tasks.config import JobConfig
 from tasks.credentials import redact
 from tasks.errors import InvalidInputError, LiveMovedError
@@ -47,13 +47,6 @@ class PublishResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def default_actor() -> str:
-    try:
-        return os.environ.get("RETRAINER_ACTOR") or getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
 
 
 def code_revision() -> str:

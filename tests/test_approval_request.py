@@ -81,7 +81,10 @@ def test_answers_become_the_note_or_the_publish_attribution() -> None:
     actor, reason = publish_attribution(approved.to_dict(), "airflow retrain_tiny-llama/manual__1")
     assert actor == "admin via airflow retrain_tiny-llama/manual__1"
     assert reason == "retrain, approved by admin: ship it"
-    assert publish_attribution(None, "airflow d/r") == ("airflow d/r", "retrain")  # no approval asked
+    assert publish_attribution(None, "airflow d/r") == ("airflow d/r", "retrain")  # no approval asked, scheduled
+    assert publish_attribution(None, "airflow d/r", "bo") == ("bo via airflow d/r", "retrain")  # a person's run
+    # The approver is the person behind an approved publish, whoever triggered the run.
+    assert publish_attribution(approved.to_dict(), "airflow d/r", "bo")[0] == "admin via airflow d/r"
     # A rejected candidate's publish task cleared and run again still publishes nothing.
     with pytest.raises(RetrainerError, match="rejected by admin: loss went up"):
         publish_attribution(rejected.to_dict(), "airflow d/r")

@@ -4,7 +4,9 @@ Every route depends on Airflow's `get_user` (JWT from the Authorization header o
 UI's session cookie), so an anonymous request gets 401/403. The rollback button does
 not touch the registry itself: it triggers the `rollback_model` DAG through Airflow's
 REST API with the caller's own credentials, so Airflow authorizes it, validates the
-Params, and the switch is audited like any other run.
+Params, and the switch is audited like any other run (under the caller's name: Airflow keeps the
+triggering user on the run). The button names the version it moves the alias to, as the registry
+computes it (`Registry.rollback_target`); the page it lands on reloads itself until that run is done.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from sqlalchemy.orm import Session
 from retrainer_registry import render
 from retrainer_registry.render import esc
 from retrainer_registry.source import Sources, VersionFacts, dag_run_of, load_sources, training_losses, version_facts
-from tasks.registry import NotFoundError, Registry
+from tasks.registry import NotFoundError, NothingToRollBackError, Registry
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,22 @@ def _all_models(sources: Sources, errors: list[str] | None = None) -> list[dict[
     return [seen[k] for k in sorted(seen)]
 
 
+def _rollback_plan(reg: Registry, model: str, alias: str) -> dict[str, Any]:
+    """Where a rollback of `alias` without a target goes now ({"to_version": n}), or why it has nowhere to go."""
+    try:
+        return {"to_version": reg.rollback_target(model, alias)}
+    except NothingToRollBackError as exc:
+        return {"to_version": None, "refused": str(exc)}
+
+
 def _model_view(sources: Sources, model: str) -> dict[str, Any]:
-    """show() + history() of a model, from the first registry that knows it."""
+    """show() + history() of a model, from the first registry that knows it, with each alias's rollback plan."""
     for reg in _registries(sources):
         with reg:
             try:
                 view = reg.show(model)
                 view["history"] = [h.to_dict() for h in reg.history(model)]
+                view["rollback"] = {alias: _rollback_plan(reg, model, alias) for alias in view["aliases"]}
             except NotFoundError:
                 continue
             except Exception as exc:
@@ -283,8 +294,11 @@ def model_page(request: Request, model: str, user: GetUserDep, session: SessionD
         body += f"<p class='msg' id='triggered'>{banner}</p>"
         refresh = REFRESH_S if pending else None
 
+    rolled_on = {a for v in view["versions"] for a in v["rolled_back_from"]}
     alias_rows = [[esc(name), cells.version(info["version"]), cells.actor(info["updated_by"]),
-                   render.when(info["updated_at"]), _rollback_form(cells.mref, name, job is not None)]
+                   render.when(info["updated_at"]),
+                   _rollback_form(cells.mref, name, view["rollback"][name], name in rolled_on)
+                   if job is not None else "<span class='muted'>n/a</span>"]
                   for name, info in view["aliases"].items()]
     aliases = render.table(["alias", "live version", "moved by", "at", "rollback"], alias_rows)
     if job is None:
@@ -312,7 +326,9 @@ def model_page(request: Request, model: str, user: GetUserDep, session: SessionD
                  for h in reversed(view["history"])]
     body += render.section("history", "Pointer history",
                            render.table(["alias", "#", "action", "from", "to", "by", "reason", "at"], hist_rows))
-    return HTMLResponse(render.page(f"{model} · model registry", body, refresh_s=refresh))
+    # The reload goes to the page itself, never to a URL with a #fragment (that would only scroll).
+    reload_url = f"{cells.mref}?triggered={quote(triggered, safe='')}" if refresh else None
+    return HTMLResponse(render.page(f"{model} · model registry", body, refresh_s=refresh, refresh_url=reload_url))
 
 
 def _versions_table(cells: _Cells, view: dict[str, Any], facts: list[VersionFacts],
@@ -397,32 +413,43 @@ def _rollback_banner(cells: _Cells, history: list[dict[str, Any]], run_id: str, 
         h = moved[-1]
         return (f"{text}: it moved {esc(h['alias'])} from {cells.version(h['from_version'])} to "
                 f"{cells.version(h['to_version'])}.", False)
-    state = _run_state(run_id, session, user)
+    run = _run(run_id, session, user)
+    if run is None:
+        return f"{text}.", False
+    state, note = run
     if state in ("queued", "running"):
         return f"{text}: {state}; this page reloads until it finishes.", True
-    if state is None:
-        return f"{text}.", False
-    return f"{text}: {esc(state)} without moving an alias (see the run's logs).", False
+    why = f": {esc(note)}" if note else " (see the run's logs)"
+    return f"{text}: {esc(state)} without moving an alias{why}", False
 
 
-def _run_state(run_id: str, session: Session, user: BaseUser) -> str | None:
-    """The state of a rollback_model run, or None if it is unknown or the caller may not see it."""
+def _run(run_id: str, session: Session, user: BaseUser) -> tuple[str, str | None] | None:
+    """(state, note) of a rollback_model run, or None if it is unknown or the caller may not see it."""
     allowed = get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN,
                                                    details=DagDetails(id=ROLLBACK_DAG), user=user)
     if not allowed:
         return None
-    state = session.scalar(sa.select(DagRun.state).where(DagRun.dag_id == ROLLBACK_DAG, DagRun.run_id == run_id))
-    return None if state is None else str(state)
+    run = session.scalar(sa.select(DagRun).where(DagRun.dag_id == ROLLBACK_DAG, DagRun.run_id == run_id))
+    return None if run is None else (str(run.state), run.note)
 
 
-def _rollback_form(mref: str, alias: str, enabled: bool) -> str:
-    if not enabled:
-        return "<span class='muted'>n/a</span>"
-    return (f"<form method='post' action='{mref}/rollback'>"
-            f"<input type='hidden' name='alias' value='{esc(alias)}'>"
-            "<input name='to_version' size='4' placeholder='prev' title='target version (default: previous)'> "
-            "<input name='reason' size='16' value='rollback from the registry page'> "
-            "<button type='submit'>Roll back</button></form>")
+def _rollback_form(mref: str, alias: str, plan: dict[str, Any], forceable: bool) -> str:
+    """The Roll back button, naming the version it moves `alias` to (or why there is none: then only a chosen
+    version); a force box only where a version was rolled back from this alias."""
+    to = plan["to_version"]
+    if to is not None:
+        target = (f"<input name='to_version' size='4' placeholder='v{int(to)}' "
+                  f"title='another target version (empty: v{int(to)})'> ")
+        button, why = f"Roll back to v{int(to)}", ""
+    else:
+        target = "<input name='to_version' size='4' placeholder='version' required title='target version'> "
+        button, why = "Roll back to the version given", f"<br><span class='muted'>{esc(plan['refused'])}</span>"
+    force = ("<label title='put back a version that was rolled back from this alias (say why in the reason)'>"
+             "<input type='checkbox' name='force' value='true'> force</label> " if forceable else "")
+    return (f"<form method='post' action='{mref}/rollback' id='rollback-{esc(alias)}'>"
+            f"<input type='hidden' name='alias' value='{esc(alias)}'>{target}"
+            f"<input name='reason' size='16' value='rollback from the registry page'> {force}"
+            f"<button type='submit'>{esc(button)}</button></form>{why}")
 
 
 # -- rollback: trigger the DAG through Airflow's REST API as the caller -----------------------
@@ -447,6 +474,7 @@ async def rollback(
     alias: Annotated[str, Form(min_length=1, max_length=200)],
     reason: Annotated[str, Form(min_length=1, max_length=500)] = "rollback from the registry page",
     to_version: Annotated[str, Form()] = "",
+    force: Annotated[bool, Form()] = False,
 ) -> Any:
     """Trigger `rollback_model` for this model's job; the DAG run does the audited switch."""
     token = _caller_token(request)
@@ -458,7 +486,7 @@ async def rollback(
         if not to_version.strip().isdigit() or int(to_version) < 1:
             raise HTTPException(status_code=400, detail=f"to_version: not a version number: {to_version!r}")
         target = int(to_version)
-    conf = {"model": job.name, "alias": alias, "to_version": target, "reason": reason}
+    conf = {"model": job.name, "alias": alias, "to_version": target, "reason": reason, "force": force}
     url = f"{request.url.scheme}://{request.url.netloc}{_airflow_root(request)}/api/v2/dags/{ROLLBACK_DAG}/dagRuns"
     async with httpx.AsyncClient(timeout=30) as client:
         resp = await client.post(url, json={"logical_date": None, "conf": conf},
@@ -471,5 +499,5 @@ async def rollback(
     log.info("registry page: rollback of %s/%s triggered as run %s", model, alias, run.get("dag_run_id"))
     if "text/html" in request.headers.get("accept", ""):  # the button: back to the page, which follows the run
         return RedirectResponse(f"{_base(request)}/{render.model_href(model)}?triggered="
-                                f"{quote(str(run.get('dag_run_id')), safe='')}#triggered", status_code=303)
+                                f"{quote(str(run.get('dag_run_id')), safe='')}", status_code=303)
     return JSONResponse({"dag_id": ROLLBACK_DAG, "dag_run_id": run.get("dag_run_id"), "conf": conf})

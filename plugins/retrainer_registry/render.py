@@ -67,8 +67,11 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def page(title: str, body: str, refresh_s: int | None = None) -> str:
-    refresh = f"<meta http-equiv='refresh' content='{int(refresh_s)}'>" if refresh_s else ""
+def page(title: str, body: str, refresh_s: int | None = None, refresh_url: str | None = None) -> str:
+    """A whole page; with `refresh_s`, it reloads itself that often (from `refresh_url` when given: a URL
+    without a #fragment, since going to one with a fragment is an in-page jump, not a reload)."""
+    target = f";url={refresh_url}" if refresh_url else ""
+    refresh = f"<meta http-equiv='refresh' content='{esc(f'{int(refresh_s)}{target}')}'>" if refresh_s else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'>{refresh}<title>{esc(title)}</title>"
             f"{THEME_SCRIPT}<style>{STYLE}</style></head><body>{body}</body></html>")
 

@@ -80,8 +80,9 @@ def training_losses(version: dict[str, Any], job: JobConfig | None) -> list[floa
 
 
 # The actor the DAGs record on a version and on each alias move: "airflow <dag_id>/<run_id>" (dags/retrain.py,
-# dags/rollback.py), possibly followed by more words. A DAG id has no "/" or space; the run id has no space.
-_DAG_RUN_ACTOR = re.compile(r"^airflow ([A-Za-z0-9_.-]+)/(\S+)")
+# dags/rollback.py), after "<person> via " for a run a person triggered or approved (tasks.audit.via), possibly
+# followed by more words. A DAG id has no "/" or space; the run id has no space.
+_DAG_RUN_ACTOR = re.compile(r"^(?:.* via )?airflow ([A-Za-z0-9_.-]+)/(\S+)")
 
 
 def dag_run_of(actor: str | None) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ from tasks.registry.core import ANY, Registry
 from tasks.registry.errors import (
     ConflictError,
     CorruptArtifactError,
+    ForceRequiredError,
     InvalidNameError,
     NotFoundError,
     NothingToRollBackError,
@@ -50,6 +51,7 @@ __all__ = [
     "ArtifactStore",
     "ConflictError",
     "CorruptArtifactError",
+    "ForceRequiredError",
     "InvalidNameError",
     "Lineage",
     "NotFoundError",

@@ -116,23 +116,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from tasks.publish import default_actor
+    from tasks.audit import default_actor
     from tasks.registry import Registry
 
     with Registry(_db(args)) as reg:
         rec = reg.switch_alias(args.model, args.alias, args.version, expect=args.expect,
-                               actor=args.actor or default_actor(), reason=args.reason)
+                               actor=args.actor or default_actor(), reason=args.reason, force=args.force)
     _emit(args, rec.to_dict(), _switch_text(rec))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from tasks.publish import default_actor
+    from tasks.audit import default_actor
     from tasks.registry import Registry
 
     with Registry(_db(args)) as reg:
         rec = reg.rollback(args.model, args.alias, to=args.to, expect=args.expect,
-                           actor=args.actor or default_actor(), reason=args.reason)
+                           actor=args.actor or default_actor(), reason=args.reason, force=args.force)
     _emit(args, rec.to_dict(), _switch_text(rec))
     return 0
 
@@ -232,6 +232,8 @@ def _switch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect", type=_expect, default="ANY",
                    help="compare-and-swap: switch only if the alias is at this version ('none': empty; default: any)")
     p.add_argument("--actor", help="who (default $RETRAINER_ACTOR or the OS user)")
+    p.add_argument("--force", action="store_true",
+                   help="allow a version that was rolled back from this alias (say why with --reason)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -259,7 +261,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(pro)
     pro.set_defaults(handler=cmd_promote)
 
-    rb = subparsers.add_parser("rollback", help="move an alias back (default: to the version live before)")
+    rb = subparsers.add_parser("rollback", help="move an alias back (default: to the newest version live before "
+                               "the current one that was not itself rolled back from it)")
     _switch_args(rb)
     rb.add_argument("--to", type=_positive, help="roll back to this version instead")
     rb.add_argument("--reason", default="rollback")

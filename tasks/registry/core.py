@@ -6,9 +6,16 @@ Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
   numbers are unique and gap-free; a failed publish commits nothing.
 - pointer switch: one transaction that locks the alias row (`FOR UPDATE`),
   checks the optional compare-and-swap expectation, moves the pointer and appends
-  one history row, so the history is a single chain. On PostgreSQL that transaction
-  is one call of the `registry_move_alias` function (migration 0002) in autocommit
-  mode: one round trip, so the row lock is held only while the server works.
+  one history row, so the history is a single chain. On PostgreSQL an automatic
+  publish's switch is one call of the `registry_move_alias` function (migrations
+  0002/0003) in autocommit mode: one round trip, so the row lock is held only while
+  the server works.
+- promote and rollback (a person's decisions) read the alias history under that same
+  row lock: the default rollback target and the "rolled back from this alias: needs
+  force" rule come from it, so nothing can move the alias between that read and the
+  move. A plain promote on PostgreSQL is still one round trip (`_PG_PROMOTE`: one
+  pipelined implicit transaction); a rollback or a forced move runs from Python, in
+  one transaction, on both databases.
 SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE,
 and it runs the same steps from Python (it has no stored procedures).
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
@@ -28,7 +36,13 @@ from tasks.credentials import unredacted_credentials
 from tasks.errors import InvalidInputError
 from tasks.registry import schema as t
 from tasks.registry.db import make_engine
-from tasks.registry.errors import ConflictError, NotFoundError, NothingToRollBackError, RolledBackError
+from tasks.registry.errors import (
+    ConflictError,
+    ForceRequiredError,
+    NotFoundError,
+    NothingToRollBackError,
+    RolledBackError,
+)
 from tasks.registry.migrate import upgrade
 from tasks.registry.names import check_digest, check_name, check_text, check_version
 from tasks.registry.records import ArtifactKind, ArtifactRef, Lineage, SwitchRecord, VersionRecord
@@ -39,13 +53,35 @@ log = logging.getLogger(__name__)
 ANY: Literal["ANY"] = "ANY"
 Expect = int | None | Literal["ANY"]
 
-# PostgreSQL switch/rollback: one bound-parameter call of the function created by migration 0002.
+# PostgreSQL publish switch: one bound-parameter call of the function created by migration 0002 (0003's rule).
 # Executed on the pooled psycopg connection itself: the switch is the registry's hot path, and the
 # SQLAlchemy statement machinery around one function call cost as much as the round trip.
 _PG_MOVE = (
     "SELECT * FROM registry_move_alias(%(model)s::text, %(alias)s::text, %(to)s::integer, "
     "%(expect_any)s::boolean, %(expect)s::integer, %(actor)s::text, %(reason)s::text, "
     "%(action)s::text, %(rollback)s::boolean, %(at)s::timestamptz)"
+)
+
+
+# PostgreSQL promote: one pipeline, i.e. one implicit transaction committed at its single Sync, one round trip.
+# It creates the alias row if new, locks it, and calls the function only when no rollback moved the alias away
+# from the target (or the alias is there already: a no-op). In READ COMMITTED each statement reads a snapshot
+# taken after the one before it finished: the guard sees every move committed before the lock was ours, and no
+# other move commits until our Sync. The uncorrelated guard is a one-time filter evaluated before the function
+# scan, so a refused promote never calls the function; the rollback it names is read afterwards.
+_PG_ROLLED_BACK = (
+    "SELECT h.seq, h.action, h.from_version, h.to_version, h.actor, h.reason, h.at FROM registry_alias_history h "
+    "JOIN registry_models m ON m.id = h.model_id WHERE m.name = %(model)s::text AND h.alias = %(alias)s::text "
+    "AND h.action = 'rollback' AND h.from_version = %(to)s::integer"
+)
+_PG_PROMOTE = (
+    "INSERT INTO registry_aliases (model_id, name, version, generation) SELECT m.id, %(alias)s::text, NULL, 0 "
+    "FROM registry_models m WHERE m.name = %(model)s::text ON CONFLICT (model_id, name) DO NOTHING",
+    "SELECT a.version FROM registry_aliases a JOIN registry_models m ON m.id = a.model_id "
+    "WHERE m.name = %(model)s::text AND a.name = %(alias)s::text FOR UPDATE OF a",
+    _PG_MOVE + f" WHERE NOT EXISTS ({_PG_ROLLED_BACK}) OR EXISTS (SELECT 1 FROM registry_aliases a "
+    "JOIN registry_models m ON m.id = a.model_id WHERE m.name = %(model)s::text AND a.name = %(alias)s::text "
+    "AND a.version = %(to)s::integer)",
 )
 
 
@@ -153,8 +189,50 @@ def _already_there(model: str, alias: str, to: int) -> NothingToRollBackError:
 def _rolled_back(model: str, alias: str, version: int) -> RolledBackError:
     return RolledBackError(
         f"model {model!r} alias {alias!r}: version {version} was rolled back from it; an automatic publish never "
-        f"points it there again (an explicit `retrainer promote --version {version}` can, audited)"
+        f"points it there again (an explicit `retrainer promote --version {version} --force --reason WHY` can, "
+        "audited)"
     )
+
+
+def _rollback_text(rec: SwitchRecord) -> str:
+    return f"by {rec.actor} at {rec.at} (reason: {rec.reason!r})"
+
+
+def _needs_force(model: str, alias: str, version: int, rec: SwitchRecord) -> ForceRequiredError:
+    return ForceRequiredError(
+        f"model {model!r} alias {alias!r}: version {version} was rolled back from it {_rollback_text(rec)}; "
+        "to point it there again, force it and say why (CLI: --force --reason WHY; the rollback_model DAG "
+        "and the registry page: force)"
+    )
+
+
+def _nothing_left(model: str, alias: str, current: int, history: Sequence[SwitchRecord]) -> NothingToRollBackError:
+    """Why a rollback without a target has nowhere to go: each earlier version was rolled back from the alias."""
+    rolled = _rolled_back_from(history)
+    earlier = [v for v in dict.fromkeys(r.from_version for r in reversed(history)) if v is not None and v != current]
+    if not earlier:
+        return _first_version(model, alias, current)
+    why = "; ".join(f"v{v} {_rollback_text(rolled[v])}" for v in earlier)
+    return NothingToRollBackError(
+        f"model {model!r} alias {alias!r}: every version live on it before version {current} was rolled back "
+        f"from it ({why}); nothing to roll back to (to put one back anyway: --to VERSION --force --reason WHY)"
+    )
+
+
+def _rolled_back_from(history: Sequence[SwitchRecord]) -> dict[int, SwitchRecord]:
+    """Versions a rollback moved the alias away from, each with its latest such rollback; `history` is one
+    alias's, oldest first."""
+    return {r.from_version: r for r in history if r.action == "rollback" and r.from_version is not None}
+
+
+def _default_target(history: Sequence[SwitchRecord], current: int) -> int | None:
+    """Where a rollback without a target goes: the newest version live on the alias before `current` that no
+    rollback moved it away from (rolling back twice means further back, never redo); None if there is none."""
+    rolled = _rolled_back_from(history)
+    for rec in reversed(history):
+        if rec.from_version is not None and rec.from_version != current and rec.from_version not in rolled:
+            return rec.from_version
+    return None
 
 
 def _disagree(model: str, alias: str) -> ConflictError:
@@ -314,9 +392,13 @@ class Registry:
     # -- pointer switching ----------------------------------------------------
     def switch_alias(
         self, model: str, alias: str, to_version: int, *, expect: Expect = ANY, actor: str, reason: str = "",
-        action: str = "promote",
+        action: str = "promote", force: bool = False,
     ) -> SwitchRecord:
-        """Point `alias` at `to_version` in one transaction; with `expect`, only if it still points there."""
+        """Point `alias` at `to_version` in one transaction; with `expect`, only if it still points there.
+
+        A version a rollback moved this alias away from goes back only by an explicit promote or rollback
+        with `force` (ForceRequiredError otherwise, naming that rollback; the forced move's reason says
+        what it overrode); a publish never puts it back (RolledBackError)."""
         check_name(model, "model")
         check_name(alias, "alias")
         check_version(to_version, "to_version")
@@ -325,8 +407,8 @@ class Registry:
         expect = _check_expect(expect)
         if action not in ("promote", "publish", "rollback"):
             raise InvalidInputError(f"action: unknown switch action {action!r}")
-        if self._pg:
-            return self._pg_move(model, alias, to_version, expect, actor, reason, action, rollback=False)
+        if self._pg and (action == "publish" or not force):  # a publish: the function applies its rule itself
+            return self._pg_move(model, alias, to_version, expect, actor, reason, action)
         with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             # Versions are immutable: checking the target before taking the lock is as good as after.
@@ -338,30 +420,44 @@ class Registry:
                 locked = self._lock_alias(conn, model_id, alias)
             assert locked is not None
             return self._move(conn, model_id, model, alias, locked, to_version, expect, actor, reason, action,
-                              checked=True)
+                              checked=True, force=force)
 
     def _pg_move(
-        self, model: str, alias: str, to: int | None, expect: Expect, actor: str, reason: str, action: str,
-        *, rollback: bool,
+        self, model: str, alias: str, to: int, expect: Expect, actor: str, reason: str, action: str,
     ) -> SwitchRecord:
-        """Switch or roll back through `registry_move_alias` (migration 0002): one statement, one round trip.
+        """Switch through `registry_move_alias` (migration 0002) in one round trip: a publish as one statement
+        (the function refuses a rolled-back target itself, migration 0003), a promote as `_PG_PROMOTE`.
 
         The function runs the same steps as the SQLite path under the same row lock;
         its `RG...` SQLSTATEs are mapped back to our exceptions and messages here.
         """
         params = {"model": model, "alias": alias, "to": to, "expect_any": expect == ANY,
                   "expect": None if expect == ANY else expect, "actor": actor, "reason": reason,
-                  "action": action, "rollback": rollback, "at": _now()}
+                  "action": action, "rollback": False, "at": _now()}
         import psycopg
         from psycopg.rows import dict_row
 
         pooled = self._db().raw_connection()  # the pool's checkout checks still run
         try:
             pg = pooled.driver_connection
-            pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT round trips
+            pg.autocommit = True  # one statement (or pipeline) = one implicit transaction, no BEGIN/COMMIT
             try:
-                with pg.cursor(row_factory=dict_row) as cur:
-                    row = cur.execute(_PG_MOVE, params).fetchone()
+                current = removed = None
+                if action == "publish":
+                    with pg.cursor(row_factory=dict_row) as cur:
+                        row = cur.execute(_PG_MOVE, params).fetchone()
+                else:
+                    with pg.pipeline():
+                        cursors = [pg.cursor(row_factory=dict_row) for _ in _PG_PROMOTE]
+                        for cur, statement in zip(cursors, _PG_PROMOTE, strict=True):
+                            cur.execute(statement, params)
+                    locked, row = (cur.fetchone() for cur in cursors[1:])
+                    current = (locked or {}).get("version")
+                    for cur in cursors:
+                        cur.close()
+                    if row is None:  # refused: the rollback to name (a read; the pipeline committed nothing)
+                        with pg.cursor(row_factory=dict_row) as cur:
+                            removed = cur.execute(_PG_ROLLED_BACK + " ORDER BY h.seq DESC LIMIT 1", params).fetchone()
             finally:
                 pg.autocommit = False
         except psycopg.Error as exc:
@@ -371,7 +467,12 @@ class Registry:
             raise mapped from None
         finally:
             pooled.close()  # back to the pool
-        assert row is not None
+        if row is None:  # a promote the guard refused
+            if expect != ANY and expect != current:
+                raise _cas_lost(model, alias, expect, current)
+            assert removed is not None
+            raise _needs_force(model, alias, to, SwitchRecord(model=model, alias=alias,
+                                                              **{**removed, "at": _iso(removed["at"]) or ""}))
         rec = SwitchRecord(model=model, alias=alias, seq=row["o_seq"], action=row["o_action"],
                            from_version=row["o_from"], to_version=row["o_to"], actor=row["o_actor"],
                            reason=row["o_reason"], at=_iso(row["o_at"]) or "", changed=row["o_changed"])
@@ -383,7 +484,7 @@ class Registry:
         return rec
 
     @staticmethod
-    def _pg_error(exc: Exception, model: str, alias: str, to: int | None, expect: Expect) -> Exception:
+    def _pg_error(exc: Exception, model: str, alias: str, to: int, expect: Expect) -> Exception:
         """Our exception for a `registry_move_alias` SQLSTATE; anything else is re-raised as it was."""
         code = getattr(exc, "sqlstate", None)
         diag = getattr(exc, "diag", None)
@@ -394,13 +495,6 @@ class Registry:
             return _no_version(model, int(detail))
         if code == "RGCAS":
             return _cas_lost(model, alias, None if expect == ANY else expect, int(detail) if detail else None)
-        if code == "RGNRB":
-            kind, _, number = detail.partition(" ")
-            if kind == "first":
-                return _first_version(model, alias, int(number))
-            if kind == "same":
-                return _already_there(model, alias, int(number))
-            return _points_to_nothing(model, alias)
         if code == "RGHIS":
             return _disagree(model, alias)
         if code == "RGRBK":
@@ -419,9 +513,18 @@ class Registry:
         ).first()
         return None if row is None else (row[0], int(row[1]))
 
+    def _alias_history(self, conn: sa.Connection, model_id: int, model: str, alias: str,
+                       rollbacks_from: int | None = None) -> list[SwitchRecord]:
+        """One alias's moves, oldest first; with `rollbacks_from`, only the rollbacks away from that version."""
+        q = sa.select(t.history).where(t.history.c.model_id == model_id, t.history.c.alias == alias)
+        if rollbacks_from is not None:
+            q = q.where(t.history.c.action == "rollback", t.history.c.from_version == rollbacks_from)
+        return [self._switch(r, model) for r in conn.execute(q.order_by(t.history.c.seq)).all()]
+
     def _move(
         self, conn: sa.Connection, model_id: int, model: str, alias: str, locked: tuple[int | None, int],
         to_version: int, expect: Expect, actor: str, reason: str, action: str, checked: bool = False,
+        force: bool = False,
     ) -> SwitchRecord:
         current, generation = locked
         if expect != ANY and expect != current:
@@ -437,8 +540,16 @@ class Registry:
             if last is not None:
                 return self._switch(last, model, changed=False)
             raise _disagree(model, alias)
-        if action == "publish" and to_version in self._rolled_back_versions(conn, model_id, alias):
-            raise _rolled_back(model, alias, to_version)
+        removed = self._alias_history(conn, model_id, model, alias, rollbacks_from=to_version)
+        if removed:
+            if action == "publish":
+                raise _rolled_back(model, alias, to_version)
+            if not force:
+                raise _needs_force(model, alias, to_version, removed[-1])
+            if not reason.strip():
+                raise InvalidInputError(f"reason: putting version {to_version} back on {alias!r} over its "
+                                        "rollback needs a reason")
+            reason = f"{reason} [forced: v{to_version} had been rolled back from {alias} {_rollback_text(removed[-1])}]"
         now = _now()
         seq = generation + 1
         conn.execute(
@@ -455,9 +566,10 @@ class Registry:
 
     def rollback(
         self, model: str, alias: str, *, to: int | None = None, expect: Expect = ANY, actor: str,
-        reason: str = "rollback",
+        reason: str = "rollback", force: bool = False,
     ) -> SwitchRecord:
-        """Move `alias` back: to `to`, or to the version live before the current one (per the history)."""
+        """Move `alias` back: to `to`, or to `rollback_target` (the newest version live before the current
+        one that was not itself rolled back from it). `to` naming a rolled-back version needs `force`."""
         check_name(model, "model")
         check_name(alias, "alias")
         check_name(actor, "actor")
@@ -465,48 +577,48 @@ class Registry:
         expect = _check_expect(expect)
         if to is not None:
             check_version(to, "to")
-        if self._pg:
-            return self._pg_move(model, alias, to, expect, actor, reason, "rollback", rollback=True)
         with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             locked = self._lock_alias(conn, model_id, alias)
             current = None if locked is None else locked[0]
             if locked is None or current is None:
                 raise _points_to_nothing(model, alias)
+            if expect != ANY and expect != current:  # the caller's premise is gone: that, not the target, is news
+                raise _cas_lost(model, alias, expect, current)
             if to is None:
-                last = conn.execute(
-                    sa.select(t.history.c.from_version)
-                    .where(t.history.c.model_id == model_id, t.history.c.alias == alias)
-                    .order_by(t.history.c.seq.desc())
-                    .limit(1)
-                ).first()
-                if last is None or last[0] is None:
-                    raise _first_version(model, alias, current)
-                to = int(last[0])
+                to = self._target(conn, model_id, model, alias, current)
             elif to == current:
                 raise _already_there(model, alias, to)
-            return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback")
+            return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback",
+                              force=force)
 
-    @staticmethod
-    def _rolled_back_versions(conn: sa.Connection, model_id: int, alias: str) -> set[int]:
-        rows = conn.execute(
-            sa.select(t.history.c.from_version).where(
-                t.history.c.model_id == model_id, t.history.c.alias == alias, t.history.c.action == "rollback")
-        ).scalars()
-        return {int(v) for v in rows if v is not None}
+    def _target(self, conn: sa.Connection, model_id: int, model: str, alias: str, current: int) -> int:
+        history = self._alias_history(conn, model_id, model, alias)
+        target = _default_target(history, current)
+        if target is None:
+            raise _nothing_left(model, alias, current, history)
+        return target
 
     # -- reading ------------------------------------------------------------
+    def rollback_target(self, model: str, alias: str) -> int:
+        """The version `rollback(model, alias)` without `to` would move the alias to now (the registry page
+        shows it on its button); NothingToRollBackError saying why when there is none."""
+        check_name(model, "model")
+        check_name(alias, "alias")
+        with self._db().connect() as conn:
+            model_id = self._model_id(conn, model)
+            current = conn.execute(sa.select(t.aliases.c.version).where(
+                t.aliases.c.model_id == model_id, t.aliases.c.name == alias)).scalar()
+            if current is None:
+                raise _points_to_nothing(model, alias)
+            return self._target(conn, model_id, model, alias, int(current))
+
     def rollbacks(self, model: str, alias: str) -> dict[int, SwitchRecord]:
         """Versions a rollback moved `alias` away from, each with its latest such rollback (who, when, why)."""
-        out: dict[int, SwitchRecord] = {}
         try:
-            history = self.history(model, alias)
+            return _rolled_back_from(self.history(model, alias))
         except NotFoundError:  # a model never published has nothing rolled back
-            return out
-        for rec in history:
-            if rec.action == "rollback" and rec.from_version is not None:
-                out[rec.from_version] = rec
-        return out
+            return {}
 
     def find_version(self, model: str, config_hash: str, checkpoint_tag: str) -> VersionRecord | None:
         """The version published from this run's checkpoint (same experiment key and tag), if any."""

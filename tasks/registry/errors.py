@@ -21,6 +21,10 @@ class RolledBackError(ConflictError):
     """An automatic publish tried to point an alias back at a version that was rolled back from it."""
 
 
+class ForceRequiredError(RolledBackError):
+    """An explicit promote or rollback named a version rolled back from the alias, without force."""
+
+
 class NothingToRollBackError(RetrainerError):
     """The alias has no earlier version to go back to."""
 

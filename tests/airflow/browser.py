@@ -1,7 +1,8 @@
-"""Headless Chromium driven over the DevTools protocol: log in with a JWT cookie, screenshot a page.
+"""Headless Chromium driven over the DevTools protocol: log in with a JWT cookie, use or screenshot a page.
 
 The registry page sits behind Airflow's authentication, so the browser gets the same
-`_token` cookie the Airflow UI sets after login, then loads the page and captures a PNG.
+`_token` cookie the Airflow UI sets after login, then loads the page and captures a PNG, or
+(`browser`) fills and submits its forms as a person does and watches what the page then does by itself.
 Also a tiny PNG decoder (zlib + filters) to check that the screenshot is not blank, and
 `section` to read one titled part of a registry page's HTML.
 """
@@ -20,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,6 +36,14 @@ def chromium_binary() -> str | None:
 
 def screenshot(url: str, token: str, port: int, binary: str, timeout: float = 60) -> tuple[bytes, str]:
     """Open `url` with the `_token` cookie set; return a PNG of the viewport and the page's title."""
+    with browser(url, token, port, binary, timeout) as page:
+        page.open(url)
+        return page.screenshot(), page.eval("document.title")
+
+
+@contextlib.contextmanager
+def browser(url: str, token: str, port: int, binary: str, timeout: float = 60) -> Iterator[Page]:
+    """A headless Chromium holding the `_token` cookie for `url`'s host, and its one tab."""
     from websockets.sync.client import connect
 
     # Chromium's helper processes may still write the profile while it is removed: ignore that.
@@ -47,17 +57,50 @@ def screenshot(url: str, token: str, port: int, binary: str, timeout: float = 60
                 cdp = _Cdp(ws, timeout)
                 cdp.call("Network.enable")
                 cdp.call("Page.enable")
-                host = urlsplit(url).hostname
-                cdp.call("Network.setCookie", name="_token", value=token, domain=host, path="/")
-                cdp.call("Page.navigate", url=url)
-                cdp.wait_event("Page.loadEventFired")
-                title = cdp.call("Runtime.evaluate", expression="document.title")["result"].get("value", "")
-                shot = cdp.call("Page.captureScreenshot", format="png")
-                return base64.b64decode(shot["data"]), title
+                cdp.call("Network.setCookie", name="_token", value=token, domain=urlsplit(url).hostname, path="/")
+                yield Page(cdp)
         finally:
             with contextlib.suppress(ProcessLookupError):  # the browser and its helpers (one session)
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+class Page:
+    """The browser's tab: open a URL, run JavaScript in it, wait for what it shows, count its page loads."""
+
+    def __init__(self, cdp: _Cdp) -> None:
+        self.cdp = cdp
+
+    @property
+    def loads(self) -> int:
+        """Documents loaded in this tab so far (a reload, a form's answer or a redirect each counts)."""
+        return self.cdp.events.count("Page.loadEventFired")
+
+    def open(self, url: str) -> None:
+        seen = self.loads
+        self.cdp.call("Page.navigate", url=url)
+        self.cdp.wait_event("Page.loadEventFired", after=seen)
+
+    def eval(self, expression: str):
+        """The value of a JavaScript expression in the current document."""
+        return self.cdp.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float) -> None:
+        """Poll until the expression is true in whatever document the tab shows (it may load new ones)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.eval(expression):
+                    return
+            except RuntimeError:  # the document went away mid-call (a navigation): ask the next one
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not true in {timeout}s: {expression}; the page says: "
+                                   f"{self.eval('document.body && document.body.innerText')}")
+            self.cdp.drain(0.5)
+
+    def screenshot(self) -> bytes:
+        return base64.b64decode(self.cdp.call("Page.captureScreenshot", format="png")["data"])
 
 
 def _page_ws(port: int, timeout: float) -> str:
@@ -89,13 +132,21 @@ class _Cdp:
                 return msg.get("result", {})
             self.events.append(msg.get("method"))
 
-    def wait_event(self, method: str) -> None:
+    def wait_event(self, method: str, after: int = 0) -> None:
+        """Until more than `after` events named `method` have come."""
         deadline = time.monotonic() + self.timeout
-        while method not in self.events:
+        while self.events.count(method) <= after:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no {method} event")
             self.events.append(json.loads(self.ws.recv(timeout=remaining)).get("method"))
+
+    def drain(self, seconds: float) -> None:
+        """Record the events that come within `seconds` (the tab's own loads, while we wait on it)."""
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(TimeoutError):
+            while (remaining := deadline - time.monotonic()) > 0:
+                self.events.append(json.loads(self.ws.recv(timeout=remaining)).get("method"))
 
 
 def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:

@@ -219,4 +219,4 @@ def test_an_alias_that_needs_no_approval_publishes_at_once(standalone: Standalon
     registry = _registry(standalone)
     assert registry.live_version(MODEL, "staging").version == 1  # the same weights as production's v1
     [move] = registry.history(MODEL, "staging")
-    assert move.actor == f"airflow {RETRAIN}/{run_id}" and move.reason == "retrain"
+    assert move.actor == f"admin via airflow {RETRAIN}/{run_id}" and move.reason == "retrain"  # who triggered it

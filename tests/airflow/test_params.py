@@ -76,7 +76,7 @@ def test_rollback_form_only_offers_known_models(rollback_dag) -> None:
 
     assert rollback_dag.params.get_param("model").schema["enum"] == ["tiny-llama"]
     for conf, field in (({"model": "nope"}, "model"), ({"to_version": 0}, "to_version"),
-                        ({"reason": ""}, "reason"), ({"alias": "prod/blue"}, "alias")):
+                        ({"reason": ""}, "reason"), ({"alias": "prod/blue"}, "alias"), ({"force": "yes"}, "force")):
         with pytest.raises(ParamValidationError, match=rf"param {field}\b"):
             validate(rollback_dag, conf)
 

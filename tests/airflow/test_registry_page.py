@@ -238,13 +238,22 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     curves = {1: [6.0, 5.0, 4.5, 4.25], 2: [4.4, 3.9, 3.7, 3.5]}
     assert _retrain(cfg, 1, curves[1], heldout=4.3, live_heldout=None)["version"] == 1
     assert _retrain(cfg, 2, curves[2], heldout=3.6, live_heldout=4.0)["parent_version"] == 1
-    moved = lifecycle.stage_rollback(cfg, actor=f"airflow rollback_model/{ROLLBACK_RUN}", reason="prod regression")
+    auth = {"Authorization": f"Bearer {token}"}
+    # Before the click, the button says where it goes (the registry's rollback target); nothing to force.
+    before = section(client.get("/retrainer/models/tiny-llama", headers=auth).text, "aliases")
+    assert "<button type='submit'>Roll back to v1</button>" in before and "name='force'" not in before
+    moved = lifecycle.stage_rollback(cfg, actor=f"alice via airflow rollback_model/{ROLLBACK_RUN}",
+                                     reason="prod regression")
     assert (moved["from_version"], moved["to_version"]) == (2, 1)
 
-    auth = {"Authorization": f"Bearer {token}"}
     page = client.get("/retrainer/models/tiny-llama", headers=auth)
     assert page.status_code == 200
     text = page.text
+    # Rolling back again would put back the v2 alice just rolled back: no default, the reason, a force box.
+    form = section(text, "aliases")
+    assert "Roll back to v" not in form and "<button type='submit'>Roll back to the version given</button>" in form
+    assert "name='force'" in form and "every version live on it before version 1 was rolled back" in form
+    assert "v2 by alice via airflow rollback_model/" in form and "prod regression" in form
 
     # The metrics table: one row per version, newest first, the numbers as recorded.
     versions = section(text, "versions")
@@ -279,7 +288,8 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
 
     # The pointer history names the runs that moved it, linked.
     history = section(text, "history")
-    assert _run_href("rollback_model", ROLLBACK_RUN) in history
+    assert _run_href("rollback_model", ROLLBACK_RUN) in history  # the person, linked to the run they started
+    assert f"alice via airflow rollback_model/{ROLLBACK_RUN}</a>" in history
     assert _run_href("retrain_tiny-llama", RETRAIN_RUNS[2]) in history
 
     # After the page's "Roll back" the redirect lands here with the run: linked, and what it did.

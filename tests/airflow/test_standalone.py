@@ -4,11 +4,13 @@ Through the REST API, under the real scheduler: bad Params are refused with HTTP
 field; a manual run publishes v1; the `publish_dataset` producer writes a new snapshot and its Asset
 event starts a retrain that warms and trains on exactly that snapshot, from v1 (v2's lineage names
 the URL); `rollback_model` moves the alias back; the same snapshot announced again through
-`POST /api/v2/assets/events` is v2 again and the gate refuses to put the rolled-back version back.
-Then the plugin's registry page: refused without a token, lists the versions with one, its rollback
-button triggers `rollback_model` and the page it lands on follows that run until the alias moved, and a
-headless Chromium screenshot of it is not blank. The tests
-run in file order and share the one standalone.
+`POST /api/v2/assets/events` is v2 again and the gate refuses to put the rolled-back version back. Every
+record names the person behind it: the manual run's version and the REST rollback name the user who
+triggered them, the data-triggered version only its run.
+Then the plugin's registry page: refused without a token, lists the versions with one; a second Roll back
+(v2 was rolled back, v1 was the first) is refused by its run, which the page follows until it ends; in a
+headless Chromium a person forces v2 back with a reason and the page reloads itself until the alias
+moved, and a screenshot of it is not blank. The tests run in file order and share the one standalone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
-from tests.airflow.browser import chromium_binary, pixel_stats, screenshot, section
+from tests.airflow.browser import browser, chromium_binary, pixel_stats, screenshot, section
 from tests.airflow.conftest import Standalone
 from tests.services import free_port, require
 
@@ -80,7 +82,8 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     assert resp.status_code == 200, resp.text
     first = resp.json()["dag_run_id"]
     assert standalone.wait_run(RETRAIN, first)["state"] == "success", standalone.task_states(RETRAIN, first)
-    assert registry.live_version(MODEL, ALIAS).version == 1
+    v1 = registry.live_version(MODEL, ALIAS)
+    assert v1.version == 1 and v1.created_by == f"admin via airflow {RETRAIN}/{first}"  # admin triggered it
 
     # Week 2: the producer writes a snapshot and announces it; the scheduler starts a retrain on it.
     known = standalone.run_ids(RETRAIN)
@@ -92,15 +95,18 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     v2 = registry.live_version(MODEL, ALIAS)
     snapshot = v2.data_url
     assert v2.version == 2 and v2.parent_version == 1
+    assert v2.created_by == f"airflow {RETRAIN}/{arrived}"  # the data started it: no person to name
     assert snapshot.startswith(str(standalone.home / "store" / "data") + "-snapshots/")
     assert f"data arrived at {snapshot}" in standalone.task_log(RETRAIN, arrived, "plan")
 
     resp = standalone.trigger(ROLLBACK, {"model": MODEL, "reason": "standalone test"})
     assert resp.status_code == 200, resp.text
-    assert standalone.wait_run(ROLLBACK, resp.json()["dag_run_id"])["state"] == "success"
+    rolled = resp.json()["dag_run_id"]
+    assert standalone.wait_run(ROLLBACK, rolled)["state"] == "success"
     assert registry.live_version(MODEL, ALIAS).version == 1
     last = registry.history(MODEL, ALIAS)[-1]
     assert (last.action, last.from_version, last.to_version, last.reason) == ("rollback", 2, 1, "standalone test")
+    assert last.actor == f"admin via airflow {ROLLBACK}/{rolled}"  # the person who triggered it over REST
 
     # The same snapshot announced again from outside Airflow: that run is v2 again, which was rolled back.
     known = standalone.run_ids(RETRAIN)
@@ -142,7 +148,7 @@ def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalon
         assert section(page.text, "overlay").count("<polyline") == 2
         # Each version links to the Airflow run that made it: a run Airflow knows.
         for v in detail["versions"]:
-            run_id = v["created_by"].removeprefix(f"airflow {RETRAIN}/")
+            run_id = v["created_by"].partition(f"airflow {RETRAIN}/")[2]
             assert c.get(f"/api/v2/dags/{RETRAIN}/dagRuns/{run_id}").status_code == 200, v["created_by"]
             assert f"href='/dags/{RETRAIN}/runs/{quote(run_id, safe='')}' target='_top'" in page.text
         version_page = c.get(f"/retrainer/models/{MODEL}/versions/2")
@@ -150,28 +156,37 @@ def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalon
         assert c.get(f"/retrainer/models/{MODEL}/versions/99").status_code == 404
         assert c.get("/retrainer/models/no-such-model").status_code == 404
 
-        # The button, as a browser posts it: triggers rollback_model as the caller, back to the page.
+        # v2 was rolled back and v1 was the first: the button has no target of its own, says why, offers force.
+        form = section(page.text, "aliases")
+        assert "Roll back to the version given" in form and "name='force'" in form
+        assert f"v2 by admin via airflow {ROLLBACK}/" in form
+
+        # A second Roll back, as a browser posts the form with no version: its run refuses, nothing moves.
         resp = c.post(f"/retrainer/models/{MODEL}/rollback", headers={"Accept": "text/html"},
-                      data={"alias": ALIAS, "to_version": "2", "reason": "from the page"})
+                      data={"alias": ALIAS, "to_version": "", "reason": "again"})
         assert resp.status_code == 303, resp.text
+        assert "#" not in resp.headers["location"]
         run_id = parse_qs(urlsplit(resp.headers["location"]).query)["triggered"][0]
-        assert c.get(f"/api/v2/dags/{ROLLBACK}/dagRuns/{run_id}").json()["conf"]["to_version"] == 2
+        assert c.get(f"/api/v2/dags/{ROLLBACK}/dagRuns/{run_id}").json()["conf"] == {
+            "model": MODEL, "alias": ALIAS, "to_version": None, "reason": "again", "force": False}
         bad = c.post(f"/retrainer/models/{MODEL}/rollback", data={"alias": ALIAS, "to_version": "x"})
         assert bad.status_code == 400 and "to_version" in bad.text
-        # The page it lands on links the run and reloads itself until the run has moved the alias.
+        # The page it lands on links the run and reloads itself (the page, no #fragment) until the run ends.
+        reload = (f"<meta http-equiv='refresh' content='2;url=/retrainer/models/{MODEL}?triggered="
+                  f"{quote(run_id, safe='')}'>")
         deadline = time.monotonic() + 300
         while True:
             after = c.get(resp.headers["location"])
             assert f"href='/dags/{ROLLBACK}/runs/{quote(run_id, safe='')}' target='_top'" in after.text
-            if "it moved production" in after.text or time.monotonic() > deadline:
+            if "without moving an alias" in after.text or time.monotonic() > deadline:
                 break
-            assert "http-equiv='refresh'" in after.text, after.text  # pending: the page comes back by itself
+            assert reload in after.text, after.text  # pending: the page comes back by itself
             time.sleep(1)
-    assert f"moved production from <a href='/retrainer/models/{MODEL}/versions/1'>v1</a> to" in after.text
+    assert "failed without moving an alias: rollback: " in after.text, after.text
+    assert "every version live on it before version 1 was rolled back from it" in after.text
     assert "http-equiv='refresh'" not in after.text
-    assert f"<a href='/retrainer/models/{MODEL}/versions/2'>v2</a>" in section(after.text, "aliases")
-    assert standalone.wait_run(ROLLBACK, run_id)["state"] == "success"
-    assert _registry(standalone).live_version(MODEL, ALIAS).version == 2
+    assert standalone.wait_run(ROLLBACK, run_id)["state"] == "failed"
+    assert _registry(standalone).live_version(MODEL, ALIAS).version == 1
 
 
 def test_plugin_is_registered_as_a_ui_view(standalone: Standalone) -> None:
@@ -181,6 +196,33 @@ def test_plugin_is_registered_as_a_ui_view(standalone: Standalone) -> None:
     assert ours, plugins
     assert ours[0]["fastapi_apps"][0]["url_prefix"] == "/retrainer"
     assert ours[0]["external_views"][0]["href"] == "retrainer/"
+
+
+def test_a_person_forces_v2_back_in_a_browser_and_the_page_follows_until_the_alias_moved(
+        standalone: Standalone) -> None:
+    binary = chromium_binary()
+    require(binary is not None, "chromium (apt chromium) for the registry page in a browser")
+    url = f"{standalone.base_url}/retrainer/models/{MODEL}"
+    with browser(url, standalone.token, free_port(), binary) as page:
+        page.open(url)
+        form = f"document.getElementById('rollback-{ALIAS}')"
+        page.eval(f"{form}.to_version.value = '2'; {form}.force.checked = true; "
+                  f"{form}.reason.value = 'v2 retested fine'; {form}.querySelector('button').click()")
+        page.wait_for("location.search.includes('triggered=') && document.readyState === 'complete'", 60)
+        landed = page.loads
+        banner = page.eval("document.getElementById('triggered').innerText")
+        assert "this page reloads until it finishes" in banner, banner  # the run is pending
+        # The test never reloads: the page does, until the run has moved the alias.
+        page.wait_for("document.body.innerText.includes('it moved production')", 300)
+        assert page.loads > landed and "#" not in page.eval("location.href")
+        assert "from v1 to v2" in page.eval("document.getElementById('triggered').innerText")
+    registry = _registry(standalone)
+    assert registry.live_version(MODEL, ALIAS).version == 2
+    last = registry.history(MODEL, ALIAS)[-1]
+    assert (last.action, last.from_version, last.to_version) == ("rollback", 1, 2)
+    assert last.actor.startswith(f"admin via airflow {ROLLBACK}/")
+    assert last.reason.startswith(f"v2 retested fine [forced: v2 had been rolled back from production by admin via "
+                                  f"airflow {ROLLBACK}/")
 
 
 def test_headless_chromium_screenshot_of_the_registry_page_is_not_blank(standalone: Standalone) -> None:

@@ -305,7 +305,7 @@ def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, expo
 
     # The alias moved on between a deploy's start and its failure: that move is not undone.
     with Registry(cfg.publish.registry_url) as reg:
-        reg.switch_alias(MODEL, ALIAS, 2, actor="operator", reason="fixed serving", action="promote")
+        reg.switch_alias(MODEL, ALIAS, 2, actor="operator", reason="fixed serving", action="promote", force=True)
         started = resolve_target(cfg, [{"version": 2}])
         reg.switch_alias(MODEL, ALIAS, 1, actor="operator", reason="changed my mind", action="promote")
     with pytest.raises(DeployError, match="not rolled back, the alias moved since"):

@@ -81,6 +81,21 @@ def test_cli_lifecycle(
     rc, out, err = cli("registry", "show", "--model", "nope", *db)
     assert rc == 2 and "'nope' is not in the registry" in err
 
+    # Rolling back again from v2 would redo the rollback of v1: refused, saying why; v1 comes back only forced.
+    rc, out, err = cli("rollback", "--model", "tiny-llama", *db)
+    assert rc == 1 and "every version live on it before version 2 was rolled back from it (v1 by " in err, err
+    for refused in (("rollback", "--to", "1"), ("promote", "--version", "1")):
+        rc, out, err = cli(*refused, "--model", "tiny-llama", *db)
+        assert rc == 1 and "version 1 was rolled back from it by " in err and "--force" in err, err
+    rc, out, err = cli("rollback", "--model", "tiny-llama", "--to", "1", "--force", "--reason", "v1 retested fine",
+                       "--actor", "ops", *db, "--json")
+    assert rc == 0, err
+    forced = json.loads(out)
+    assert [forced[k] for k in ("action", "from_version", "to_version", "actor")] == ["rollback", 2, 1, "ops"]
+    assert forced["reason"].startswith("v1 retested fine [forced: v1 had been rolled back from production by ")
+    assert json.loads(cli("registry", "history", "--model", "tiny-llama", *db, "--json")[1])[-1] == {
+        **forced, "to_parent_version": None}
+
 
 def test_cli_default_db_under_retrainer_home(
     cli: Callable[..., tuple[int, str, str]], tmp_path: Path, monkeypatch

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tasks.errors import InvalidInputError
 from tasks.registry import (
     ArtifactRef,
     ConflictError,
+    ForceRequiredError,
     Lineage,
     NotFoundError,
     NothingToRollBackError,
@@ -118,6 +120,57 @@ def test_rollback_default_explicit_and_nothing_to_roll_back(reg: Registry) -> No
     hist = reg.history("m", "production")
     assert [(h.from_version, h.to_version) for h in hist] == [(None, 1), (1, 3), (3, 1), (1, 2)]
     assert hist[-1].to_version == reg.live_version("m", "production").version
+
+
+def test_rolling_back_twice_goes_further_back_never_redoes_and_rolled_back_versions_need_force(
+        reg: Registry) -> None:
+    """An operator's sequence: v1, v2, v3 published; v3 misbehaves (roll back), so does v2 (roll back again):
+    the second rollback lands on v1, never on the v3 just rolled back; a third has nowhere left and says why.
+    Putting a rolled-back version back takes force and records why."""
+    for n in (1, 2, 3):
+        reg.switch_alias("m", "production", publish(reg, n), actor="ci", reason="publish", action="publish")
+    assert reg.rollback_target("m", "production") == 2
+    first = reg.rollback("m", "production", actor="alice", reason="v3 hallucinates")
+    assert (first.from_version, first.to_version) == (3, 2)
+    assert reg.rollback_target("m", "production") == 1  # what the page's button shows before the click
+    second = reg.rollback("m", "production", actor="bob", reason="v2 too")
+    assert (second.from_version, second.to_version) == (2, 1)
+    assert reg.live_version("m", "production").version == 1
+    with pytest.raises(NothingToRollBackError) as nowhere:
+        reg.rollback("m", "production", actor="carol")
+    text = str(nowhere.value)
+    assert "every version live on it before version 1 was rolled back from it" in text
+    assert "v2 by bob at" in text and "'v2 too'" in text and "v3 by alice at" in text and "--force" in text
+    with pytest.raises(NothingToRollBackError, match="every version live on it before version 1"):
+        reg.rollback_target("m", "production")
+
+    for again in (lambda: reg.rollback("m", "production", to=3, actor="carol"),
+                  lambda: reg.switch_alias("m", "production", 3, actor="carol")):
+        with pytest.raises(ForceRequiredError) as refused:
+            again()
+        assert "version 3 was rolled back from it by alice at" in str(refused.value)
+        assert "'v3 hallucinates'" in str(refused.value) and "--force" in str(refused.value)
+    with pytest.raises(ConflictError, match="expected version 2 but it points to version 1"):  # CAS news first
+        reg.switch_alias("m", "production", 3, expect=2, actor="carol")
+    assert reg.live_version("m", "production").version == 1 and len(reg.history("m", "production")) == 5
+    with pytest.raises(InvalidInputError, match="needs a reason"):
+        reg.switch_alias("m", "production", 2, actor="carol", reason=" ", force=True)
+
+    forced = reg.switch_alias("m", "production", 2, actor="carol", reason="v2 fixed by a config change", force=True)
+    assert (forced.action, forced.from_version, forced.to_version, forced.actor) == ("promote", 1, 2, "carol")
+    assert forced.reason.startswith("v2 fixed by a config change [forced: v2 had been rolled back from production "
+                                    "by bob at ")
+    assert reg.history("m", "production")[-1] == forced
+    assert not reg.switch_alias("m", "production", 2, actor="carol").changed  # already there: a no-op, not refused
+    # Back from the forced v2: v1 (live before it, never rolled back), not v3; a publish never puts v3 back.
+    assert reg.rollback_target("m", "production") == 1
+    with pytest.raises(ConflictError, match="an automatic publish never points it there again"):
+        reg.switch_alias("m", "production", 3, actor="ci", action="publish")
+    back = reg.rollback("m", "production", to=3, actor="dave", reason="v3 was fine after all", force=True)
+    assert (back.from_version, back.to_version) == (2, 3) and "[forced: v3 had been rolled back" in back.reason
+    # force where nothing was rolled back changes nothing in the record
+    plain = reg.switch_alias("m", "production", 1, actor="erin", reason="pin", force=True)
+    assert plain.reason == "pin"
 
 
 def test_show_and_models_are_json_able(reg: Registry) -> None:
