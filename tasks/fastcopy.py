@@ -81,15 +81,20 @@ class HashingWriter:
         self._close()
 
 
-def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
-    """Copy a readable binary stream (`readinto`) into `sink`, hashing on the way; (sha256 hex, bytes)."""
+def pump(fin: Any, writer: HashingWriter) -> None:
+    """Feed a readable binary stream (`readinto`) into `writer`, two buffers taking turns."""
     buffers = (bytearray(BUFFER), bytearray(BUFFER))
+    turn = 0
+    while n := fin.readinto(buffers[turn]):
+        writer.write(memoryview(buffers[turn])[:n])
+        turn ^= 1
+
+
+def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
+    """Copy a readable binary stream into `sink`, hashing on the way; (sha256 hex, bytes)."""
     writer = HashingWriter(sink)
     try:
-        turn = 0
-        while n := fin.readinto(buffers[turn]):
-            writer.write(memoryview(buffers[turn])[:n])
-            turn ^= 1
+        pump(fin, writer)
     except BaseException:
         writer.abort()
         raise
