@@ -21,6 +21,7 @@ import torch
 from tasks.errors import InvalidInputError
 
 # torch dtype -> safetensors' name for it (the ones an export writes, and their neighbours).
+PIECE = 16 << 20  # bytes converted and handed to the sink at a time
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
                torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
@@ -58,19 +59,23 @@ def header(entries: Sequence[TensorEntry], metadata: dict[str, str] | None = Non
 def write(sink: Any, entries: Sequence[TensorEntry], tensors: Iterable[tuple[str, torch.Tensor]],
           metadata: dict[str, str] | None = None) -> None:
     """Write the header of `entries`, then each tensor `tensors` yields, in the same order, checked against
-    its entry (name, dtype, shape). Each tensor goes to `sink.write` as a view of its own memory, which the
-    sink may hold until its next write returns (`tasks.fastcopy.HashingWriter` does): one tensor is in
-    flight while the caller makes the next."""
+    its entry (name, shape), converted to the entry's dtype on the host piece by piece (`PIECE` bytes):
+    host memory holds a few pieces, not a tensor in the file's dtype, and a slow sink overlaps the
+    conversion. Each piece goes to `sink.write`, which may hold it until its next write returns
+    (`tasks.fastcopy.HashingWriter` does)."""
     sink.write(header(entries, metadata))
     count = 0
     for name, tensor in tensors:
         entry = entries[count] if count < len(entries) else None
-        got = (name, tensor.dtype, tuple(tensor.shape))
-        if entry is None or got != (entry.name, entry.dtype, entry.shape):
-            said = "nothing" if entry is None else (entry.name, entry.dtype, entry.shape)
+        got = (name, tuple(tensor.shape))
+        if entry is None or got != (entry.name, entry.shape):
+            said = "nothing" if entry is None else (entry.name, entry.shape)
             raise InvalidInputError(f"safetensors: tensor {count} is {got}, the header says {said}")
-        # A view of the tensor's own memory: the sink's buffer reference keeps it alive until written.
-        sink.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        flat = tensor.detach().reshape(-1)
+        step = max(1, PIECE // entry.dtype.itemsize)
+        for start in range(0, flat.numel(), step):
+            piece = flat[start:start + step].to(device="cpu", dtype=entry.dtype)  # a view if already so
+            sink.write(piece.view(torch.uint8).numpy())
         count += 1
     if count != len(entries):
         raise InvalidInputError(f"safetensors: {count} tensors written, the header lists {len(entries)}")

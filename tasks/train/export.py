@@ -7,7 +7,8 @@ hold the final weights already, sharded: in each stage the data-parallel rank-0 
 group gathers each tensor's TP slices onto its TP rank 0 (one tensor at a time), which streams the
 stage's shard (`model-0000s-of-0000n.safetensors`) straight into the staging area: the header first
 (the shapes are known before any byte), then tensor by tensor, hashed while written, written once
-(`ArtifactStore.stage_stream`, `tasks.safetensors_stream`): one tensor in host memory, not the stage.
+(`ArtifactStore.stage_stream`, `tasks.safetensors_stream`), converted to the export dtype piece by
+piece: host memory holds the stage's own weights and a few pieces more, never a second copy.
 It imports `tasks.registry.store`, never the registry's database layer (sqlalchemy). It reports the file
 (path, size, sha256) and its tensors (gathered into rank 0's summary, and kept in
 `<run dir>/export/<tag>/shard-<stage>.json` so a retry on the same disks reuses them); publish adds the
@@ -68,7 +69,8 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage:
         return tp.size > 1 and family.shard_spec(m, name, tp.rank, tp.size) is not None
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        """Each full tensor on TP rank 0, one at a time (every TP rank walks it: the gathers are collective)."""
+        """Each full tensor on TP rank 0, one at a time, as the rank holds it (every TP rank walks it: the
+        gathers are collective)."""
         for name, param in params:
             local = param.detach().contiguous()
             if sharded(name):
@@ -77,7 +79,7 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage:
                 local = family.unshard(m, name, pieces)
                 del pieces
             if tp.rank == 0:
-                yield family.hf_name(name), local.to(dtype).cpu().contiguous()
+                yield family.hf_name(name), local  # written in `dtype`, piece by piece (safetensors_stream)
 
     if tp.rank != 0:
         for _ in tensors():
