@@ -25,7 +25,7 @@ from filelock import FileLock
 
 from tasks.config import ModelConfig, sha256_json
 from tasks.errors import ConfigError, InvalidInputError
-from tasks.fastcopy import copy_stream
+from tasks.fastcopy import copy_local, copy_stream
 from tasks.fsutil import atomic_write_json, atomic_writer, is_local_fs
 from tasks.models import family_for_architecture, get_family
 
@@ -161,10 +161,12 @@ def _fetch(fs: Any, root: str, dest: Path, entry: dict[str, Any], expected: dict
     target = dest / entry["path"]
     target.parent.mkdir(parents=True, exist_ok=True)
     src = f"{root}/{entry['path']}"
-    # A local source is read with plain reads, not through fsspec (issue 27: 5x slower).
-    with (open(src, "rb", buffering=0) if is_local_fs(fs) else fs.open(src, "rb")) as fin, \
-            atomic_writer(target) as fout:
-        digest, size = copy_stream(fin, fout)
+    with atomic_writer(target) as fout:
+        if is_local_fs(fs):  # not through fsspec's generic reads (issue 27: 5x slower than cp -r)
+            digest, size = copy_local(src, fout)
+        else:
+            with fs.open(src, "rb") as fin:
+                digest, size = copy_stream(fin, fout)
         want = expected.get(entry["path"])
         if size != entry["size"] or (want is not None and digest != want):
             raise InvalidInputError(f"model.pretrained: {entry['path']} fetched as {size} bytes hashing to "

@@ -44,7 +44,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.errors import InvalidInputError, RetrainerError
-from tasks.fastcopy import HashingWriter, copy_files, pump
+from tasks.fastcopy import HashingWriter, copy_files, feed_file
 from tasks.fsutil import (
     CHUNK,
     atomic_write_bytes,
@@ -297,8 +297,7 @@ class ArtifactStore:
 
     def stage_file(self, staging: str, path: str, local_file: str | os.PathLike[str]) -> TreeFile:
         """Upload one local file into a staging area as `path`, hashing while streaming (what a writer reports)."""
-        with open(local_file, "rb", buffering=0) as fin:
-            return self.stage_stream(staging, path, lambda sink: pump(fin, sink))
+        return self.stage_stream(staging, path, lambda sink: feed_file(local_file, sink))
 
     def stage_stream(self, staging: str, path: str, produce: Callable[[HashingWriter], object]) -> TreeFile:
         """Write one file of a staging area as `path` from `produce(sink)`, hashed while written (the bytes pass
