@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 BUFFER = 16 << 20
+WINDOW = 4 * BUFFER  # of a local file mapped at a time
 PARALLEL_FILES = 4
 
 
@@ -100,16 +101,18 @@ def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
 
 
 def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
-    """Feed a local file into `writer` straight from the page cache (mapped, not read into a buffer of ours:
-    one copy of each byte, into the destination, as `cp` makes)."""
+    """Feed a local file into `writer` straight from the page cache: mapped, not read into a buffer of ours
+    (one copy of each byte, into the destination, as `cp` makes). Each window is mapped with its pages
+    populated in one call (page faults one by one cost a fifth of the copy) while the writer's threads
+    still work on the previous one."""
     with open(src, "rb", buffering=0) as fin:
-        if os.fstat(fin.fileno()).st_size == 0:
-            return
-        mapped = mmap.mmap(fin.fileno(), 0, prot=mmap.PROT_READ)
-    mapped.madvise(mmap.MADV_SEQUENTIAL)
-    view = memoryview(mapped)  # unmapped when the last slice is dropped (the writer holds one until done)
-    for start in range(0, len(view), BUFFER):
-        writer.write(view[start:start + BUFFER])
+        size = os.fstat(fin.fileno()).st_size
+        for offset in range(0, size, WINDOW):
+            window = mmap.mmap(fin.fileno(), min(WINDOW, size - offset), offset=offset, prot=mmap.PROT_READ,
+                               flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            view = memoryview(window)  # unmapped when the writer drops its last slice
+            for start in range(0, len(view), BUFFER):
+                writer.write(view[start:start + BUFFER])
 
 
 def copy_local(src: str | os.PathLike[str], sink: _Sink) -> tuple[str, int]:
