@@ -58,3 +58,31 @@ def test_a_failed_stream_leaves_nothing_in_the_staging_area(tmp_path: Path) -> N
     with pytest.raises(InvalidInputError, match="tensor 1 is"):
         store.stage_stream(staging, "model.safetensors", lambda sink: write(sink, entries, iter(wrong)))
     assert list(Path(staging.removeprefix("file://")).iterdir()) == []
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_the_ranks_export_writes_the_very_bytes_of_the_export_from_checkpoint_files(
+    tmp_path: Path, family: str
+) -> None:
+    """Same weights, same shard bytes (same tree digest) whichever export wrote them: the ranks' stream or
+    publish's fallback from the checkpoint's layer files (`safetensors.torch.save_file`)."""
+    from tasks.config import ModelConfig
+    from tasks.models import get_family
+    from tasks.models.export import export_checkpoint
+    from tasks.models.parallel import TPGroup
+    from tasks.train.export import export_stage
+    from tests.checkpoints import write_layer_files
+
+    m = ModelConfig.model_validate({**MODEL, "family": family, "vocab_size": 256, "n_layers": 2, "d_model": 64,
+                                    "n_heads": 4, "n_kv_heads": 2, "d_ff": 128})
+    module = get_family(family).Reference(m, seed=1)
+    write_layer_files(tmp_path / "ckpt", m, module.state_dict())
+    export_checkpoint(m, tmp_path / "ckpt", tmp_path / "fallback", stages=1, dtype="bf16")
+    store = ArtifactStore(str(tmp_path / "store"))
+    staging = store.stage()
+    report = export_stage(module, m, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+                          tag="step-1", spec={"store_url": store.url, "storage_options": {}, "staging": staging,
+                                              "dtype": "bf16"})
+    assert report is not None
+    ours = Path(staging.removeprefix("file://")) / report["file"]["path"]
+    assert ours.read_bytes() == (tmp_path / "fallback" / report["file"]["path"]).read_bytes()
