@@ -33,6 +33,7 @@ def main() -> None:
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.train.export import export_stage
+    from tasks.train.worker import Trainer  # noqa: F401 -- what a rank has imported before it exports
 
     torch.set_num_threads(1)
     m = ModelConfig.model_validate(json.loads(args.model))
