@@ -13,7 +13,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from tasks.registry.core import ANY, Registry
 from tasks.registry.errors import (
     ConflictError,
     CorruptArtifactError,
@@ -27,11 +26,14 @@ from tasks.registry.errors import (
 from tasks.registry.records import ArtifactRef, Lineage, SwitchRecord, VersionRecord
 
 if TYPE_CHECKING:
+    from tasks.registry.core import ANY, Registry
     from tasks.registry.migrate import upgrade
     from tasks.registry.store import ArtifactStore
 
-# alembic and fsspec are imported on first use: worker processes that only switch pointers stay light.
-_LAZY = {"upgrade": "tasks.registry.migrate", "ArtifactStore": "tasks.registry.store"}
+# sqlalchemy, alembic and fsspec are imported on first use: worker processes that only switch pointers stay
+# light, and training ranks that write into the store (`tasks.registry.store`) never load the database layer.
+_LAZY = {"ANY": "tasks.registry.core", "Registry": "tasks.registry.core", "upgrade": "tasks.registry.migrate",
+         "ArtifactStore": "tasks.registry.store"}
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -44,6 +44,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.errors import InvalidInputError, RetrainerError
+from tasks.fastcopy import HashingWriter, copy_files, feed_file
 from tasks.fsutil import (
     CHUNK,
     atomic_write_bytes,
@@ -296,12 +297,31 @@ class ArtifactStore:
 
     def stage_file(self, staging: str, path: str, local_file: str | os.PathLike[str]) -> TreeFile:
         """Upload one local file into a staging area as `path`, hashing while streaming (what a writer reports)."""
+        return self.stage_stream(staging, path, lambda sink: feed_file(local_file, sink))
+
+    def stage_stream(self, staging: str, path: str, produce: Callable[[HashingWriter], object]) -> TreeFile:
+        """Write one file of a staging area as `path` from `produce(sink)`, hashed while written (the bytes pass
+        once, never through a local temporary copy); a local file is fsynced. On failure a local partial file
+        is removed (a remote one is refused by `commit_tree`, its size not matching)."""
         rel = check_path(path)
         dest = f"{self._staging_path(staging)}/{rel}"
         if self.local:
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        with open(local_file, "rb") as fin, self.fs.open(dest, "wb") as fout:
-            digest, size = _copy_hashing(fin, fout)
+        try:
+            with open(dest, "wb", buffering=0) if self.local else self.fs.open(dest, "wb") as fout:
+                sink = HashingWriter(fout)
+                try:
+                    produce(sink)
+                except BaseException:
+                    sink.abort()
+                    raise
+                digest, size = sink.finish()
+                if self.local:
+                    os.fsync(fout.fileno())
+        except BaseException:
+            if self.local:
+                Path(dest).unlink(missing_ok=True)
+            raise
         return TreeFile(path=rel, size=size, sha256=digest)
 
     def discard(self, staging: str) -> None:
@@ -424,25 +444,38 @@ class ArtifactStore:
         on any mismatch CorruptArtifactError names the file and `dest_dir` is left as it was."""
         manifest = self.tree_manifest(digest)
         base = self.tree_path(digest)
+        wanted = [f for f in manifest.files if only is None or f.path in only]
         with fresh_dir(dest_dir) as tmp:
-            for f in manifest.files:
-                if only is not None and f.path not in only:
-                    continue
-                target = tmp / f.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    with self.fs.open(f"{base}/{f.path}", "rb") as fin, open(target, "wb") as fout:
-                        got, size = _copy_hashing(fin, fout)
-                except FileNotFoundError:
-                    raise CorruptArtifactError(f"tree {digest}: {f.path} is missing from the store; refused, "
-                                               "nothing written") from None
-                if (got, size) != (f.sha256, f.size):
+            if self.local:
+                got = self._copy_local(base, tmp, wanted, digest)
+            else:
+                got = [self._download(f"{base}/{f.path}", tmp / f.path, f.path, digest) for f in wanted]
+            for f, (sha, size) in zip(wanted, got, strict=True):
+                if (sha, size) != (f.sha256, f.size):
                     raise CorruptArtifactError(
-                        f"tree {digest}: {f.path} is corrupt in the store ({size} bytes hashing to {got}, the "
+                        f"tree {digest}: {f.path} is corrupt in the store ({size} bytes hashing to {sha}, the "
                         f"manifest says {f.size} bytes, {f.sha256}); refused, nothing written")
         log.info("tree %s: %d files, %d bytes verified into %s", digest[:12], len(manifest.files), manifest.size,
                  dest_dir)
         return Path(dest_dir)
+
+    @staticmethod
+    def _copy_local(base: str, tmp: Path, files: list[TreeFile], digest: str) -> list[tuple[str, int]]:
+        """A local store's files into `tmp`, several at once, without fsspec (plain reads and writes)."""
+        try:
+            return copy_files([(f"{base}/{f.path}", tmp / f.path) for f in files])
+        except FileNotFoundError as exc:
+            raise CorruptArtifactError(f"tree {digest}: {exc.filename} is missing from the store; refused, "
+                                       "nothing written") from None
+
+    def _download(self, src: str, target: Path, path: str, digest: str) -> tuple[str, int]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self.fs.open(src, "rb") as fin, open(target, "wb") as fout:
+                return _copy_hashing(fin, fout)
+        except FileNotFoundError:
+            raise CorruptArtifactError(f"tree {digest}: {path} is missing from the store; refused, "
+                                       "nothing written") from None
 
     def verify_tree(self, digest: str) -> bool:
         """True if the tree is committed, its manifest hashes to `digest` and every file's bytes match it."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,41 @@ def test_pull_needs_the_store_when_the_artifact_url_does_not_name_it(
     rc, _, err = cli("registry", "pull", "--model", "m", str(tmp_path / "dest"), "--db", sqlite_url)
     assert rc == 2 and "so its store is unknown: give the store" in err
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weights(
+    sqlite_url: str, cli: Cli, job_config: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The end of a run, then its user: the rank streams its stage's shard into the store's staging area,
+    publish commits it with the small files, the user pulls the version and loads it with transformers: the
+    weights are the trained ones, and every pulled file hashes to what the rank and the version recorded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.fsutil import sha256_file
+    from tasks.models import get_family
+    from tasks.models.parallel import TPGroup
+    from tasks.models.weights import local_named_params
+    from tasks.publish import commit_staged
+    from tasks.registry.store import local_tree_manifest
+    from tasks.train.export import export_stage
+
+    cfg = job_config(sqlite_url)
+    store = ArtifactStore(cfg.publish.store_url)
+    family = get_family(cfg.model.family)
+    trained = family.Reference(cfg.model, seed=3)
+    report = export_stage(trained, cfg.model, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+                          tag="step-10", spec={"store_url": store.url, "storage_options": {},
+                                               "staging": store.stage(), "dtype": "fp32"})
+    assert report is not None
+    ref = commit_staged(cfg, store, [report], None)
+    upgrade(sqlite_url)
+    publish(sqlite_url, ref)
+
+    rc, _, err = cli("registry", "pull", "--model", "m", str(tmp_path / "pulled"), "--db", sqlite_url)
+    assert rc == 0, err
+    assert local_tree_manifest(tmp_path / "pulled").digest == ref.digest
+    assert sha256_file(tmp_path / "pulled" / report["file"]["path"]) == report["file"]["sha256"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pulled", dtype=torch.float32).state_dict()
+    for name, param in local_named_params(trained):
+        assert torch.equal(loaded[family.hf_name(name)], param.detach()), name

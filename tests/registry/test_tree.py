@@ -119,6 +119,23 @@ def test_put_tree_get_tree_roundtrip_with_nested_paths(store: ArtifactStore, tmp
     assert store_files(store) == sorted([prefix + MANIFEST_NAME] + [prefix + f.path for f in manifest.files])
 
 
+def test_files_of_many_copy_buffers_are_recorded_and_pulled_with_their_own_sha256(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    from tasks.fastcopy import BUFFER
+    from tasks.fsutil import sha256_file
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i, size in enumerate((3 * BUFFER + 5, 2 * BUFFER, 1)):
+        (src / ("sub" if i else "") / f"shard-{i}.bin").write_bytes(os.urandom(size))
+    ref = store.put_tree(src)
+    for f in store.tree_manifest(ref.digest).files:
+        assert f.sha256 == sha256_file(src / f.path), f.path
+    assert store.verify_tree(ref.digest)
+    assert same_tree(src, store.get_tree(ref.digest, tmp_path / "pulled"))
+
+
 def test_concurrent_writer_processes_fill_one_staging_area_then_one_commit(
     store_and_options: tuple[ArtifactStore, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -1,0 +1,37 @@
+"""tasks.fastcopy: every byte copied once, hashed on the way, files in parallel; a failed copy leaves nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tasks.fastcopy import BUFFER, copy_file, copy_files
+
+
+def test_copy_files_gives_the_same_bytes_and_their_sha256_whatever_the_size(tmp_path: Path) -> None:
+    sizes = {"empty": 0, "one": 1, "buffer": BUFFER, "buffer-plus-one": BUFFER + 1, "three": 3 * BUFFER - 7}
+    pairs = []
+    for name, size in sizes.items():
+        (tmp_path / "src" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(os.urandom(size))
+        pairs.append((tmp_path / "src" / name, tmp_path / "dst" / "nested" / name))
+
+    got = copy_files(pairs)
+
+    for (src, dest), (digest, size) in zip(pairs, got, strict=True):
+        data = src.read_bytes()
+        assert dest.read_bytes() == data
+        assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_a_copy_from_a_missing_file_raises_and_leaves_no_destination(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"a" * 10)
+    with pytest.raises(FileNotFoundError):
+        copy_files([(tmp_path / "a", tmp_path / "out" / "a"), (tmp_path / "missing", tmp_path / "out" / "missing")])
+    assert not (tmp_path / "out" / "missing").exists()
+    with pytest.raises(IsADirectoryError):
+        copy_file(tmp_path / "a", tmp_path)  # dest is a folder: nothing written, source untouched
+    assert (tmp_path / "a").read_bytes() == b"a" * 10

@@ -1,0 +1,88 @@
+"""The ranks' export (tasks/train/export.py): the stage's shard streamed once into the store, tensor by tensor,
+by a process that never loads the registry's database layer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tasks.errors import InvalidInputError
+from tasks.fsutil import sha256_file
+from tasks.registry.store import ArtifactStore
+from tasks.safetensors_stream import PIECE, TensorEntry, write
+
+ROOT = Path(__file__).resolve().parents[2]
+# ~66M parameters (265 MB fp32, a 132 MB bf16 shard): big enough that a stage held twice would show.
+MODEL = {"family": "llama", "vocab_size": 32000, "seq_len": 128, "n_layers": 8, "d_model": 512, "n_heads": 8,
+         "n_kv_heads": 4, "d_ff": 2048, "rope_theta": 10000.0}
+
+
+def test_a_rank_streams_its_shard_without_a_second_copy_of_the_stage_or_the_database_layer(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    staging = store.stage()
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("export_rss_worker.py")), "--store", store.url,
+         "--staging", staging, "--out", str(tmp_path / "run"), "--model", json.dumps(MODEL)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.splitlines()[-1])
+
+    assert r["sqlalchemy"] is False  # the rank imported the store, not the registry's database layer
+    shard_bytes = r["held_bytes"] // 2  # fp32 held, bf16 exported
+    in_flight = 2 * PIECE  # the piece being hashed and written, the next one converted (measured: ~33 MiB)
+    assert r["peak_added_bytes"] < in_flight + (16 << 20) < shard_bytes / 2, r
+    file = r["report"]["file"]
+    path = Path(staging.removeprefix("file://")) / file["path"]
+    assert (path.stat().st_size, sha256_file(path)) == (file["size"], file["sha256"])
+    assert json.loads((tmp_path / "run" / "export" / "step-1" / "shard-00000.json").read_text()) == r["report"]
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert sorted(f.keys()) == sorted(r["report"]["weights"])
+        embed = f.get_tensor("model.embed_tokens.weight")
+    assert embed.dtype == torch.bfloat16 and embed.shape == (32000, 512)
+
+
+def test_a_failed_stream_leaves_nothing_in_the_staging_area(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    staging = store.stage()
+    entries = [TensorEntry("a", torch.float32, (4,)), TensorEntry("b", torch.float32, (4,))]
+    wrong = [("a", torch.zeros(4)), ("b", torch.zeros(5))]
+    with pytest.raises(InvalidInputError, match="tensor 1 is"):
+        store.stage_stream(staging, "model.safetensors", lambda sink: write(sink, entries, iter(wrong)))
+    assert list(Path(staging.removeprefix("file://")).iterdir()) == []
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_the_ranks_export_writes_the_very_bytes_of_the_export_from_checkpoint_files(
+    tmp_path: Path, family: str
+) -> None:
+    """Same weights, same shard bytes (same tree digest) whichever export wrote them: the ranks' stream or
+    publish's fallback from the checkpoint's layer files (`safetensors.torch.save_file`)."""
+    from tasks.config import ModelConfig
+    from tasks.models import get_family
+    from tasks.models.export import export_checkpoint
+    from tasks.models.parallel import TPGroup
+    from tasks.train.export import export_stage
+    from tests.checkpoints import write_layer_files
+
+    m = ModelConfig.model_validate({**MODEL, "family": family, "vocab_size": 256, "n_layers": 2, "d_model": 64,
+                                    "n_heads": 4, "n_kv_heads": 2, "d_ff": 128})
+    module = get_family(family).Reference(m, seed=1)
+    write_layer_files(tmp_path / "ckpt", m, module.state_dict())
+    export_checkpoint(m, tmp_path / "ckpt", tmp_path / "fallback", stages=1, dtype="bf16")
+    store = ArtifactStore(str(tmp_path / "store"))
+    staging = store.stage()
+    report = export_stage(module, m, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+                          tag="step-1", spec={"store_url": store.url, "storage_options": {}, "staging": staging,
+                                              "dtype": "bf16"})
+    assert report is not None
+    ours = Path(staging.removeprefix("file://")) / report["file"]["path"]
+    assert ours.read_bytes() == (tmp_path / "fallback" / report["file"]["path"]).read_bytes()
