@@ -116,3 +116,26 @@ def test_what_we_do_not_implement_is_refused_at_config_load(
     assert code == 2
     assert re.search(message, err), err
     assert str(tmp_path / "job.yaml") in err  # the file at fault is named
+
+
+def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
+    from tasks.config import JobConfig
+    from tasks.plan.budget import _activation_bytes_per_layer
+
+    base = dict(vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96)
+    for m in (ModelConfig(family="mistral", sliding_window=8, **base),
+              ModelConfig(family="qwen3", qk_norm=True, head_dim=32, tie_embeddings=True, **base)):
+        family = get_family(m.family)
+        matmul = family.total_params(m) - (0 if m.tie_embeddings else m.vocab_size * m.d_model)  # no lookup
+        span = 8 if m.sliding_window else 32  # a query's scores: the window, not the sequence
+        assert family.flops_per_token(m) == 6 * matmul + 12 * m.n_layers * span * m.n_heads * m.head_dim
+    # Materialized attention scores are s x W per head under a window, s x s without one.
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    scores = {}
+    for window in (8, None):
+        doc["model"] = {**base, "family": "mistral", "sliding_window": window}
+        cfg = JobConfig.model_validate(doc)
+        scores[window] = (_activation_bytes_per_layer(cfg, 2, 1, "materialized")
+                          - _activation_bytes_per_layer(cfg, 2, 1, "sdpa"))
+    b = doc["train"]["micro_batch_size"]
+    assert scores[None] - scores[8] == 2 * 4 * 32 * (32 - 8) * b
