@@ -780,9 +780,9 @@ class JobConfig(_Strict):
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
-        if self.deploy.enabled and m.family != "llama":
+        if self.deploy.enabled and m.family == "gpt":
             raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
-                             f"{m.family!r} exports are not transformers models (only 'llama' is)")
+                             f"{m.family!r} exports are not transformers models (llama, qwen3 and mistral are)")
         if self.train.init_from == "pretrained" and m.pretrained is None:
             raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:
