@@ -77,6 +77,12 @@ class ModelConfig(_Strict):
     rms_norm_eps: float = Field(1e-5, gt=0)
     tie_embeddings: bool = False
     qkv_bias: bool = Field(False, description="bias on q/k/v projections (Qwen2-style)")
+    # Options of the llama-style blocks that families beyond Llama turn on (Qwen3, Mistral; Gemma next).
+    head_dim: int | None = Field(None, gt=0, description="per-head width; null = d_model / n_heads")
+    qk_norm: bool = Field(False, description="per-head RMSNorm on queries and keys before rotary (Qwen3-style)")
+    sliding_window: int | None = Field(
+        None, gt=0, description="each position attends to the last W positions, itself included (Mistral-style); "
+                                "null = full causal attention")
     pretrained: str | None = Field(
         None, min_length=1,
         description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "
@@ -96,17 +102,27 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads "
+                                 f"({self.n_heads}) unless model.head_dim is given")
+            # Resolved once here (not a property) so the YAML field and every reader agree; not "set" by the user.
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
-        if self.family == "llama":
+        if self.family == "gpt":
+            unsupported = {"head_dim": self.head_dim * self.n_heads != self.d_model, "qk_norm": self.qk_norm,
+                           "sliding_window": self.sliding_window is not None}
+            for field, used in unsupported.items():
+                if used:
+                    raise ValueError(f"model.{field} is not supported by model.family 'gpt'")
+        else:  # the llama-style families (rotary, no dropout)
             if self.dropout:
-                raise ValueError(f"model.dropout ({self.dropout}) must be 0 for model.family 'llama' "
-                                 "(Llama has no dropout layers)")
+                raise ValueError(f"model.dropout ({self.dropout}) must be 0 for model.family {self.family!r} "
+                                 "(it has no dropout layers)")
             if self.head_dim % 2:
-                raise ValueError(f"model.d_model / model.n_heads ({self.head_dim}) must be even for rotary "
-                                 "embeddings (model.family 'llama')")
+                raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
+                                 f"embeddings (model.family {self.family!r})")
         return self
 
     @property
@@ -118,8 +134,9 @@ class ModelConfig(_Strict):
         return self.d_ff or 4 * self.d_model
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def attention_span(self) -> int:
+        """Positions one query attends to at most: seq_len, or the sliding window where it is shorter."""
+        return min(self.seq_len, self.sliding_window or self.seq_len)
 
 
 class ReplaySource(_Strict):
@@ -763,9 +780,9 @@ class JobConfig(_Strict):
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
-        if self.deploy.enabled and m.family != "llama":
+        if self.deploy.enabled and m.family == "gpt":
             raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
-                             f"{m.family!r} exports are not transformers models (only 'llama' is)")
+                             f"{m.family!r} exports are not transformers models (llama, qwen3 and mistral are)")
         if self.train.init_from == "pretrained" and m.pretrained is None:
             raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, str] = {
     "llama": "tasks.models.llama",
     "gpt": "tasks.models.gpt",
+    "qwen3": "tasks.models.qwen3",
+    "mistral": "tasks.models.mistral",
 }
 
 

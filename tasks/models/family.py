@@ -77,20 +77,25 @@ class ModelFamily(ABC):
         return sum(math.prod(s) for s in self.full_shapes(m).values())
 
     def flops_per_token(self, m: ModelConfig) -> float:
-        """Training FLOPs per token, PaLM appendix B / Megatron style: 6N + 12 * n_layers * seq_len * d_model.
+        """Training FLOPs per token, PaLM appendix B / Megatron style: 6N + 12 * n_layers * span * n_heads * head_dim.
 
         N = the parameters that take part in matmuls: all blocks plus the head (final
         norm + the d x vocab LM-head matrix, counted even when tied, because the
         logits matmul runs either way); the input embedding is a lookup and is left
         out. The attention term counts QK^T and AV over the full (not causal-halved)
-        seq_len x seq_len score matrix, n_heads * head_dim = d_model wide.
+        score row of `m.attention_span` keys (seq_len, or the sliding window where shorter),
+        n_heads * head_dim wide (d_model unless head_dim says otherwise).
         """
         c = self.param_counts(m, 1)
-        return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.seq_len * m.d_model
+        return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
 
     def kv_bytes_per_token(self, m: ModelConfig, element_bytes: int) -> int:
         """KV-cache bytes one token takes when serving: a key and a value per layer and kv head."""
         return m.n_layers * m.kv_heads * m.head_dim * 2 * element_bytes
+
+    def kv_positions(self, m: ModelConfig, context: int) -> int:
+        """Positions of one sequence the KV cache holds at `context` tokens: a sliding layer keeps the last W."""
+        return min(context, m.sliding_window or context)
 
     # ---- Hugging Face in/out ----
     @abstractmethod

@@ -27,7 +27,7 @@ from tasks.config import ModelConfig, sha256_json
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.fastcopy import copy_local, copy_stream
 from tasks.fsutil import atomic_write_json, atomic_writer, is_local_fs
-from tasks.models import family_for_architecture, get_family
+from tasks.models import family_for_architecture
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,11 @@ def sizes_from_pretrained(m: ModelConfig, source: str) -> dict[str, Any]:
     assert url is not None
     try:
         config = read_hf_config(url, m.pretrained_storage_options)
-        family = (get_family(m.family) if "family" in m.model_fields_set
-                  else family_for_architecture(config.get("architectures")))
+        family = family_for_architecture(config.get("architectures"))
+        if "family" in m.model_fields_set and m.family != family.name:
+            raise InvalidInputError(f"model.family {m.family!r} contradicts config.json architectures "
+                                    f"{config.get('architectures')!r} (model.family {family.name!r}); "
+                                    "leave model.family out (the pretrained model decides it)")
         fields = family.model_fields_from_hf(config)
     except InvalidInputError as exc:
         raise ConfigError(f"{source}: {exc}") from None

@@ -152,14 +152,15 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     out-proj input (e x s b h), fc1 output and GELU output (2 e x s b ffn).
     With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula.
     attention="sdpa" (our model: fused scaled_dot_product_attention) keeps no s^2 tensors,
-    only the fp32 log-sum-exp per head and row (4 x a s b).
+    only the fp32 log-sum-exp per head and row (4 x a s b). Materialized scores are s x span
+    (span = m.attention_span: the sliding window where it is shorter than s).
     """
     m, b = cfg.model, cfg.train.micro_batch_size
-    s, h, a = m.seq_len, m.d_model, m.n_heads
+    s, h, a, span = m.seq_len, m.d_model, m.n_heads, m.attention_span
     sb = s * b
     drop = m.dropout > 0
     outside = 4 * e * sb * h + (2 * sb * h if drop else 0)
-    scores = e * a * s * s * b + (a * s * s * b * (1 + e) if drop else 0)
+    scores = e * a * s * span * b + (a * s * span * b * (1 + e) if drop else 0)
     inside = (
         e * sb * (m.n_heads + 2 * m.kv_heads) * m.head_dim
         + (scores if attention == "materialized" else 4 * a * sb)
@@ -362,8 +363,9 @@ def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, in
     s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
     tokens = mb * p.micro_batches * p.dp * s
     n = get_family(m.family).total_params(m)
-    # 6 N per token (fwd + bwd) + attention scores 12 L s h per token; +2 N (one more forward) with recomputation.
-    per_token = 6 * n + 12 * m.n_layers * s * h + (2 * n if t.activation_checkpointing else 0)
+    # 6 N per token (fwd + bwd) + attention scores 12 L span (n_heads hd) per token; +2 N with recomputation.
+    per_token = (6 * n + 12 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
+                 + (2 * n if t.activation_checkpointing else 0))
     flops = float(per_token * tokens)
     flops_gpu = flops / p.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)

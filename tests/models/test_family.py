@@ -20,6 +20,9 @@ CASES = {
     "gpt": ModelConfig(family="gpt", **SIZES),
     "llama": ModelConfig(family="llama", **SIZES),
     "llama-tied-qkv-bias": ModelConfig(family="llama", tie_embeddings=True, qkv_bias=True, **SIZES),
+    "qwen3-tied-head-dim": ModelConfig(family="qwen3", tie_embeddings=True, qk_norm=True, head_dim=12, **SIZES),
+    "mistral-sliding-window": ModelConfig(family="mistral", sliding_window=4, **SIZES),
+    "mistral-full-attention": ModelConfig(family="mistral", **SIZES),
 }
 
 
@@ -37,7 +40,7 @@ def test_family_states_what_its_model_holds(case: str) -> None:
     assert {n: tuple(t.shape) for n, t in state.items()} == family.full_shapes(m)
     assert family.total_params(m) == sum(t.numel() for t in state.values())
     c = family.param_counts(m, 1)
-    tied = m.vocab_size * m.d_model if m.family == "llama" and m.tie_embeddings else 0  # counted on both ends
+    tied = m.vocab_size * m.d_model if m.family != "gpt" and m.tie_embeddings else 0  # counted on both ends
     assert c.embedding + m.n_layers * c.block + c.head - tied == family.total_params(m)
     # HF names round trip, and config.json in/out gives back the same model and family
     assert [family.ref_name(family.hf_name(n)) for n in state] == list(state)
@@ -47,7 +50,7 @@ def test_family_states_what_its_model_holds(case: str) -> None:
 
 
 def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gpt, llama"):
+    with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gpt, llama, mistral, qwen3"):
         get_family("bert")
     with pytest.raises(InvalidInputError, match=r"config\.json architectures \['BertForMaskedLM'\] is not "
                                                 r"supported; known: .*LlamaForCausalLM.*RetrainerGPT"):
@@ -58,7 +61,7 @@ def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_know
     doc["model"]["family"] = "bert"
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gpt, llama"):
+    with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gpt, llama, mistral, qwen3"):
         load_config(path)
 
 

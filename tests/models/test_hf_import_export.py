@@ -23,16 +23,31 @@ from tests.test_weekly_retrain import retrainer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 4, heads: int = 4,
-                  kv_heads: int = 2, ffn: int = 128, shard: str = "100KB", tokenizer: bool = True) -> Path:
-    """A random Llama saved as a team would have it: sharded safetensors + index, config.json, tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).
+# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are); Mistral: a window shorter than the
+# 32-token training windows, so the band is exercised.
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8, "head_dim": None}),
+}
 
+
+def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 4, heads: int = 4,
+                  kv_heads: int = 2, ffn: int = 128, shard: str = "100KB", tokenizer: bool = True,
+                  arch: str = "llama") -> Path:
+    """A random Llama-style model (`arch`: a key of ARCHS) saved as a team would have it: sharded safetensors +
+    index, config.json, tokenizer."""
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    config_cls, model_cls, options = ARCHS[arch]
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
-                         max_position_embeddings=128, rope_theta=500000.0, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(config).save_pretrained(dest, max_shard_size=shard)
+    config = getattr(transformers, config_cls)(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=128, rope_theta=500000.0, bos_token_id=1,
+        eos_token_id=2, **options)
+    getattr(transformers, model_cls)(config).save_pretrained(dest, max_shard_size=shard)
     if tokenizer:
         from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -101,14 +116,15 @@ def test_a_yaml_size_that_contradicts_config_json_is_refused_naming_the_field(
 
 
 @pytest.mark.multiproc
-def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tasks.config import load_config
     from tasks.models.weights import load_reference
     from tasks.train.data import Sampler, TokenWindows, split_inputs
 
-    hf = make_hf_llama(tmp_path / "hf")
+    hf = make_hf_llama(tmp_path / "hf", arch=arch)
     config = _write(tmp_path, _config(tmp_path, hf))
     db = f"sqlite:///{tmp_path / 'registry.db'}"
     assert retrainer("db", "upgrade", "--db", db, tmp=tmp_path).returncode == 0
@@ -141,6 +157,7 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     # Import parity in 3D: the first step's loss (before any update) is transformers' loss on that batch.
     cfg = load_config(config)
     m, t, p = cfg.model, cfg.train, cfg.parallel
+    assert m.family == arch  # picked from config.json's architectures
     dataset = Path(out["warm"]["dataset_dir"])
     windows = TokenWindows(dataset, "train", m.seq_len, m.vocab_size)
     x, y = split_inputs(windows.get(Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp,
@@ -156,7 +173,9 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
                      tmp=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     hf_config = json.loads((pulled / "config.json").read_text())
-    assert hf_config["architectures"] == ["LlamaForCausalLM"] and hf_config["max_position_embeddings"] == 128
+    assert hf_config["architectures"] == [ARCHS[arch][1]] and hf_config["max_position_embeddings"] == 128
+    assert hf_config.get("sliding_window") == ARCHS[arch][2].get("sliding_window")  # the window round-trips
+    assert hf_config.get("head_dim", 16) == (ARCHS[arch][2].get("head_dim") or 16)
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",

@@ -8,11 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from tasks.config import ModelConfig
 from tasks.errors import ConfigError, InvalidInputError
-from tasks.models import get_family
+from tasks.models import family_for_architecture, get_family
 from tasks.models.llama.model import inv_freq
 from tasks.models.parallel import TPGroup
 
@@ -27,6 +38,11 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "llama3-untied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=500000.0, rope_scaling=dict(LLAMA3))),
     "llama-tied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=10000.0, tie_word_embeddings=True)),
     "qwen2-qkv-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SIZES, rope_theta=1e6)),
+    # The families on Llama's blocks: QK-norm with a head_dim that is not hidden/heads (tied, as small Qwen3s
+    # are), and a sliding window shorter than the test sequence (24 tokens), so the band matters.
+    "qwen3-qk-norm-tied": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, rope_theta=1e6,
+                                                               tie_word_embeddings=True)),
+    "mistral-sliding-window": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8, head_dim=None)),
 }
 
 
@@ -48,32 +64,35 @@ def _config_json(hf: torch.nn.Module) -> dict:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) -> None:
     hf = _hf_model(variant)
-    m = ModelConfig(**llama.model_fields_from_hf(_config_json(hf)))
-    assert m.tie_embeddings == (variant == "llama-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
+    family = family_for_architecture([type(hf).__name__])  # each family on the same yardstick
+    m = ModelConfig(**family.model_fields_from_hf(_config_json(hf)))
+    assert m.family == family.name == {"qwen3": "qwen3", "mistral": "mistral"}.get(variant.split("-")[0], "llama")
+    assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
+    assert m.qk_norm == (family.name == "qwen3") and m.sliding_window == (8 if family.name == "mistral" else None)
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()
         del hf_state["lm_head.weight"]
-    assert {n: tuple(t.shape) for n, t in hf_state.items()} == {llama.hf_name(n): s for n, s in
-                                                                  llama.full_shapes(m).items()}
+    assert {n: tuple(t.shape) for n, t in hf_state.items()} == {family.hf_name(n): s for n, s in
+                                                                  family.full_shapes(m).items()}
 
-    reference = llama.Reference(m, seed=1).eval()
-    reference.load_state_dict({llama.ref_name(n): t for n, t in hf_state.items()}, strict=True)
+    reference = family.Reference(m, seed=1).eval()
+    reference.load_state_dict({family.ref_name(n): t for n, t in hf_state.items()}, strict=True)
     tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(tokens).logits
         torch.testing.assert_close(reference(tokens), expected, rtol=0, atol=1e-5)
 
     # Out again: our config.json loads in transformers as the right class and our weights give the same logits.
-    exported = llama.hf_config(m, dtype="float32")
+    exported = family.hf_config(m, dtype="float32")
     (tmp_path / "config.json").write_text(json.dumps(exported))
     back = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32).eval()
     assert type(back) is type(hf)
-    back.load_state_dict({llama.hf_name(n): t for n, t in reference.state_dict().items()}, strict=not m.tie_embeddings)
+    back.load_state_dict({family.hf_name(n): t for n, t in reference.state_dict().items()}, strict=not m.tie_embeddings)
     with torch.no_grad():
         torch.testing.assert_close(back(tokens).logits, expected, rtol=0, atol=1e-5)
-    assert ModelConfig(**llama.model_fields_from_hf(exported)) == m
-    assert ModelConfig(**llama.model_fields_from_hf(json.loads(back.config.to_json_string())
+    assert ModelConfig(**family.model_fields_from_hf(exported)) == m
+    assert ModelConfig(**family.model_fields_from_hf(json.loads(back.config.to_json_string())
                                                     | {"architectures": exported["architectures"]})) == m
 
 
@@ -158,7 +177,7 @@ def test_bad_configs_name_the_field() -> None:
         "architectures": {"architectures": ["GPT2LMHeadModel"]},
         "attention_bias": {"attention_bias": True},
         "hidden_act": {"hidden_act": "gelu"},
-        "head_dim": {"head_dim": 32},
+        "mlp_bias": {"mlp_bias": True},
         "rope_scaling.rope_type": {"rope_parameters": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
         "hidden_size": {"hidden_size": None},
     }

@@ -1,4 +1,5 @@
-"""Tensor parallelism on real processes: 2 gloo ranks, the tp=2 Llama layers against the tp=1 Reference."""
+"""Tensor parallelism on real processes: 2 gloo ranks, the tp=2 Llama-style layers (Llama, Qwen3, Mistral)
+against the tp=1 Reference."""
 
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ def test_tp2_layers_match_the_reference(tmp_path: Path) -> None:
             vocab, d = CONFIGS[name]["vocab_size"], CONFIGS[name]["d_model"]
             # Each rank holds vocab/tp rows of the embedding and of the LM head (tied: one matrix).
             assert r["shapes"]["embed.tok.weight"] == [vocab // 2, d]
-            assert ("head.out.weight" in r["shapes"]) == (name == "untied")
-            if name == "untied":
+            tied = CONFIGS[name].get("tie_embeddings", False)
+            assert ("head.out.weight" in r["shapes"]) == (not tied)
+            if not tied:
                 assert r["shapes"]["head.out.weight"] == [vocab // 2, d]
             assert r["local_logits_shape"] == [2, CONFIGS[name]["seq_len"], vocab // 2]
             assert r["logits"] <= 1e-5, (rank, name, r)
             assert r["loss"] <= 1e-6, (rank, name, r)
+            if CONFIGS[name].get("qk_norm"):  # replicated, head_dim wide, on every rank
+                assert r["shapes"]["blocks.0.attn.q_norm.weight"] == [CONFIGS[name]["head_dim"]]
+                assert "blocks.0.attn.q_norm.weight" in r["grads"]
             for weight, g in r["grads"].items():  # absolute, and relative to a non-vanishing gradient
                 assert g["diff"] <= 1e-5 and g["diff"] <= 1e-4 * g["scale"], (rank, name, weight, g)

@@ -1,4 +1,4 @@
-"""torchrun worker (2 gloo ranks): the Llama pipeline layers at tp=2 against the tp=1 Reference.
+"""torchrun worker (2 gloo ranks): the Llama-style pipeline layers at tp=2 against the tp=1 Reference.
 
 Launched by tests/models/test_llama_tp.py. Each rank builds the layers through
 `pipeline_layers` inside a one-stage PipelineModule (how the trainer builds
@@ -22,10 +22,9 @@ from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
 
-llama = get_family("llama")
-
 SEED = 5
-# Untied with llama3 rope scaling and the qkv bias; tied with plain rope.
+# Untied with llama3 rope scaling and the qkv bias; tied with plain rope; Qwen3 (tied, QK-norm, its own
+# head_dim); Mistral with a window shorter than the sequence.
 CONFIGS = {
     "untied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                    d_ff=128, rope_theta=500000.0, qkv_bias=True,
@@ -33,6 +32,10 @@ CONFIGS = {
                                  "original_max_position_embeddings": 64}),
     "tied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                  d_ff=128, tie_embeddings=True),
+    "qwen3": dict(family="qwen3", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                  d_ff=128, head_dim=24, qk_norm=True, tie_embeddings=True, rope_theta=1e6),
+    "mistral": dict(family="mistral", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4,
+                    n_kv_heads=2, d_ff=128, sliding_window=4),
 }
 
 
@@ -43,10 +46,11 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
     from deepspeed.pipe import PipelineModule
 
+    family = get_family(m.family)
     tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size())
-    module = PipelineModule(layers=llama.pipeline_layers(m, SEED, tp), loss_fn=llama.make_loss_fn(tp), topology=topo,
+    module = PipelineModule(layers=family.pipeline_layers(m, SEED, tp), loss_fn=family.make_loss_fn(tp), topology=topo,
                             partition_method="type:TransformerBlock")
-    reference = llama.Reference(m, SEED)
+    reference = family.Reference(m, SEED)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)
     labels = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)
@@ -54,7 +58,7 @@ def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
     local = module(tokens)
     pieces = [torch.empty_like(local) for _ in range(tp.size)]
     tdist.all_gather(pieces, local.detach().contiguous(), group=tp.group)
-    loss = llama.make_loss_fn(tp)(local, labels)
+    loss = family.make_loss_fn(tp)(local, labels)
     loss.backward()
 
     full = reference(tokens)
@@ -65,9 +69,11 @@ def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
     params = dict(local_named_params(module))
     lm_matrix = "embed.tok.weight" if m.tie_embeddings else "head.out.weight"
     grads = {}
-    for name in ("blocks.1.attn.q.weight", "blocks.0.mlp.down.weight", lm_matrix):
-        dim, idx = llama.shard_spec(m, name, tp.rank, tp.size)
-        want = ref_grads[name].index_select(dim, idx)
+    # A replicated QK-norm weight sees only this rank's heads: its gradient must be summed over TP.
+    for name in ("blocks.1.attn.q.weight", "blocks.0.mlp.down.weight", lm_matrix,
+                 *(("blocks.0.attn.q_norm.weight", "blocks.1.attn.k_norm.weight") if m.qk_norm else ())):
+        spec = family.shard_spec(m, name, tp.rank, tp.size)
+        want = ref_grads[name] if spec is None else ref_grads[name].index_select(*spec)
         grads[name] = {"diff": _max_diff(params[name].grad, want), "scale": want.abs().max().item()}
     return {
         "shapes": {n: list(p.shape) for n, p in params.items()},

@@ -57,7 +57,6 @@ def ref_name(hf_name: str) -> str:
 # Architectures we read, with the HF defaults of the keys a config.json may leave out.
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "LlamaForCausalLM": ("llama", {"max_position_embeddings": 2048}),
-    "MistralForCausalLM": ("mistral", {"max_position_embeddings": 131072, "sliding_window": 4096}),
     "Qwen2ForCausalLM": ("qwen2", {"max_position_embeddings": 32768}),
 }
 _COMMON_DEFAULTS: dict[str, Any] = {
@@ -67,25 +66,24 @@ _COMMON_DEFAULTS: dict[str, Any] = {
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 
 
-def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
-              bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
-    """config.json of the exported model: LlamaForCausalLM, or Qwen2ForCausalLM when `qkv_bias`.
+def base_hf_config(m: ModelConfig, architecture: str, model_type: str, *, dtype: str,
+                   max_position_embeddings: int | None, bos_token_id: int | None,
+                   eos_token_id: int | list[int] | None) -> dict[str, Any]:
+    """The config.json keys every llama-style family writes (a family adds its own options).
 
-    Why Qwen2 for qkv_bias: Llama's `attention_bias` also puts a bias on o_proj,
-    which this model does not have. rope_theta/rope_scaling are written in the
-    long-standing flat form that transformers 4 and 5 and vLLM all read.
-    `max_position_embeddings` defaults to model.seq_len; pass the parent's value to
-    keep an imported model's context length.
+    rope_theta/rope_scaling are written in the long-standing flat form that transformers 4 and 5
+    and vLLM all read. `max_position_embeddings` defaults to model.seq_len; pass the parent's value
+    to keep an imported model's context length.
     """
-    qwen = m.qkv_bias
-    cfg: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": m.d_model,
         "intermediate_size": m.ffn,
         "num_attention_heads": m.n_heads,
         "num_key_value_heads": m.kv_heads,
         "num_hidden_layers": m.n_layers,
+        "head_dim": m.head_dim,
         "vocab_size": m.vocab_size,
         "max_position_embeddings": max_position_embeddings or m.seq_len,
         "hidden_act": "silu",
@@ -97,10 +95,33 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }
+
+
+def refuse_options(m: ModelConfig, family: str, supported: tuple[str, ...]) -> None:
+    """An export that cannot state a block option in the family's config.json is refused, naming it."""
+    used = {"qkv_bias": m.qkv_bias, "qk_norm": m.qk_norm, "sliding_window": m.sliding_window is not None}
+    for option, on in used.items():
+        if on and option not in supported:
+            raise ValueError(f"model.{option} is not supported by model.family {family!r} "
+                             f"(supported options: {', '.join(supported) or 'none'})")
+
+
+def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
+              bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
+    """config.json of the exported model: LlamaForCausalLM, or Qwen2ForCausalLM when `qkv_bias`.
+
+    Why Qwen2 for qkv_bias: Llama's `attention_bias` also puts a bias on o_proj,
+    which this model does not have.
+    """
+    refuse_options(m, "llama", ("qkv_bias",))
+    qwen = m.qkv_bias
+    cfg = base_hf_config(m, "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM", "qwen2" if qwen else "llama",
+                         dtype=dtype, max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id)
     if qwen:
         cfg["use_sliding_window"] = False
     else:
-        cfg.update(attention_bias=False, mlp_bias=False, head_dim=m.head_dim)
+        cfg.update(attention_bias=False, mlp_bias=False)
     return cfg
 
 
@@ -126,37 +147,29 @@ def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, {"rope_type": "llama3", **{k: scaling[k] for k in keys}}
 
 
-def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
-    """The ModelConfig fields implied by a Hugging Face config.json; unsupported features fail naming the key."""
+def read_config(config: dict[str, Any], family: str,
+                architectures: dict[str, tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(model_type, config.json with the HF defaults filled in, the ModelConfig fields every llama-style
+    family reads); an architecture, key or value the blocks do not implement is refused, naming it."""
     archs = config.get("architectures")
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in architectures:
         raise InvalidInputError(
-            f"config.json architectures {archs!r} is not supported by model.family 'llama' "
-            f"(supported: {', '.join(ARCHITECTURES)})"
+            f"config.json architectures {archs!r} is not supported by model.family {family!r} "
+            f"(supported: {', '.join(architectures)})"
         )
-    model_type, arch_defaults = ARCHITECTURES[archs[0]]
+    model_type, arch_defaults = architectures[archs[0]]
     if config.get("model_type", model_type) != model_type:
         raise InvalidInputError(f"config.json model_type {config['model_type']!r} does not match {archs[0]}")
     missing = [k for k in _REQUIRED if k not in config]
     if missing:
         raise InvalidInputError(f"config.json lacks {', '.join(missing)}")
     c = {**_COMMON_DEFAULTS, **arch_defaults, **config}
+    refuse(c, family, {"hidden_act": c["hidden_act"] != "silu", "mlp_bias": bool(c["mlp_bias"]),
+                       "attention_dropout": bool(c["attention_dropout"])})
     heads = c["num_attention_heads"]
-    unsupported = {
-        "hidden_act": c["hidden_act"] != "silu",
-        "head_dim": c.get("head_dim") not in (None, c["hidden_size"] // heads),
-        "mlp_bias": bool(c["mlp_bias"]),
-        "attention_bias": model_type != "qwen2" and bool(c["attention_bias"]),  # Llama's puts a bias on o_proj too
-        "attention_dropout": bool(c["attention_dropout"]),
-        "use_sliding_window": model_type == "qwen2" and bool(c["use_sliding_window"]),
-        "sliding_window": model_type == "mistral" and c["sliding_window"] is not None,
-    }
-    for key, bad in unsupported.items():
-        if bad:
-            raise InvalidInputError(f"config.json {key} = {c[key]!r} is not supported by model.family 'llama'")
     theta, scaling = _rope(c)
-    return {
-        "family": "llama",
+    return model_type, c, {
+        "family": family,
         "vocab_size": c["vocab_size"],
         "seq_len": c["max_position_embeddings"],
         "n_layers": c["num_hidden_layers"],
@@ -164,10 +177,27 @@ def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
         "n_heads": heads,
         "n_kv_heads": c.get("num_key_value_heads") or heads,
         "d_ff": c["intermediate_size"],
+        "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
         "dropout": 0.0,
         "rope_theta": theta,
         "rope_scaling": scaling,
         "rms_norm_eps": c["rms_norm_eps"],
         "tie_embeddings": bool(c["tie_word_embeddings"]),
-        "qkv_bias": model_type == "qwen2",
     }
+
+
+def refuse(c: dict[str, Any], family: str, unsupported: dict[str, bool]) -> None:
+    """Fail on the first config.json key whose value the family does not implement."""
+    for key, bad in unsupported.items():
+        if bad:
+            raise InvalidInputError(f"config.json {key} = {c[key]!r} is not supported by model.family {family!r}")
+
+
+def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields implied by a Hugging Face config.json; unsupported features fail naming the key."""
+    model_type, c, fields = read_config(config, "llama", ARCHITECTURES)
+    refuse(c, "llama", {
+        "attention_bias": model_type != "qwen2" and bool(c["attention_bias"]),  # Llama's puts a bias on o_proj too
+        "use_sliding_window": model_type == "qwen2" and bool(c["use_sliding_window"]),
+    })
+    return {**fields, "qkv_bias": model_type == "qwen2"}

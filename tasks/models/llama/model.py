@@ -16,6 +16,7 @@ optional q/k/v bias; vocabulary-parallel embedding, LM head and cross entropy.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -68,17 +69,22 @@ def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, t
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, the statistics in fp32 (as transformers' LlamaRMSNorm)."""
+    """x / rms(x) * weight, the statistics in fp32 (as transformers' LlamaRMSNorm).
 
-    def __init__(self, dim: int, eps: float) -> None:
+    `tp`: the input is this rank's share of the heads (QK-norm), so the replicated weight's gradient is
+    summed over the TP ranks (identity forward, all-reduce backward).
+    """
+
+    def __init__(self, dim: int, eps: float, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.tp = eps, tp
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        weight = self.weight if self.tp is None else copy_to_tp(self.weight, self.tp)
+        return weight * h.to(x.dtype)
 
 
 def inv_freq(m: ModelConfig) -> torch.Tensor:
@@ -103,25 +109,46 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+@functools.lru_cache(maxsize=8)
+def sliding_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """[seq, seq] boolean SDPA mask (True = attend): key j is seen by query i when i - window < j <= i.
+
+    Cached: built once per sequence length (and device), not per step. The band is transformers'
+    sliding-window mask (`kv_idx > q_idx - sliding_window`, causal).
+    """
+    i = torch.arange(seq_len, device=device)
+    diff = i[:, None] - i[None, :]
+    return (diff >= 0) & (diff < window)
+
+
 class Attention(nn.Module):
-    """Grouped-query attention with rotary positions; this rank's q heads and their kv heads."""
+    """Grouped-query attention with rotary positions; this rank's q heads and their kv heads.
+
+    Options: `qk_norm` (per-head RMSNorm of queries and keys before rotary, replicated across TP) and
+    `sliding_window` (each query sees the last W positions).
+    """
 
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.tp, self.hd = tp, m.head_dim
+        self.tp, self.hd, self.window = tp, m.head_dim, m.sliding_window
         self.nq, self.nkv = m.n_heads // tp.size, m.kv_heads // tp.size
         self.q = nn.Linear(m.d_model, self.nq * self.hd, bias=m.qkv_bias)
         self.k = nn.Linear(m.d_model, self.nkv * self.hd, bias=m.qkv_bias)
         self.v = nn.Linear(m.d_model, self.nkv * self.hd, bias=m.qkv_bias)
         self.o = nn.Linear(self.nq * self.hd, m.d_model, bias=False)
+        self.q_norm = RMSNorm(self.hd, m.rms_norm_eps, tp) if m.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, m.rms_norm_eps, tp) if m.qk_norm else None
         # A plain attribute, not a buffer: a bf16 engine must not round the frequencies.
         self.inv_freq = inv_freq(m)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         x = copy_to_tp(x, self.tp)
-        q = self.q(x).view(b, t, self.nq, self.hd).transpose(1, 2)
-        k = self.k(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q = self.q(x).view(b, t, self.nq, self.hd)
+        k = self.k(x).view(b, t, self.nkv, self.hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -131,7 +158,10 @@ class Attention(nn.Module):
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.window is None or t <= self.window:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, x.device))
         return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
 
 

@@ -25,6 +25,8 @@ def _block_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
         "attn.v.weight": (kv, d),
         **({"attn.v.bias": (kv,)} if bias else {}),
         "attn.o.weight": (d, q),
+        # QK-norm weights are per head_dim, shared by every head: replicated across TP (no split rule).
+        **({"attn.q_norm.weight": (m.head_dim,), "attn.k_norm.weight": (m.head_dim,)} if m.qk_norm else {}),
         "mlp_norm.weight": (d,),
         "mlp.gate.weight": (ff, d),
         "mlp.up.weight": (ff, d),

@@ -1,0 +1,141 @@
+"""Qwen3 and Mistral brought in as a team would: the family comes from config.json, the plan counts the model
+transformers builds, the sliding window is honoured (and matters), and what we do not implement is refused.
+
+Logits parity (tp=1) and the export round trip live with the other families in test_llama.py; tp=2 in
+test_llama_tp.py; import -> 3D training -> export -> transformers in test_hf_import_export.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from tasks.config import ModelConfig
+from tasks.models import get_family
+from tasks.models.llama.model import sliding_mask
+from tasks.plan.cli import main as plan_main
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=96, vocab_size=256, max_position_embeddings=64)
+MODELS = {
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, tie_word_embeddings=True)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8)),
+}
+
+
+def _save(dest: Path, family: str, **config_changes: Any) -> tuple[Path, torch.nn.Module]:
+    """A random model saved as transformers writes it, its config.json then edited as a team's might be."""
+    torch.manual_seed(0)
+    hf = MODELS[family]()
+    hf.save_pretrained(dest)
+    if config_changes:
+        config = json.loads((dest / "config.json").read_text())
+        (dest / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return dest, hf
+
+
+def _plan(tmp_path: Path, pretrained: Path, capsys: pytest.CaptureFixture[str], **model: Any) -> tuple[int, str]:
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    doc["model"] = {"pretrained": str(pretrained), "seq_len": 32, **model}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code = plan_main([str(path), "--json", "--device", "cpu"])
+    out = capsys.readouterr()
+    return code, out.out if code == 0 else out.err
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_a_team_plans_its_model_and_the_plan_counts_what_transformers_builds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str
+) -> None:
+    hf_dir, hf = _save(tmp_path / "hf", family)
+    code, out = _plan(tmp_path, hf_dir, capsys)
+    assert code == 0, out
+    report = json.loads(out[out.index("{\n"):])  # past DeepSpeed's accelerator notice (transformers imported it)
+    assert report["model_family"] == family  # from config.json's architectures, no model.family in the YAML
+    assert report["params_total"] == hf.num_parameters()
+    serving = report["serving"]
+    held = min(serving["context"], 8) if family == "mistral" else serving["context"]  # a sliding layer keeps W
+    assert serving["kv_cache_bytes"] == serving["kv_cache_bytes_per_token"] * serving["concurrency"] * held
+    m = ModelConfig(**get_family(family).model_fields_from_hf(json.loads((hf_dir / "config.json").read_text())))
+    assert serving["kv_cache_bytes_per_token"] == 2 * m.n_layers * m.kv_heads * m.head_dim * 2  # bf16 K and V
+
+
+def test_the_sliding_window_is_what_makes_mistral_match() -> None:
+    torch.manual_seed(0)
+    hf = MODELS["mistral"]().eval()
+    mistral = get_family("mistral")
+    m = ModelConfig(**mistral.model_fields_from_hf({**hf.config.to_dict(), "architectures": ["MistralForCausalLM"]}))
+    assert m.sliding_window == 8
+    state = {mistral.ref_name(n): t for n, t in hf.state_dict().items()}
+    tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))  # 24 > W
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        ours = {}
+        for window in (8, None):
+            ref = mistral.Reference(m.model_copy(update={"sliding_window": window}), seed=None).eval()
+            ref.load_state_dict(state, strict=True)
+            ours[window] = ref(tokens)
+    torch.testing.assert_close(ours[8], expected, rtol=0, atol=1e-5)
+    assert (ours[None] - expected).abs().max() > 1e-3  # full attention would not match: the window is exercised
+    torch.testing.assert_close(ours[None][:, :8], expected[:, :8], rtol=0, atol=1e-5)  # within W they agree
+    # The band: query 10 sees keys 3..10; the mask is built once per sequence length, not per step.
+    mask = sliding_mask(24, 8, torch.device("cpu"))
+    assert mask[10].nonzero().flatten().tolist() == list(range(3, 11))
+    assert sliding_mask(24, 8, torch.device("cpu")) is mask
+
+
+@pytest.mark.parametrize(("family", "changes", "model", "message"), [
+    ("qwen3", {"architectures": ["DeepseekV3ForCausalLM"]}, {},
+     r"architectures \['DeepseekV3ForCausalLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
+     r"Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    ("mistral", {"architectures": ["MixtralForCausalLM"]}, {},
+     r"architectures \['MixtralForCausalLM'\] is not supported; known: .*MistralForCausalLM"),
+    ("qwen3", {"use_sliding_window": True}, {},
+     r"config\.json use_sliding_window = True is not supported by model\.family 'qwen3'"),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {},
+     r"rope_type 'yarn' is not supported"),
+    ("mistral", {"attention_bias": True}, {}, r"config\.json attention_bias = True is not supported"),
+    ("qwen3", {}, {"family": "llama"},
+     r"model\.family 'llama' contradicts config\.json architectures \['Qwen3ForCausalLM'\] \(model\.family 'qwen3'\)"),
+    ("mistral", {}, {"sliding_window": 16}, r"model\.sliding_window is 16 here but 8 in"),
+])
+def test_what_we_do_not_implement_is_refused_at_config_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, changes: dict, model: dict, message: str
+) -> None:
+    hf_dir, _ = _save(tmp_path / "hf", family, **changes)
+    code, err = _plan(tmp_path, hf_dir, capsys, **model)
+    assert code == 2
+    assert re.search(message, err), err
+    assert str(tmp_path / "job.yaml") in err  # the file at fault is named
+
+
+def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
+    from tasks.config import JobConfig
+    from tasks.plan.budget import _activation_bytes_per_layer
+
+    base = dict(vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96)
+    for m in (ModelConfig(family="mistral", sliding_window=8, **base),
+              ModelConfig(family="qwen3", qk_norm=True, head_dim=32, tie_embeddings=True, **base)):
+        family = get_family(m.family)
+        matmul = family.total_params(m) - (0 if m.tie_embeddings else m.vocab_size * m.d_model)  # no lookup
+        span = 8 if m.sliding_window else 32  # a query's scores: the window, not the sequence
+        assert family.flops_per_token(m) == 6 * matmul + 12 * m.n_layers * span * m.n_heads * m.head_dim
+    # Materialized attention scores are s x W per head under a window, s x s without one.
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    scores = {}
+    for window in (8, None):
+        doc["model"] = {**base, "family": "mistral", "sliding_window": window}
+        cfg = JobConfig.model_validate(doc)
+        scores[window] = (_activation_bytes_per_layer(cfg, 2, 1, "materialized")
+                          - _activation_bytes_per_layer(cfg, 2, 1, "sdpa"))
+    b = doc["train"]["micro_batch_size"]
+    assert scores[None] - scores[8] == 2 * 4 * 32 * (32 - 8) * b
