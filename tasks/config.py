@@ -814,10 +814,17 @@ class JobConfig(_Strict):
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
+        # Where a pretrained model lives is not what it is: its weights enter the key by digest.
+        model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
+        # Attention options added after keys were first recorded enter the key only where they change the maths:
+        # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
+        for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),
+                              ("sliding_window", None)):
+            if model.get(option) == plain:
+                del model[option]
         defining = {
             "name": self.name,
-            # Where a pretrained model lives is not what it is: its weights enter the key by digest.
-            "model": self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"}),
+            "model": model,
             "parallel": self.parallel.model_dump(mode="json"),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
                                                                 "checkpoint_storage_options", "deadline"}),

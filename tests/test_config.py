@@ -45,6 +45,17 @@ def test_fingerprint_ignores_run_time_knobs(tmp_path: Path) -> None:
     assert len(base.fingerprint()) == 64
 
 
+def test_attention_options_at_their_plain_values_keep_the_key_a_run_had_before_they_existed() -> None:
+    """A weekly run resumed across an upgrade keeps its experiment key, checkpoints and reuse: `head_dim`,
+    `qk_norm` and `sliding_window` enter the key only where they change the maths."""
+    base = load_config(DEMO)
+    plain = base.model.d_model // base.model.n_heads
+    same = base.with_overrides({"model.head_dim": plain, "model.qk_norm": False, "model.sliding_window": None})
+    assert same.fingerprint() == base.fingerprint()
+    assert base.with_overrides({"model.sliding_window": 8}).fingerprint() != base.fingerprint()
+    assert base.with_overrides({"model.head_dim": plain * 2}).fingerprint() != base.fingerprint()
+
+
 def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> None:
     """New data or new starting weights = a new run (and run dir); the same three = the same run."""
     from tasks.run import StartingWeights, identity, scratch
