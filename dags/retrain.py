@@ -127,7 +127,8 @@ def build_retrain_dag(config_path: Path):
                 job = lifecycle.from_snapshot(snap)
                 run = lifecycle.stage_identify(job)
                 budget = lifecycle.stage_plan(job, force=bool(params["force"]))
-            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": lifecycle.nothing_new(run)}
+                skip = lifecycle.refused_before_training(job, run)  # no new data, or a result the gate refuses
+            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": skip}
 
         @task.short_circuit
         def new_data(plan_out: dict) -> bool:
