@@ -24,10 +24,12 @@ from tasks.dataset_format import (
     FORMAT,
     MANIFEST_KEY,
     MAX_VOCAB,
+    SPLITS,
     TOKEN_DTYPES,
     dtype_capacity,
     manifest_hash,
     shard_key,
+    token_bytes,
     validate_key,
 )
 from tasks.errors import InvalidInputError, validation_problems
@@ -77,6 +79,21 @@ class Manifest(BaseModel):
         if dtype is not None and v > dtype_capacity(dtype):
             raise ValueError(f"{v} token ids do not fit {dtype} (at most {dtype_capacity(dtype)})")
         return v
+
+    @field_validator("files")
+    @classmethod
+    def _whole_tokens(cls, files: list[ManifestFile], info: ValidationInfo) -> list[ManifestFile]:
+        """Every file of a split is a token shard: a size that is not a whole number of tokens is a cut or
+        foreign file, which the reader would split into misaligned tokens."""
+        dtype = info.data.get("dtype")
+        if dtype is None:
+            return files
+        width = token_bytes(dtype)
+        for f in files:
+            if f.key.split("/", 1)[0] in SPLITS and f.size % width:
+                raise ValueError(f"{f.key}: {f.size} bytes is not a whole number of {dtype} tokens "
+                                 f"({width} bytes each)")
+        return files
 
     @field_validator("files")
     @classmethod
@@ -277,7 +294,10 @@ def build_manifest(
                                     f"{exc.errors()[0]['msg']}") from None
     if not files:
         raise InvalidInputError(f"{prefix_url}: no objects under this prefix")
-    manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    try:
+        manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    except ValidationError as exc:
+        raise InvalidInputError(f"{prefix_url}: cannot write a manifest:\n  {validation_problems(exc)}") from None
     put_object(fs, _join(root, output_key), manifest.to_bytes())
     log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
     return manifest
