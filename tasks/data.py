@@ -154,6 +154,17 @@ def _join(root: str, key: str) -> str:
     return f"{root.rstrip('/')}/{key}" if root else key
 
 
+def claim_destination(fs: Any, root: str, url: str, *, overwrite: bool) -> None:
+    """Where a dataset is about to be written (`make-data`, `prepare-data`): refuse a prefix that already holds
+    one (its manifest or a split) unless `overwrite`, which removes it first, manifest first (a reader never
+    sees a manifest naming a removed shard, and no shard of the old dataset stays behind)."""
+    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(_join(root, key))]
+    if held and not overwrite:
+        raise InvalidInputError(f"{url}: already holds a dataset ({', '.join(held)}): pass --overwrite to replace it")
+    for key in held:
+        fs.rm(_join(root, key), recursive=True)
+
+
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Read and validate a manifest. `url` is the manifest object, or a dataset prefix (then `manifest.json`)."""
     if not url.rstrip("/").endswith(".json"):
@@ -310,6 +321,7 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url
+    claim_destination(*_fs(dest, cfg.data.storage_options), dest, overwrite=args.overwrite)
     manifest = make_data(
         dest, name=cfg.name, n_train_shards=args.shards, n_heldout_shards=args.heldout_shards,
         tokens_per_shard=args.tokens_per_shard, seed=args.seed if args.seed is not None else cfg.train.seed,
@@ -337,6 +349,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tokens-per-shard", type=int, default=65536)
     p.add_argument("--seed", type=int, default=None, help="default: the config's train.seed")
     p.add_argument("--text", nargs="+", metavar="FILE", help="byte-tokenize these local text files instead")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at the destination")
     p.set_defaults(handler=_cmd_make_data)
 
     m = subparsers.add_parser("manifest", help="hash every object under a prefix and write its manifest")

@@ -54,7 +54,8 @@ def run(config: Path, tmp: Path) -> dict[str, Any]:
 
 
 def new_week(config: Path, tmp: Path, seed: int) -> None:
-    done = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", tmp=tmp)
+    done = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", "--overwrite",
+                     tmp=tmp)  # this week's data replaces last week's at the same URL
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -164,6 +164,19 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     mhash = json.loads(made.stdout)["manifest_hash"]
+    # Run again (another seed): refused like prepare-data, naming the dataset, which stays as it was.
+    source = tmp_path / "object-store" / "datasets" / "tiny-text"
+    again = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--seed", "7"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2, again.stderr
+    assert f"{source}: already holds a dataset (manifest.json, train, heldout): pass --overwrite" in again.stderr
+    assert read_manifest(str(source)).hash == mhash
+    replaced = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--seed", "7", "--overwrite"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    assert replaced.returncode == 0 and json.loads(replaced.stdout)["manifest_hash"] != mhash, replaced.stderr
+    made = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--overwrite"],  # the first again
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert json.loads(made.stdout)["manifest_hash"] == mhash
     warmed = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", config, "--json"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert warmed.returncode == 0, warmed.stderr
@@ -177,7 +190,6 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
 
     # A shard cut by one byte (a tool that wrote half a token), its manifest written by hand to match:
     # `retrainer manifest` will not describe it, and warm refuses it naming the file, writing nothing.
-    source = tmp_path / "object-store" / "datasets" / "tiny-text"
     shard = source / "train" / "shard-00001.bin"
     shard.write_bytes(shard.read_bytes()[:-1])
     doc = json.loads((source / "manifest.json").read_text())
