@@ -24,7 +24,7 @@ from airflow.sdk import Asset, AssetAlias, dag, get_current_context, task
 from tasks import deploy, lifecycle
 from tasks.registry import alias_asset_uri
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dags.deploy")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_deploy
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")

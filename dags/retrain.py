@@ -41,7 +41,7 @@ from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dags.retrain")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_retrain
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")

@@ -77,13 +77,16 @@ RUN_NOTE_KEY = "run_note"
 @contextmanager
 def refusal_noted(ti: Any, stage: str) -> Iterator[None]:
     """A refusal (bad config, input, plan) raised inside becomes the run's note, `<stage>: <its message>`,
-    so the UI shows why the run failed on the run itself; the task still fails with it."""
+    so the UI shows why the run failed on the run itself; the task still fails, with that note as its exit
+    (SystemExit): Airflow logs an exit as one line, where an exception gets its whole traceback, which for a
+    refusal only buries the reason. Anything else (a bug) leaves as it came, traceback and all."""
     try:
         yield
     except (ConfigError, RetrainerError) as exc:
         message = str(exc)
-        ti.xcom_push(key=RUN_NOTE_KEY, value=message if message.startswith(f"{stage}:") else f"{stage}: {message}")
-        raise
+        note = message if message.startswith(f"{stage}:") else f"{stage}: {message}"
+        ti.xcom_push(key=RUN_NOTE_KEY, value=note)
+        raise SystemExit(note) from None
 
 
 def known_configs(config_dir: str | Path) -> dict[str, Path]:

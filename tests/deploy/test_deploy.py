@@ -311,8 +311,8 @@ def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, expo
     assert (again.version, again.via_rollback) == (1, True)
     history = _history(cfg)
     run = NotedTask()  # the deploy DAG's rollback task: the refusal is the run's note (tasks.lifecycle.refusal_noted)
-    with pytest.raises(DeployError, match=r"v1 is live because of a rollback \(from v2\), so it is not rolled back "
-                                          "again"), refusal_noted(run, "rollback"):
+    with pytest.raises(SystemExit, match=r"v1 is live because of a rollback \(from v2\), so it is not rolled back "
+                                         "again"), refusal_noted(run, "rollback"):
         roll_back(cfg, again, "smoke test failed: v1: no GPU", actor="ci")
     assert _history(cfg) == history and _live(cfg) == 1
     assert run.notes == [f"rollback: deploy of {MODEL} v1 ({ALIAS}) failed: smoke test failed: v1: no GPU. v1 is live "
