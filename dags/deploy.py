@@ -6,7 +6,8 @@ emit (through the AssetAlias "retrainer-model-alias-moved"). pull (the version l
 smoke_test -> hook -> deployed run on `deploy.queue`, the serving host's workers. `rollback` runs when one of
 the three failed: it moves the alias back, audited with the reason the failed task left (XCom `failure`), and
 emits the alias event, so this DAG then deploys the version rolled back to. If that deploy fails too, the move
-was a rollback and nothing is rolled back again: the run fails loudly.
+was a rollback and nothing is rolled back again: the run fails loudly, saying why in its note (as every run
+that ends without deploying does).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from airflow.sdk import Asset, AssetAlias, dag, get_current_context, task
 from tasks import deploy, lifecycle
 from tasks.registry import alias_asset_uri
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dags.deploy")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_deploy
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
@@ -103,9 +104,10 @@ def build_deploy_dag(config_path: Path, cfg):
                 reasons = [deploy.unrecorded_failure([STEPS[t] for t, s in states.items() if s == "failed"])]
             snap = ti.xcom_pull(task_ids="pull", key="job") or lifecycle.snapshot(config_path)
             target = ti.xcom_pull(task_ids="pull", key="target")
-            out = deploy.roll_back(lifecycle.from_snapshot(snap),
-                                   None if target is None else deploy.DeployTarget.from_dict(target),
-                                   reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
+            with lifecycle.refusal_noted(ti, "rollback"):  # a refused rollback (no cascade, ...) is the run's note
+                out = deploy.roll_back(lifecycle.from_snapshot(snap),
+                                       None if target is None else deploy.DeployTarget.from_dict(target),
+                                       reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
             outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(out["model"], out["alias"])),
                                             extra={"version": out["to_version"],
                                                    "rolled_back_from": out["from_version"]})

@@ -41,7 +41,7 @@ from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dags.retrain")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_retrain
 
 CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
@@ -127,7 +127,8 @@ def build_retrain_dag(config_path: Path):
                 job = lifecycle.from_snapshot(snap)
                 run = lifecycle.stage_identify(job)
                 budget = lifecycle.stage_plan(job, force=bool(params["force"]))
-            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": lifecycle.nothing_new(run)}
+                skip = lifecycle.refused_before_training(job, run)  # no new data, or a result the gate refuses
+            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": skip}
 
         @task.short_circuit
         def new_data(plan_out: dict) -> bool:

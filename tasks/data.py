@@ -24,10 +24,12 @@ from tasks.dataset_format import (
     FORMAT,
     MANIFEST_KEY,
     MAX_VOCAB,
+    SPLITS,
     TOKEN_DTYPES,
     dtype_capacity,
     manifest_hash,
     shard_key,
+    token_bytes,
     validate_key,
 )
 from tasks.errors import InvalidInputError, validation_problems
@@ -77,6 +79,21 @@ class Manifest(BaseModel):
         if dtype is not None and v > dtype_capacity(dtype):
             raise ValueError(f"{v} token ids do not fit {dtype} (at most {dtype_capacity(dtype)})")
         return v
+
+    @field_validator("files")
+    @classmethod
+    def _whole_tokens(cls, files: list[ManifestFile], info: ValidationInfo) -> list[ManifestFile]:
+        """Every file of a split is a token shard: a size that is not a whole number of tokens is a cut or
+        foreign file, which the reader would split into misaligned tokens."""
+        dtype = info.data.get("dtype")
+        if dtype is None:
+            return files
+        width = token_bytes(dtype)
+        for f in files:
+            if f.key.split("/", 1)[0] in SPLITS and f.size % width:
+                raise ValueError(f"{f.key}: {f.size} bytes is not a whole number of {dtype} tokens "
+                                 f"({width} bytes each)")
+        return files
 
     @field_validator("files")
     @classmethod
@@ -135,6 +152,17 @@ def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
 
 def _join(root: str, key: str) -> str:
     return f"{root.rstrip('/')}/{key}" if root else key
+
+
+def claim_destination(fs: Any, root: str, url: str, *, overwrite: bool) -> None:
+    """Where a dataset is about to be written (`make-data`, `prepare-data`): refuse a prefix that already holds
+    one (its manifest or a split) unless `overwrite`, which removes it first, manifest first (a reader never
+    sees a manifest naming a removed shard, and no shard of the old dataset stays behind)."""
+    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(_join(root, key))]
+    if held and not overwrite:
+        raise InvalidInputError(f"{url}: already holds a dataset ({', '.join(held)}): pass --overwrite to replace it")
+    for key in held:
+        fs.rm(_join(root, key), recursive=True)
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
@@ -277,7 +305,10 @@ def build_manifest(
                                     f"{exc.errors()[0]['msg']}") from None
     if not files:
         raise InvalidInputError(f"{prefix_url}: no objects under this prefix")
-    manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    try:
+        manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    except ValidationError as exc:
+        raise InvalidInputError(f"{prefix_url}: cannot write a manifest:\n  {validation_problems(exc)}") from None
     put_object(fs, _join(root, output_key), manifest.to_bytes())
     log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
     return manifest
@@ -290,6 +321,7 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url
+    claim_destination(*_fs(dest, cfg.data.storage_options), dest, overwrite=args.overwrite)
     manifest = make_data(
         dest, name=cfg.name, n_train_shards=args.shards, n_heldout_shards=args.heldout_shards,
         tokens_per_shard=args.tokens_per_shard, seed=args.seed if args.seed is not None else cfg.train.seed,
@@ -317,6 +349,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tokens-per-shard", type=int, default=65536)
     p.add_argument("--seed", type=int, default=None, help="default: the config's train.seed")
     p.add_argument("--text", nargs="+", metavar="FILE", help="byte-tokenize these local text files instead")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at the destination")
     p.set_defaults(handler=_cmd_make_data)
 
     m = subparsers.add_parser("manifest", help="hash every object under a prefix and write its manifest")

@@ -17,9 +17,14 @@ SPLITS = ("train", "heldout")
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 
 
+def token_bytes(name: str) -> int:
+    """Bytes per token of a dtype: a shard's size is a whole multiple of it."""
+    return int(TOKEN_DTYPES[name][2:])
+
+
 def dtype_capacity(name: str) -> int:
     """How many token ids a dtype holds (ids 0 .. capacity - 1)."""
-    return 1 << (8 * int(TOKEN_DTYPES[name][2:]))
+    return 1 << (8 * token_bytes(name))
 
 
 MAX_VOCAB = max(dtype_capacity(name) for name in TOKEN_DTYPES)

@@ -98,8 +98,13 @@ def known_candidate(model: str, alias: str, new_loss: float, candidate: VersionR
     back = rollbacks.get(v)
     if back is None:
         return None
-    reason = (f"candidate is {model} v{v} (same run and checkpoint), which was rolled back from {alias} "
-              f"(v{v} -> v{back.to_version} by {back.actor} at {back.at}: {back.reason!r}); an automatic run "
-              f"never re-promotes a rolled-back version: not published (explicitly: retrainer promote --model "
-              f"{model} --alias {alias} --version {v} --reason ...)")
-    return GateDecision(False, reason, new_loss, None, live_version, v)
+    return GateDecision(False, rolled_back_reason(model, alias, v, back), new_loss, None, live_version, v)
+
+
+def rolled_back_reason(model: str, alias: str, version: int, back: SwitchRecord) -> str:
+    """Why a candidate that is version `version`, rolled back from `alias` by `back`, is not published (the
+    gate says it after evaluating; a run whose result is known to be that version says it before)."""
+    return (f"candidate is {model} v{version} (same run and checkpoint), which was rolled back from {alias} "
+            f"(v{version} -> v{back.to_version} by {back.actor} at {back.at}: {back.reason!r}); an automatic run "
+            f"never re-promotes a rolled-back version: not published (explicitly: retrainer promote --model "
+            f"{model} --alias {alias} --version {version} --reason ...)")

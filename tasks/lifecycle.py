@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.audit import default_actor
 from tasks.config import JobConfig, config_from_document, load_config, read_config_document
 from tasks.errors import ConfigError, InvalidInputError, PlanDoesNotFitError, RetrainerError
-from tasks.gate import GateDecision, judge, known_candidate
+from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
 from tasks.run import (
     RunIdentity,
@@ -77,13 +77,16 @@ RUN_NOTE_KEY = "run_note"
 @contextmanager
 def refusal_noted(ti: Any, stage: str) -> Iterator[None]:
     """A refusal (bad config, input, plan) raised inside becomes the run's note, `<stage>: <its message>`,
-    so the UI shows why the run failed on the run itself; the task still fails with it."""
+    so the UI shows why the run failed on the run itself; the task still fails, with that note as its exit
+    (SystemExit): Airflow logs an exit as one line, where an exception gets its whole traceback, which for a
+    refusal only buries the reason. Anything else (a bug) leaves as it came, traceback and all."""
     try:
         yield
     except (ConfigError, RetrainerError) as exc:
         message = str(exc)
-        ti.xcom_push(key=RUN_NOTE_KEY, value=message if message.startswith(f"{stage}:") else f"{stage}: {message}")
-        raise
+        note = message if message.startswith(f"{stage}:") else f"{stage}: {message}"
+        ti.xcom_push(key=RUN_NOTE_KEY, value=note)
+        raise SystemExit(note) from None
 
 
 def known_configs(config_dir: str | Path) -> dict[str, Path]:
@@ -139,6 +142,24 @@ def stage_identify(cfg: JobConfig) -> RunIdentity:
     log.info("run %s: starts from %s; data %s (manifest %s)", run.run_id, run.init.note, run.data_url,
              run.data_manifest_hash[:12])
     return run
+
+
+def refused_before_training(cfg: JobConfig, run: RunIdentity) -> str | None:
+    """Why this run stops before warm, train and evaluate, as its note says it, else None: no new data
+    (`nothing_new`), or its result is known already and the gate would refuse it. Same experiment key =
+    same result: a run whose key and final checkpoint are a version rolled back from the run's alias
+    would train (or reuse) that version, evaluate it, and only then be refused; it is refused here."""
+    if (reason := nothing_new(run)) is not None:
+        return reason
+    from tasks.train.checkpoint import tag_for
+
+    model, alias = cfg.publish.model_name, cfg.publish.alias
+    registry = registry_for(cfg)
+    candidate = registry.find_version(model, run.experiment_key, tag_for(cfg.train.steps))
+    back = None if candidate is None else registry.rollbacks(model, alias).get(candidate.version)
+    if candidate is None or back is None:
+        return None
+    return f"gate: {rolled_back_reason(model, alias, candidate.version, back)}"
 
 
 def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
@@ -455,7 +476,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process."""
     run = stage_identify(cfg)
     out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
-    if (reason := nothing_new(run)) is not None:
+    if (reason := refused_before_training(cfg, run)) is not None:
         log.info("run %s: %s", run.run_id, reason)
         out["skipped"] = reason
         return out

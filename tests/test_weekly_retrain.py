@@ -54,7 +54,8 @@ def run(config: Path, tmp: Path) -> dict[str, Any]:
 
 
 def new_week(config: Path, tmp: Path, seed: int) -> None:
-    done = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", tmp=tmp)
+    done = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", "--overwrite",
+                     tmp=tmp)  # this week's data replaces last week's at the same URL
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -99,12 +100,13 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
                      "--reason", "bad answers in prod", tmp=tmp_path)
     assert back.returncode == 0 and "version 2 -> version 1" in back.stdout, back.stderr
 
-    # The schedule fires again on week 2's data: the same run (v1 + week 2) is v2 again; not put back.
+    # The schedule fires again on week 2's data: the same run (v1 + week 2) is v2 again; not put back, and
+    # refused before anything runs (its result is known: no warm, no training, no evaluation ranks).
     again = run(config, tmp_path)
     assert again["experiment_key"] == week2["experiment_key"]
-    assert again["train"]["outcome"] == "reused" and again["train"]["trained_steps"] == 0
-    assert not again["gate"]["publish"] and "publish" not in again
-    assert "rolled back from production" in again["gate"]["reason"] and "bad answers in prod" in again["gate"]["reason"]
+    assert again["skipped"].startswith("gate: candidate is tiny-llama v2"), again
+    assert "rolled back from production" in again["skipped"] and "bad answers in prod" in again["skipped"]
+    assert not {"warm", "train", "evaluate", "gate", "publish"} & again.keys(), again.keys()
     info = show(tmp_path)
     assert info["aliases"]["production"]["version"] == 1
     assert "production" in {v["version"]: v for v in info["versions"]}[2]["rolled_back_from"]

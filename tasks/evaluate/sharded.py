@@ -34,7 +34,8 @@ class ShardedModel:
 
         self.m, self.pp = m, pp
         self.topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp_size, num_dp=dp)
-        self.grid = PipelineParallelGrid(topology=self.topo)
+        with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
+            self.grid = PipelineParallelGrid(topology=self.topo)
         self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
         self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
         family = get_family(m.family)

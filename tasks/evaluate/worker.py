@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.fsutil import atomic_write_json
 from tasks.train.data import TokenWindows
-from tasks.train.status import Status, now, write_status
+from tasks.train.status import Status, log_for_relay, now, write_status
 from tasks.train.worker import deepspeed_prints_to_debug
 
 log = logging.getLogger("tasks.evaluate.worker")
@@ -221,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="JSON input file written by the launcher")
     parser.add_argument("--dataset-dir", help="(unused: each suite is warmed on the node)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [rank {os.environ.get('RANK', '0')}] %(name)s: %(message)s")
+    log_for_relay(f"rank {os.environ.get('RANK', '0')}")
     quiet_start_up()
     spec = json.loads(Path(args.config).read_text())
     job = TrainingJob.model_validate(spec["job"])

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tasks.fsutil import atomic_write_bytes
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
-from tasks.train.status import read_status, relay_line, summary_line
+from tasks.train.status import log_for_relay, read_status, relay_line, summary_line
 
 log = logging.getLogger("tasks.launch.agent")
 
@@ -161,8 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    log_for_relay()
     if args.action == "reap":
         return reap(args.tag, args.grace)
     if not cmd:

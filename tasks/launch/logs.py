@@ -12,12 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.train.status import Status, parse_relay, parse_summary
+from tasks.train.status import Status, parse_relay, parse_summary, split_level
 
 
 class LineSink:
-    """Logs each line with a prefix. A status a node agent relays (tasks/train/status.py) is kept as the
-    job's latest status, not logged: supervision never reads the log text itself."""
+    """Logs each line with a prefix, at the level the line starts with (`log_for_relay`: a rank's WARNING
+    stays a WARNING). A status a node agent relays (tasks/train/status.py) is kept as the job's latest
+    status, not logged: supervision never reads the log text itself."""
 
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:
         self.logger, self.prefix = logger, prefix
@@ -36,7 +37,8 @@ class LineSink:
         if (summary := parse_summary(line)) is not None:
             self.summary = summary
             return
-        self.logger.info("%s%s", self.prefix, line)
+        level, text = split_level(line)
+        self.logger.log(level, "%s%s", self.prefix, text)
 
 
 def pump(stream: IO[str], sink: Callable[[str], None], *, name: str = "log-pump") -> threading.Thread:

@@ -13,9 +13,8 @@ import logging
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
-from tasks.data import Manifest, ManifestFile
-from tasks.dataset_format import MANIFEST_KEY, SPLITS, TOKEN_DTYPES, shard_key
-from tasks.errors import InvalidInputError
+from tasks.data import Manifest, ManifestFile, claim_destination
+from tasks.dataset_format import MANIFEST_KEY, shard_key, token_bytes
 from tasks.fsutil import atomic_writer, is_local_fs, put_object
 
 if TYPE_CHECKING:
@@ -38,13 +37,7 @@ class Destination:
         return f"{self.root.rstrip('/')}/{key}"
 
     def claim(self, overwrite: bool) -> None:
-        """Refuse a destination that already holds a dataset; with `overwrite`, remove it (manifest first)."""
-        held = [key for key in (MANIFEST_KEY, *SPLITS) if self.fs.exists(self.path(key))]
-        if held and not overwrite:
-            raise InvalidInputError(f"{self.url}: already holds a dataset ({', '.join(held)}): "
-                                    "pass --overwrite to replace it")
-        for key in held:
-            self.fs.rm(self.path(key), recursive=True)
+        claim_destination(self.fs, self.root, self.url, overwrite=overwrite)
 
     def remove(self, keys: list[str]) -> None:
         for key in keys:
@@ -60,7 +53,7 @@ class SplitWriter:
 
     def __init__(self, dest: Destination, split: str, dtype: str, tokens_per_shard: int) -> None:
         self.dest, self.split, self.tokens_per_shard = dest, split, tokens_per_shard
-        self.itemsize = int(TOKEN_DTYPES[dtype][2:])
+        self.itemsize = token_bytes(dtype)
         self.files: list[ManifestFile] = []
         self.tokens = 0
         self._stack: ExitStack | None = None

@@ -14,6 +14,8 @@ which the launcher already follows (`relay_line` / `parse_relay`).
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from tasks.fsutil import atomic_write_bytes
 STATUS_FILE = "status.json"
 RELAY_PREFIX = "RETRAINER-STATUS "
 SUMMARY_PREFIX = "RETRAINER-SUMMARY "  # the finished run's summary.json, relayed once by node 0's agent
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 State = Literal["starting", "training", "evaluating", "finished", "failed"]
 
 
@@ -94,3 +97,20 @@ def parse_tagged(line: str, prefix: str) -> dict[str, Any] | None:
 def parse_summary(line: str) -> dict[str, Any] | None:
     """The summary a relayed line carries, or None."""
     return parse_tagged(line, SUMMARY_PREFIX)
+
+
+def log_for_relay(who: str | None = None) -> None:
+    """Logging of a process whose output a launcher relays into its own log (`LineSink`): each line starts
+    with its level, which the relay keeps, and carries no time (the log it lands in stamps every line);
+    Python warnings become WARNING lines."""
+    where = f"[{who}] " if who else ""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(levelname)s {where}%(name)s: %(message)s")
+    logging.captureWarnings(True)
+
+
+def split_level(line: str) -> tuple[int, str]:
+    """A relayed line's level and the rest of it; INFO for a line without one (torchrun's own, a shell's)."""
+    word, _, rest = line.partition(" ")
+    if word in LEVELS:
+        return logging.getLevelNamesMapping()[word], rest
+    return logging.INFO, line

@@ -44,7 +44,7 @@ from tasks.models.weights import load_into
 from tasks.run import RunIdentity
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
-from tasks.train.status import State, Status, now, write_status
+from tasks.train.status import State, Status, log_for_relay, now, write_status
 from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")
@@ -128,7 +128,8 @@ class Trainer:
         if self.world != p.world_size:
             raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
         topo = PipeModelDataParallelTopology(num_pp=p.pp, num_mp=p.tp, num_dp=p.dp)
-        self.grid = PipelineParallelGrid(topology=topo)
+        with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
+            self.grid = PipelineParallelGrid(topology=topo)
         tp = self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
         self.dp_rank, self.stage = self.grid.get_data_parallel_rank(), self.grid.get_stage_id()
 
@@ -400,9 +401,16 @@ def deepspeed_prints_to_debug():
 
 def quiet_start_up() -> None:
     """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
-    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up."""
+    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
+    logger prints to stdout with its own time and level in brackets: its records go through ours instead
+    (one time per line in the task log, the level where the relay reads it)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
+
+    for handler in list(deepspeed_log.handlers):
+        deepspeed_log.removeHandler(handler)
+    deepspeed_log.propagate = True
+    deepspeed_log.setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
@@ -413,9 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset-dir", required=True)
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s"
-    )
+    log_for_relay(f"rank {rank}")
     quiet_start_up()
     spec = json.loads(Path(args.config).read_text())
     cfg = TrainingJob.model_validate(spec["job"])

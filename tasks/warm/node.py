@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, help="also write the report to DIR/<node>.json")
     parser.add_argument("--status-dir", type=Path, help="on failure, write the reason to the run's status file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [{node_name()}] %(name)s: %(message)s")
+    from tasks.train.status import log_for_relay
+
+    log_for_relay(node_name())
     try:
         spec = json.loads(os.environ[SPEC_VAR])
         report = warm_node(spec)

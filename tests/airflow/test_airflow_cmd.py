@@ -96,6 +96,23 @@ def test_airflow_reads_the_wrapper_settings(bare: Path, monkeypatch: pytest.Monk
         assert (done.returncode, done.stdout.strip()) == (0, value), done.stderr
 
 
+def test_the_task_plugin_scan_warns_nothing_and_skips_the_registry_package(bare: Path) -> None:
+    """What every task process does first, in an Airflow process with the wrapper's settings: scan
+    plugins/ under its .airflowignore (the task SDK reads it as globs, through pathspec's deprecated
+    GitWildMatchPattern). plugins/airflow_local_settings.py silences that one warning; the scan still skips
+    the registry package and the settings module."""
+    scan = ("import sys, airflow\n"
+            "from airflow.sdk._shared.module_loading.file_discovery import find_path_from_directory\n"
+            "print(sorted(find_path_from_directory(sys.argv[1], '.airflowignore')))\n")
+    plugins = PROJECT_ROOT / "plugins"
+    done = subprocess.run([sys.executable, "-c", scan, str(plugins)], env=airflow_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "GitWildMatchPattern" not in done.stdout + done.stderr, done.stderr
+    assert str(plugins / "retrainer_registry_plugin.py") in done.stdout
+    assert "/retrainer_registry/" not in done.stdout and "airflow_local_settings" not in done.stdout, done.stdout
+
+
 def test_a_second_checkout_sharing_the_venv_serves_itself(bare: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user with a second checkout (same venv) runs `retrainer airflow` in it: its DAGs, configs, plugins and
     code are served, not those of the checkout the venv was installed from."""

@@ -114,13 +114,22 @@ def test_an_unknown_conf_key_fails_the_first_task_naming_it(request: pytest.Fixt
     assert all(name in note for name in dag.params), note  # and what it could have meant
 
 
-def test_a_layout_the_plan_refuses_is_the_runs_note(retrain_dag, airflow_db: str) -> None:
-    """tp=3 passes the form (1..64) but the model's 2 heads do not divide by it: the plan's own message."""
+def test_a_layout_the_plan_refuses_is_the_runs_note(retrain_dag, airflow_db: str, capfd: pytest.CaptureFixture[str],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """tp=3 passes the form (1..64) but the model's 2 heads do not divide by it: the plan's own message. The
+    task log says so in lines naming the field, from loggers with readable names, and no traceback (a
+    refusal, not a bug)."""
     from tasks import lifecycle
     from tasks.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         lifecycle.from_snapshot(lifecycle.snapshot(ROOT / "configs" / "tiny-llama.yaml", {"parallel.tp": 3}))
+    capfd.readouterr()
     states, note = _failed_run(retrain_dag, {"tp": 3})
     assert states["plan"] == "failed" and states["train"] == "upstream_failed", states
     assert note == f"plan: {refused.value}" and "parallel.tp (3) must divide model.n_heads" in note
+    out = "".join(capfd.readouterr())  # dag.test() streams the task's log to this process (Airflow's lines)
+    assert "Task exited" in out and "parallel.tp (3) must divide" in out, out[-3000:]
+    assert "Traceback" not in out and "Task failed with exception" not in out, out[-3000:]
+    ours = [(r.name, r.getMessage()) for r in caplog.records if r.getMessage().startswith("retrainer: ")]
+    assert ("dags.retrain", f"retrainer: retrain_tiny-llama.plan failed: {note}") in ours, ours

@@ -108,9 +108,12 @@ def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.Monkey
     # The schedule fires again on week 2's data: that run is v2 again, which an operator rolled back.
     again = run_dag(retrain)
     assert again.state == "success"
-    assert run_state(again, "publish") == "skipped"
-    assert xcom(again, "train")["outcome"] == "reused"
+    # Refused at plan, with the gate's words: its result is v2 (same key), so nothing is warmed, trained or
+    # evaluated.
+    assert {t: run_state(again, t) for t in ("warm", "train", "evaluate", "gate", "publish")} == dict.fromkeys(
+        ("warm", "train", "evaluate", "gate", "publish"), "skipped")
     note = run_note(again)
+    assert note.startswith("gate: candidate is tiny-llama v2"), note
     assert "rolled back from production" in note and "regression in prod" in note
     assert registry.live_version("tiny-llama", "production").version == 1
     assert len(registry.list_versions("tiny-llama")) == 2

@@ -21,6 +21,7 @@ import yaml
 
 from tasks.config import ConfigError, JobConfig, load_config
 from tasks.deploy import DeployError, pull, resolve_target, roll_back, run_hook
+from tasks.lifecycle import RUN_NOTE_KEY, refusal_noted
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +284,17 @@ def test_a_corrupt_artifact_fails_the_verified_pull_and_the_alias_goes_back(job,
     assert list(Path(cfg.deploy.models_dir or "").iterdir()) == []  # nothing half-pulled left
 
 
+class NotedTask:
+    """What `refusal_noted` needs of an Airflow task instance: the XCom it pushes the run's note to."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def xcom_push(self, key: str, value: str) -> None:
+        assert key == RUN_NOTE_KEY
+        self.notes.append(value)
+
+
 def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, export: Export, tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     _, cfg = job(command="exit 0")
@@ -298,10 +310,13 @@ def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, expo
     again = resolve_target(cfg, [{"version": 1}])
     assert (again.version, again.via_rollback) == (1, True)
     history = _history(cfg)
-    with pytest.raises(DeployError, match=r"v1 is live because of a rollback \(from v2\), so it is not rolled back "
-                                          "again"):
+    run = NotedTask()  # the deploy DAG's rollback task: the refusal is the run's note (tasks.lifecycle.refusal_noted)
+    with pytest.raises(SystemExit, match=r"v1 is live because of a rollback \(from v2\), so it is not rolled back "
+                                         "again"), refusal_noted(run, "rollback"):
         roll_back(cfg, again, "smoke test failed: v1: no GPU", actor="ci")
     assert _history(cfg) == history and _live(cfg) == 1
+    assert run.notes == [f"rollback: deploy of {MODEL} v1 ({ALIAS}) failed: smoke test failed: v1: no GPU. v1 is live "
+                         "because of a rollback (from v2), so it is not rolled back again: serving needs a person"]
 
     # The alias moved on between a deploy's start and its failure: that move is not undone.
     with Registry(cfg.publish.registry_url) as reg:

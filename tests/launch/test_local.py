@@ -3,6 +3,8 @@ every rank in its own session."""
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 from pathlib import Path
 
@@ -30,17 +32,28 @@ def test_sigterm_to_local_launcher_leaves_no_rank(tmp_path: Path) -> None:
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
 
-def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hooked) -> None:
+def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hooked, caplog) -> None:
     """Every worker log line reworded (HOOK_REWORD_LOGS): the failure reason and hang detection still come
-    through, because launchers read the run's status file, never the log text."""
+    through, because launchers read the run's status file, never the log text. The relayed rank lines
+    keep their level (a rank's WARNING is a WARNING in the task log), carry no second timestamp, and
+    DeepSpeed's start-up chatter ("Using topology") stays out of it."""
     from tasks.errors import TrainingFailedError
     from tasks.launch import train
 
     dataset = write_dataset(tmp_path / "dataset")
-    nan = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 5}, out="nan")
-    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="3")
-    with pytest.raises(TrainingFailedError, match=r"non-finite loss at step 3"):
+    nan = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 5, "train.checkpoint_every": 2}, out="nan")
+    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="3", HOOK_CKPT_DELAY="2:0")  # the hook warns at step 2's commit
+    with caplog.at_level(logging.INFO, logger="tasks.launch.ranks"), \
+            pytest.raises(TrainingFailedError, match=r"non-finite loss at step 3"):
         train(nan, dataset)
+    relayed = [r for r in caplog.records if r.name == "tasks.launch.ranks"]
+    warned = [r for r in relayed if "inside the commit of step 2" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING], [r.getMessage() for r in relayed]
+    assert all(r.getMessage().startswith("[rank ") for r in warned), [r.getMessage() for r in warned]
+    assert any(r.levelno == logging.ERROR and "[rank " in r.getMessage() for r in relayed)  # the failure itself
+    assert not [r for r in relayed if "Using topology" in r.getMessage()]
+    ranks = [r.getMessage() for r in relayed if r.getMessage().startswith("[rank ")]  # not torchrun's own report
+    assert ranks and not [m for m in ranks if re.search(r"\d\d:\d\d:\d\d", m)], ranks
 
     hung = tiny_config(tmp_path, {"train.steps": 50, "cluster.hang_timeout_s": 4, "cluster.startup_timeout_s": 300},
                        out="hung")

@@ -247,7 +247,8 @@ def test_each_version_records_what_made_it_and_exports_as_transformers_writes(
     assert retrainer("db", "upgrade", *db, tmp=tmp_path).returncode == 0
     said = []
     for seed in (3, 4):  # week 1, then week 2 with new data at the same URL
-        made = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", tmp=tmp_path)
+        made = retrainer("make-data", str(config), "--seed", str(seed), "--tokens-per-shard", "16384", "--overwrite",
+                         tmp=tmp_path)
         assert made.returncode == 0, made.stderr[-2000:]
         done = retrainer("run", str(config), tmp=tmp_path)
         assert done.returncode == 0, done.stderr[-4000:]

@@ -32,6 +32,16 @@ def test_demo_config_fits_and_prints_a_table(capsys: pytest.CaptureFixture[str])
     assert "plan tiny-llama" in out and "optimizer_states" in out and "229,952 total (model family llama)" in out
 
 
+def test_the_demo_config_plans_without_a_warning() -> None:
+    """`retrainer plan configs/tiny-llama.yaml`, the README's first look at the planner: its hardware is the
+    CPU ranks it runs on, so nothing to warn about (no communication share against a GPU's compute)."""
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", str(DEMO)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "plan tiny-llama: FITS " in done.stdout, done.stdout
+    assert "warning" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+
+
 def test_json_output_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(DEMO), "--json", "--device", "cpu", "--serve-concurrency", "4"]) == 0
     doc = json.loads(capsys.readouterr().out)

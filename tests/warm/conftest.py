@@ -37,7 +37,7 @@ def upload_tree(s3: S3Endpoint, bucket: str, n_small: int, large_sizes: list[int
     rng = random.Random(seed)
     files: dict[str, bytes] = {}
     for i in range(n_small):
-        files[f"train/small/part-{i:04d}.bin"] = rng.randbytes(rng.randint(1, 6000))
+        files[f"train/small/part-{i:04d}.bin"] = rng.randbytes(2 * rng.randint(1, 3000))  # whole uint16 tokens
     for i, size in enumerate(large_sizes):
         files[f"train/large-{i}.bin"] = rng.randbytes(size)
     files["heldout/shard-00000.bin"] = rng.randbytes(4096)
@@ -50,8 +50,8 @@ def upload_tree(s3: S3Endpoint, bucket: str, n_small: int, large_sizes: list[int
 
 @pytest.fixture(scope="module")
 def tree(s3: S3Endpoint) -> Tree:
-    """200 small files (1 B..6 KB), 2 large files (3 MB, 5 MB), a held-out shard; shared, never modified."""
-    return upload_tree(s3, s3.create_bucket(), 200, [3 << 20, (5 << 20) + 17], seed=7)
+    """200 small files (2 B..6 KB), 2 large files (3 MB, 5 MB), a held-out shard; shared, never modified."""
+    return upload_tree(s3, s3.create_bucket(), 200, [3 << 20, (5 << 20) + 18], seed=7)
 
 
 @pytest.fixture

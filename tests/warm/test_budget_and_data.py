@@ -126,6 +126,10 @@ def test_manifest_errors_name_file_and_field() -> None:
         "format": {**good, "format": "other/2"},
         "dtype": {**good, "dtype": "float32"},
         "files: Value error, duplicate key": {**good, "files": good["files"] * 2},
+        "files: Value error, train/a.bin: 3 bytes is not a whole number of uint16 tokens (2 bytes each)":
+            {**good, "files": [{"key": "train/a.bin", "size": 3, "sha256": "a" * 64}]},
+        "heldout/b.bin: 6 bytes is not a whole number of uint32 tokens": {
+            **good, "dtype": "uint32", "files": [{"key": "heldout/b.bin", "size": 6, "sha256": "a" * 64}]},
     }
     for field, body in cases.items():
         with pytest.raises(InvalidInputError, match=f"(?s)^{re.escape('s3://b/m.json')}: .*{re.escape(field)}") as err:
@@ -160,6 +164,19 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     mhash = json.loads(made.stdout)["manifest_hash"]
+    # Run again (another seed): refused like prepare-data, naming the dataset, which stays as it was.
+    source = tmp_path / "object-store" / "datasets" / "tiny-text"
+    again = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--seed", "7"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2, again.stderr
+    assert f"{source}: already holds a dataset (manifest.json, train, heldout): pass --overwrite" in again.stderr
+    assert read_manifest(str(source)).hash == mhash
+    replaced = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--seed", "7", "--overwrite"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    assert replaced.returncode == 0 and json.loads(replaced.stdout)["manifest_hash"] != mhash, replaced.stderr
+    made = subprocess.run([sys.executable, "-m", "tasks.cli", "make-data", config, "--overwrite"],  # the first again
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert json.loads(made.stdout)["manifest_hash"] == mhash
     warmed = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", config, "--json"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert warmed.returncode == 0, warmed.stderr
@@ -170,3 +187,24 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", str(tmp_path / "nope.yaml")],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nope.yaml" in bad.stderr
+
+    # A shard cut by one byte (a tool that wrote half a token), its manifest written by hand to match:
+    # `retrainer manifest` will not describe it, and warm refuses it naming the file, writing nothing.
+    shard = source / "train" / "shard-00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    doc = json.loads((source / "manifest.json").read_text())
+    entry = next(f for f in doc["files"] if f["key"] == "train/shard-00001.bin")
+    entry.update(size=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (source / "manifest.json").write_text(json.dumps(doc))
+    listed = subprocess.run([sys.executable, "-m", "tasks.cli", "manifest", str(source), "--output", "again.json"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 2 and "train/shard-00001.bin" in listed.stderr, listed.stderr
+    assert not (source / "again.json").exists()
+    before = sorted(p.relative_to(tmp_path / "cache") for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    cut = subprocess.run([sys.executable, "-m", "tasks.cli", "warm", config, "--json"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert cut.returncode == 2, cut.stderr
+    assert "train/shard-00001.bin: 131071 bytes is not a whole number of uint16 tokens" in cut.stderr, cut.stderr
+    assert "Traceback" not in cut.stderr
+    after = sorted(p.relative_to(tmp_path / "cache") for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert after == before
