@@ -107,4 +107,4 @@ def rolled_back_reason(model: str, alias: str, version: int, back: SwitchRecord)
     return (f"candidate is {model} v{version} (same run and checkpoint), which was rolled back from {alias} "
             f"(v{version} -> v{back.to_version} by {back.actor} at {back.at}: {back.reason!r}); an automatic run "
             f"never re-promotes a rolled-back version: not published (explicitly: retrainer promote --model "
-            f"{model} --alias {alias} --version {version} --reason ...)")
+            f"{model} --alias {alias} --version {version} --force --reason ...)")
