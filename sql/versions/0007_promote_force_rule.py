@@ -10,8 +10,10 @@ away from. A person's promote there needs `force` (tasks/registry/core.py, Force
 PostgreSQL promote ran that check as a guard statement pipelined around the function call, scanning the
 alias's whole history each time. Now:
 - `ix_registry_alias_history_rollbacks`: a partial index on the history's rollback rows
-  (model_id, alias, from_version) WHERE action = 'rollback', on SQLite and PostgreSQL, so the rule is an
-  index lookup however long the history grows;
+  (model_id, alias, from_version, seq) WHERE action = 'rollback', on SQLite and PostgreSQL, so the rule is
+  an index lookup however long the history grows. `seq` last: the latest such rollback is the index's
+  last entry for the key, so the planner never prefers a backward scan of the alias's whole history
+  (the unique (model_id, alias, seq) index) for `ORDER BY seq DESC LIMIT 1`, even before statistics exist;
 - `registry_move_alias` (PostgreSQL) gains `p_force boolean` and applies the rule itself: without force a
   promote or rollback onto such a version is refused with SQLSTATE `RGFRC` whose DETAIL is that rollback
   (JSON: seq, action, from_version, to_version, actor, reason, at), so the caller can name who rolled it
@@ -265,7 +267,7 @@ DROP = ("DROP FUNCTION IF EXISTS registry_move_alias(text, text, integer, boolea
 
 
 def upgrade() -> None:
-    op.create_index(INDEX, "registry_alias_history", ["model_id", "alias", "from_version"],
+    op.create_index(INDEX, "registry_alias_history", ["model_id", "alias", "from_version", "seq"],
                     sqlite_where=sa.text(ROLLBACK_ROWS), postgresql_where=sa.text(ROLLBACK_ROWS))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(DROP_0003)

@@ -85,7 +85,7 @@ history = sa.Table(
     sa.Column("at", sa.DateTime(timezone=True), nullable=False),
     sa.UniqueConstraint("model_id", "alias", "seq"),
     # The rule "rolled back from this alias: a publish never, a person only with force" looks rows up by this.
-    sa.Index("ix_registry_alias_history_rollbacks", "model_id", "alias", "from_version",
+    sa.Index("ix_registry_alias_history_rollbacks", "model_id", "alias", "from_version", "seq",
              sqlite_where=sa.text("action = 'rollback'"), postgresql_where=sa.text("action = 'rollback'")),
 )
 

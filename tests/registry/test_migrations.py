@@ -188,7 +188,7 @@ def test_0007_history_kept_and_a_version_rolled_back_before_the_upgrade_needs_fo
     assert upgrade(registry_url) == ["0007"]
     with engine.connect() as conn:
         indexes = {i["name"]: i["column_names"] for i in sa.inspect(conn).get_indexes("registry_alias_history")}
-        assert indexes["ix_registry_alias_history_rollbacks"] == ["model_id", "alias", "from_version"]
+        assert indexes["ix_registry_alias_history_rollbacks"] == ["model_id", "alias", "from_version", "seq"]
         if engine.dialect.name == "postgresql":  # one function: the 0003 signature was replaced, not overloaded
             assert conn.exec_driver_sql("SELECT proargnames[10], pronargs FROM pg_proc "
                                         "WHERE proname = 'registry_move_alias'").all() == [("p_force", 11)]
