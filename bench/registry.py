@@ -6,9 +6,13 @@ MLflow runs from its own venv (default /tmp/mlflow-venv; created with pip if mis
 never touch ours. Each system gets a scratch database; W writer threads (own connections) switch
 an alias between existing versions for a fixed time; the points run interleaved (ours, MLflow,
 ours, ...) for several rounds so that load from other work on a shared machine hits both alike.
-Ours appends a history row per switch (on PostgreSQL one call of `registry_move_alias`,
-migration 0002). The load average is printed: on a shared machine the numbers mean little
-without it.
+Ours appends a history row per switch. Each switch is a plain promote (a person's `retrainer promote`
+without --force): on PostgreSQL one call of `registry_move_alias` (migration 0002), which since
+migration 0007 also applies the "rolled back from this alias needs force" rule itself, through a
+partial index on the history's rollback rows (before 0007 a promote was a three-statement pipeline
+whose guard scanned the alias's whole history, so it slowed down as the history grew). The load
+average is printed: on a shared machine the numbers mean little without it; run it three times and
+read the medians.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
 - promote and rollback (a person's decisions) read the alias history under that same
   row lock: the default rollback target and the "rolled back from this alias: needs
   force" rule come from it, so nothing can move the alias between that read and the
-  move. A plain promote on PostgreSQL is still one round trip (`_PG_PROMOTE`: one
-  pipelined implicit transaction); a rollback or a forced move runs from Python, in
-  one transaction, on both databases.
+  move. On PostgreSQL a plain promote is one call of that function too (migration
+  0007 moved the rule into it, with an index on the rollback rows); a rollback or a
+  forced move runs from Python, in one transaction, on both databases.
 SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE,
 and it runs the same steps from Python (it has no stored procedures).
 """
@@ -53,35 +53,14 @@ log = logging.getLogger(__name__)
 ANY: Literal["ANY"] = "ANY"
 Expect = int | None | Literal["ANY"]
 
-# PostgreSQL publish switch: one bound-parameter call of the function created by migration 0002 (0003's rule).
+# PostgreSQL publish or plain promote: one bound-parameter call of the function of migration 0002, with the
+# "rolled back from this alias" rule of migrations 0003 (a publish: never) and 0007 (a person: only forced).
 # Executed on the pooled psycopg connection itself: the switch is the registry's hot path, and the
 # SQLAlchemy statement machinery around one function call cost as much as the round trip.
 _PG_MOVE = (
     "SELECT * FROM registry_move_alias(%(model)s::text, %(alias)s::text, %(to)s::integer, "
     "%(expect_any)s::boolean, %(expect)s::integer, %(actor)s::text, %(reason)s::text, "
-    "%(action)s::text, %(rollback)s::boolean, %(at)s::timestamptz)"
-)
-
-
-# PostgreSQL promote: one pipeline, i.e. one implicit transaction committed at its single Sync, one round trip.
-# It creates the alias row if new, locks it, and calls the function only when no rollback moved the alias away
-# from the target (or the alias is there already: a no-op). In READ COMMITTED each statement reads a snapshot
-# taken after the one before it finished: the guard sees every move committed before the lock was ours, and no
-# other move commits until our Sync. The uncorrelated guard is a one-time filter evaluated before the function
-# scan, so a refused promote never calls the function; the rollback it names is read afterwards.
-_PG_ROLLED_BACK = (
-    "SELECT h.seq, h.action, h.from_version, h.to_version, h.actor, h.reason, h.at FROM registry_alias_history h "
-    "JOIN registry_models m ON m.id = h.model_id WHERE m.name = %(model)s::text AND h.alias = %(alias)s::text "
-    "AND h.action = 'rollback' AND h.from_version = %(to)s::integer"
-)
-_PG_PROMOTE = (
-    "INSERT INTO registry_aliases (model_id, name, version, generation) SELECT m.id, %(alias)s::text, NULL, 0 "
-    "FROM registry_models m WHERE m.name = %(model)s::text ON CONFLICT (model_id, name) DO NOTHING",
-    "SELECT a.version FROM registry_aliases a JOIN registry_models m ON m.id = a.model_id "
-    "WHERE m.name = %(model)s::text AND a.name = %(alias)s::text FOR UPDATE OF a",
-    _PG_MOVE + f" WHERE NOT EXISTS ({_PG_ROLLED_BACK}) OR EXISTS (SELECT 1 FROM registry_aliases a "
-    "JOIN registry_models m ON m.id = a.model_id WHERE m.name = %(model)s::text AND a.name = %(alias)s::text "
-    "AND a.version = %(to)s::integer)",
+    "%(action)s::text, %(rollback)s::boolean, %(force)s::boolean, %(at)s::timestamptz)"
 )
 
 
@@ -407,8 +386,8 @@ class Registry:
         expect = _check_expect(expect)
         if action not in ("promote", "publish", "rollback"):
             raise InvalidInputError(f"action: unknown switch action {action!r}")
-        if self._pg and (action == "publish" or not force):  # a publish: the function applies its rule itself
-            return self._pg_move(model, alias, to_version, expect, actor, reason, action)
+        if self._pg and (action == "publish" or not force):  # the function applies the rollback rule itself
+            return self._pg_move(model, alias, to_version, expect, actor, reason, action, force)
         with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
             # Versions are immutable: checking the target before taking the lock is as good as after.
@@ -423,41 +402,28 @@ class Registry:
                               checked=True, force=force)
 
     def _pg_move(
-        self, model: str, alias: str, to: int, expect: Expect, actor: str, reason: str, action: str,
+        self, model: str, alias: str, to: int, expect: Expect, actor: str, reason: str, action: str, force: bool,
     ) -> SwitchRecord:
-        """Switch through `registry_move_alias` (migration 0002) in one round trip: a publish as one statement
-        (the function refuses a rolled-back target itself, migration 0003), a promote as `_PG_PROMOTE`.
+        """Switch through `registry_move_alias` (migration 0002) in one round trip: one statement in autocommit
+        mode, i.e. one implicit transaction. The function refuses a rolled-back target itself (a publish always,
+        migration 0003; a promote unless forced, migration 0007).
 
         The function runs the same steps as the SQLite path under the same row lock;
         its `RG...` SQLSTATEs are mapped back to our exceptions and messages here.
         """
         params = {"model": model, "alias": alias, "to": to, "expect_any": expect == ANY,
                   "expect": None if expect == ANY else expect, "actor": actor, "reason": reason,
-                  "action": action, "rollback": False, "at": _now()}
+                  "action": action, "rollback": False, "force": force, "at": _now()}
         import psycopg
         from psycopg.rows import dict_row
 
         pooled = self._db().raw_connection()  # the pool's checkout checks still run
         try:
             pg = pooled.driver_connection
-            pg.autocommit = True  # one statement (or pipeline) = one implicit transaction, no BEGIN/COMMIT
+            pg.autocommit = True  # one statement = one implicit transaction, no BEGIN/COMMIT
             try:
-                current = removed = None
-                if action == "publish":
-                    with pg.cursor(row_factory=dict_row) as cur:
-                        row = cur.execute(_PG_MOVE, params).fetchone()
-                else:
-                    with pg.pipeline():
-                        cursors = [pg.cursor(row_factory=dict_row) for _ in _PG_PROMOTE]
-                        for cur, statement in zip(cursors, _PG_PROMOTE, strict=True):
-                            cur.execute(statement, params)
-                    locked, row = (cur.fetchone() for cur in cursors[1:])
-                    current = (locked or {}).get("version")
-                    for cur in cursors:
-                        cur.close()
-                    if row is None:  # refused: the rollback to name (a read; the pipeline committed nothing)
-                        with pg.cursor(row_factory=dict_row) as cur:
-                            removed = cur.execute(_PG_ROLLED_BACK + " ORDER BY h.seq DESC LIMIT 1", params).fetchone()
+                with pg.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(_PG_MOVE, params).fetchone()
             finally:
                 pg.autocommit = False
         except psycopg.Error as exc:
@@ -467,12 +433,6 @@ class Registry:
             raise mapped from None
         finally:
             pooled.close()  # back to the pool
-        if row is None:  # a promote the guard refused
-            if expect != ANY and expect != current:
-                raise _cas_lost(model, alias, expect, current)
-            assert removed is not None
-            raise _needs_force(model, alias, to, SwitchRecord(model=model, alias=alias,
-                                                              **{**removed, "at": _iso(removed["at"]) or ""}))
         rec = SwitchRecord(model=model, alias=alias, seq=row["o_seq"], action=row["o_action"],
                            from_version=row["o_from"], to_version=row["o_to"], actor=row["o_actor"],
                            reason=row["o_reason"], at=_iso(row["o_at"]) or "", changed=row["o_changed"])
@@ -499,6 +459,10 @@ class Registry:
             return _disagree(model, alias)
         if code == "RGRBK":
             return _rolled_back(model, alias, int(detail))
+        if code == "RGFRC":  # DETAIL: the rollback that moved the alias away from `to`, as JSON (migration 0007)
+            removed = json.loads(detail)
+            return _needs_force(model, alias, to, SwitchRecord(
+                model=model, alias=alias, **{**removed, "at": _iso(datetime.fromisoformat(removed["at"])) or ""}))
         return exc
 
     def _lock_alias(self, conn: sa.Connection, model_id: int, alias: str) -> tuple[int | None, int] | None:
@@ -518,7 +482,9 @@ class Registry:
         """One alias's moves, oldest first; with `rollbacks_from`, only the rollbacks away from that version."""
         q = sa.select(t.history).where(t.history.c.model_id == model_id, t.history.c.alias == alias)
         if rollbacks_from is not None:
-            q = q.where(t.history.c.action == "rollback", t.history.c.from_version == rollbacks_from)
+            # 'rollback' inline, not bound: only then can SQLite use the partial index on these rows (0007)
+            q = q.where(t.history.c.action == sa.literal_column("'rollback'"),
+                        t.history.c.from_version == rollbacks_from)
         return [self._switch(r, model) for r in conn.execute(q.order_by(t.history.c.seq)).all()]
 
     def _move(

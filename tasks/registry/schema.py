@@ -20,7 +20,7 @@ from tasks.registry.errors import SchemaVersionError
 # alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
 VERSION_TABLE = "retrainer_schema_version"
 # The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
-HEAD = "0006"
+HEAD = "0007"
 
 metadata = sa.MetaData()
 
@@ -84,6 +84,9 @@ history = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("at", sa.DateTime(timezone=True), nullable=False),
     sa.UniqueConstraint("model_id", "alias", "seq"),
+    # The rule "rolled back from this alias: a publish never, a person only with force" looks rows up by this.
+    sa.Index("ix_registry_alias_history_rollbacks", "model_id", "alias", "from_version", "seq",
+             sqlite_where=sa.text("action = 'rollback'"), postgresql_where=sa.text("action = 'rollback'")),
 )
 
 IMMUTABLE_TABLES = ("registry_versions", "registry_alias_history")

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from tasks.errors import InvalidInputError
-from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
+from tasks.registry import ArtifactRef, ForceRequiredError, Lineage, Registry, RolledBackError, upgrade
 from tasks.registry.db import make_engine
 from tasks.registry.migrate import VERSION_TABLE, current
 from tasks.registry.schema import HEAD
@@ -14,9 +14,9 @@ from tasks.registry.schema import HEAD
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005", "0006"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == HEAD == "0006"  # the code's HEAD is the migrations' head
+    assert current(registry_url) == HEAD == "0007"  # the code's HEAD is the migrations' head
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
@@ -99,7 +99,7 @@ def _old_version_at(url: str, revision: str) -> None:
 
 def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
     _old_version_at(registry_url, "0003")  # as the 0003 code wrote it (no artifact_kind)
-    assert upgrade(registry_url) == ["0004", "0005", "0006"]
+    assert upgrade(registry_url) == ["0004", "0005", "0006", "0007"]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).artifact_kind == "file"
         tree = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/trees/cd/x", 9, kind="tree"),
@@ -111,7 +111,7 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
 
 def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(registry_url: str) -> None:
     _old_version_at(registry_url, "0004")  # as the 0004 code wrote it (no data_replay)
-    assert upgrade(registry_url) == ["0005", "0006"]
+    assert upgrade(registry_url) == ["0005", "0006", "0007"]
     replay = [{"url": "s3://b/snap-a", "manifest_hash": "a" * 64, "weight": 0.05}]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).data_replay == []
@@ -131,7 +131,7 @@ def test_0006_versions_published_before_keep_everything_and_record_no_config(reg
     lineage they have), a new version records its config and origin, and a config holding a credential is
     refused before anything is written."""
     _old_version_at(registry_url, "0005")  # as the 0005 code wrote it (no config, no started_from)
-    assert upgrade(registry_url) == ["0006"]
+    assert upgrade(registry_url) == ["0006", "0007"]
     with Registry(registry_url) as reg:
         old = reg.get_version("m", 1)
         assert (old.artifact_url, old.config_hash, old.created_by) == ("file:///s/x", "c", "alice")
@@ -158,3 +158,56 @@ def test_0004_postgres_refuses_an_unknown_artifact_kind(pg_url: str) -> None:
             "data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at, artifact_kind) "
             "SELECT id, 2, 'x', 'u', 1, 'c', 'd', 'r', 't', '{}', 'a', now(), 'dir' FROM registry_models")
     engine.dispose()
+
+
+def test_0007_history_kept_and_a_version_rolled_back_before_the_upgrade_needs_force(registry_url: str) -> None:
+    """An operator upgrades from 0006 after rolling production back from v3 to v2 (rows as the 0006 code
+    wrote them): the history stays, the rollback rows are indexed, and the old rollback still holds: a plain
+    promote of v3 is refused naming who rolled it back and why, a publish never puts it back, a promote of v1
+    and a forced v3 go through and are recorded."""
+    _at_revision(registry_url, "0006")
+    engine = make_engine(registry_url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO registry_models (id, name, created_at) VALUES (1, 'm', CURRENT_TIMESTAMP)")
+        for n in (1, 2, 3):
+            conn.exec_driver_sql(
+                "INSERT INTO registry_versions (model_id, version, artifact_digest, artifact_url, size_bytes, "
+                "config_hash, data_manifest_hash, code_revision, checkpoint_tag, metrics, created_by, created_at) "
+                f"VALUES (1, {n}, '{str(n) * 64}', 'file:///s/{n}', 3, 'c', 'd', 'r', 't{n}', '{{}}', 'ci', "
+                "CURRENT_TIMESTAMP)")
+        conn.exec_driver_sql("INSERT INTO registry_aliases (model_id, name, version, generation, updated_by, "
+                             "updated_at) VALUES (1, 'production', 2, 4, 'alice', CURRENT_TIMESTAMP)")
+        for seq, action, frm, to, actor, reason in ((1, "publish", "NULL", 1, "ci", "publish"),
+                                                    (2, "publish", "1", 2, "ci", "publish"),
+                                                    (3, "publish", "2", 3, "ci", "publish"),
+                                                    (4, "rollback", "3", 2, "alice", "v3 hallucinates")):
+            conn.exec_driver_sql(
+                "INSERT INTO registry_alias_history (model_id, alias, seq, action, from_version, to_version, actor, "
+                f"reason, at) VALUES (1, 'production', {seq}, '{action}', {frm}, {to}, '{actor}', '{reason}', "
+                "CURRENT_TIMESTAMP)")
+    assert upgrade(registry_url) == ["0007"]
+    with engine.connect() as conn:
+        indexes = {i["name"]: i["column_names"] for i in sa.inspect(conn).get_indexes("registry_alias_history")}
+        assert indexes["ix_registry_alias_history_rollbacks"] == ["model_id", "alias", "from_version", "seq"]
+        if engine.dialect.name == "postgresql":  # one function: the 0003 signature was replaced, not overloaded
+            assert conn.exec_driver_sql("SELECT proargnames[10], pronargs FROM pg_proc "
+                                        "WHERE proname = 'registry_move_alias'").all() == [("p_force", 11)]
+    engine.dispose()
+    with Registry(registry_url) as reg:
+        before = reg.history("m", "production")
+        assert [(h.seq, h.action, h.from_version, h.to_version, h.actor) for h in before] == [
+            (1, "publish", None, 1, "ci"), (2, "publish", 1, 2, "ci"), (3, "publish", 2, 3, "ci"),
+            (4, "rollback", 3, 2, "alice")]
+        with pytest.raises(ForceRequiredError) as refused:
+            reg.switch_alias("m", "production", 3, actor="bob", reason="v3 again")
+        assert f"version 3 was rolled back from it by alice at {before[-1].at} (reason: 'v3 hallucinates')" in str(
+            refused.value)
+        with pytest.raises(RolledBackError, match="an automatic publish never points it there again"):
+            reg.switch_alias("m", "production", 3, actor="ci", action="publish")
+        assert reg.history("m", "production") == before  # refusals wrote nothing
+        one = reg.switch_alias("m", "production", 1, actor="bob", reason="pin v1")
+        assert (one.seq, one.from_version, one.to_version, one.actor, one.changed) == (5, 2, 1, "bob", True)
+        forced = reg.switch_alias("m", "production", 3, actor="bob", reason="v3 retested", force=True)
+        assert forced.reason.startswith("v3 retested [forced: v3 had been rolled back from production by alice at ")
+        assert reg.live_version("m", "production").version == 3
+        assert reg.history("m", "production") == [*before, one, forced]
