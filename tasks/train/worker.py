@@ -200,7 +200,10 @@ class Trainer:
         waited = self.saver.wait()
         tag = ck.tag_for(step)
         tmp = root / f"tmp-{tag}"
-        self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
+        try:  # writes only DeepSpeed's small recovery scripts; the state goes to host memory
+            self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
+        except OSError as exc:
+            raise TrainingFailedError(f"checkpoint {tag} failed on rank {self.rank}: {exc}") from exc
         files = self.snapshot.take()
         state = ck.rank_state_bytes(self.sampler.position(step), {"losses": list(losses) if self.rank == 0 else []})
         stall = time.perf_counter() - started
