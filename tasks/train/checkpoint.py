@@ -153,15 +153,16 @@ def rank_file(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank:05d}.pt"
 
 
-def save_rank_state(directory: Path, rank: int, data_position: dict[str, int], extra: dict[str, Any]) -> None:
-    """One rank's RNG states + data position (torch.save to bytes, then an atomic write)."""
+def rank_state_bytes(data_position: dict[str, int], extra: dict[str, Any]) -> bytes:
+    """One rank's RNG states + data position as of now, serialized (taken on the training thread, written
+    later by the background save: the state of the snapshot moment, not of the write)."""
     import io
 
     import torch
 
     buf = io.BytesIO()
     torch.save({"rng": rng_state(), "data_position": data_position, **extra}, buf)
-    atomic_write_bytes(rank_file(directory, rank), buf.getvalue())
+    return buf.getvalue()
 
 
 def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:

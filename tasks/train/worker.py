@@ -37,11 +37,12 @@ import torch.distributed as tdist
 
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
-from tasks.fsutil import atomic_write_json
+from tasks.fsutil import atomic_write_bytes, atomic_write_json
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
+from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
 from tasks.train.status import State, Status, log_for_relay, now, write_status
@@ -180,6 +181,11 @@ class Trainer:
                 lr_scheduler=make_scheduler(cfg),
                 config=deepspeed_config(cfg),
             )
+        self.snapshot = async_save.SnapshotEngine()
+        self.engine.checkpoint_engine = self.snapshot  # saves snapshot to host memory; a thread writes them
+        self.saver = async_save.BackgroundSaver()
+        self.ckpt_group = tdist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
+        self.saves: list[dict[str, Any]] = []  # rank 0: per committed save, its seconds and training's stall
         seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         if self.rank == 0:
@@ -188,26 +194,65 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save(self, root: Path, step: int, losses: list[float]) -> Path:
+        """Snapshot this rank's checkpoint to host memory and hand the write + commit to the background
+        thread (tasks/train/async_save.py); training is blocked only for the snapshot (and for a previous
+        save still in flight)."""
         started = time.perf_counter()
+        waited = self.saver.wait()
         tag = ck.tag_for(step)
         tmp = root / f"tmp-{tag}"
-        self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
-        ck.save_rank_state(tmp, self.rank, self.sampler.position(step), {"losses": losses if self.rank == 0 else []})
-        tdist.barrier()
+        try:  # writes only DeepSpeed's small recovery scripts; the state goes to host memory
+            self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
+        except OSError as exc:
+            raise TrainingFailedError(f"checkpoint {tag} failed on rank {self.rank}: {exc}") from exc
+        files = self.snapshot.take()
+        state = ck.rank_state_bytes(self.sampler.position(step), {"losses": list(losses) if self.rank == 0 else []})
+        stall = time.perf_counter() - started
+        if self.rank == 0:
+            log.info("checkpoint %s snapshotted: training blocked %.2fs (%.2fs of it waiting for the previous save)",
+                     tag, stall, waited)
+        self.saver.submit(lambda: self._write_and_commit(root, tag, step, files, state, started, stall))
+        return root / tag
+
+    def _agree(self, error: str | None, what: str) -> None:
+        """Every rank's background thread learns whether any rank failed `what` (no rank waits forever)."""
+        errors: list[Any] = [None] * self.world
+        tdist.all_gather_object(errors, error, group=self.ckpt_group)
+        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if failed:
+            raise TrainingFailedError(f"checkpoint {what} failed on rank {failed[0][0]}: {failed[0][1]}")
+
+    def _write_and_commit(self, root: Path, tag: str, step: int, files: list[tuple[str, Any]], state: bytes,
+                          started: float, stall: float) -> None:
+        """Background thread: write this rank's files, then commit (marker, rename, `latest`) and mirror."""
+        error = None
+        try:
+            for path, data in files:
+                async_save.write_file(path, data)
+            atomic_write_bytes(ck.rank_file(root / f"tmp-{tag}", self.rank), state)
+        except Exception as exc:  # reported to every rank by _agree, raised on the training thread
+            error = f"writing {root / f'tmp-{tag}'}: {type(exc).__name__}: {exc}"
+        self._agree(error, f"{tag} write")
         final = root / tag
+        error = None
         if self.rank == 0 or (self.node_local and self.leader):  # node-local: every node commits its own part
-            marker = ck.make_marker(self.cfg, self.run_identity, tag, step, self.world)
-            ck.finalize(root, tag, marker, self.cfg.train.keep_last)
+            try:
+                marker = ck.make_marker(self.cfg, self.run_identity, tag, step, self.world)
+                ck.finalize(root, tag, marker, self.cfg.train.keep_last)
+            except Exception as exc:
+                error = f"committing {final}: {type(exc).__name__}: {exc}"
+        self._agree(error, f"{tag} commit")
+        if self.mirror is not None:
+            self._mirror(final, tag)
         if self.rank == 0:
             seconds = time.perf_counter() - started
             size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
-            log.info("checkpoint committed: %s (%d bytes, %.2fs)", final, size, seconds)
+            log.info("checkpoint committed: %s (%d bytes, %.2fs save, training blocked %.2fs)", final, size, seconds,
+                     stall)
+            row = {"tag": tag, "step": step, "bytes": size, "seconds": round(seconds, 4), "stall_s": round(stall, 4)}
+            self.saves.append(row)
             with open(root.parent / "checkpoints.jsonl", "a") as fh:
-                fh.write(json.dumps({"tag": tag, "step": step, "bytes": size, "seconds": seconds}) + "\n")
-        tdist.barrier()
-        if self.mirror is not None:
-            self._mirror(final, tag)
-        return final
+                fh.write(json.dumps(row) + "\n")
 
     def _mirror(self, final: Path, tag: str) -> None:
         """Upload the committed checkpoint: each node's files once, then rank 0's marker and `latest`."""
@@ -216,12 +261,20 @@ class Trainer:
         assert self.mirror is not None
         names = sorted(p.name for p in final.iterdir() if p.is_file()) if self.leader else []
         listings: list[Any] = [None] * self.world
-        tdist.all_gather_object(listings, names)
-        self.mirror.upload(final, tag, assign_uploads(listings)[self.rank])
-        tdist.barrier()
+        tdist.all_gather_object(listings, names, group=self.ckpt_group)
+        error = None
+        try:
+            self.mirror.upload(final, tag, assign_uploads(listings)[self.rank])
+        except Exception as exc:
+            error = f"uploading to {self.mirror.url}: {type(exc).__name__}: {exc}"
+        self._agree(error, f"{tag} mirror upload")
+        error = None
         if self.rank == 0:
-            self.mirror.commit(final, tag, self.cfg.train.keep_last)
-        tdist.barrier()
+            try:
+                self.mirror.commit(final, tag, self.cfg.train.keep_last)
+            except Exception as exc:
+                error = f"committing in {self.mirror.url}: {type(exc).__name__}: {exc}"
+        self._agree(error, f"{tag} mirror commit")
 
     def _resume_point(self) -> tuple[str, dict[str, Any]] | None:
         """(tag, marker) of the checkpoint this run resumes from, the same on every rank, after sweeping a
@@ -315,20 +368,26 @@ class Trainer:
         )
         self.report("training", start, losses[-1] if losses else None)
         final_dir = None
-        for step0 in range(start, cfg.train.steps):
-            step = step0 + 1
-            data = self.batches(step0)
-            t0 = telemetry.start()
-            loss_t = self.engine.train_batch(data_iter=iter(data))
-            loss = float(loss_t.detach().float().item())
-            check_finite(loss, "loss", step)
-            norm = self.engine.get_global_grad_norm()
-            check_finite(None if norm is None else float(norm), "grad norm", step)
-            telemetry.record(step, loss, t0)
-            losses.append(loss)
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                final_dir = self.save(root, step, losses)
-            self.report("training", step, loss)
+        try:
+            for step0 in range(start, cfg.train.steps):
+                step = step0 + 1
+                data = self.batches(step0)
+                t0 = telemetry.start()
+                loss_t = self.engine.train_batch(data_iter=iter(data))
+                loss = float(loss_t.detach().float().item())
+                check_finite(loss, "loss", step)
+                norm = self.engine.get_global_grad_norm()
+                check_finite(None if norm is None else float(norm), "grad norm", step)
+                telemetry.record(step, loss, t0)
+                self.saver.check()
+                losses.append(loss)
+                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                    final_dir = self.save(root, step, losses)
+                self.report("training", step, loss)
+        except TrainingFailedError:
+            self.saver.drain()
+            raise
+        self.saver.wait()  # the final checkpoint is committed before the rank reports success
         telemetry.close()
         if final_dir is None:  # resumed at the last step: nothing left to run
             final_dir = root / ck.tag_for(cfg.train.steps)
@@ -373,6 +432,7 @@ class Trainer:
             "world_size": self.world,
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
             "export": exported,
+            "checkpoint_saves": self.saves,
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)

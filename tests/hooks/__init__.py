@@ -5,6 +5,9 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_NAN_AT_STEP=N`: the loss of step N is NaN;
 - `HOOK_CKPT_DELAY=STEP:S`: rank 0 pauses S seconds inside the commit of step STEP's checkpoint (its files
   written, not committed);
+- `HOOK_CKPT_WRITE_DELAY=STEP:S`: every rank's background save writes each file of step STEP's checkpoint
+  S seconds late (training goes on meanwhile);
+- `HOOK_CKPT_WRITE_ERROR=STEP:RANK`: that rank's background write of step STEP's checkpoint fails (ENOSPC);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file

@@ -7,8 +7,8 @@ import logging
 import os
 import time
 
+from tasks.train import async_save, telemetry, worker
 from tasks.train import checkpoint as ck
-from tasks.train import telemetry, worker
 
 log = logging.getLogger("tests.hooks")
 
@@ -61,6 +61,29 @@ def install() -> None:
             return product_finalize(root, tag, marker, keep_last)
 
         ck.finalize = finalize
+
+    if spec := os.environ.get("HOOK_CKPT_WRITE_DELAY"):  # a slow disk under the background save of one step
+        at, seconds = spec.split(":")
+        product_write = async_save.write_file
+
+        def slow_write(path, state):
+            if f"tmp-{ck.tag_for(int(at))}" in str(path):
+                log.warning("hook: writing %s slowly (%s s)", path, seconds)
+                time.sleep(float(seconds))
+            return product_write(path, state)
+
+        async_save.write_file = slow_write
+
+    if spec := os.environ.get("HOOK_CKPT_WRITE_ERROR"):  # the disk of one rank fails under one step's save
+        at, bad_rank = spec.split(":")
+        product_write_ = async_save.write_file
+
+        def failing_write(path, state):
+            if f"tmp-{ck.tag_for(int(at))}" in str(path) and os.environ.get("RANK") == bad_rank:
+                raise OSError(28, "No space left on device (hook)", path)
+            return product_write_(path, state)
+
+        async_save.write_file = failing_write
 
     if os.environ.get("HOOK_REWORD_LOGS"):
         class Reword(logging.Filter):

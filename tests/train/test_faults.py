@@ -27,6 +27,7 @@ from tasks.launch import torchrun, train
 from tasks.models.weights import weights_digest
 from tasks.run import RunIdentity, for_dataset
 from tasks.train import checkpoint as ck
+from tasks.train.status import STATUS_FILE, read_status
 from tests.train.conftest import tiny_config, write_dataset
 
 pytestmark = pytest.mark.multiproc
@@ -194,6 +195,50 @@ def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight, hooked, 
     assert resumed["resumed_from_step"] == 3
     assert not tmp.exists()  # swept, never loaded
     _assert_same_final_weights(resumed, reference)
+
+
+def test_sigkill_during_a_slow_background_save_resumes_from_the_previous_checkpoint(straight, hooked,
+                                                                                      monkeypatch) -> None:
+    """Saves every 2 steps; the step-4 save writes slowly in the background while training goes on to step 5;
+    a kill then leaves step 2 as `latest`, and the rerun ends bitwise where the unbroken run did."""
+    root, dataset, reference = straight
+    cfg = tiny_config(root, {**EXPERIMENT, "train.checkpoint_every": 2}, out="async-killed")
+    out = Path(cfg.train.output_dir)
+    ckroot = ck.ckpt_root(out)
+    out.mkdir(parents=True)
+    hooked(HOOK_CKPT_WRITE_DELAY="4:120")
+    proc = _start(cfg, dataset)
+    try:
+        _wait_for(lambda: _status_step(out) >= 5, proc, "step 5 trained while step 4 is being written")
+        assert ck.read_latest(ckroot) == "step-000002" and (ckroot / "tmp-step-000004").is_dir()
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        _reap(proc)
+    assert ck.read_latest(ckroot) == "step-000002" and not (ckroot / "step-000004").exists()
+
+    monkeypatch.delenv("HOOK_CKPT_WRITE_DELAY")
+    resumed = train(cfg, dataset)
+    assert resumed["resumed_from_step"] == 2
+    _assert_same_final_weights(resumed, reference)
+    saves = resumed["checkpoint_saves"]  # the stall per save is reported next to the whole save's time
+    assert [s["tag"] for s in saves] == ["step-000004", "step-000006"]
+    assert all(0 < s["stall_s"] <= s["seconds"] for s in saves)
+    assert "training blocked" in (out / "torchrun.log").read_text()
+
+
+def test_background_save_error_fails_the_run_naming_it(make_config, dataset_dir: Path, hooked) -> None:
+    cfg = make_config({"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 2})
+    hooked(HOOK_CKPT_WRITE_ERROR="4:1")
+    with pytest.raises(TrainingFailedError, match=r"checkpoint step-000004 write failed on rank 1: .*No space left"):
+        train(cfg, dataset_dir)
+    out = Path(cfg.train.output_dir)
+    assert not (out / "summary.json").exists()
+    assert ck.read_latest(ck.ckpt_root(out)) == "step-000002"
+
+
+def _status_step(out: Path) -> int:
+    status = read_status(out / STATUS_FILE)
+    return status.step if status is not None else 0
 
 
 def test_checkpoint_from_another_model_is_refused(straight) -> None:

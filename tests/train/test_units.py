@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from tasks.config import ModelConfig
-from tasks.errors import InvalidInputError
+from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.models.gpt.model import Reference as GPT
 from tasks.models.gpt.model import TransformerBlock
 from tasks.models.gpt.sharding import shard_spec, unshard
 from tasks.models.parallel import TPGroup
+from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows
 
@@ -158,3 +159,36 @@ def test_config_refuses_tp_with_zero0_and_clipping(make_config) -> None:
 
     with pytest.raises(ConfigError, match=r"parallel\.zero_stage 0 with parallel\.tp > 1"):
         make_config({"parallel.tp": 2, "parallel.zero_stage": 0})
+
+
+def test_snapshot_is_a_host_copy_the_training_step_cannot_change() -> None:
+    """What the background save writes is the state at the snapshot, whatever the next steps do in place."""
+    from collections import OrderedDict
+
+    weight = torch.arange(4.0)
+    state = {"module": OrderedDict(w=weight), "optimizer": {"state": {0: {"exp_avg": weight * 2, "step": 3}},
+                                                            "param_groups": [{"lr": 0.1, "params": [0]}]},
+             "shapes": [torch.Size([2, 2])]}
+    engine = async_save.SnapshotEngine()
+    engine.save(state, "/nowhere/mp_rank_00_model_states.pt")
+    weight.add_(100.0)
+    state["optimizer"]["state"][0]["exp_avg"].zero_()
+    state["optimizer"]["param_groups"][0]["lr"] = 0.5
+    [(path, snap)] = engine.take()
+    assert path.endswith("mp_rank_00_model_states.pt") and engine.take() == []
+    assert isinstance(snap["module"], OrderedDict) and snap["module"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert snap["optimizer"]["state"][0]["exp_avg"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert snap["optimizer"]["param_groups"][0]["lr"] == 0.1
+    assert type(snap["shapes"][0]) is torch.Size
+
+
+def test_background_save_error_surfaces_on_the_training_thread() -> None:
+    saver = async_save.BackgroundSaver()
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+
+    saver.submit(disk_full)
+    with pytest.raises(TrainingFailedError, match=r"background checkpoint save failed: OSError: .*No space left"):
+        saver.wait()
+    saver.wait()  # reported once; the saver is free again

@@ -1,0 +1,111 @@
+"""Asynchronous checkpoints: the rank snapshots its state to host memory and trains on while a thread
+writes it and commits it with the usual protocol (tasks/train/checkpoint.py).
+
+Why: at scale a synchronous save stops every GPU for the whole write (and the mirror upload). Here the
+training thread only copies DeepSpeed's state dicts to host memory (a checkpoint engine that keeps what
+DeepSpeed asks it to save) and the RNG states + data position of that moment; one background thread per
+rank writes the files, fsyncs, commits and mirrors. At most one save is in flight: the next save, and the
+end of training, wait for it. Its error is raised on the training thread at the next step or save, so it
+is never lost. The ranks' background threads agree over their own gloo group, apart from training's.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+from tasks.errors import TrainingFailedError
+
+log = logging.getLogger(__name__)
+
+
+def to_host(obj: Any) -> Any:
+    """A copy of a (nested) state dict whose tensors live in host memory, detached from the live ones."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        for key, value in obj.items():
+            out[key] = to_host(value)
+        return out
+    if isinstance(obj, list):
+        return [to_host(v) for v in obj]
+    if isinstance(obj, tuple):  # also torch.Size and named tuples, kept as their own type
+        items = [to_host(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return copy.deepcopy(obj)
+
+
+def write_file(path: str, state: Any) -> None:
+    """One snapshotted file (the commit fsyncs the whole checkpoint directory)."""
+    torch.save(state, path)
+
+
+class SnapshotEngine(TorchCheckpointEngine):
+    """DeepSpeed's checkpoint engine that snapshots instead of writing: `take()` hands the files over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[str, Any]] = []
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.pending.append((path, to_host(state_dict)))
+
+    def preserves_storage_sharing(self) -> bool:
+        return False  # to_host copies each tensor alone: DeepSpeed need not clone first
+
+    def take(self) -> list[tuple[str, Any]]:
+        files, self.pending = self.pending, []
+        return files
+
+
+class BackgroundSaver:
+    """One save in flight at most; its failure surfaces on the training thread."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
+        self.inflight: Future[None] | None = None
+
+    def submit(self, job: Callable[[], None]) -> float:
+        """Start `job` after the previous save finished; returns the seconds spent waiting for that one."""
+        waited = self.wait()
+        self.inflight = self.pool.submit(job)
+        return waited
+
+    def wait(self) -> float:
+        """Block until the save in flight is committed (raising its error); the seconds blocked."""
+        started = time.perf_counter()
+        job, self.inflight = self.inflight, None
+        if job is not None:
+            self._raise(job)
+        return time.perf_counter() - started
+
+    def drain(self) -> None:
+        """On the way out of a failed run: let the save in flight commit (it is a good checkpoint to resume
+        from); its own error is only logged, the run's failure is the one reported."""
+        try:
+            self.wait()
+        except TrainingFailedError as exc:
+            log.error("%s", exc)
+
+    def check(self) -> None:
+        """Raise the error of a finished background save, if any (non-blocking)."""
+        if self.inflight is not None and self.inflight.done():
+            job, self.inflight = self.inflight, None
+            self._raise(job)
+
+    @staticmethod
+    def _raise(job: Future[None]) -> None:
+        exc = job.exception()
+        if exc is None:
+            return
+        if isinstance(exc, TrainingFailedError):
+            raise exc
+        raise TrainingFailedError(f"background checkpoint save failed: {type(exc).__name__}: {exc}") from exc
