@@ -18,6 +18,7 @@ FAMILIES: dict[str, str] = {
     "gpt": "tasks.models.gpt",
     "qwen3": "tasks.models.qwen3",
     "mistral": "tasks.models.mistral",
+    "gemma3": "tasks.models.gemma",
 }
 
 

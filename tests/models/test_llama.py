@@ -11,6 +11,8 @@ from pydantic import ValidationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -43,7 +45,12 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "qwen3-qk-norm-tied": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, rope_theta=1e6,
                                                                tie_word_embeddings=True)),
     "mistral-sliding-window": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8, head_dim=None)),
+    # Gemma 3: sliding (window 8 < 24 tokens, local rotary base) and global layers alternating, its own scale.
+    "gemma3-sliding-global-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        rope_theta=1e6, rope_local_base_freq=1e4)),
 }
+FAMILY_OF = {"qwen3": "qwen3", "mistral": "mistral", "gemma3": "gemma3"}  # variant prefix -> family; else llama
 
 
 def _hf_model(variant: str) -> torch.nn.Module:
@@ -66,9 +73,12 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
     hf = _hf_model(variant)
     family = family_for_architecture([type(hf).__name__])  # each family on the same yardstick
     m = ModelConfig(**family.model_fields_from_hf(_config_json(hf)))
-    assert m.family == family.name == {"qwen3": "qwen3", "mistral": "mistral"}.get(variant.split("-")[0], "llama")
+    assert m.family == family.name == FAMILY_OF.get(variant.split("-")[0], "llama")
     assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
-    assert m.qk_norm == (family.name == "qwen3") and m.sliding_window == (8 if family.name == "mistral" else None)
+    assert m.qk_norm == (family.name in ("qwen3", "gemma3"))
+    assert m.sliding_window == (8 if family.name in ("mistral", "gemma3") else None)
+    if family.name == "gemma3":  # layers 2 and 4 global, the others sliding with the local base
+        assert (m.sliding_window_pattern, m.query_pre_attn_scalar, m.rope_local_base_freq) == (2, 24, 1e4)
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()
