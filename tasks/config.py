@@ -122,7 +122,8 @@ class ModelConfig(_Strict):
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
-        if not self.family.startswith("gemma"):
+        # Without model.family a pretrained config.json decides the family (checked again once it has).
+        if not self.family.startswith("gemma") and not (self.pretrained and "family" not in self.model_fields_set):
             for field in GEMMA_OPTIONS:
                 if getattr(self, field) is not None:
                     raise ValueError(f"model.{field} is not supported by model.family {self.family!r} (Gemma only)")

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from tasks.config import ModelConfig
 from tasks.models import get_family
@@ -28,7 +35,11 @@ SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
 MODELS = {
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, tie_word_embeddings=True)),
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8)),
+    # Gemma 3 (262k-word vocabularies need uint32 tokens; the plan counts a tied 512-word one): layer 1 slides.
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=8,
+                                                         sliding_window_pattern=2, query_pre_attn_scalar=32)),
 }
+WINDOWS = {"mistral": [8, 8], "gemma3": [8, None]}  # each layer's window (None: global)
 
 
 def _save(dest: Path, family: str, **config_changes: Any) -> tuple[Path, torch.nn.Module]:
@@ -63,8 +74,10 @@ def test_a_team_plans_its_model_and_the_plan_counts_what_transformers_builds(
     assert report["model_family"] == family  # from config.json's architectures, no model.family in the YAML
     assert report["params_total"] == hf.num_parameters()
     serving = report["serving"]
-    held = min(serving["context"], 8) if family == "mistral" else serving["context"]  # a sliding layer keeps W
-    assert serving["kv_cache_bytes"] == serving["kv_cache_bytes_per_token"] * serving["concurrency"] * held
+    context = serving["context"]
+    held = sum(min(context, w or context) for w in WINDOWS.get(family, [None, None]))  # a sliding layer keeps W
+    per_layer = serving["kv_cache_bytes_per_token"] // 2
+    assert serving["kv_cache_bytes"] == per_layer * serving["concurrency"] * held
     m = ModelConfig(**get_family(family).model_fields_from_hf(json.loads((hf_dir / "config.json").read_text())))
     assert serving["kv_cache_bytes_per_token"] == 2 * m.n_layers * m.kv_heads * m.head_dim * 2  # bf16 K and V
 
@@ -107,6 +120,16 @@ def test_the_sliding_window_is_what_makes_mistral_match() -> None:
     ("qwen3", {}, {"family": "llama"},
      r"model\.family 'llama' contradicts config\.json architectures \['Qwen3ForCausalLM'\] \(model\.family 'qwen3'\)"),
     ("mistral", {}, {"sliding_window": 16}, r"model\.sliding_window is 16 here but 8 in"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, {},
+     r"config\.json attn_logit_softcapping = 50\.0 is not supported by model\.family 'gemma3'"),
+    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": None}, {},
+     r"config\.json rope_scaling\.rope_type 'linear' is not supported"),
+    ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, {},
+     r"config\.json layer_types: only every Nth layer global is supported"),
+    ("gemma3", {"hidden_activation": "gelu"}, {}, r"config\.json hidden_activation = 'gelu' is not supported"),
+    ("gemma3", {}, {"query_pre_attn_scalar": 16}, r"model\.query_pre_attn_scalar is 16 here but"),
+    ("qwen3", {}, {"sliding_window_pattern": 2},
+     r"model\.sliding_window_pattern is not supported by model\.family 'qwen3' \(Gemma only\)"),
 ])
 def test_what_we_do_not_implement_is_refused_at_config_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, changes: dict, model: dict, message: str
