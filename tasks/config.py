@@ -60,7 +60,8 @@ class RopeScaling(_Strict):
 
 
 # ModelConfig options only the Gemma family implements (null = off); the others refuse them by name.
-GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar")
+GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping")
 
 
 class ModelConfig(_Strict):
@@ -95,6 +96,9 @@ class ModelConfig(_Strict):
                                                                        "null = rope_theta")
     query_pre_attn_scalar: int | None = Field(None, gt=0, description="softmax scale = this ** -0.5; "
                                                                         "null = head_dim")
+    attn_logit_softcapping: float | None = Field(None, gt=0, description="attention scores -> tanh(s / c) * c "
+                                                                          "before the mask (Gemma 2); null = off")
+    final_logit_softcapping: float | None = Field(None, gt=0, description="logits -> tanh(z / c) * c; null = off")
     pretrained: str | None = Field(
         None, min_length=1,
         description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "

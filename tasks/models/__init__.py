@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "qwen3": "tasks.models.qwen3",
     "mistral": "tasks.models.mistral",
     "gemma3": "tasks.models.gemma",
+    "gemma2": "tasks.models.gemma2",
 }
 
 

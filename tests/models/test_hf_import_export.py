@@ -33,6 +33,9 @@ ARCHS = {
     # Gemma 3: the other blocks (four norms, scaled embedding, GELU-tanh), tied; layers 2 and 4 global.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "sliding_window": 8,
                                                           "sliding_window_pattern": 2, "query_pre_attn_scalar": 24}),
+    # Gemma 2: soft-capped scores (eager attention) and logits, every other layer global.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                                     "attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0}),
 }
 
 

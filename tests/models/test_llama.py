@@ -11,6 +11,8 @@ from pydantic import ValidationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
@@ -49,8 +51,13 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "gemma3-sliding-global-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
         **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
         rope_theta=1e6, rope_local_base_freq=1e4)),
+    # Gemma 2: no QK-norm, one base, attention scores and logits soft-capped (caps small enough to bite).
+    "gemma2-softcap-tied": lambda: Gemma2ForCausalLM(Gemma2Config(
+        **SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=24, rope_theta=1e6,
+        attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),
 }
-FAMILY_OF = {"qwen3": "qwen3", "mistral": "mistral", "gemma3": "gemma3"}  # variant prefix -> family; else llama
+# variant prefix -> family; else llama
+FAMILY_OF = {"qwen3": "qwen3", "mistral": "mistral", "gemma3": "gemma3", "gemma2": "gemma2"}
 
 
 def _hf_model(variant: str) -> torch.nn.Module:
@@ -76,9 +83,12 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
     assert m.family == family.name == FAMILY_OF.get(variant.split("-")[0], "llama")
     assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
     assert m.qk_norm == (family.name in ("qwen3", "gemma3"))
-    assert m.sliding_window == (8 if family.name in ("mistral", "gemma3") else None)
-    if family.name == "gemma3":  # layers 2 and 4 global, the others sliding with the local base
-        assert (m.sliding_window_pattern, m.query_pre_attn_scalar, m.rope_local_base_freq) == (2, 24, 1e4)
+    assert m.sliding_window == (8 if family.name in ("mistral", "gemma3", "gemma2") else None)
+    if family.name.startswith("gemma"):  # layers 2 and 4 global, the others sliding (Gemma 3: the local base)
+        assert (m.sliding_window_pattern, m.query_pre_attn_scalar) == (2, 24)
+        assert m.rope_local_base_freq == (1e4 if family.name == "gemma3" else None)
+        assert (m.attn_logit_softcapping, m.final_logit_softcapping) == ((0.5, 1.0) if family.name == "gemma2"
+                                                                         else (None, None))
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()

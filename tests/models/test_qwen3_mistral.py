@@ -16,6 +16,8 @@ import pytest
 import torch
 import yaml
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     MistralConfig,
@@ -38,8 +40,10 @@ MODELS = {
     # Gemma 3 (262k-word vocabularies need uint32 tokens; the plan counts a tied 512-word one): layer 1 slides.
     "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=8,
                                                          sliding_window_pattern=2, query_pre_attn_scalar=32)),
+    "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(**SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=32,
+                                                     attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),
 }
-WINDOWS = {"mistral": [8, 8], "gemma3": [8, None]}  # each layer's window (None: global)
+WINDOWS = {"mistral": [8, 8], "gemma3": [8, None], "gemma2": [8, None]}  # each layer's window (None: global)
 
 
 def _save(dest: Path, family: str, **config_changes: Any) -> tuple[Path, torch.nn.Module]:
@@ -106,6 +110,30 @@ def test_the_sliding_window_is_what_makes_mistral_match() -> None:
     assert sliding_mask(24, 8, torch.device("cpu")) is mask
 
 
+def test_the_soft_caps_are_what_make_gemma2_match() -> None:
+    torch.manual_seed(0)
+    hf = MODELS["gemma2"]().eval()
+    with torch.no_grad():  # transformers' 0.02 init leaves scores far below the cap: make them reach it
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+    gemma2 = get_family("gemma2")
+    m = ModelConfig(**gemma2.model_fields_from_hf({**hf.config.to_dict(), "architectures": ["Gemma2ForCausalLM"]}))
+    state = {gemma2.ref_name(n): t for n, t in hf.state_dict().items() if n != "lm_head.weight"}  # tied
+    tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))  # 24 > W
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        ours = {}
+        for caps in ((0.5, 1.0), (None, 1.0), (0.5, None)):
+            ref = gemma2.Reference(m.model_copy(update={"attn_logit_softcapping": caps[0],
+                                                        "final_logit_softcapping": caps[1]}), seed=None).eval()
+            ref.load_state_dict(state, strict=True)
+            ours[caps] = ref(tokens)
+    torch.testing.assert_close(ours[(0.5, 1.0)], expected, rtol=0, atol=1e-5)
+    assert expected.abs().max() < 1.0  # the final cap bounds the logits
+    for uncapped in ((None, 1.0), (0.5, None)):  # each cap is exercised
+        assert (ours[uncapped] - expected).abs().max() > 1e-3, uncapped
+
+
 @pytest.mark.parametrize(("family", "changes", "model", "message"), [
     ("qwen3", {"architectures": ["DeepseekV3ForCausalLM"]}, {},
      r"architectures \['DeepseekV3ForCausalLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
@@ -120,8 +148,8 @@ def test_the_sliding_window_is_what_makes_mistral_match() -> None:
     ("qwen3", {}, {"family": "llama"},
      r"model\.family 'llama' contradicts config\.json architectures \['Qwen3ForCausalLM'\] \(model\.family 'qwen3'\)"),
     ("mistral", {}, {"sliding_window": 16}, r"model\.sliding_window is 16 here but 8 in"),
-    ("gemma3", {"attn_logit_softcapping": 50.0}, {},
-     r"config\.json attn_logit_softcapping = 50\.0 is not supported by model\.family 'gemma3'"),
+    ("gemma3", {"use_bidirectional_attention": True}, {},
+     r"config\.json use_bidirectional_attention = True is not supported by model\.family 'gemma3'"),
     ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": None}, {},
      r"config\.json rope_scaling\.rope_type 'linear' is not supported"),
     ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, {},

@@ -1,11 +1,14 @@
 """The Gemma 3 family (`Gemma3ForCausalLM`, text): Llama's projections and shard rules with Gemma's blocks.
 
+Gemma 2 (tasks/models/gemma2) is this family without QK-norm, with soft-capping and one rotary base.
+
 model.py: the layers (x * (1 + w) norms, four per block, scaled embedding, GELU-tanh, per-layer
 sliding/global attention with two rotary bases); sharding.py: shapes and counts; hf.py: names and config.json.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 from tasks.config import ModelConfig
@@ -17,7 +20,7 @@ class Gemma3(Llama):
     """Tied by default; every `sliding_window_pattern`-th layer attends globally, the others slide."""
 
     name = "gemma3"
-    architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES)
+    architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES["gemma3"])
     Embedding, TransformerBlock, Head, Reference = model.Embedding, model.TransformerBlock, model.Head, model.Reference
 
     pipeline_layers = staticmethod(model.pipeline_layers)
@@ -25,8 +28,8 @@ class Gemma3(Llama):
     param_counts = staticmethod(sharding.param_counts)
     hf_name = staticmethod(hf.hf_name)
     ref_name = staticmethod(hf.ref_name)
-    hf_config = staticmethod(hf.hf_config)
-    model_fields_from_hf = staticmethod(hf.model_fields_from_hf)
+    hf_config = staticmethod(functools.partial(hf.hf_config, "gemma3"))
+    model_fields_from_hf = staticmethod(functools.partial(hf.model_fields_from_hf, "gemma3"))
 
     def _sliding_layers(self, m: ModelConfig) -> int:
         return sum(model.is_sliding(m, i) for i in range(m.n_layers))

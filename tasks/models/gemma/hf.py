@@ -11,15 +11,21 @@ from tasks.models.common import BLOCK
 from tasks.models.gemma.model import is_sliding
 from tasks.models.llama import hf as llama_hf
 
-# architecture -> (model_type, the HF defaults of the keys a config.json may leave out, QK-norm).
-ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
-    "Gemma3ForCausalLM": ("gemma3_text", {
-        "max_position_embeddings": 131072, "head_dim": 256, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
-        "sliding_window_pattern": 6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-        "final_logit_softcapping": None, "attn_logit_softcapping": None, "use_bidirectional_attention": False,
-        "hidden_activation": "gelu_pytorch_tanh",
-    }),
+_GEMMA_DEFAULTS: dict[str, Any] = {
+    "head_dim": 256, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 10_000.0, "use_bidirectional_attention": False,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
+# family -> {architecture: (model_type, the HF defaults of the keys a config.json may leave out)}.
+ARCHITECTURES: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "gemma3": {"Gemma3ForCausalLM": ("gemma3_text", {
+        **_GEMMA_DEFAULTS, "max_position_embeddings": 131072, "sliding_window_pattern": 6, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    })},
+    "gemma2": {"Gemma2ForCausalLM": ("gemma2", {
+        **_GEMMA_DEFAULTS, "max_position_embeddings": 8192, "sliding_window_pattern": 2,
+        "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+    })},
 }
 _BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -66,23 +72,28 @@ def layer_types(m: ModelConfig) -> list[str]:
     return [_SLIDING if is_sliding(m, i) else _FULL for i in range(m.n_layers)]
 
 
-def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
+def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
-    """config.json of the exported model: Gemma3ForCausalLM, every Gemma option written back."""
-    if not m.qk_norm:
-        raise ValueError("model.family 'gemma3' needs model.qk_norm: true (Gemma 3 always normalizes q and k)")
+    """config.json of the exported model: Gemma3ForCausalLM or Gemma2ForCausalLM, every Gemma option written back."""
+    gemma3 = family == "gemma3"
+    if m.qk_norm != gemma3:
+        raise ValueError(f"model.family {family!r} needs model.qk_norm: {str(gemma3).lower()} "
+                         f"(Gemma 3 normalizes q and k, Gemma 2 does not)")
     if m.qkv_bias:
-        raise ValueError("model.qkv_bias is not supported by model.family 'gemma3'")
-    cfg = llama_hf.base_hf_config(m, "Gemma3ForCausalLM", "gemma3_text", dtype=dtype,
+        raise ValueError(f"model.qkv_bias is not supported by model.family {family!r}")
+    if not gemma3 and m.rope_local_base_freq is not None:
+        raise ValueError("model.rope_local_base_freq is not supported by model.family 'gemma2' (one rotary base)")
+    [(architecture, (model_type, _))] = ARCHITECTURES[family].items()
+    cfg = llama_hf.base_hf_config(m, architecture, model_type, dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                                   eos_token_id=eos_token_id)
     del cfg["hidden_act"]
-    window = m.sliding_window
     cfg.update(hidden_activation="gelu_pytorch_tanh", attention_bias=False, attention_dropout=0.0,
-               query_pre_attn_scalar=m.query_pre_attn_scalar or m.head_dim,
-               sliding_window=window, layer_types=layer_types(m),
-               rope_local_base_freq=m.rope_local_base_freq or m.rope_theta,
-               final_logit_softcapping=None, attn_logit_softcapping=None, use_bidirectional_attention=False)
+               query_pre_attn_scalar=m.query_pre_attn_scalar or m.head_dim, sliding_window=m.sliding_window,
+               layer_types=layer_types(m), final_logit_softcapping=m.final_logit_softcapping,
+               attn_logit_softcapping=m.attn_logit_softcapping, use_bidirectional_attention=False)
+    if gemma3:
+        cfg["rope_local_base_freq"] = m.rope_local_base_freq or m.rope_theta
     return cfg
 
 
@@ -99,46 +110,46 @@ def _pattern(types: list[str], key: str) -> int | None:
 
 
 def _rope(c: dict[str, Any]) -> tuple[float, float]:
-    """(global rope_theta, local base) from v5's per-layer-type rope_parameters or the flat keys; only default
-    rotary (no scaling) is supported."""
+    """(global rope_theta, local base) from v5's rope_parameters (per layer type for Gemma 3) or the flat keys;
+    only default rotary (no scaling) is supported."""
     params = c.get("rope_parameters") or {}
-    full, local = params.get(_FULL) or {}, params.get(_SLIDING) or {}
-    for key, p in (("rope_scaling", c.get("rope_scaling") or {}), (f"rope_parameters.{_FULL}", full),
+    per_type = _FULL in params or _SLIDING in params
+    full, local = (params.get(_FULL) or {}, params.get(_SLIDING) or {}) if per_type else (params, {})
+    for key, p in (("rope_scaling", c.get("rope_scaling") or {}), ("rope_parameters", full),
                    (f"rope_parameters.{_SLIDING}", local)):
         kind = p.get("rope_type", p.get("type", "default"))
         if kind != "default":
             raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported (default only)")
-    return float(full.get("rope_theta", c["rope_theta"])), float(local.get("rope_theta", c["rope_local_base_freq"]))
+    theta = float(full.get("rope_theta", c["rope_theta"]))
+    return theta, float(local.get("rope_theta", c.get("rope_local_base_freq", theta)))
 
 
-def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
-    """The ModelConfig fields of a Gemma 3 config.json; an option the blocks do not implement is refused."""
+def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields of a Gemma 3 / Gemma 2 config.json; an option the blocks do not implement is refused."""
+    archs = ARCHITECTURES[family]
     arch = (config.get("architectures") or [None])[0]
-    c = {**ARCHITECTURES.get(arch, ("", {}))[1], **config}
+    c = {**archs.get(arch, ("", {}))[1], **config}
     act = c.get("hidden_activation") or c.get("hidden_act")
     if act != "gelu_pytorch_tanh":
         raise InvalidInputError(f"config.json hidden_activation = {act!r} is not supported by model.family "
-                                "'gemma3' (gelu_pytorch_tanh)")
+                                f"{family!r} (gelu_pytorch_tanh)")
     theta, local = _rope(c)
     plain = {k: v for k, v in config.items()
              if k not in ("hidden_act", "hidden_activation", "rope_parameters", "rope_scaling", "rope_theta")}
-    _, c, fields = llama_hf.read_config({**plain, "rope_theta": theta}, "gemma3", ARCHITECTURES)
-    llama_hf.refuse(c, "gemma3", {
-        "attention_bias": bool(c["attention_bias"]),
-        "final_logit_softcapping": c["final_logit_softcapping"] is not None,
-        "attn_logit_softcapping": c["attn_logit_softcapping"] is not None,
-        "use_bidirectional_attention": bool(c["use_bidirectional_attention"]),
-    })
+    _, c, fields = llama_hf.read_config({**plain, "rope_theta": theta}, family, archs)
+    llama_hf.refuse(c, family, {"attention_bias": bool(c["attention_bias"]),
+                                "use_bidirectional_attention": bool(c["use_bidirectional_attention"])})
     n = c["num_hidden_layers"]
     if c.get("layer_types") is not None:
         pattern = _pattern(list(c["layer_types"]), "layer_types")
     else:
         pattern = c["sliding_window_pattern"]
-    window = c["sliding_window"]
     if pattern is not None and pattern > n:
         pattern = None  # no layer is global: the same model as every layer sliding
     scalar = int(c["query_pre_attn_scalar"])
     # The options' null states the same maths as these values: null keeps the experiment key of a plain model.
-    return {**fields, "qk_norm": True, "sliding_window": window, "sliding_window_pattern": pattern,
-            "rope_local_base_freq": None if local == theta else local,
-            "query_pre_attn_scalar": None if scalar == fields["head_dim"] else scalar}
+    return {**fields, "qk_norm": family == "gemma3", "sliding_window": c["sliding_window"],
+            "sliding_window_pattern": pattern, "rope_local_base_freq": None if local == theta else local,
+            "query_pre_attn_scalar": None if scalar == fields["head_dim"] else scalar,
+            "attn_logit_softcapping": c["attn_logit_softcapping"],
+            "final_logit_softcapping": c["final_logit_softcapping"]}

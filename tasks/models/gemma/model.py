@@ -4,7 +4,7 @@ Why subclasses: the projections, their tensor-parallel splits and the pipeline p
 maths; Gemma adds x * (1 + w) RMSNorms (weights start at 0), a norm after attention and after the
 MLP, a sqrt(d_model)-scaled embedding, GELU-tanh, its own softmax scale and per-layer attention
 (every `sliding_window_pattern`-th layer global with `rope_theta`, the others sliding with
-`rope_local_base_freq`).
+`rope_local_base_freq`); Gemma 2 soft-caps attention scores and logits (tanh(x / c) * c).
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ from tasks.config import ModelConfig
 from tasks.models.gemma.sharding import full_shapes
 from tasks.models.llama import model as llama
 from tasks.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, copy_to_tp
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """tanh(x / cap) * cap (elementwise: a vocab-parallel shard caps its own logits); None = x."""
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def is_sliding(m: ModelConfig, index: int) -> bool:
@@ -43,7 +48,8 @@ class RMSNorm(llama.RMSNorm):
 
 
 class Attention(llama.Attention):
-    """Llama's attention with Gemma's QK-norm, scale `query_pre_attn_scalar ** -0.5` and per-layer window/base."""
+    """Llama's attention with Gemma's QK-norm, scale `query_pre_attn_scalar ** -0.5`, per-layer window/base and
+    optional score soft-capping."""
 
     def __init__(self, m: ModelConfig, index: int, tp: TPGroup) -> None:
         super().__init__(m, tp)
@@ -53,6 +59,18 @@ class Attention(llama.Attention):
         sliding = is_sliding(m, index)
         self.window = m.sliding_window if sliding else None
         self.inv_freq = llama.inv_freq(m, m.rope_local_base_freq or m.rope_theta) if sliding else llama.inv_freq(m)
+        self.softcap = m.attn_logit_softcapping
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """With soft-capping (Gemma 2) SDPA's fused path cannot cap the scores: scores, tanh cap, mask, fp32
+        softmax, as transformers' eager attention."""
+        if self.softcap is None:
+            return super().attend(q, k, v)
+        t = q.shape[2]
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores.masked_fill(~llama.sliding_mask(t, self.window or t, q.device), float("-inf"))
+        return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 class MLP(llama.MLP):
@@ -69,12 +87,16 @@ class Embedding(llama.Embedding):
     def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
         nn.Module.__init__(self)
         self.tp = tp or TPGroup()
-        self.scale = math.sqrt(m.d_model)
+        self.scale, self.cap = math.sqrt(m.d_model), m.final_logit_softcapping
         self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
         _init(self, m, 0, seed, self.tp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok(tokens) * torch.tensor(self.scale, dtype=self.tok.weight.dtype)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Local logits through the tied matrix, soft-capped (`final_logit_softcapping`)."""
+        return softcap(super().logits(x), self.cap)
 
 
 class TransformerBlock(nn.Module):
@@ -98,14 +120,19 @@ class TransformerBlock(nn.Module):
 
 
 class Head(llama.Head):
-    """Final Gemma RMSNorm + (untied) vocab-parallel LM head."""
+    """Final Gemma RMSNorm + (untied) vocab-parallel LM head, its logits soft-capped."""
 
     def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
         nn.Module.__init__(self)
         tp = tp or TPGroup()
         self.norm = RMSNorm(m.d_model, m.rms_norm_eps)
         self.out = None if m.tie_embeddings else VocabParallelHead(m.d_model, m.vocab_size, tp)
+        self.cap = m.final_logit_softcapping
         _init(self, m, m.n_layers + 1, seed, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return x if self.out is None else softcap(self.out(x), self.cap)
 
 
 class Reference(llama.Reference):

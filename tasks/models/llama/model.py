@@ -164,12 +164,17 @@ class Attention(nn.Module):
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
-        if self.window is None or t <= self.window:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, x.device),
-                                               scale=self.scale)
+        y = self.attend(q, k, v)
         return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
+
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal SDPA of the rotated heads [b, h, t, hd] (banded when a window is shorter than t)."""
+        t = q.shape[2]
+        if self.window is None or t <= self.window:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, q.device),
+                                              scale=self.scale)
 
 
 class MLP(nn.Module):
