@@ -190,3 +190,24 @@ def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
                           - _activation_bytes_per_layer(cfg, 2, 1, "sdpa"))
     b = doc["train"]["micro_batch_size"]
     assert scores[None] - scores[8] == 2 * 4 * 32 * (32 - 8) * b
+
+
+def test_gemma_flops_count_each_layer_span_and_soft_capped_scores_are_materialized() -> None:
+    from tasks.config import JobConfig
+    from tasks.plan.budget import _activation_bytes_per_layer
+
+    base = dict(vocab_size=256, seq_len=32, n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
+                sliding_window=8, sliding_window_pattern=2, tie_embeddings=True)
+    for m in (ModelConfig(family="gemma3", qk_norm=True, head_dim=32, **base),
+              ModelConfig(family="gemma2", attn_logit_softcapping=50.0, **base)):
+        family = get_family(m.family)
+        matmul = family.total_params(m)  # tied: the logits matmul counts the embedding once
+        spans = 2 * 8 + 2 * 32  # layers 1 and 3 slide (W), 2 and 4 see the whole sequence
+        assert family.flops_per_token(m) == 6 * matmul + 12 * spans * m.n_heads * m.head_dim
+    # Soft-capped scores cannot take SDPA's fused path: the plan holds them whatever attention it is told.
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    for cap, same in ((50.0, True), (None, False)):
+        doc["model"] = {**base, "family": "gemma2", "attn_logit_softcapping": cap}
+        cfg = JobConfig.model_validate(doc)
+        assert (_activation_bytes_per_layer(cfg, 2, 1, "sdpa")
+                == _activation_bytes_per_layer(cfg, 2, 1, "materialized")) == same
