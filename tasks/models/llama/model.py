@@ -167,7 +167,6 @@ class Attention(nn.Module):
         y = self.attend(q, k, v)
         return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
 
-
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal SDPA of the rotated heads [b, h, t, hd] (banded when a window is shorter than t)."""
         t = q.shape[2]
