@@ -805,7 +805,7 @@ class JobConfig(_Strict):
                              "a retrain scheduled on it would trigger itself")
         if self.deploy.enabled and m.family == "gpt":
             raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
-                             f"{m.family!r} exports are not transformers models (llama, qwen3 and mistral are)")
+                             f"{m.family!r} exports are not transformers models (every other family is)")
         if self.train.init_from == "pretrained" and m.pretrained is None:
             raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:
