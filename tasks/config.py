@@ -59,6 +59,11 @@ class RopeScaling(_Strict):
         return self
 
 
+# ModelConfig options only the Gemma family implements (null = off); the others refuse them by name.
+GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping")
+
+
 class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). Llama-only fields are ignored by gpt."""
 
@@ -83,6 +88,17 @@ class ModelConfig(_Strict):
     sliding_window: int | None = Field(
         None, gt=0, description="each position attends to the last W positions, itself included (Mistral-style); "
                                 "null = full causal attention")
+    # Gemma's options (tasks/models/gemma): which layers slide, their rotary base, the softmax scale.
+    sliding_window_pattern: int | None = Field(
+        None, gt=0, description="with sliding_window: every Nth layer (N, 2N, ...) attends globally, the others "
+                                "slide (Gemma 3: 6); null = every layer slides")
+    rope_local_base_freq: float | None = Field(None, gt=0, description="rotary base of the sliding layers; "
+                                                                       "null = rope_theta")
+    query_pre_attn_scalar: int | None = Field(None, gt=0, description="softmax scale = this ** -0.5; "
+                                                                        "null = head_dim")
+    attn_logit_softcapping: float | None = Field(None, gt=0, description="attention scores -> tanh(s / c) * c "
+                                                                          "before the mask (Gemma 2); null = off")
+    final_logit_softcapping: float | None = Field(None, gt=0, description="logits -> tanh(z / c) * c; null = off")
     pretrained: str | None = Field(
         None, min_length=1,
         description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "
@@ -110,6 +126,11 @@ class ModelConfig(_Strict):
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+        # Without model.family a pretrained config.json decides the family (checked again once it has).
+        if not self.family.startswith("gemma") and not (self.pretrained and "family" not in self.model_fields_set):
+            for field in GEMMA_OPTIONS:
+                if getattr(self, field) is not None:
+                    raise ValueError(f"model.{field} is not supported by model.family {self.family!r} (Gemma only)")
         if self.family == "gpt":
             unsupported = {"head_dim": self.head_dim * self.n_heads != self.d_model, "qk_norm": self.qk_norm,
                            "sliding_window": self.sliding_window is not None}
@@ -136,6 +157,8 @@ class ModelConfig(_Strict):
     @property
     def attention_span(self) -> int:
         """Positions one query attends to at most: seq_len, or the sliding window where it is shorter."""
+        if self.sliding_window_pattern is not None and self.sliding_window_pattern <= self.n_layers:
+            return self.seq_len  # some layers attend globally
         return min(self.seq_len, self.sliding_window or self.seq_len)
 
 
@@ -782,7 +805,7 @@ class JobConfig(_Strict):
                              "a retrain scheduled on it would trigger itself")
         if self.deploy.enabled and m.family == "gpt":
             raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
-                             f"{m.family!r} exports are not transformers models (llama, qwen3 and mistral are)")
+                             f"{m.family!r} exports are not transformers models (every other family is)")
         if self.train.init_from == "pretrained" and m.pretrained is None:
             raise ValueError("train.init_from 'pretrained' needs model.pretrained (a Hugging Face model directory)")
         if p.pp > m.n_layers:
@@ -819,7 +842,7 @@ class JobConfig(_Strict):
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
         for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),
-                              ("sliding_window", None)):
+                              ("sliding_window", None), *((f, None) for f in GEMMA_OPTIONS)):
             if model.get(option) == plain:
                 del model[option]
         defining = {

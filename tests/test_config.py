@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import ConfigError, load_config
+from tasks.config import GEMMA_OPTIONS, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "tiny-llama.yaml"
@@ -54,6 +54,10 @@ def test_attention_options_at_their_plain_values_keep_the_key_a_run_had_before_t
     assert same.fingerprint() == base.fingerprint()
     assert base.with_overrides({"model.sliding_window": 8}).fingerprint() != base.fingerprint()
     assert base.with_overrides({"model.head_dim": plain * 2}).fingerprint() != base.fingerprint()
+    # Gemma's options likewise: null (off) leaves the key alone, a value changes it.
+    assert base.with_overrides({f"model.{o}": None for o in GEMMA_OPTIONS}).fingerprint() == base.fingerprint()
+    gemma2 = base.with_overrides({"model.family": "gemma2"})
+    assert gemma2.with_overrides({"model.attn_logit_softcapping": 50.0}).fingerprint() != gemma2.fingerprint()
 
 
 def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> None:

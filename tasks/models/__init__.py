@@ -18,6 +18,8 @@ FAMILIES: dict[str, str] = {
     "gpt": "tasks.models.gpt",
     "qwen3": "tasks.models.qwen3",
     "mistral": "tasks.models.mistral",
+    "gemma3": "tasks.models.gemma",
+    "gemma2": "tasks.models.gemma2",
 }
 
 

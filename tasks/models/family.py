@@ -97,6 +97,10 @@ class ModelFamily(ABC):
         """Positions of one sequence the KV cache holds at `context` tokens: a sliding layer keeps the last W."""
         return min(context, m.sliding_window or context)
 
+    def kv_cache_bytes(self, m: ModelConfig, element_bytes: int, context: int) -> int:
+        """KV-cache bytes of one sequence at `context` tokens (a family mixing sliding and global layers sums them)."""
+        return self.kv_bytes_per_token(m, element_bytes) * self.kv_positions(m, context)
+
     # ---- Hugging Face in/out ----
     @abstractmethod
     def hf_name(self, ref: str) -> str:

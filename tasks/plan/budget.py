@@ -153,7 +153,8 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula.
     attention="sdpa" (our model: fused scaled_dot_product_attention) keeps no s^2 tensors,
     only the fp32 log-sum-exp per head and row (4 x a s b). Materialized scores are s x span
-    (span = m.attention_span: the sliding window where it is shorter than s).
+    (span = m.attention_span: the sliding window where it is shorter than s); a model with
+    `attn_logit_softcapping` materializes them always (explicit attention).
     """
     m, b = cfg.model, cfg.train.micro_batch_size
     s, h, a, span = m.seq_len, m.d_model, m.n_heads, m.attention_span
@@ -163,7 +164,8 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     scores = e * a * s * span * b + (a * s * span * b * (1 + e) if drop else 0)
     inside = (
         e * sb * (m.n_heads + 2 * m.kv_heads) * m.head_dim
-        + (scores if attention == "materialized" else 4 * a * sb)
+        # Soft-capped scores (Gemma 2) cannot use the fused kernel: they are materialized whatever is asked.
+        + (scores if attention == "materialized" or m.attn_logit_softcapping is not None else 4 * a * sb)
         + e * sb * h
         + 2 * e * sb * m.ffn
     )

@@ -13,7 +13,7 @@ SERVING_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}  # bytes per elemen
 def serving_estimate(cfg: JobConfig) -> dict[str, Any]:
     """KV cache per token as the model family states it (K and V per layer and kv head); total adds the weights.
 
-    Sliding-window models hold at most the window's positions per sequence (`kv_positions`).
+    Sliding-window layers hold at most the window's positions per sequence (`kv_cache_bytes`).
 
     `serving.context_len` defaults to model.seq_len (the longest the learned positions allow).
     """
@@ -24,7 +24,7 @@ def serving_estimate(cfg: JobConfig) -> dict[str, Any]:
     params = family.total_params(m)
     weights = params * e
     kv_per_token = family.kv_bytes_per_token(m, e)
-    kv_total = kv_per_token * s.concurrency * family.kv_positions(m, context)
+    kv_total = family.kv_cache_bytes(m, e, context) * s.concurrency
     return {
         "dtype": s.dtype,
         "params": params,

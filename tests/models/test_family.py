@@ -23,6 +23,11 @@ CASES = {
     "qwen3-tied-head-dim": ModelConfig(family="qwen3", tie_embeddings=True, qk_norm=True, head_dim=12, **SIZES),
     "mistral-sliding-window": ModelConfig(family="mistral", sliding_window=4, **SIZES),
     "mistral-full-attention": ModelConfig(family="mistral", **SIZES),
+    "gemma3-sliding-global": ModelConfig(family="gemma3", tie_embeddings=True, qk_norm=True, head_dim=12,
+                                         sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16,
+                                         rope_theta=1e6, rope_local_base_freq=1e4, **SIZES),
+    "gemma2-softcap-untied": ModelConfig(family="gemma2", sliding_window=4, sliding_window_pattern=2,
+                                         attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **SIZES),
 }
 
 
@@ -50,7 +55,8 @@ def test_family_states_what_its_model_holds(case: str) -> None:
 
 
 def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gpt, llama, mistral, qwen3"):
+    with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gemma2, gemma3, gpt, llama, "
+                                         r"mistral, qwen3"):
         get_family("bert")
     with pytest.raises(InvalidInputError, match=r"config\.json architectures \['BertForMaskedLM'\] is not "
                                                 r"supported; known: .*LlamaForCausalLM.*RetrainerGPT"):
@@ -61,7 +67,8 @@ def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_know
     doc["model"]["family"] = "bert"
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gpt, llama, mistral, qwen3"):
+    with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gemma2, gemma3, gpt, llama, "
+                                          r"mistral, qwen3"):
         load_config(path)
 
 

@@ -24,12 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).
-# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are); Mistral: a window shorter than the
-# 32-token training windows, so the band is exercised.
+# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are); Mistral and Gemma 3: a window shorter
+# than the 32-token training windows, so the band is exercised.
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8, "head_dim": None}),
+    # Gemma 3: the other blocks (four norms, scaled embedding, GELU-tanh), tied; layers 2 and 4 global.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "sliding_window": 8,
+                                                          "sliding_window_pattern": 2, "query_pre_attn_scalar": 24}),
+    # Gemma 2: soft-capped scores (eager attention) and logits, every other layer global.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                                     "attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0}),
 }
 
 

@@ -11,6 +11,10 @@ from pydantic import ValidationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -43,7 +47,17 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "qwen3-qk-norm-tied": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, rope_theta=1e6,
                                                                tie_word_embeddings=True)),
     "mistral-sliding-window": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8, head_dim=None)),
+    # Gemma 3: sliding (window 8 < 24 tokens, local rotary base) and global layers alternating, its own scale.
+    "gemma3-sliding-global-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        rope_theta=1e6, rope_local_base_freq=1e4)),
+    # Gemma 2: no QK-norm, one base, attention scores and logits soft-capped (caps small enough to bite).
+    "gemma2-softcap-tied": lambda: Gemma2ForCausalLM(Gemma2Config(
+        **SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=24, rope_theta=1e6,
+        attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),
 }
+# variant prefix -> family; else llama
+FAMILY_OF = {"qwen3": "qwen3", "mistral": "mistral", "gemma3": "gemma3", "gemma2": "gemma2"}
 
 
 def _hf_model(variant: str) -> torch.nn.Module:
@@ -66,9 +80,15 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
     hf = _hf_model(variant)
     family = family_for_architecture([type(hf).__name__])  # each family on the same yardstick
     m = ModelConfig(**family.model_fields_from_hf(_config_json(hf)))
-    assert m.family == family.name == {"qwen3": "qwen3", "mistral": "mistral"}.get(variant.split("-")[0], "llama")
+    assert m.family == family.name == FAMILY_OF.get(variant.split("-")[0], "llama")
     assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
-    assert m.qk_norm == (family.name == "qwen3") and m.sliding_window == (8 if family.name == "mistral" else None)
+    assert m.qk_norm == (family.name in ("qwen3", "gemma3"))
+    assert m.sliding_window == (8 if family.name in ("mistral", "gemma3", "gemma2") else None)
+    if family.name.startswith("gemma"):  # layers 2 and 4 global, the others sliding (Gemma 3: the local base)
+        assert (m.sliding_window_pattern, m.query_pre_attn_scalar) == (2, 24)
+        assert m.rope_local_base_freq == (1e4 if family.name == "gemma3" else None)
+        assert (m.attn_logit_softcapping, m.final_logit_softcapping) == ((0.5, 1.0) if family.name == "gemma2"
+                                                                         else (None, None))
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()

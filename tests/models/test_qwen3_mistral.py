@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from tasks.config import ModelConfig
 from tasks.models import get_family
@@ -28,7 +37,13 @@ SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
 MODELS = {
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, tie_word_embeddings=True)),
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=8)),
+    # Gemma 3 (262k-word vocabularies need uint32 tokens; the plan counts a tied 512-word one): layer 1 slides.
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=8,
+                                                         sliding_window_pattern=2, query_pre_attn_scalar=32)),
+    "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(**SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=32,
+                                                     attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),
 }
+WINDOWS = {"mistral": [8, 8], "gemma3": [8, None], "gemma2": [8, None]}  # each layer's window (None: global)
 
 
 def _save(dest: Path, family: str, **config_changes: Any) -> tuple[Path, torch.nn.Module]:
@@ -63,8 +78,10 @@ def test_a_team_plans_its_model_and_the_plan_counts_what_transformers_builds(
     assert report["model_family"] == family  # from config.json's architectures, no model.family in the YAML
     assert report["params_total"] == hf.num_parameters()
     serving = report["serving"]
-    held = min(serving["context"], 8) if family == "mistral" else serving["context"]  # a sliding layer keeps W
-    assert serving["kv_cache_bytes"] == serving["kv_cache_bytes_per_token"] * serving["concurrency"] * held
+    context = serving["context"]
+    held = sum(min(context, w or context) for w in WINDOWS.get(family, [None, None]))  # a sliding layer keeps W
+    per_layer = serving["kv_cache_bytes_per_token"] // 2
+    assert serving["kv_cache_bytes"] == per_layer * serving["concurrency"] * held
     m = ModelConfig(**get_family(family).model_fields_from_hf(json.loads((hf_dir / "config.json").read_text())))
     assert serving["kv_cache_bytes_per_token"] == 2 * m.n_layers * m.kv_heads * m.head_dim * 2  # bf16 K and V
 
@@ -93,6 +110,30 @@ def test_the_sliding_window_is_what_makes_mistral_match() -> None:
     assert sliding_mask(24, 8, torch.device("cpu")) is mask
 
 
+def test_the_soft_caps_are_what_make_gemma2_match() -> None:
+    torch.manual_seed(0)
+    hf = MODELS["gemma2"]().eval()
+    with torch.no_grad():  # transformers' 0.02 init leaves scores far below the cap: make them reach it
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+    gemma2 = get_family("gemma2")
+    m = ModelConfig(**gemma2.model_fields_from_hf({**hf.config.to_dict(), "architectures": ["Gemma2ForCausalLM"]}))
+    state = {gemma2.ref_name(n): t for n, t in hf.state_dict().items() if n != "lm_head.weight"}  # tied
+    tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))  # 24 > W
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        ours = {}
+        for caps in ((0.5, 1.0), (None, 1.0), (0.5, None)):
+            ref = gemma2.Reference(m.model_copy(update={"attn_logit_softcapping": caps[0],
+                                                        "final_logit_softcapping": caps[1]}), seed=None).eval()
+            ref.load_state_dict(state, strict=True)
+            ours[caps] = ref(tokens)
+    torch.testing.assert_close(ours[(0.5, 1.0)], expected, rtol=0, atol=1e-5)
+    assert expected.abs().max() < 1.0  # the final cap bounds the logits
+    for uncapped in ((None, 1.0), (0.5, None)):  # each cap is exercised
+        assert (ours[uncapped] - expected).abs().max() > 1e-3, uncapped
+
+
 @pytest.mark.parametrize(("family", "changes", "model", "message"), [
     ("qwen3", {"architectures": ["DeepseekV3ForCausalLM"]}, {},
      r"architectures \['DeepseekV3ForCausalLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
@@ -107,6 +148,16 @@ def test_the_sliding_window_is_what_makes_mistral_match() -> None:
     ("qwen3", {}, {"family": "llama"},
      r"model\.family 'llama' contradicts config\.json architectures \['Qwen3ForCausalLM'\] \(model\.family 'qwen3'\)"),
     ("mistral", {}, {"sliding_window": 16}, r"model\.sliding_window is 16 here but 8 in"),
+    ("gemma3", {"use_bidirectional_attention": True}, {},
+     r"config\.json use_bidirectional_attention = True is not supported by model\.family 'gemma3'"),
+    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": None}, {},
+     r"config\.json rope_scaling\.rope_type 'linear' is not supported"),
+    ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, {},
+     r"config\.json layer_types: only every Nth layer global is supported"),
+    ("gemma3", {"hidden_activation": "gelu"}, {}, r"config\.json hidden_activation = 'gelu' is not supported"),
+    ("gemma3", {}, {"query_pre_attn_scalar": 16}, r"model\.query_pre_attn_scalar is 16 here but"),
+    ("qwen3", {}, {"sliding_window_pattern": 2},
+     r"model\.sliding_window_pattern is not supported by model\.family 'qwen3' \(Gemma only\)"),
 ])
 def test_what_we_do_not_implement_is_refused_at_config_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, changes: dict, model: dict, message: str
@@ -139,3 +190,24 @@ def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
                           - _activation_bytes_per_layer(cfg, 2, 1, "sdpa"))
     b = doc["train"]["micro_batch_size"]
     assert scores[None] - scores[8] == 2 * 4 * 32 * (32 - 8) * b
+
+
+def test_gemma_flops_count_each_layer_span_and_soft_capped_scores_are_materialized() -> None:
+    from tasks.config import JobConfig
+    from tasks.plan.budget import _activation_bytes_per_layer
+
+    base = dict(vocab_size=256, seq_len=32, n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
+                sliding_window=8, sliding_window_pattern=2, tie_embeddings=True)
+    for m in (ModelConfig(family="gemma3", qk_norm=True, head_dim=32, **base),
+              ModelConfig(family="gemma2", attn_logit_softcapping=50.0, **base)):
+        family = get_family(m.family)
+        matmul = family.total_params(m)  # tied: the logits matmul counts the embedding once
+        spans = 2 * 8 + 2 * 32  # layers 1 and 3 slide (W), 2 and 4 see the whole sequence
+        assert family.flops_per_token(m) == 6 * matmul + 12 * spans * m.n_heads * m.head_dim
+    # Soft-capped scores cannot take SDPA's fused path: the plan holds them whatever attention it is told.
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    for cap, same in ((50.0, True), (None, False)):
+        doc["model"] = {**base, "family": "gemma2", "attn_logit_softcapping": cap}
+        cfg = JobConfig.model_validate(doc)
+        assert (_activation_bytes_per_layer(cfg, 2, 1, "sdpa")
+                == _activation_bytes_per_layer(cfg, 2, 1, "materialized")) == same

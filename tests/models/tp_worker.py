@@ -24,7 +24,8 @@ from tasks.models.weights import local_named_params
 
 SEED = 5
 # Untied with llama3 rope scaling and the qkv bias; tied with plain rope; Qwen3 (tied, QK-norm, its own
-# head_dim); Mistral with a window shorter than the sequence.
+# head_dim); Mistral with a window shorter than the sequence; Gemma 3 (a sliding then a global layer);
+# Gemma 2 untied, its scores and logits soft-capped.
 CONFIGS = {
     "untied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                    d_ff=128, rope_theta=500000.0, qkv_bias=True,
@@ -36,6 +37,12 @@ CONFIGS = {
                   d_ff=128, head_dim=24, qk_norm=True, tie_embeddings=True, rope_theta=1e6),
     "mistral": dict(family="mistral", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4,
                     n_kv_heads=2, d_ff=128, sliding_window=4),
+    "gemma3": dict(family="gemma3", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                   d_ff=128, head_dim=24, qk_norm=True, tie_embeddings=True, rope_theta=1e6, sliding_window=4,
+                   sliding_window_pattern=2, rope_local_base_freq=1e4, query_pre_attn_scalar=16),
+    "gemma2": dict(family="gemma2", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                   d_ff=128, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16,
+                   attn_logit_softcapping=0.5, final_logit_softcapping=1.0),
 }
 
 

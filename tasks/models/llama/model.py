@@ -45,22 +45,24 @@ INIT_STD = 0.02
 TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first and last stage
 
 
-def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup) -> None:
+def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup, *,
+          shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = full_shapes, norm_init: float = 1.0) -> None:
     """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
 
-    Linear weights and the embedding ~ N(0, 0.02); norms 1; q/k/v biases 0. `seed` None: no draw (the
-    weights are loaded next: a resume or starting weights), only the tensor-parallel marks.
+    Linear weights and the embedding ~ N(0, 0.02); norms `norm_init` (Gemma's x * (1 + w): 0); q/k/v
+    biases 0. `seed` None: no draw (the weights are loaded next: a resume or starting weights), only the
+    tensor-parallel marks. `shapes`: the family's full shapes.
     """
     g = None if seed is None else layer_generator(seed, seed_layer)
-    shapes = full_shapes(m)
+    full_shapes_of = shapes(m)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             ref = f"{layer.ref_prefix}.{name}"
-            shape = shapes[ref]
+            shape = full_shapes_of[ref]
             if g is None:
                 full = None
             elif name.endswith("norm.weight"):
-                full = torch.ones(shape)
+                full = torch.full(shape, norm_init)
             elif name.endswith(".bias"):
                 full = torch.zeros(shape)
             else:
@@ -87,12 +89,15 @@ class RMSNorm(nn.Module):
         return weight * h.to(x.dtype)
 
 
-def inv_freq(m: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies in fp32, exactly as transformers' default and `llama3` rope init compute them."""
+def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
+    """Rotary inverse frequencies in fp32, exactly as transformers' default and `llama3` rope init compute them.
+
+    `theta`: another base without scaling (Gemma's sliding layers); None = m.rope_theta with m.rope_scaling.
+    """
     dim = m.head_dim
-    freq = 1.0 / (m.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    freq = 1.0 / ((theta or m.rope_theta) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     rs = m.rope_scaling
-    if rs is None:
+    if rs is None or theta is not None:
         return freq
     old_len = rs.original_max_position_embeddings
     low_freq_wavelen, high_freq_wavelen = old_len / rs.low_freq_factor, old_len / rs.high_freq_factor
@@ -131,6 +136,7 @@ class Attention(nn.Module):
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         self.tp, self.hd, self.window = tp, m.head_dim, m.sliding_window
+        self.scale: float | None = None  # SDPA's default 1/sqrt(head_dim); Gemma sets its own
         self.nq, self.nkv = m.n_heads // tp.size, m.kv_heads // tp.size
         self.q = nn.Linear(m.d_model, self.nq * self.hd, bias=m.qkv_bias)
         self.k = nn.Linear(m.d_model, self.nkv * self.hd, bias=m.qkv_bias)
@@ -158,26 +164,32 @@ class Attention(nn.Module):
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
-        if self.window is None or t <= self.window:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, x.device))
+        y = self.attend(q, k, v)
         return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal SDPA of the rotated heads [b, h, t, hd] (banded when a window is shorter than t)."""
+        t = q.shape[2]
+        if self.window is None or t <= self.window:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, q.device),
+                                              scale=self.scale)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(act(gate(x)) * up(x)), act = silu (Gemma: GELU-tanh)."""
 
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
+        self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu
         self.gate = nn.Linear(m.d_model, m.ffn // tp.size, bias=False)
         self.up = nn.Linear(m.d_model, m.ffn // tp.size, bias=False)
         self.down = nn.Linear(m.ffn // tp.size, m.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp(x, self.tp)
-        return row_parallel(F.silu(self.gate(x)) * self.up(x), self.down, self.tp)
+        return row_parallel(self.act(self.gate(x)) * self.up(x), self.down, self.tp)
 
 
 class Embedding(nn.Module):
@@ -249,8 +261,11 @@ class Reference(common.Reference):
     Embedding, TransformerBlock, Head = Embedding, TransformerBlock, Head
 
 
-def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup,
+                    reference: type[common.Reference] = Reference) -> list[object]:
     """DeepSpeed LayerSpecs [Embedding, n_layers x TransformerBlock, Head] (+ the tied embedding's logits).
+
+    `reference`: the family whose layer classes to place (Gemma: its own on Llama's plan).
 
     Tied embeddings: the embedding is a TiedLayerSpec keyed "embed" at both ends;
     DeepSpeed builds one module when both ends share a stage, else one per end
@@ -258,14 +273,14 @@ def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[objec
     """
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-    blocks = [LayerSpec(TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)]
     if not m.tie_embeddings:
-        return [LayerSpec(Embedding, m, seed, tp), *blocks, LayerSpec(Head, m, seed, tp)]
+        return common.pipeline_specs(reference, m, seed, tp)
+    embedding = reference.Embedding
     return [
-        TiedLayerSpec(EMBED, Embedding, m, seed, tp, tied_weight_attr=[TIED]),
-        *blocks,
-        LayerSpec(Head, m, seed, tp),
-        TiedLayerSpec(EMBED, Embedding, m, seed, tp, forward_fn=tied_logits, tied_weight_attr=[TIED]),
+        TiedLayerSpec(EMBED, embedding, m, seed, tp, tied_weight_attr=[TIED]),
+        *(LayerSpec(reference.TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)),
+        LayerSpec(reference.Head, m, seed, tp),
+        TiedLayerSpec(EMBED, embedding, m, seed, tp, forward_fn=tied_logits, tied_weight_attr=[TIED]),
     ]
 
 

@@ -97,7 +97,7 @@ def _held(m: ModelConfig, name: str, shape: tuple[int, ...], tp: int) -> int:
     return math.prod(shape) // tp
 
 
-def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
+def param_counts(m: ModelConfig, tp: int = 1, shapes: dict[str, tuple[int, ...]] | None = None) -> ParamCounts:
     """Parameters one TP rank holds per layer kind, as DeepSpeed places them.
 
     embedding: vocab/tp rows x d. block: norms replicated, q/k/v/o and gate/up/down
@@ -105,10 +105,11 @@ def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
     head's matrix is DeepSpeed's tied copy of the embedding (TiedLayerSpec): it is
     counted on stage 0 *and* on the last stage, since with pp > 1 both stages hold
     it (and its optimizer states). With pp == 1 the two are one tensor: a stage
-    holding both layers holds `embedding` fewer parameters than the sum.
+    holding both layers holds `embedding` fewer parameters than the sum. `shapes`: a family's own full
+    shapes on Llama's shard rules (Gemma's extra norms, replicated); None = Llama's.
     """
     held = {EMBED: 0, "blocks": 0, HEAD: 0}
-    for name, shape in full_shapes(m).items():
+    for name, shape in (shapes or full_shapes(m)).items():
         kind = name.split(".", 1)[0]
         if kind != "blocks" or name.startswith("blocks.0."):
             held[kind] += _held(m, name, shape, tp)
