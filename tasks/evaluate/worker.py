@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from tasks.comm_ops import load_shm_op
 from tasks.config import TrainingJob, load_entry_point
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate.sharded import ShardedModel
@@ -51,6 +52,7 @@ class Evaluation:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         import deepspeed
 
+        load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
         with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=job.cluster.hang_timeout_s))
         self.job, self.spec = job, spec

@@ -8,8 +8,8 @@ ranks start the same way everywhere. What reaches a rank is only what training n
   Python, Slurm) plus the launcher's explicit extras; registry URLs, AWS keys and Airflow
   Connections in the caller's environment never reach a rank.
 
-DeepSpeed's CPU shared-memory op is JIT-built by `deepspeed.init_distributed` into torch's
-extension cache. The ranks' cache is per Python environment (`<sys.prefix>/torch-extensions`
+DeepSpeed's CPU shared-memory op is JIT-built into torch's extension cache (tasks/comm_ops.py loads
+it on the ranks). The ranks' cache is per Python environment (`<sys.prefix>/torch-extensions`
 unless TORCH_EXTENSIONS_DIR is set), so two checkouts with their own venvs never rebuild each
 other's op (a shared `~/.cache/torch_extensions` alternated between them), and
 `scripts/setup.sh` builds it once at install time (`prebuild_ops`).
@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tasks.comm_ops import EXTENSIONS_VAR, default_extensions_dir, load_shm_op
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.run import RunIdentity
@@ -31,7 +32,6 @@ from tasks.run import RunIdentity
 # The rank modules torchrun runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
-EXTENSIONS_VAR = "TORCH_EXTENSIONS_DIR"
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials.
 RANK_ENV_NAMES = frozenset({
@@ -41,10 +41,6 @@ RANK_ENV_NAMES = frozenset({
 })
 RANK_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "NVIDIA_", "PYTHON",
                      "SLURM_")
-
-
-def default_extensions_dir() -> str:
-    return str(Path(sys.prefix) / "torch-extensions")
 
 
 def torchrun_command(
@@ -105,11 +101,7 @@ def prebuild_ops() -> str:
     """Build DeepSpeed's CPU shared-memory comm op into this environment's extension cache (setup time)."""
     os.environ.setdefault(EXTENSIONS_VAR, default_extensions_dir())
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:
-        builder.load(verbose=False)
+    load_shm_op()
     return os.environ[EXTENSIONS_VAR]
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from tasks.comm_ops import load_shm_op
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
@@ -123,6 +124,7 @@ class Trainer:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before the first NCCL collective
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
         with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
