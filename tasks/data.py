@@ -317,7 +317,7 @@ def build_manifest(
 # ---------------------------------------------------------------- CLI
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
-    from tasks.config import load_config
+    from tasks.resolve import load_config
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url

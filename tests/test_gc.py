@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.config import load_config
+from tasks.resolve import load_config
 from tasks.evaluate.cache import write_cached
 from tasks.fsutil import dir_bytes
 from tasks.lifecycle import describe_outcome

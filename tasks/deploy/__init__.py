@@ -429,10 +429,10 @@ def run_deploy(cfg: JobConfig, *, actor: str, event_extras: list[dict[str, Any]]
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from tasks.lifecycle import resolve_config
     from tasks.lock import default_holder
+    from tasks.resolve import load_config
 
-    out = run_deploy(resolve_config(args.config), actor=default_holder("cli"))
+    out = run_deploy(load_config(args.config), actor=default_holder("cli"))
     t = out["target"]
     print(json.dumps(out, indent=2) if args.json else
           f"deployed {t['model']} v{t['version']} ({t['alias']}) from {t['model_dir']}: {describe(out['smoke_test'])}")

@@ -7,10 +7,10 @@ import json
 import sys
 from typing import Any
 
-from tasks.config import load_config
 from tasks.plan.budget import Plan, plan
 from tasks.plan.search import search
 from tasks.plan.serving import serving_estimate
+from tasks.resolve import load_config
 
 EXIT_FITS, EXIT_INVALID, EXIT_DOES_NOT_FIT = 0, 2, 3
 

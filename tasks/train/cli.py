@@ -18,9 +18,9 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.config import load_config
     from tasks.errors import InvalidInputError
     from tasks.launch import train
+    from tasks.resolve import load_config
 
     cfg = load_config(args.config)
     if args.steps is not None:

@@ -21,7 +21,7 @@ def _print(result: Any, as_json: bool) -> None:
 
 
 def _cmd_warm(args: argparse.Namespace) -> int:
-    from tasks.config import load_config
+    from tasks.resolve import load_config
     from tasks.warm.core import warm_mixture
 
     cfg = load_config(args.config)

@@ -44,7 +44,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 
 def _registry(sa: Standalone):
-    from tasks.config import load_config
+    from tasks.resolve import load_config
     from tasks.registry import Registry
 
     return Registry(load_config(sa.config_path).publish.registry_url)

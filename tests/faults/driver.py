@@ -24,6 +24,7 @@ from tasks import lifecycle
 from tasks.config import ConfigError
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
+from tasks.resolve import load_config
 from tasks.run import RunIdentity
 from tests import hooks
 
@@ -31,7 +32,7 @@ STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")
 
 
 def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) -> dict[str, Any]:
-    cfg = lifecycle.resolve_config(config)
+    cfg = load_config(config)
 
     def prior(name: str) -> dict[str, Any]:
         return json.loads((state / f"{name}.json").read_text())
