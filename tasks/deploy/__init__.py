@@ -104,7 +104,7 @@ def models_dir(cfg: JobConfig) -> Path:
 
 
 def _registry(cfg: JobConfig):
-    from tasks.lifecycle import registry_for
+    from tasks.endpoints import registry_for
 
     return registry_for(cfg)
 
