@@ -153,8 +153,8 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
                                    pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
-        def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
-            decision = lifecycle.stage_gate(*frozen(plan_out), metrics, warm_out)
+        def gate(plan_out: dict, metrics: dict) -> bool:
+            decision = lifecycle.stage_gate(*frozen(plan_out), metrics)
             get_current_context()["ti"].xcom_push(key="decision", value=decision)  # publish records the rules
             if not decision["publish"]:
                 note_run(get_current_context()["ti"], f"gate: {decision['reason']}")
@@ -183,7 +183,7 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
 
         go >> train
         summary, metrics = train.output, evaluate.output
-        publish_ok = gate(planned, metrics, warmed)
+        publish_ok = gate(planned, metrics)
         published = publish(planned, summary, metrics)
         # No answer within publish.approval_timeout_s: the default, Reject.
         approval = PublishApproval(

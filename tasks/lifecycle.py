@@ -290,7 +290,7 @@ def _live_metrics(cfg: JobConfig, live: Any, metrics: dict[str, Any]) -> dict[st
     return read_cached(cfg, live.version, metrics["suite_hash"])
 
 
-def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any]) -> dict[str, Any]:
     model, alias = cfg.publish.model_name, cfg.publish.alias
     registry = registry_for(cfg)
     live = registry.live_version(model, alias)
@@ -425,7 +425,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         return out
     out["train"] = stage_train(cfg, run, out["warm"])
     out["evaluate"] = stage_evaluate(cfg, run, out["train"], out["warm"])
-    out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
+    out["gate"] = stage_gate(cfg, run, out["evaluate"])
     if out["gate"]["publish"]:
         out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
         out["housekeeping"] = stage_housekeeping(cfg, run, out["publish"])

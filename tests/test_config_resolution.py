@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tasks import config as config_module
-from tasks.config import JobConfig
+from tasks.config import ConfigError, JobConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-value-never-frozen"
@@ -112,7 +112,7 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
         assert Planned.from_dict(plan_out).config() == cfg  # built again in the same process: the same one
         assert len(validations) - before == 1, what
     # A config file whose pretrained model is gone cannot be planned: only the frozen run went on.
-    with pytest.raises(Exception, match="config.json|no such|No such"):
+    with pytest.raises(ConfigError, match=r"model\.pretrained: .* has no config\.json"):
         load_config(path)
 
 

@@ -204,7 +204,7 @@ def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: 
         "live": None if live is None else {"version": live.version, "cached": False, "metrics": {
             "heldout.loss": live_heldout, "heldout.perplexity": math.exp(live_heldout), "heldout.tokens": 4096}},
     }
-    decision = lifecycle.stage_gate(cfg, run, metrics, {})
+    decision = lifecycle.stage_gate(cfg, run, metrics)
     assert decision["publish"], decision
     summary = {"checkpoint_dir": str(ckpt), "losses": losses}
     return lifecycle.stage_publish(cfg, run, summary, metrics, gate=decision,

@@ -52,7 +52,7 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
     if stage == "evaluate":
         return lifecycle.stage_evaluate(cfg, run, prior("train"), prior("warm"))
     if stage == "gate":
-        return lifecycle.stage_gate(cfg, run, prior("evaluate"), prior("warm"))
+        return lifecycle.stage_gate(cfg, run, prior("evaluate"))
     if stage == "publish":
         metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
         return lifecycle.stage_publish(cfg, run, prior("train"), metrics, actor="fault-suite")
