@@ -165,8 +165,8 @@ def commit_staged(cfg: JobConfig, store: ArtifactStore, shards: list[dict[str, A
 def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
     """The checkpoint's Hugging Face export beside the run's checkpoints (`<run>/export/<tag>`), written
     once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
+    from tasks.model_files import HF_INDEX
     from tasks.models.export import export_checkpoint
-    from tasks.models.weights import HF_INDEX
 
     dest = export_dir(checkpoint_dir, cfg.publish.export_dtype)
     if (dest / HF_INDEX).is_file():

@@ -279,8 +279,7 @@ def fetch_model_files(init: StartingWeights, src: WeightSources, dest: Path) -> 
     """The config.json, generation_config.json and tokenizer files of the model a run started from, fetched
     alone into `dest` (never its weights: an export and a user metric need only these of it); None when it has
     none (scratch, a weights file)."""
-    from tasks.models.export import GENERATION_CONFIG, TOKENIZER_FILES
-    from tasks.models.weights import HF_CONFIG
+    from tasks.model_files import GENERATION_CONFIG, HF_CONFIG, TOKENIZER_FILES
 
     names = (HF_CONFIG, GENERATION_CONFIG, *TOKENIZER_FILES)
     if init.scratch or init.kind == "file":

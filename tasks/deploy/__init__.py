@@ -163,7 +163,7 @@ def pull(cfg: JobConfig, target: DeployTarget) -> Path:
 
 def _incomplete(store: ArtifactStore, rec: VersionRecord, dest: Path) -> str | None:
     """What a local copy lacks against the version's manifest (by size), or None when complete."""
-    from tasks.models.weights import LEGACY_FILE
+    from tasks.model_files import LEGACY_FILE
 
     expected = ({f.path: f.size for f in store.tree_manifest(rec.artifact_digest).files}
                 if rec.artifact_kind == "tree" else {LEGACY_FILE: rec.size_bytes})
@@ -236,7 +236,7 @@ def smoke_test(cfg: JobConfig, target: DeployTarget) -> dict[str, Any]:
     import numpy as np
 
     from tasks.launch.torchrun import rank_env
-    from tasks.models.weights import HF_CONFIG
+    from tasks.model_files import HF_CONFIG
 
     s = cfg.deploy.smoke_test
     name = f"v{target.version}"
