@@ -31,8 +31,8 @@ from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.fsutil import atomic_write_json
+from tasks.job_status import Status, log_for_relay, now, write_status
 from tasks.train.data import TokenWindows
-from tasks.train.status import Status, log_for_relay, now, write_status
 from tasks.train.worker import deepspeed_prints_to_debug
 
 log = logging.getLogger("tasks.evaluate.worker")

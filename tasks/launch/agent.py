@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.fsutil import atomic_write_bytes
+from tasks.job_status import log_for_relay, read_status, relay_line, summary_line
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
-from tasks.train.status import log_for_relay, read_status, relay_line, summary_line
 
 log = logging.getLogger("tasks.launch.agent")
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
 from tasks.errors import RetrainerError, TrainingFailedError
+from tasks.job_status import STATUS_FILE, Status
 from tasks.launch.procs import new_tag
 from tasks.launch.watch import ProgressWatcher
-from tasks.train.status import STATUS_FILE, Status
 
 if TYPE_CHECKING:
     from tasks.run import RunIdentity

@@ -39,12 +39,12 @@ from typing import Any
 from tasks.config import JobConfig, KubernetesConfig
 from tasks.credentials import credential_keys
 from tasks.errors import InvalidInputError, RetrainerError
+from tasks.job_status import STATUS_FILE, Status
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 
 from tasks.config import JobConfig
+from tasks.job_status import STATUS_FILE, Status, read_status
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status, read_status
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.train.status import Status, parse_relay, parse_summary, split_level
+from tasks.job_status import Status, parse_relay, parse_summary, split_level
 
 
 class LineSink:

@@ -32,12 +32,12 @@ from typing import Any
 from tasks.config import JobConfig, SlurmConfig
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_bytes
+from tasks.job_status import STATUS_FILE, Status, read_status
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status, read_status
 
 log = logging.getLogger(__name__)
 

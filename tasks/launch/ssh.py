@@ -28,11 +28,11 @@ from pathlib import Path
 
 from tasks.config import JobConfig, SshConfig
 from tasks.errors import InvalidInputError, RetrainerError, TrainingFailedError
+from tasks.job_status import STATUS_FILE, Status
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, new_tag, stop_all
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from tasks.train.status import Status
+from tasks.job_status import Status
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from tasks.comm_ops import load_shm_op
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
+from tasks.job_status import State, Status, log_for_relay, now, write_status
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
@@ -46,7 +47,6 @@ from tasks.run import RunIdentity
 from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
-from tasks.train.status import State, Status, log_for_relay, now, write_status
 from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")

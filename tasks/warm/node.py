@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import RetrainerError
+from tasks.fsutil import atomic_write_json
+from tasks.job_status import Status, log_for_relay, now, parse_tagged, write_status
 
 log = logging.getLogger("tasks.warm.node")
 
@@ -94,8 +96,6 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
 
 def parse_report(line: str) -> dict[str, Any] | None:
     """The report of a `RETRAINER-WARM` line, else None."""
-    from tasks.train.status import parse_tagged
-
     return parse_tagged(line, REPORT_PREFIX)
 
 
@@ -114,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, help="also write the report to DIR/<node>.json")
     parser.add_argument("--status-dir", type=Path, help="on failure, write the reason to the run's status file")
     args = parser.parse_args(argv)
-    from tasks.train.status import log_for_relay
-
     log_for_relay(node_name())
     try:
         spec = json.loads(os.environ[SPEC_VAR])
@@ -124,13 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         reason = str(exc) if isinstance(exc, RetrainerError) else f"node {node_name()}: warm failed: {exc!r}"
         print(REPORT_PREFIX + json.dumps({"node": node_name(), "error": reason}), flush=True)
         if args.status_dir is not None:
-            from tasks.train.status import Status, now, write_status
-
             write_status(args.status_dir, Status(state="failed", step=0, steps=0, at=now(), reason=reason))
         return 1
     if args.report_dir is not None:
-        from tasks.fsutil import atomic_write_json
-
         args.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.report_dir / f"{report['node']}.json", report)
     print(REPORT_PREFIX + json.dumps(report), flush=True)
