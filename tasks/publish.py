@@ -87,8 +87,9 @@ def publish(
     With `experiment_key`, a checkpoint of another run is refused. `judged_live`: the live version the gate
     compared the candidate with (None: none was live); if the alias points elsewhere now, LiveMovedError
     before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
-    from tasks.run import RunIdentity, WeightSources, fetch_model_files
+    from tasks.run import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
+    from tasks.warm.weights import WeightSources, fetch_model_files
 
     checkpoint_dir = Path(checkpoint_dir)
     actor = actor or default_actor()

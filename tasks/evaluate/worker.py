@@ -32,8 +32,13 @@ from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.fsutil import atomic_write_json
 from tasks.job_status import Status, log_for_relay, now, write_status
+from tasks.run import StartingWeights
+from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
-from tasks.train.worker import deepspeed_prints_to_debug
+from tasks.train.mirror import Mirror
+from tasks.train.worker import deepspeed_prints_to_debug, exit_without_teardown, quiet_start_up
+from tasks.warm import warm
+from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
 log = logging.getLogger("tasks.evaluate.worker")
 
@@ -76,8 +81,6 @@ class Evaluation:
         return results[self.rank - self.local_rank]
 
     def warm_suites(self) -> dict[str, Path]:
-        from tasks.warm import warm
-
         def fetch() -> dict[str, str]:
             dirs = {}
             for s in self.spec["suites"]:
@@ -98,22 +101,16 @@ class Evaluation:
         completed from `train.checkpoint_url`), or a registry version fetched once per node."""
         if entry.get("path"):
             return Path(self.on_leaders(lambda: str(self.checkpoint(entry))))
-        from tasks.run import StartingWeights, fetch_weights
-
         init = StartingWeights(**entry["weights"])
         return Path(self.on_leaders(lambda: str(fetch_weights(init, self.sources()))))
 
     def sources(self) -> Any:
-        from tasks.run import WeightSources
-
         s = self.spec
         return WeightSources(cache_dir=s["cache_dir"], model=s["model"], store_url=s["store_url"],
                              store_options=s["store_options"])
 
     def tokenizer(self) -> Any:
         """The starting model's tokenizer (fetched alone, once per node) for the user metrics, or None."""
-        from tasks.run import StartingWeights, fetch_model_files
-
         def fetch() -> str | None:
             out = Path(self.job.train.output_dir)
             files: Path | None = out / "model-files"  # an earlier attempt's (a retry): fetched whole, or not at all
@@ -136,12 +133,8 @@ class Evaluation:
         return Tokenizer.from_file(path)
 
     def checkpoint(self, entry: dict[str, Any]) -> Path:
-        from tasks.train.checkpoint import validate_checkpoint_dir
-
         path, mirror = Path(entry["path"]), entry.get("mirror")
         if mirror is not None:
-            from tasks.train.mirror import Mirror
-
             path = Mirror(mirror["url"], mirror["storage_options"], mirror["run_id"]).weights(
                 path.name, path, Path(self.job.train.output_dir) / "weights")
         self.markers[entry["name"]] = validate_checkpoint_dir(path, entry["fingerprint"], entry["experiment_key"])
@@ -216,8 +209,6 @@ class Evaluation:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.train.worker import quiet_start_up
-
     parser = argparse.ArgumentParser(prog="tasks.evaluate.worker")
     parser.add_argument("--config", required=True, help="JSON input file written by the launcher")
     parser.add_argument("--dataset-dir", help="(unused: each suite is warmed on the node)")
@@ -242,6 +233,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tasks.train.worker import exit_without_teardown
-
     exit_without_teardown(main)

@@ -50,7 +50,7 @@ def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
     of the mixture, with the manifest hash the run planned) and the starting weights."""
     from dataclasses import asdict
 
-    from tasks.run import WeightSources
+    from tasks.warm.weights import WeightSources
 
     d = cfg.data
     replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
@@ -70,8 +70,9 @@ def node_name() -> str:
 
 def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm this node for the run; the report, or RetrainerError naming the node."""
-    from tasks.run import StartingWeights, WeightSources, fetch_weights
+    from tasks.run import StartingWeights
     from tasks.warm.core import warm_sources
+    from tasks.warm.weights import WeightSources, fetch_weights
 
     node, started = node_name(), time.monotonic()
     sources = [spec, *spec.get("replay", [])]
