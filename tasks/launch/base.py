@@ -251,12 +251,12 @@ class Launcher(ABC):
         """Everything before the job starts: inputs checked, stale summary and status gone, a job of this run an
         earlier attempt left cancelled, the nodes warmed, the ranks' input written."""
         from tasks.credentials import split_credentials
+        from tasks.data import read_manifest
         from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
-        from tasks.train.data import read_manifest
 
         dataset_dir = Path(dataset_dir).resolve()
-        read_manifest(dataset_dir)  # fail fast, before any node is touched
+        read_manifest(str(dataset_dir))  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
