@@ -175,16 +175,24 @@ def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:
 
 
 def finalize(root: Path, tag: str, marker: dict[str, Any], keep_last: int) -> Path:
-    """Rank 0, after every rank wrote into tmp-<tag>: fsync, marker, rename, pointer, prune."""
+    """Rank 0, after every rank wrote into tmp-<tag>: marker, commit, prune."""
+    atomic_write_json(root / f"tmp-{tag}" / MARKER, marker)
+    final = commit(root, tag)
+    prune(root, keep_last)
+    return final
+
+
+def commit(root: Path, tag: str) -> Path:
+    """Make the complete `root/tmp-<tag>` (its marker included) the checkpoint `root/<tag>` and point `latest` at
+    it: fsync, rename, fsync the root, pointer. A training rank 0 commits what the ranks wrote, a node what it
+    fetched from the mirror."""
     tmp, final = root / f"tmp-{tag}", root / tag
     fsync_tree(tmp)
-    atomic_write_json(tmp / MARKER, marker)
     if final.exists():  # a committed dir of the same tag can only come from a rerun past it
         shutil.rmtree(final)
     tmp.rename(final)
     fsync_dir(root)
     atomic_write_bytes(root / LATEST, (tag + "\n").encode())
-    prune(root, keep_last)
     return final
 
 

@@ -21,11 +21,10 @@ from typing import Any
 import fsspec
 
 from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
+from tasks.fsutil import fsync_dir, fsync_tree
+from tasks.train.checkpoint import LATEST, MARKER, commit
 
 log = logging.getLogger(__name__)
-
-MARKER, LATEST = "COMPLETE", "latest"  # as tasks/train/checkpoint.py names them
 
 
 class Mirror:
@@ -75,12 +74,7 @@ class Mirror:
         rest = [n for n in names if n != MARKER]
         self.fs.get([f"{self._tag(tag)}/{n}" for n in rest], [str(tmp / n) for n in rest])
         self.fs.get_file(f"{self._tag(tag)}/{MARKER}", str(tmp / MARKER))
-        fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        fsync_dir(root)
-        atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+        commit(root, tag)
         log.info("checkpoint %s fetched from the mirror %s (%d files)", tag, self.url, len(names))
         return final
 
