@@ -8,7 +8,7 @@ Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
 launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
 non-finite loss or gradient norm raises at once, naming the step, and the rank
 exits non-zero; no summary is written for such a run. Rank 0 keeps the run's
-status file current (tasks/train/status.py): that, not the log, is what the
+status file current (tasks/job_status.py): that, not the log, is what the
 launcher supervises.
 """
 
