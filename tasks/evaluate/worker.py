@@ -36,7 +36,7 @@ from tasks.run import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
 from tasks.train.mirror import Mirror
-from tasks.train.worker import deepspeed_prints_to_debug, exit_without_teardown, quiet_start_up
+from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
 from tasks.warm import warm
 from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
@@ -223,13 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         evaluation.run()
     except RetrainerError as exc:
         log.error("evaluation failed: %s", exc)
-        write_status(job.train.output_dir, Status(state="failed", step=evaluation.done if evaluation else 0,
-                                                  steps=evaluation.total if evaluation else 0, at=now(),
-                                                  reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
-        return 1
-    tdist.barrier()
-    tdist.destroy_process_group()
-    return 0
+        return report_failure(job.train.output_dir, exc, step=evaluation.done if evaluation else 0,
+                              steps=evaluation.total if evaluation else 0)
+    return finish()
 
 
 if __name__ == "__main__":

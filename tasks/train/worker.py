@@ -15,18 +15,13 @@ launcher supervises.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import logging
 import math
 import os
 import random
-import sys
 import time
 import uuid
-import warnings
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,6 +42,13 @@ from tasks.run import RunIdentity
 from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
+from tasks.train.rank import (
+    deepspeed_prints_to_debug,
+    exit_without_teardown,
+    finish,
+    quiet_start_up,
+    report_failure,
+)
 from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")
@@ -449,34 +451,6 @@ class Trainer:
                          Status(state=state, step=step, steps=self.cfg.train.steps, loss=loss, at=now()))
 
 
-@contextlib.contextmanager
-def deepspeed_prints_to_debug():
-    """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    finally:
-        for line in buf.getvalue().splitlines():
-            log.debug("deepspeed: %s", line)
-
-
-def quiet_start_up() -> None:
-    """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
-    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
-    logger prints to stdout with its own time and level in brackets: its records go through ours instead
-    (one time per line in the task log, the level where the relay reads it)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
-
-    for handler in list(deepspeed_log.handlers):
-        deepspeed_log.removeHandler(handler)
-    deepspeed_log.propagate = True
-    deepspeed_log.setLevel(logging.WARNING)
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tasks.train.worker")
     parser.add_argument("--config", required=True, help="JSON worker config written by the launcher")
@@ -495,25 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)
-        # Any rank that knows why the run failed says so (atomic replace: a concurrent writer's reason is as true).
-        write_status(cfg.train.output_dir, Status(
-            state="failed", step=trainer.last_step if trainer else 0, steps=cfg.train.steps, at=now(),
-            reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
-        return 1
-    tdist.barrier()
-    tdist.destroy_process_group()
-    return 0
-
-
-def exit_without_teardown(run: Callable[[], int]) -> None:
-    """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
-    process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
-    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
-    code = run()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return report_failure(cfg.train.output_dir, exc, step=trainer.last_step if trainer else 0,
+                              steps=cfg.train.steps)
+    return finish()
 
 
 if __name__ == "__main__":
