@@ -38,6 +38,7 @@ from tasks.train.data import TokenWindows
 from tasks.train.mirror import Mirror
 from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
 from tasks.warm import warm
+from tasks.warm.report import refuse_unplanned
 from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
 log = logging.getLogger("tasks.evaluate.worker")
@@ -86,11 +87,8 @@ class Evaluation:
             for s in self.spec["suites"]:
                 result = warm(s["source_url"], self.spec["cache_dir"], manifest_key=s["manifest"],
                               storage_options=self.spec["data_storage_options"], progress=False)
-                if result.manifest_hash != s["manifest_hash"]:
-                    raise InvalidInputError(
-                        f"evaluate suite {s['name']}: the dataset at {s['source_url']} verified as manifest "
-                        f"{result.manifest_hash[:12]}, not {s['manifest_hash'][:12]} (it changed since the run "
-                        "started)")
+                refuse_unplanned(result.manifest_hash, s["manifest_hash"], s["source_url"],
+                                 f"evaluate suite {s['name']}")
                 dirs[s["name"]] = str(result.dataset_dir)
             return dirs
 

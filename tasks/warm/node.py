@@ -30,6 +30,7 @@ from typing import Any
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
 from tasks.job_status import Status, log_for_relay, now, parse_tagged, write_status
+from tasks.warm.report import refuse_unplanned
 
 log = logging.getLogger("tasks.warm.node")
 
@@ -79,11 +80,7 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     results = warm_sources([(s["source_url"], s["manifest"], s["storage_options"]) for s in sources],
                            spec["cache_dir"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
     for source, result in zip(sources, results, strict=True):
-        if result.manifest_hash != source["manifest_hash"]:
-            raise RetrainerError(
-                f"node {node}: the dataset at {source['source_url']} verified as manifest {result.manifest_hash[:12]}, "
-                f"but this run trains on {source['manifest_hash'][:12]}; refusing to start (the data changed since "
-                "the run was planned: a new run trains on it)")
+        refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))
     r = results[0].report
     return {"node": node, "manifest_hash": results[0].manifest_hash, "dataset_dir": str(results[0].dataset_dir),

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.errors import RetrainerError
+
 if TYPE_CHECKING:
     from tasks.data import Manifest
 
@@ -106,3 +108,12 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def refuse_unplanned(found_hash: str, planned_hash: str, source_url: str, who: str) -> None:
+    """A warm that verified another manifest than the run planned stops here, naming `who` (a node, a suite) and
+    the source: the data changed since the run started, and only a new run takes the new data."""
+    if found_hash != planned_hash:
+        raise RetrainerError(f"{who}: the dataset at {source_url} verified as manifest {found_hash[:12]}, not the "
+                             f"{planned_hash[:12]} this run planned; it changed since the run started (a new run "
+                             "takes the new data)")
