@@ -37,12 +37,9 @@ def _expect(text: str) -> int | str | None:
     if text.lower() in ("none", "empty"):
         return None
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--expect: a version number or 'none', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--expect: must be >= 1, got {value}")
-    return value
+        return _positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"--expect: {exc} (or 'none', 'ANY')") from None
 
 
 def _positive(text: str) -> int:
