@@ -39,7 +39,7 @@ def _expect(text: str) -> int | str | None:
     try:
         return _positive(text)
     except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"--expect: {exc} (or 'none', 'ANY')") from None
+        raise argparse.ArgumentTypeError(f"{exc} (or 'none', 'ANY')") from None  # argparse names --expect
 
 
 def _positive(text: str) -> int:
