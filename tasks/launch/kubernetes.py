@@ -170,7 +170,7 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
     """Check a manifest against the PyTorchJob CRD structure; InvalidInputError names the bad field."""
     import jsonschema
 
-    from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
+    from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA  # lazy: the CRD schema is only read to validate
 
     errors = sorted(jsonschema.Draft7Validator(PYTORCHJOB_SCHEMA).iter_errors(manifest), key=lambda e: list(e.path))
     if errors:

@@ -30,6 +30,7 @@ from typing import Any
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
 from tasks.job_status import Status, log_for_relay, now, parse_tagged, write_status
+from tasks.run import StartingWeights
 from tasks.warm.report import refuse_unplanned
 
 log = logging.getLogger("tasks.warm.node")
@@ -51,7 +52,7 @@ def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
     of the mixture, with the manifest hash the run planned) and the starting weights."""
     from dataclasses import asdict
 
-    from tasks.warm.weights import WeightSources
+    from tasks.warm.weights import WeightSources  # lazy: the registry's modules load only when nodes warm
 
     d = cfg.data
     replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
@@ -71,7 +72,7 @@ def node_name() -> str:
 
 def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm this node for the run; the report, or RetrainerError naming the node."""
-    from tasks.run import StartingWeights
+    # lazy: launchers import this module for its names; the warm and fetch machinery loads on the node only
     from tasks.warm.core import warm_sources
     from tasks.warm.weights import WeightSources, fetch_weights
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.errors import RetrainerError
 
 if TYPE_CHECKING:
-    from tasks.data import Manifest
+    from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
 log = logging.getLogger("tasks.warm")
 
@@ -60,7 +60,7 @@ class WarmResult:
     def manifest(self) -> Manifest:
         """The validated manifest; parsed on first use, since a no-op re-warm never needs pydantic."""
         if self.parsed is None:
-            from tasks.data import Manifest
+            from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
             self.parsed = Manifest.parse(self.manifest_raw, source=self.manifest_source)
         return self.parsed
