@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tasks.data import read_manifest
-from tasks.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash
+from tasks.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash, window_starts
 from tasks.errors import InvalidInputError
 from tasks.warm.cache import sibling_dataset_dir
 
@@ -45,11 +45,6 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
         raise InvalidInputError(f"replay source {url}: {path} holds manifest {found[:12]}, this run trains on "
                                 f"{expected_hash[:12]}")
     return path
-
-
-def window_starts(n_tokens: int, seq_len: int) -> range:
-    """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
-    return range(0, n_tokens - seq_len, seq_len)
 
 
 class TokenWindows:
