@@ -42,6 +42,8 @@ from tasks.run import RunIdentity
 from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
+from tasks.train.export import export_stage, read_reports
+from tasks.train.mirror import Mirror, assign_uploads
 from tasks.train.rank import (
     deepspeed_prints_to_debug,
     exit_without_teardown,
@@ -155,8 +157,6 @@ class Trainer:
         self.leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # this node's first rank
         self.mirror = None
         if cfg.train.checkpoint_url:
-            from tasks.train.mirror import Mirror
-
             self.mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         self.resume_from = self._resume_point()
 
@@ -260,8 +260,6 @@ class Trainer:
 
     def _mirror(self, final: Path, tag: str) -> None:
         """Upload the committed checkpoint: each node's files once, then rank 0's marker and `latest`."""
-        from tasks.train.mirror import assign_uploads
-
         assert self.mirror is not None
         names = sorted(p.name for p in final.iterdir() if p.is_file()) if self.leader else []
         listings: list[Any] = [None] * self.world
@@ -401,8 +399,6 @@ class Trainer:
     def export_final(self, out: Path, tag: str) -> dict[str, Any]:
         """Write the final weights' Hugging Face shards into the store's staging area, one per stage (once per
         checkpoint: a retry that finds every shard report reuses them)."""
-        from tasks.train.export import export_stage, read_reports
-
         assert self.export is not None
         stages = self.cfg.parallel.pp
         seen: list[Any] = [None] * self.world  # decided together: every rank exports, or none does
