@@ -20,10 +20,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config import JobConfig, ParallelConfig
 from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
 from tasks.run import RunIdentity
+from tasks.train.mirror import Mirror
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,38 @@ def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_siz
         "world_size": world_size,
         "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
     }
+
+
+def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -> int:
+    """The data-parallel size the checkpoint `marker` describes was written at; InvalidInputError naming what
+    changed when this run's tp or pp differs from the checkpoint's (only dp may change on resume: its ZeRO
+    partitions are cut anew, tasks/train/reshard.py; tensor and pipeline slices are not)."""
+    layout = marker.get("layout") or {}
+    changed = [f"{k}={layout.get(k)} -> {getattr(parallel, k)}" for k in ("tp", "pp")
+               if layout.get(k) != getattr(parallel, k)]
+    if changed:
+        raise InvalidInputError(
+            f"{where}: written with parallel.tp={layout.get('tp')} pp={layout.get('pp')}, this run has "
+            f"tp={parallel.tp} pp={parallel.pp} ({', '.join(changed)}): resuming at another tensor or pipeline "
+            f"parallel size is not supported; keep tp={layout.get('tp')} pp={layout.get('pp')} (parallel.dp may "
+            "change, with micro_batch_size x micro_batches x dp unchanged), or remove the run's checkpoints to "
+            "start over")
+    return int(layout["dp"])
+
+
+def refuse_layout_change(cfg: JobConfig, run: RunIdentity) -> None:
+    """Before any rank starts: refuse a tp/pp change against the checkpoint this run would resume from (its
+    own directory's `latest`, else its mirror's)."""
+    root = ckpt_root(cfg.train.output_dir)
+    tag = read_latest(root)
+    if tag is not None and (root / tag / MARKER).is_file():
+        check_layout(validate_checkpoint_dir(root / tag, run.config_fingerprint, run.experiment_key), cfg.parallel,
+                     str(root / tag))
+    elif cfg.train.checkpoint_url:
+        mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
+        tag = mirror.latest()
+        if tag is not None:
+            check_layout(mirror.marker(tag), cfg.parallel, f"{mirror.url}/{tag}")
 
 
 def rng_state() -> dict[str, Any]:
