@@ -134,6 +134,5 @@ def load_zero_partitions(engine: Any, ckpt_root: Path, tag: str, old_dp: int) ->
     if param_groups is None:  # every share of this rank is padding: nothing to carry over
         param_groups = opt.optimizer.state_dict()["param_groups"]
     opt.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
-    if hasattr(opt, "_link_all_hp_params"):  # the optimizer state's tensors are new: re-point its fragments
-        opt._link_all_hp_params()
+    opt._link_all_hp_params()  # the optimizer state's tensors are new: re-point DeepSpeed's views of them
     return len(files)

@@ -387,9 +387,17 @@ class Trainer:
             return rank // per_node if self.node_local else 0
 
         sharing = [names if root_of(r) == root_of(self.rank) else [] for r, names in enumerate(listings)]
-        fetched = self.mirror.fetch_files(tag, self.root / tag, assign_uploads(sharing)[self.rank])
-        counts: list[Any] = [None] * self.world
-        tdist.all_gather_object(counts, fetched)
+        error, fetched = None, 0
+        try:
+            fetched = self.mirror.fetch_files(tag, self.root / tag, assign_uploads(sharing)[self.rank])
+        except Exception as exc:  # every rank learns it: none waits forever for a rank that failed
+            error = f"fetching {tag} from the mirror {self.mirror.url}: {type(exc).__name__}: {exc}"
+        results: list[Any] = [None] * self.world
+        tdist.all_gather_object(results, (error, fetched))
+        failed = [(r, e) for r, (e, _) in enumerate(results) if e is not None]
+        if failed:
+            raise TrainingFailedError(f"rank {failed[0][0]}: {failed[0][1]}")
+        counts = [n for _, n in results]
         if self.rank == 0 and sum(counts):
             log.info("checkpoint %s: %d files fetched from the mirror (per rank: %s)", tag, sum(counts), counts)
 
