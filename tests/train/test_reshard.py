@@ -114,3 +114,12 @@ def test_a_new_share_reads_only_the_old_partitions_it_overlaps() -> None:
     assert list(overlapping(new, 2 * new, old)) == [1, 2]
     assert list(overlapping(0, 1000, old)) == [0, 1, 2, 3]  # dp=1: all four
     assert list(overlapping(1000, 1000, old)) == []  # a share that is all padding reads nothing
+
+
+def test_the_key_follows_the_global_batch_not_the_layout(tmp_path: Path) -> None:
+    base = tiny_config(tmp_path, {"parallel.dp": 4, "parallel.micro_batches": 1})
+    same = [{"parallel.dp": 2, "parallel.micro_batches": 2}, {"parallel.dp": 1, "parallel.micro_batches": 4},
+            {"parallel.tp": 2, "parallel.pp": 2}]
+    assert all(base.with_overrides(o).fingerprint() == base.fingerprint() for o in same)
+    other = [{"parallel.dp": 2}, {"train.micro_batch_size": 2}, {"parallel.zero_stage": 0}]
+    assert all(base.with_overrides(o).fingerprint() != base.fingerprint() for o in other)
