@@ -57,19 +57,24 @@ def read_latest(root: Path) -> str | None:
     return tag
 
 
+def read_marker(path: Path) -> dict[str, Any]:
+    """The COMPLETE marker of the checkpoint dir `path`; InvalidInputError when it has none or a malformed one."""
+    marker_path = path / MARKER
+    if not marker_path.is_file():
+        raise InvalidInputError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    try:
+        return json.loads(marker_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
+
+
 def validate_checkpoint_dir(path: str | Path, fingerprint: str, experiment_key: str | None = None) -> dict[str, Any]:
     """Return the COMPLETE marker of a committed checkpoint; refuse incomplete or foreign ones.
 
     `fingerprint` (JobConfig.fingerprint) refuses another model's checkpoint; `experiment_key`, when
     given, also another run's of the same model (other data or other starting weights)."""
     path = Path(path)
-    marker_path = path / MARKER
-    if not marker_path.is_file():
-        raise InvalidInputError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
-    try:
-        marker = json.loads(marker_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
+    marker = read_marker(path)
     if marker.get("config_fingerprint") != fingerprint:
         raise InvalidInputError(
             f"{path}: checkpoint from another model (config fingerprint "
@@ -148,17 +153,21 @@ def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -
 
 def refuse_layout_change(cfg: JobConfig, run: RunIdentity) -> None:
     """Before any rank starts: refuse a tp/pp change against the checkpoint this run would resume from (its
-    own directory's `latest`, else its mirror's)."""
+    own directory's `latest`, else its mirror's). Another run's checkpoint there is the ranks' to refuse."""
     root = ckpt_root(cfg.train.output_dir)
     tag = read_latest(root)
     if tag is not None and (root / tag / MARKER).is_file():
-        check_layout(validate_checkpoint_dir(root / tag, run.config_fingerprint, run.experiment_key), cfg.parallel,
-                     str(root / tag))
+        marker, where = read_marker(root / tag), str(root / tag)
     elif cfg.train.checkpoint_url:
         mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         tag = mirror.latest()
-        if tag is not None:
-            check_layout(mirror.marker(tag), cfg.parallel, f"{mirror.url}/{tag}")
+        if tag is None:
+            return
+        marker, where = mirror.marker(tag), f"{mirror.url}/{tag}"
+    else:
+        return
+    if marker.get("experiment_key") == run.experiment_key:
+        check_layout(marker, cfg.parallel, where)
 
 
 def rng_state() -> dict[str, Any]:
