@@ -134,10 +134,10 @@ def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_siz
     }
 
 
-def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -> int:
-    """The data-parallel size the checkpoint `marker` describes was written at; InvalidInputError naming what
-    changed when this run's tp or pp differs from the checkpoint's (only dp may change on resume: its ZeRO
-    partitions are cut anew, tasks/train/reshard.py; tensor and pipeline slices are not)."""
+def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -> None:
+    """Refuse, naming what changed, a run whose tp or pp differs from its checkpoint's (`marker`, found at
+    `where`): only dp may change on resume (its ZeRO partitions are cut anew, tasks/train/reshard.py);
+    tensor and pipeline slices are not."""
     layout = marker.get("layout") or {}
     changed = [f"{k}={layout.get(k)} -> {getattr(parallel, k)}" for k in ("tp", "pp")
                if layout.get(k) != getattr(parallel, k)]
@@ -148,7 +148,6 @@ def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -
             f"parallel size is not supported; keep tp={layout.get('tp')} pp={layout.get('pp')} (parallel.dp may "
             "change, with micro_batch_size x micro_batches x dp unchanged), or remove the run's checkpoints to "
             "start over")
-    return int(layout["dp"])
 
 
 def refuse_layout_change(cfg: JobConfig, run: RunIdentity) -> None:

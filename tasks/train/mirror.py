@@ -5,10 +5,11 @@ every committed checkpoint is also uploaded to `<checkpoint_url>/<run id>/<tag>/
 commit, each node's first rank uploads the files its node holds (a file several nodes see, on a shared
 run directory, is uploaded once, by the first of them), then rank 0 uploads the `COMPLETE` marker and
 then `latest`: a tag whose marker is not in the mirror is not there, whatever else was uploaded. At
-start, a node whose disk lacks the checkpoint the run resumes from takes that tag's marker, then each of its
-ranks downloads only the files it loads (tasks/train/reshard.py: rank_files), so every rank resumes from the
-same step, bit for bit, and a replaced node fetches its own ranks' share, not the whole checkpoint. Credentials for
-the mirror reach the ranks as environment variables (tasks/credentials.py), never in a file.
+start, a node whose disk lacks the checkpoint the run resumes from takes that tag's marker, then its
+ranks download only the files they load (tasks/train/reshard.py: rank_files): every rank resumes from
+the same step, bit for bit, and a replaced node fetches its own ranks' share, not the whole checkpoint.
+Credentials for the mirror reach the ranks as environment variables (tasks/credentials.py), never in a
+file.
 """
 
 from __future__ import annotations
