@@ -253,11 +253,14 @@ class Launcher(ABC):
         from tasks.credentials import split_credentials
         from tasks.launch.torchrun import write_worker_config
         from tasks.run import for_dataset
+        from tasks.train.checkpoint import refuse_layout_change
         from tasks.train.data import read_manifest
 
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(dataset_dir)  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
+        if evaluation is None:
+            refuse_layout_change(cfg, run)  # a tp/pp change against the run's checkpoint: before any node
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
