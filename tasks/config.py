@@ -848,11 +848,20 @@ class JobConfig(_Strict):
         defining = {
             "name": self.name,
             "model": model,
-            "parallel": self.parallel.model_dump(mode="json"),
+            "parallel": self._keyed_layout(),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
                                                                 "checkpoint_storage_options", "deadline"}),
         }
         return sha256_json(defining)
+
+    def _keyed_layout(self) -> dict[str, Any]:
+        """The layout as the key sees it: its one-rank equivalent (tp = pp = dp = 1, the same global batch in
+        micro-batches). Layout is how a run trains, not what: the same global batch gives the same steps at any
+        tp x pp x dp (tests/train/test_3d_equality.py), so a run that lost nodes resumes its own checkpoints at
+        a smaller dp (tasks/train/reshard.py), and a tp/pp change finds them and is refused by name
+        (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it always had."""
+        p = self.parallel
+        return {**p.model_dump(mode="json"), "tp": 1, "pp": 1, "dp": 1, "micro_batches": p.micro_batches * p.dp}
 
     def training_job(self) -> TrainingJob:
         c = self.cluster

@@ -36,6 +36,7 @@ from tasks.launch.procs import new_tag
 from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
 from tasks.run import RunIdentity, for_dataset
+from tasks.train.checkpoint import refuse_layout_change
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class Launcher(ABC):
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(str(dataset_dir))  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
+        if evaluation is None:
+            refuse_layout_change(cfg, run)  # a tp/pp change against the run's checkpoint: before any node
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)

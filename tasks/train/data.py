@@ -4,7 +4,11 @@ Why a pure function: resume must continue on exactly the samples an unbroken
 run would have seen. The global batch of step s is drawn from a permutation
 seeded by (seed, epoch) with epoch = s // steps_per_epoch, so the "data
 position" saved in a checkpoint is just the step; no iterator state to pickle.
-Each DP rank takes a disjoint slice of every micro-batch.
+Each DP rank takes a disjoint slice of every micro-batch. Nothing but the global
+batch size enters the draw: micro-batch j of dp rank r is rows block j x dp + r of
+the step's global batch, so a run resumed at another dp with the same global
+batch (tasks/train/reshard.py) trains on the same samples, in the same order,
+grouped in the same micro-batches.
 
 A mixture (`data.replay`) keeps that property: how many samples each source has
 given before step s is a function of s alone (see `Sampler.drawn`), so each
