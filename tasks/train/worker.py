@@ -373,8 +373,6 @@ class Trainer:
     def _fetch_rank_files(self, tag: str, old_dp: int) -> None:
         """Download from the mirror the files this run's ranks load that their checkpoint root lacks: each node
         its own ranks' share (a replaced node: only that), each file once per root."""
-        from tasks.train.mirror import assign_uploads
-
         assert self.mirror is not None
         available: list[Any] = [self.mirror.names(tag) if self.rank == 0 else None]
         tdist.broadcast_object_list(available, src=0)

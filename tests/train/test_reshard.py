@@ -10,9 +10,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from tasks.train.status import STATUS_FILE
 
 from tasks.errors import InvalidInputError
+from tasks.job_status import STATUS_FILE
 from tasks.launch import train
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
