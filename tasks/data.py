@@ -317,7 +317,7 @@ def build_manifest(
 # ---------------------------------------------------------------- CLI
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
-    from tasks.config import load_config
+    from tasks.config import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url

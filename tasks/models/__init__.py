@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tasks.errors import InvalidInputError
+
 if TYPE_CHECKING:
     from tasks.models.family import ModelFamily
 
@@ -34,8 +36,6 @@ def get_family(name: str) -> ModelFamily:
 
 def family_for_architecture(architectures: object) -> ModelFamily:
     """The family that reads a config.json `architectures` value (a one-element list); others are refused."""
-    from tasks.errors import InvalidInputError
-
     known = {arch: name for name in FAMILIES for arch in get_family(name).architectures}
     if not isinstance(architectures, list) or len(architectures) != 1 or architectures[0] not in known:
         raise InvalidInputError(f"config.json architectures {architectures!r} is not supported; "

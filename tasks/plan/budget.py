@@ -296,7 +296,7 @@ def plan(
         headroom=capacity - busiest["total"],
     )
 
-    step = _step(cfg, per_stage, busiest, b)
+    step = _step(cfg, busiest, b)
     n_total = get_family(m.family).total_params(m)
 
     evaluation = evaluation_budget(cfg, capacity)
@@ -360,7 +360,7 @@ def plan(
     return plan_
 
 
-def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, int], b: Bytes) -> Step:
+def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
     tokens = mb * p.micro_batches * p.dp * s

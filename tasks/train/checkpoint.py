@@ -22,14 +22,13 @@ from typing import Any
 
 from tasks.config import JobConfig, ParallelConfig
 from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
+from tasks.fsutil import atomic_write_json, fsync_dir
 from tasks.run import RunIdentity
+from tasks.train.commit import LATEST, MARKER, commit
 from tasks.train.mirror import Mirror
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-LATEST = "latest"
 _TAG = re.compile(r"^step-(\d{6,})$")
 
 
@@ -216,15 +215,9 @@ def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:
 
 
 def finalize(root: Path, tag: str, marker: dict[str, Any], keep_last: int) -> Path:
-    """Rank 0, after every rank wrote into tmp-<tag>: fsync, marker, rename, pointer, prune."""
-    tmp, final = root / f"tmp-{tag}", root / tag
-    fsync_tree(tmp)
-    atomic_write_json(tmp / MARKER, marker)
-    if final.exists():  # a committed dir of the same tag can only come from a rerun past it
-        shutil.rmtree(final)
-    tmp.rename(final)
-    fsync_dir(root)
-    atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+    """Rank 0, after every rank wrote into tmp-<tag>: marker, commit, prune."""
+    atomic_write_json(root / f"tmp-{tag}" / MARKER, marker)
+    final = commit(root, tag)
     prune(root, keep_last)
     return final
 

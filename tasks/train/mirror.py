@@ -24,11 +24,10 @@ from typing import Any
 import fsspec
 
 from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
+from tasks.fsutil import fsync_dir, fsync_tree
+from tasks.train.commit import LATEST, MARKER, commit
 
 log = logging.getLogger(__name__)
-
-MARKER, LATEST = "COMPLETE", "latest"  # as tasks/train/checkpoint.py names them
 
 
 class Mirror:
@@ -82,12 +81,7 @@ class Mirror:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.fs.get_file(f"{self._tag(tag)}/{MARKER}", str(tmp / MARKER))
-        fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        fsync_dir(root)
-        atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+        commit(root, tag)
         return final
 
     def names(self, tag: str) -> list[str]:

@@ -8,25 +8,20 @@ Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
 launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
 non-finite loss or gradient norm raises at once, naming the step, and the rank
 exits non-zero; no summary is written for such a run. Rank 0 keeps the run's
-status file current (tasks/train/status.py): that, not the log, is what the
+status file current (tasks/job_status.py): that, not the log, is what the
 launcher supervises.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import logging
 import math
 import os
 import random
-import sys
 import time
 import uuid
-import warnings
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +34,7 @@ from tasks.comm_ops import load_shm_op
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
+from tasks.job_status import State, Status, log_for_relay, now, write_status
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
@@ -46,7 +42,15 @@ from tasks.run import RunIdentity
 from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
-from tasks.train.status import State, Status, log_for_relay, now, write_status
+from tasks.train.export import export_stage, read_reports
+from tasks.train.mirror import Mirror, assign_uploads
+from tasks.train.rank import (
+    deepspeed_prints_to_debug,
+    exit_without_teardown,
+    finish,
+    quiet_start_up,
+    report_failure,
+)
 from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")
@@ -153,8 +157,6 @@ class Trainer:
         self.leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # this node's first rank
         self.mirror = None
         if cfg.train.checkpoint_url:
-            from tasks.train.mirror import Mirror
-
             self.mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         self.resume_from = self._resume_point()
 
@@ -258,8 +260,6 @@ class Trainer:
 
     def _mirror(self, final: Path, tag: str) -> None:
         """Upload the committed checkpoint: each node's files once, then rank 0's marker and `latest`."""
-        from tasks.train.mirror import assign_uploads
-
         assert self.mirror is not None
         names = sorted(p.name for p in final.iterdir() if p.is_file()) if self.leader else []
         listings: list[Any] = [None] * self.world
@@ -373,8 +373,6 @@ class Trainer:
     def _fetch_rank_files(self, tag: str, old_dp: int) -> None:
         """Download from the mirror the files this run's ranks load that their checkpoint root lacks: each node
         its own ranks' share (a replaced node: only that), each file once per root."""
-        from tasks.train.mirror import assign_uploads
-
         assert self.mirror is not None
         available: list[Any] = [self.mirror.names(tag) if self.rank == 0 else None]
         tdist.broadcast_object_list(available, src=0)
@@ -454,8 +452,6 @@ class Trainer:
     def export_final(self, out: Path, tag: str) -> dict[str, Any]:
         """Write the final weights' Hugging Face shards into the store's staging area, one per stage (once per
         checkpoint: a retry that finds every shard report reuses them)."""
-        from tasks.train.export import export_stage, read_reports
-
         assert self.export is not None
         stages = self.cfg.parallel.pp
         seen: list[Any] = [None] * self.world  # decided together: every rank exports, or none does
@@ -505,34 +501,6 @@ class Trainer:
                          Status(state=state, step=step, steps=self.cfg.train.steps, loss=loss, at=now()))
 
 
-@contextlib.contextmanager
-def deepspeed_prints_to_debug():
-    """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    finally:
-        for line in buf.getvalue().splitlines():
-            log.debug("deepspeed: %s", line)
-
-
-def quiet_start_up() -> None:
-    """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
-    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
-    logger prints to stdout with its own time and level in brackets: its records go through ours instead
-    (one time per line in the task log, the level where the relay reads it)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
-
-    for handler in list(deepspeed_log.handlers):
-        deepspeed_log.removeHandler(handler)
-    deepspeed_log.propagate = True
-    deepspeed_log.setLevel(logging.WARNING)
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tasks.train.worker")
     parser.add_argument("--config", required=True, help="JSON worker config written by the launcher")
@@ -551,25 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)
-        # Any rank that knows why the run failed says so (atomic replace: a concurrent writer's reason is as true).
-        write_status(cfg.train.output_dir, Status(
-            state="failed", step=trainer.last_step if trainer else 0, steps=cfg.train.steps, at=now(),
-            reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
-        return 1
-    tdist.barrier()
-    tdist.destroy_process_group()
-    return 0
-
-
-def exit_without_teardown(run: Callable[[], int]) -> None:
-    """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
-    process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
-    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
-    code = run()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return report_failure(cfg.train.output_dir, exc, step=trainer.last_step if trainer else 0,
+                              steps=cfg.train.steps)
+    return finish()
 
 
 if __name__ == "__main__":

@@ -45,13 +45,13 @@ def hook_env() -> dict[str, str]:
 
 def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
     """Launcher-side hooks; `patch` is `setattr` in a process of its own, `monkeypatch.setattr` in pytest."""
-    from tasks.launch import ssh, torchrun
+    from tasks.launch import torchrun
 
     product_rank_env = torchrun.rank_env
     patch(torchrun, "WORKER_MODULE", WORKER)
     patch(torchrun, "EVAL_WORKER_MODULE", EVAL_WORKER)
     patch(torchrun, "rank_env", lambda extra=None: product_rank_env({**hook_env(), **(extra or {})}))
-    patch(ssh, "FORWARD_PREFIXES", (*ssh.FORWARD_PREFIXES, PREFIX))
+    patch(torchrun, "PORTABLE_ENV_PREFIXES", (*torchrun.PORTABLE_ENV_PREFIXES, PREFIX))
     if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
         _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))
     if audit := os.environ.get("HOOK_AUDIT_OPENS"):

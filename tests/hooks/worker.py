@@ -10,6 +10,7 @@ import time
 
 from tasks.train import async_save, data, telemetry, worker
 from tasks.train import checkpoint as ck
+from tasks.train.rank import exit_without_teardown
 
 log = logging.getLogger("tests.hooks")
 
@@ -117,4 +118,4 @@ def install() -> None:
 
 if __name__ == "__main__":
     install()
-    worker.exit_without_teardown(worker.main)
+    exit_without_teardown(worker.main)

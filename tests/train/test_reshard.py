@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import InvalidInputError
+from tasks.job_status import STATUS_FILE
 from tasks.launch import train
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 from tasks.train.reshard import overlapping, partition_numel
-from tasks.train.status import STATUS_FILE
 from tests.train.conftest import tiny_config, write_dataset
 from tests.train.test_faults import _children, _rank_of, _reap, _start, _wait_for
 
