@@ -43,16 +43,28 @@ class _Strict(BaseModel):
 
 
 class RopeScaling(_Strict):
-    """Llama-3 rotary frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+    """Rotary frequency scaling (HF `rope_scaling`): `llama3` (three bands: Llama 3.1+) or `linear` (every
+    frequency / factor: Gemma 3's global layers). Which family takes which: tasks.models.options.ROPE_TYPES."""
 
-    rope_type: Literal["llama3"] = "llama3"
+    rope_type: Literal["llama3", "linear"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
-    original_max_position_embeddings: int = Field(gt=0)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3 only")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3 only")
+    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3 only")
 
     @model_validator(mode="after")
     def _bands(self) -> RopeScaling:
+        bands = {"low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor,
+                 "original_max_position_embeddings": self.original_max_position_embeddings}
+        if self.rope_type == "linear":
+            given = [k for k, v in bands.items() if v is not None]
+            if given:
+                raise ValueError(f"model.rope_scaling.{given[0]} is a llama3 field; rope_type 'linear' takes "
+                                 "only factor")
+            return self
+        missing = [k for k, v in bands.items() if v is None]
+        if missing:
+            raise ValueError(f"model.rope_scaling.{missing[0]} is required for rope_type 'llama3'")
         if self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                              f"model.rope_scaling.low_freq_factor ({self.low_freq_factor})")

@@ -51,6 +51,10 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "gemma3-sliding-global-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
         **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
         rope_theta=1e6, rope_local_base_freq=1e4)),
+    # Gemma 3 4B+: linear rope scaling (factor 8) on the global layers only, the sliding ones unscaled.
+    "gemma3-linear-rope-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})),
     # Gemma 2: no QK-norm, one base, attention scores and logits soft-capped (caps small enough to bite).
     "gemma2-softcap-tied": lambda: Gemma2ForCausalLM(Gemma2Config(
         **SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=24, rope_theta=1e6,
@@ -89,6 +93,9 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
         assert m.rope_local_base_freq == (1e4 if family.name == "gemma3" else None)
         assert (m.attn_logit_softcapping, m.final_logit_softcapping) == ((0.5, 1.0) if family.name == "gemma2"
                                                                          else (None, None))
+    linear = {"rope_type": "linear", "factor": 8.0}
+    assert (m.rope_scaling and m.rope_scaling.model_dump(exclude_none=True)) == (
+        linear if variant == "gemma3-linear-rope-tied" else LLAMA3 if variant == "llama3-untied" else None)
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()

@@ -9,6 +9,7 @@ from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
+from tasks.models.options import ROPE_TYPES, rope_types_text
 
 _TOP_NAMES = {
     f"{EMBED}.tok.weight": "model.embed_tokens.weight",
@@ -89,7 +90,7 @@ def base_hf_config(m: ModelConfig, architecture: str, model_type: str, *, dtype:
         "hidden_act": "silu",
         "rms_norm_eps": m.rms_norm_eps,
         "rope_theta": m.rope_theta,
-        "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
+        "rope_scaling": m.rope_scaling.model_dump(exclude_none=True) if m.rope_scaling else None,
         "tie_word_embeddings": m.tie_embeddings,
         "dtype": dtype,  # transformers 5 writes `dtype` (`torch_dtype` is its deprecated spelling)
         "bos_token_id": bos_token_id,
@@ -125,26 +126,38 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     return cfg
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters."""
+def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
+    a rope type the family does not implement (tasks.models.options.ROPE_TYPES) is refused, naming it."""
     params = config.get("rope_parameters") or {}
     if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
         raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")
     theta = float(params.get("rope_theta", config.get("rope_theta", _COMMON_DEFAULTS["rope_theta"])))
     key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     scaling = config.get("rope_scaling") or params
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if scaling.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
         raise InvalidInputError("config.json partial_rotary_factor: only full rotary (1.0) is supported")
+    return theta, rope_scaling(scaling, key, family)
+
+
+# The HF keys each implemented rope type reads (RopeScaling's fields).
+_ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+              "linear": ("factor",)}
+
+
+def rope_scaling(scaling: dict[str, Any], key: str, family: str) -> dict[str, Any] | None:
+    """The `model.rope_scaling` of a config.json rope dict at `key` (None: default rotary); a type `family`
+    does not implement is refused naming it and the supported ones."""
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported (default or llama3)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [k for k in keys if k not in scaling]
+        return None
+    if kind not in ROPE_TYPES.get(family, ()):
+        raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported by model.family {family!r} "
+                                f"(supported: {rope_types_text(family)})")
+    missing = [k for k in _ROPE_KEYS[kind] if k not in scaling]
     if missing:
-        raise InvalidInputError(f"config.json {key}: llama3 needs {', '.join(missing)}")
-    return theta, {"rope_type": "llama3", **{k: scaling[k] for k in keys}}
+        raise InvalidInputError(f"config.json {key}: {kind} needs {', '.join(missing)}")
+    return {"rope_type": kind, **{k: scaling[k] for k in _ROPE_KEYS[kind]}}
 
 
 def read_config(config: dict[str, Any], family: str,
@@ -167,7 +180,7 @@ def read_config(config: dict[str, Any], family: str,
     refuse(c, family, {"hidden_act": c["hidden_act"] != "silu", "mlp_bias": bool(c["mlp_bias"]),
                        "attention_dropout": bool(c["attention_dropout"])})
     heads = c["num_attention_heads"]
-    theta, scaling = _rope(c)
+    theta, scaling = _rope(c, family)
     return model_type, c, {
         "family": family,
         "vocab_size": c["vocab_size"],

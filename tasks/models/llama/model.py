@@ -90,7 +90,8 @@ class RMSNorm(nn.Module):
 
 
 def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
-    """Rotary inverse frequencies in fp32, exactly as transformers' default and `llama3` rope init compute them.
+    """Rotary inverse frequencies in fp32, exactly as transformers' default, `linear` and `llama3` rope inits
+    compute them.
 
     `theta`: another base without scaling (Gemma's sliding layers); None = m.rope_theta with m.rope_scaling.
     """
@@ -99,6 +100,9 @@ def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
     rs = m.rope_scaling
     if rs is None or theta is not None:
         return freq
+    if rs.rope_type == "linear":
+        return freq / rs.factor
+    assert rs.original_max_position_embeddings and rs.low_freq_factor and rs.high_freq_factor  # llama3's bands
     old_len = rs.original_max_position_embeddings
     low_freq_wavelen, high_freq_wavelen = old_len / rs.low_freq_factor, old_len / rs.high_freq_factor
     wavelen = 2 * math.pi / freq
