@@ -190,7 +190,9 @@ def test_names_map_both_ways() -> None:
 def test_bad_configs_name_the_field() -> None:
     with pytest.raises(ValidationError, match=r"model\.dropout"):
         ModelConfig(family="llama", dropout=0.1)
-    ModelConfig(family="gpt", dropout=0.1, tie_embeddings=True, rope_theta=5.0)  # gpt ignores the llama-only fields
+    ModelConfig(family="gpt", dropout=0.1)
+    with pytest.raises(ValidationError, match=r"model\.rope_theta \(5\.0\) is not supported by model\.family 'gpt'"):
+        ModelConfig(family="gpt", rope_theta=5.0)  # refused, never silently ignored
     with pytest.raises(ValidationError, match=r"model\.rope_scaling\.high_freq_factor"):
         ModelConfig(family="llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5})
     m = ModelConfig(family="llama", vocab_size=250)

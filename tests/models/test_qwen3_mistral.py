@@ -185,7 +185,7 @@ def test_linear_rope_scaling_reaches_only_gemma3s_global_layers_and_changes_the_
     ("gemma3", {"hidden_activation": "gelu"}, {}, r"config\.json hidden_activation = 'gelu' is not supported"),
     ("gemma3", {}, {"query_pre_attn_scalar": 16}, r"model\.query_pre_attn_scalar is 16 here but"),
     ("qwen3", {}, {"sliding_window_pattern": 2},
-     r"model\.sliding_window_pattern is not supported by model\.family 'qwen3' \(Gemma only\)"),
+     r"model\.sliding_window_pattern \(2\) is not supported by model\.family 'qwen3' \(its options: "),
 ])
 def test_what_we_do_not_implement_is_refused_at_config_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, changes: dict, model: dict, message: str

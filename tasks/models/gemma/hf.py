@@ -76,13 +76,6 @@ def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_posit
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Gemma3ForCausalLM or Gemma2ForCausalLM, every Gemma option written back."""
     gemma3 = family == "gemma3"
-    if m.qk_norm != gemma3:
-        raise ValueError(f"model.family {family!r} needs model.qk_norm: {str(gemma3).lower()} "
-                         f"(Gemma 3 normalizes q and k, Gemma 2 does not)")
-    if m.qkv_bias:
-        raise ValueError(f"model.qkv_bias is not supported by model.family {family!r}")
-    if not gemma3 and m.rope_local_base_freq is not None:
-        raise ValueError("model.rope_local_base_freq is not supported by model.family 'gemma2' (one rotary base)")
     [(architecture, (model_type, _))] = ARCHITECTURES[family].items()
     cfg = llama_hf.base_hf_config(m, architecture, model_type, dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,

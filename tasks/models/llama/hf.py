@@ -98,15 +98,6 @@ def base_hf_config(m: ModelConfig, architecture: str, model_type: str, *, dtype:
     }
 
 
-def refuse_options(m: ModelConfig, family: str, supported: tuple[str, ...]) -> None:
-    """An export that cannot state a block option in the family's config.json is refused, naming it."""
-    used = {"qkv_bias": m.qkv_bias, "qk_norm": m.qk_norm, "sliding_window": m.sliding_window is not None}
-    for option, on in used.items():
-        if on and option not in supported:
-            raise ValueError(f"model.{option} is not supported by model.family {family!r} "
-                             f"(supported options: {', '.join(supported) or 'none'})")
-
-
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: LlamaForCausalLM, or Qwen2ForCausalLM when `qkv_bias`.
@@ -114,7 +105,6 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     Why Qwen2 for qkv_bias: Llama's `attention_bias` also puts a bias on o_proj,
     which this model does not have.
     """
-    refuse_options(m, "llama", ("qkv_bias",))
     qwen = m.qkv_bias
     cfg = base_hf_config(m, "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM", "qwen2" if qwen else "llama",
                          dtype=dtype, max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
