@@ -12,6 +12,7 @@ from tasks.config import ModelConfig, load_config
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
+from tasks.models.options import OPTIONS
 from tasks.plan.cli import main as plan_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ CASES = {
 
 
 def test_every_registered_family_is_tested() -> None:
-    assert {m.family for m in CASES.values()} == set(FAMILIES)
+    assert {m.family for m in CASES.values()} == set(FAMILIES) == set(OPTIONS)  # each states its options
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

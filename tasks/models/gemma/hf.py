@@ -112,7 +112,7 @@ def _rope(c: dict[str, Any], family: str) -> tuple[float, float, dict[str, Any] 
     kind = local.get("rope_type", local.get("type", "default"))
     if kind != "default":
         raise InvalidInputError(f"config.json rope_parameters.{_SLIDING}.rope_type {kind!r} is not supported "
-                                "(supported: default: the sliding layers' rotary is never scaled)")
+                                "(the sliding layers' rotary is never scaled; supported: default)")
     if c.get("rope_scaling"):
         scaling = llama_hf.rope_scaling(c["rope_scaling"], "rope_scaling", family)
     else:
