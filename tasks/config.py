@@ -42,30 +42,42 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RopeScaling(_Strict):
-    """Rotary frequency scaling (HF `rope_scaling`): `llama3` (three bands: Llama 3.1+) or `linear` (every
-    frequency / factor: Gemma 3's global layers). Which family takes which: tasks.models.options.ROPE_TYPES."""
+# rope_type -> (the RopeScaling fields it requires, those it may set) besides `factor`; no other field is its.
+ROPE_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llama3": (("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "linear": ((), ()),
+    "yarn": (("original_max_position_embeddings",), ("beta_fast", "beta_slow", "attention_factor")),
+}
 
-    rope_type: Literal["llama3", "linear"] = "llama3"
+
+class RopeScaling(_Strict):
+    """Rotary frequency scaling (HF `rope_scaling`), as transformers computes it: `llama3` (three bands: Llama
+    3.1+), `linear` (every frequency / factor: Gemma 3's global layers) or `yarn` (Qwen long context: low
+    frequencies interpolated, cos/sin scaled by attention_factor). Which family takes which:
+    tasks.models.options.ROPE_TYPES."""
+
+    rope_type: Literal["llama3", "linear", "yarn"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float | None = Field(None, gt=0, description="llama3 only")
-    high_freq_factor: float | None = Field(None, gt=0, description="llama3 only")
-    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3 only")
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3, yarn: the pretraining "
+                                                                                 "context")
+    beta_fast: float | None = Field(None, gt=0, description="yarn; null = 32")
+    beta_slow: float | None = Field(None, gt=0, description="yarn; null = 1")
+    attention_factor: float | None = Field(None, gt=0, description="yarn: the cos/sin scale; null = "
+                                                                   "0.1 ln(factor) + 1")
 
     @model_validator(mode="after")
-    def _bands(self) -> RopeScaling:
-        bands = {"low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor,
-                 "original_max_position_embeddings": self.original_max_position_embeddings}
-        if self.rope_type == "linear":
-            given = [k for k, v in bands.items() if v is not None]
-            if given:
-                raise ValueError(f"model.rope_scaling.{given[0]} is a llama3 field; rope_type 'linear' takes "
-                                 "only factor")
-            return self
-        missing = [k for k, v in bands.items() if v is None]
-        if missing:
-            raise ValueError(f"model.rope_scaling.{missing[0]} is required for rope_type 'llama3'")
-        if self.high_freq_factor <= self.low_freq_factor:
+    def _fields_of_its_type(self) -> RopeScaling:
+        required, optional = ROPE_FIELDS[self.rope_type]
+        for field in sorted({f for fields in ROPE_FIELDS.values() for group in fields for f in group}):
+            value = getattr(self, field)
+            if value is None and field in required:
+                raise ValueError(f"model.rope_scaling.{field} is required for rope_type {self.rope_type!r}")
+            if value is not None and field not in required + optional:
+                raise ValueError(f"model.rope_scaling.{field} is not a field of rope_type {self.rope_type!r} "
+                                 f"(its fields: {', '.join(('factor', *required, *optional))})")
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                              f"model.rope_scaling.low_freq_factor ({self.low_freq_factor})")
         return self
@@ -847,6 +859,8 @@ class JobConfig(_Strict):
         model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
+        if model.get("rope_scaling"):  # likewise the rope fields of the types added after llama3 (null: not its)
+            model["rope_scaling"] = {k: v for k, v in model["rope_scaling"].items() if v is not None}
         for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),
                               ("sliding_window", None), *((f, None) for f in GEMMA_OPTIONS)):
             if model.get(option) == plain:

@@ -33,8 +33,8 @@ OPTIONS: dict[str, tuple[str, ...]] = {
 ALWAYS: dict[str, tuple[str, ...]] = {"qwen3": ("qk_norm",), "gemma3": ("qk_norm",)}
 # `model.rope_scaling.rope_type`s each family implements exactly as transformers does (absent: none).
 ROPE_TYPES: dict[str, tuple[str, ...]] = {
-    "llama": ("llama3",),
-    "qwen3": ("llama3",),
+    "llama": ("llama3", "yarn"),  # yarn: Qwen2.5 long context (Qwen2ForCausalLM)
+    "qwen3": ("llama3", "yarn"),
     "mistral": ("llama3",),
     "gemma3": ("linear",),  # on the global layers; the sliding ones keep rope_local_base_freq unscaled
 }

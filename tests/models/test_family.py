@@ -97,8 +97,13 @@ REFUSED = [
     ("llama", {"sliding_window": 8}, r"model\.sliding_window \(8\) is not supported by model\.family 'llama'"),
     ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
      r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'llama' \(supported: default, "
+     r"llama3, yarn\)"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, r"model\.rope_scaling\.rope_type"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     r"model\.rope_scaling\.original_max_position_embeddings is required for rope_type 'yarn'"),
+    ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}},
+     r"model\.rope_scaling\.rope_type 'yarn' is not supported by model\.family 'mistral' \(supported: default, "
      r"llama3\)"),
-    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"model\.rope_scaling\.rope_type"),
     ("qwen3", {}, r"model\.qk_norm must be true for model\.family 'qwen3'"),
     ("qwen3", {"qk_norm": True, "qkv_bias": True}, r"model\.qkv_bias \(True\) is not supported by model\.family "
                                                    r"'qwen3'"),

@@ -163,9 +163,13 @@ def test_linear_rope_scaling_reaches_only_gemma3s_global_layers_and_changes_the_
      r"architectures \['MixtralForCausalLM'\] is not supported; known: .*MistralForCausalLM"),
     ("qwen3", {"use_sliding_window": True}, {},
      r"config\.json use_sliding_window = True is not supported by model\.family 'qwen3'"),
-    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, {},
-     r"config\.json rope_scaling\.rope_type 'yarn' is not supported by model\.family 'qwen3' "
-     r"\(supported: default, llama3\)"),
+    ("qwen3", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, {},
+     r"config\.json rope_scaling\.rope_type 'longrope' is not supported by model\.family 'qwen3' "
+     r"\(supported: default, llama3, yarn\)"),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                "mscale_all_dim": 1.0}}, {},
+     r"config\.json rope_scaling\.mscale_all_dim = 1\.0 is not supported \(yarn with factor, "
+     r"original_max_position_embeddings, beta_fast, beta_slow, attention_factor only\)"),
     ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {},
      r"rope_type 'yarn' is not supported by model\.family 'mistral' \(supported: default, llama3\)"),
     ("mistral", {"attention_bias": True}, {}, r"config\.json attention_bias = True is not supported"),

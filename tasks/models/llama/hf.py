@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.config import ModelConfig
+from tasks.config import ROPE_FIELDS, ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
@@ -130,24 +130,30 @@ def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | 
     return theta, rope_scaling(scaling, key, family)
 
 
-# The HF keys each implemented rope type reads (RopeScaling's fields).
-_ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-              "linear": ("factor",)}
+# Keys of a yarn config.json that change its maths in ways we do not implement -> the only value accepted.
+_YARN_FIXED: dict[str, object] = {"mscale": None, "mscale_all_dim": None, "truncate": True}
 
 
 def rope_scaling(scaling: dict[str, Any], key: str, family: str) -> dict[str, Any] | None:
     """The `model.rope_scaling` of a config.json rope dict at `key` (None: default rotary); a type `family`
-    does not implement is refused naming it and the supported ones."""
+    does not implement, or a key of it we do not, is refused naming it and the supported ones."""
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
     if kind not in ROPE_TYPES.get(family, ()):
         raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported by model.family {family!r} "
                                 f"(supported: {rope_types_text(family)})")
-    missing = [k for k in _ROPE_KEYS[kind] if k not in scaling]
+    required, optional = ROPE_FIELDS[kind]
+    missing = [k for k in ("factor", *required) if scaling.get(k) is None]
     if missing:
         raise InvalidInputError(f"config.json {key}: {kind} needs {', '.join(missing)}")
-    return {"rope_type": kind, **{k: scaling[k] for k in _ROPE_KEYS[kind]}}
+    if kind == "yarn":
+        for fixed, value in _YARN_FIXED.items():
+            if scaling.get(fixed, value) != value:
+                raise InvalidInputError(f"config.json {key}.{fixed} = {scaling[fixed]!r} is not supported "
+                                        f"(yarn with {', '.join(('factor', *required, *optional))} only)")
+    fields = ("factor", *required, *optional)
+    return {"rope_type": kind, **{k: scaling[k] for k in fields if scaling.get(k) is not None}}
 
 
 def read_config(config: dict[str, Any], family: str,
