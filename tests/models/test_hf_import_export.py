@@ -7,6 +7,7 @@ nothing is downloaded.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
@@ -25,11 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).
-# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are); Mistral and Gemma 3: a window shorter
-# than the 32-token training windows, so the band is exercised.
+# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are), YaRN long context; Mistral and Gemma 3:
+# a window shorter than the 32-token training windows, so the band is exercised.
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8, "head_dim": None}),
     # Gemma 3: the other blocks (four norms, scaled embedding, GELU-tanh), tied; layers 2 and 4 global.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "sliding_window": 8,
@@ -53,7 +55,7 @@ def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int
     config = getattr(transformers, config_cls)(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=128, rope_theta=500000.0, bos_token_id=1,
-        eos_token_id=2, **options)
+        eos_token_id=2, **copy.deepcopy(options))  # (a transformers config mutates a rope dict it is given)
     getattr(transformers, model_cls)(config).save_pretrained(dest, max_shard_size=shard)
     if tokenizer:
         from tokenizers import Tokenizer, models, pre_tokenizers
@@ -194,6 +196,7 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert hf_config["architectures"] == [ARCHS[arch][1]] and hf_config["max_position_embeddings"] == 128
     assert hf_config.get("sliding_window") == ARCHS[arch][2].get("sliding_window")  # the window round-trips
     assert hf_config.get("head_dim", 16) == (ARCHS[arch][2].get("head_dim") or 16)
+    assert hf_config.get("rope_scaling") == ARCHS[arch][2].get("rope_scaling")  # so does the rope scaling
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
