@@ -42,30 +42,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RopeScaling(_Strict):
-    """Llama-3 rotary frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+# rope_type -> (the RopeScaling fields it requires, those it may set) besides `factor`; no other field is its.
+ROPE_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llama3": (("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "linear": ((), ()),
+    "yarn": (("original_max_position_embeddings",), ("beta_fast", "beta_slow", "attention_factor")),
+}
 
-    rope_type: Literal["llama3"] = "llama3"
+
+class RopeScaling(_Strict):
+    """Rotary frequency scaling (HF `rope_scaling`), as transformers computes it: `llama3` (three bands: Llama
+    3.1+), `linear` (every frequency / factor: Gemma 3's global layers) or `yarn` (Qwen long context: low
+    frequencies interpolated, cos/sin scaled by attention_factor). Which family takes which:
+    tasks.models.options.ROPE_TYPES."""
+
+    rope_type: Literal["llama3", "linear", "yarn"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
-    original_max_position_embeddings: int = Field(gt=0)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3, yarn: the pretraining "
+                                                                                 "context")
+    beta_fast: float | None = Field(None, gt=0, description="yarn; null = 32")
+    beta_slow: float | None = Field(None, gt=0, description="yarn; null = 1")
+    attention_factor: float | None = Field(None, gt=0, description="yarn: the cos/sin scale; null = "
+                                                                   "0.1 ln(factor) + 1")
 
     @model_validator(mode="after")
-    def _bands(self) -> RopeScaling:
-        if self.high_freq_factor <= self.low_freq_factor:
+    def _fields_of_its_type(self) -> RopeScaling:
+        required, optional = ROPE_FIELDS[self.rope_type]
+        for field in sorted({f for fields in ROPE_FIELDS.values() for group in fields for f in group}):
+            value = getattr(self, field)
+            if value is None and field in required:
+                raise ValueError(f"model.rope_scaling.{field} is required for rope_type {self.rope_type!r}")
+            if value is not None and field not in required + optional:
+                raise ValueError(f"model.rope_scaling.{field} is not a field of rope_type {self.rope_type!r} "
+                                 f"(its fields: {', '.join(('factor', *required, *optional))})")
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                              f"model.rope_scaling.low_freq_factor ({self.low_freq_factor})")
         return self
 
 
-# ModelConfig options only the Gemma family implements (null = off); the others refuse them by name.
+# Gemma's ModelConfig options (null = off): added after experiment keys were first recorded (see `fingerprint`).
 GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
                  "final_logit_softcapping")
 
 
 class ModelConfig(_Strict):
-    """Decoder sizes; `family` picks the architecture (tasks.models). Llama-only fields are ignored by gpt."""
+    """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
+    refused here (tasks.models.options), never ignored."""
 
     vocab_size: int = Field(256, gt=0)
     seq_len: int = Field(64, gt=0)
@@ -76,7 +101,7 @@ class ModelConfig(_Strict):
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     family: str = Field("llama", description="a name in tasks.models.FAMILIES")
-    # Llama family only (gpt ignores them).
+    # The rotary families' options (tasks.models.options says which family takes which).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = Field(1e-5, gt=0)
@@ -126,24 +151,17 @@ class ModelConfig(_Strict):
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
-        # Without model.family a pretrained config.json decides the family (checked again once it has).
-        if not self.family.startswith("gemma") and not (self.pretrained and "family" not in self.model_fields_set):
-            for field in GEMMA_OPTIONS:
-                if getattr(self, field) is not None:
-                    raise ValueError(f"model.{field} is not supported by model.family {self.family!r} (Gemma only)")
-        if self.family == "gpt":
-            unsupported = {"head_dim": self.head_dim * self.n_heads != self.d_model, "qk_norm": self.qk_norm,
-                           "sliding_window": self.sliding_window is not None}
-            for field, used in unsupported.items():
-                if used:
-                    raise ValueError(f"model.{field} is not supported by model.family 'gpt'")
-        else:  # the llama-style families (rotary, no dropout)
-            if self.dropout:
-                raise ValueError(f"model.dropout ({self.dropout}) must be 0 for model.family {self.family!r} "
-                                 "(it has no dropout layers)")
-            if self.head_dim % 2:
-                raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
-                                 f"embeddings (model.family {self.family!r})")
+        # An option the family would ignore or could not export is refused. Without model.family a pretrained
+        # config.json decides the family (checked again once it has).
+        if not (self.pretrained and "family" not in self.model_fields_set):
+            from tasks.models.options import refusal  # torch-free
+
+            problem = refusal(self)
+            if problem:
+                raise ValueError(problem)
+        if self.family != "gpt" and self.head_dim % 2:  # the llama-style families: rotary
+            raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
+                             f"embeddings (model.family {self.family!r})")
         return self
 
     @property
@@ -841,6 +859,8 @@ class JobConfig(_Strict):
         model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
+        if model.get("rope_scaling"):  # likewise the rope fields of the types added after llama3 (null: not its)
+            model["rope_scaling"] = {k: v for k, v in model["rope_scaling"].items() if v is not None}
         for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),
                               ("sliding_window", None), *((f, None) for f in GEMMA_OPTIONS)):
             if model.get(option) == plain:
