@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
+from tasks.families import FAMILIES, refusal
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -54,7 +55,7 @@ class RopeScaling(_Strict):
     """Rotary frequency scaling (HF `rope_scaling`), as transformers computes it: `llama3` (three bands: Llama
     3.1+), `linear` (every frequency / factor: Gemma 3's global layers) or `yarn` (Qwen long context: low
     frequencies interpolated, cos/sin scaled by attention_factor). Which family takes which:
-    tasks.models.options.ROPE_TYPES."""
+    tasks.families.ROPE_TYPES."""
 
     rope_type: Literal["llama3", "linear", "yarn"] = "llama3"
     factor: float = Field(gt=0)
@@ -90,7 +91,7 @@ GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_at
 
 class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
-    refused here (tasks.models.options), never ignored."""
+    refused here (tasks.families), never ignored."""
 
     vocab_size: int = Field(256, gt=0)
     seq_len: int = Field(64, gt=0)
@@ -100,8 +101,8 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    family: str = Field("llama", description="a name in tasks.models.FAMILIES")
-    # The rotary families' options (tasks.models.options says which family takes which).
+    family: str = Field("llama", description="a name in tasks.families.FAMILIES")
+    # The rotary families' options (tasks.families says which family takes which).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = Field(1e-5, gt=0)
@@ -135,7 +136,6 @@ class ModelConfig(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, name: str) -> str:
-        from tasks.models import FAMILIES  # the registry only: no family (and no torch) is imported
 
         if name not in FAMILIES:
             raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}")
@@ -154,7 +154,6 @@ class ModelConfig(_Strict):
         # An option the family would ignore or could not export is refused. Without model.family a pretrained
         # config.json decides the family (checked again once it has).
         if not (self.pretrained and "family" not in self.model_fields_set):
-            from tasks.models.options import refusal  # torch-free
 
             problem = refusal(self)
             if problem:

@@ -10,9 +10,9 @@ import yaml
 
 from tasks.config import ModelConfig, load_config
 from tasks.errors import ConfigError, InvalidInputError
+from tasks.families import OPTIONS
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
-from tasks.models.options import OPTIONS
 from tasks.plan.cli import main as plan_main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from typing import Any
 
 from tasks.config import ROPE_FIELDS, ModelConfig
 from tasks.errors import InvalidInputError
+from tasks.families import ROPE_TYPES, rope_types_text
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
-from tasks.models.options import ROPE_TYPES, rope_types_text
 
 _TOP_NAMES = {
     f"{EMBED}.tok.weight": "model.embed_tokens.weight",
@@ -118,7 +118,7 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
 
 def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
-    a rope type the family does not implement (tasks.models.options.ROPE_TYPES) is refused, naming it."""
+    a rope type the family does not implement (tasks.families.ROPE_TYPES) is refused, naming it."""
     params = config.get("rope_parameters") or {}
     if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
         raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")

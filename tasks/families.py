@@ -1,4 +1,5 @@
-"""Which ModelConfig options each family expresses, torch-free so the config can check them at load.
+"""The model families by name and which ModelConfig options each expresses: torch-free and below the
+config, so the config can check `model.family` and its options at load without importing a family.
 
 Why here: an option a family would ignore, or could not write into its config.json, must be refused when
 the config is loaded (tasks.config), before anything is planned or trained, never trained with silently
@@ -14,6 +15,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tasks.config import ModelConfig
 
+# name -> package whose `FAMILY` is the family object (tasks.models.get_family imports it on demand).
+# Adding a family = its package + one line here (and in OPTIONS below).
+FAMILIES: dict[str, str] = {
+    "llama": "tasks.models.llama",
+    "gpt": "tasks.models.gpt",
+    "qwen3": "tasks.models.qwen3",
+    "mistral": "tasks.models.mistral",
+    "gemma3": "tasks.models.gemma",
+    "gemma2": "tasks.models.gemma2",
+}
 # ModelConfig fields every family has (sizes, where the model comes from): not options.
 NOT_OPTIONS = frozenset({"vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "family",
                          "pretrained", "pretrained_storage_options"})
