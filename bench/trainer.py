@@ -46,7 +46,7 @@ def write_dataset(root: Path, vocab: int, tokens: int, seed: int = 0) -> Path:
         (root / key).parent.mkdir(parents=True, exist_ok=True)
         (root / key).write_bytes(data)
         files.append({"key": key, "size": len(data), "sha256": sha256_bytes(data)})
-    manifest = {"format": "retrainer-dataset/1", "dtype": "uint16", "vocab_size": vocab, "files": files}
+    manifest = {"format": "retrainer-dataset/1", "name": "tiny", "dtype": "uint16", "vocab_size": vocab, "files": files}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 

@@ -7,4 +7,5 @@ bash scripts/setup.sh
 bash scripts/system-deps.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .
+.venv/bin/lint-imports  # the package layers in pyproject.toml [tool.importlinter]: a new upward import or cycle fails
 exec .venv/bin/pytest --durations=15 "$@"

@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
+from tasks.families import FAMILIES, refusal
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -43,30 +44,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RopeScaling(_Strict):
-    """Llama-3 rotary frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+# rope_type -> (the RopeScaling fields it requires, those it may set) besides `factor`; no other field is its.
+ROPE_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llama3": (("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "linear": ((), ()),
+    "yarn": (("original_max_position_embeddings",), ("beta_fast", "beta_slow", "attention_factor")),
+}
 
-    rope_type: Literal["llama3"] = "llama3"
+
+class RopeScaling(_Strict):
+    """Rotary frequency scaling (HF `rope_scaling`), as transformers computes it: `llama3` (three bands: Llama
+    3.1+), `linear` (every frequency / factor: Gemma 3's global layers) or `yarn` (Qwen long context: low
+    frequencies interpolated, cos/sin scaled by attention_factor). Which family takes which:
+    tasks.families.ROPE_TYPES."""
+
+    rope_type: Literal["llama3", "linear", "yarn"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
-    original_max_position_embeddings: int = Field(gt=0)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3, yarn: the pretraining "
+                                                                                 "context")
+    beta_fast: float | None = Field(None, gt=0, description="yarn; null = 32")
+    beta_slow: float | None = Field(None, gt=0, description="yarn; null = 1")
+    attention_factor: float | None = Field(None, gt=0, description="yarn: the cos/sin scale; null = "
+                                                                   "0.1 ln(factor) + 1")
 
     @model_validator(mode="after")
-    def _bands(self) -> RopeScaling:
-        if self.high_freq_factor <= self.low_freq_factor:
+    def _fields_of_its_type(self) -> RopeScaling:
+        required, optional = ROPE_FIELDS[self.rope_type]
+        for field in sorted({f for fields in ROPE_FIELDS.values() for group in fields for f in group}):
+            value = getattr(self, field)
+            if value is None and field in required:
+                raise ValueError(f"model.rope_scaling.{field} is required for rope_type {self.rope_type!r}")
+            if value is not None and field not in required + optional:
+                raise ValueError(f"model.rope_scaling.{field} is not a field of rope_type {self.rope_type!r} "
+                                 f"(its fields: {', '.join(('factor', *required, *optional))})")
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                              f"model.rope_scaling.low_freq_factor ({self.low_freq_factor})")
         return self
 
 
-# ModelConfig options only the Gemma family implements (null = off); the others refuse them by name.
+# Gemma's ModelConfig options (null = off): added after experiment keys were first recorded (see `fingerprint`).
 GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
                  "final_logit_softcapping")
 
 
 class ModelConfig(_Strict):
-    """Decoder sizes; `family` picks the architecture (tasks.models). Llama-only fields are ignored by gpt."""
+    """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
+    refused here (tasks.families), never ignored."""
 
     vocab_size: int = Field(256, gt=0)
     seq_len: int = Field(64, gt=0)
@@ -76,8 +102,8 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    family: str = Field("llama", description="a name in tasks.models.FAMILIES")
-    # Llama family only (gpt ignores them).
+    family: str = Field("llama", description="a name in tasks.families.FAMILIES")
+    # The rotary families' options (tasks.families says which family takes which).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = Field(1e-5, gt=0)
@@ -111,7 +137,6 @@ class ModelConfig(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, name: str) -> str:
-        from tasks.models import FAMILIES  # the registry only: no family (and no torch) is imported
 
         if name not in FAMILIES:
             raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}")
@@ -127,24 +152,16 @@ class ModelConfig(_Strict):
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
-        # Without model.family a pretrained config.json decides the family (checked again once it has).
-        if not self.family.startswith("gemma") and not (self.pretrained and "family" not in self.model_fields_set):
-            for field in GEMMA_OPTIONS:
-                if getattr(self, field) is not None:
-                    raise ValueError(f"model.{field} is not supported by model.family {self.family!r} (Gemma only)")
-        if self.family == "gpt":
-            unsupported = {"head_dim": self.head_dim * self.n_heads != self.d_model, "qk_norm": self.qk_norm,
-                           "sliding_window": self.sliding_window is not None}
-            for field, used in unsupported.items():
-                if used:
-                    raise ValueError(f"model.{field} is not supported by model.family 'gpt'")
-        else:  # the llama-style families (rotary, no dropout)
-            if self.dropout:
-                raise ValueError(f"model.dropout ({self.dropout}) must be 0 for model.family {self.family!r} "
-                                 "(it has no dropout layers)")
-            if self.head_dim % 2:
-                raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
-                                 f"embeddings (model.family {self.family!r})")
+        # An option the family would ignore or could not export is refused. Without model.family a pretrained
+        # config.json decides the family (checked again once it has).
+        if not (self.pretrained and "family" not in self.model_fields_set):
+
+            problem = refusal(self)
+            if problem:
+                raise ValueError(problem)
+        if self.family != "gpt" and self.head_dim % 2:  # the llama-style families: rotary
+            raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
+                             f"embeddings (model.family {self.family!r})")
         return self
 
     @property
@@ -842,6 +859,8 @@ class JobConfig(_Strict):
         model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
+        if model.get("rope_scaling"):  # likewise the rope fields of the types added after llama3 (null: not its)
+            model["rope_scaling"] = {k: v for k, v in model["rope_scaling"].items() if v is not None}
         for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),
                               ("sliding_window", None), *((f, None) for f in GEMMA_OPTIONS)):
             if model.get(option) == plain:
@@ -849,11 +868,20 @@ class JobConfig(_Strict):
         defining = {
             "name": self.name,
             "model": model,
-            "parallel": self.parallel.model_dump(mode="json"),
+            "parallel": self._keyed_layout(),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
                                                                 "checkpoint_storage_options", "deadline"}),
         }
         return sha256_json(defining)
+
+    def _keyed_layout(self) -> dict[str, Any]:
+        """The layout as the key sees it: its one-rank equivalent (tp = pp = dp = 1, the same global batch in
+        micro-batches). Layout is how a run trains, not what: the same global batch gives the same steps at any
+        tp x pp x dp (tests/train/test_3d_equality.py), so a run that lost nodes resumes its own checkpoints at
+        a smaller dp (tasks/train/reshard.py), and a tp/pp change finds them and is refused by name
+        (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it always had."""
+        p = self.parallel
+        return {**p.model_dump(mode="json"), "tp": 1, "pp": 1, "dp": 1, "micro_batches": p.micro_batches * p.dp}
 
     def training_job(self) -> TrainingJob:
         c = self.cluster

@@ -62,3 +62,8 @@ def validate_key(key: str) -> str:
 def manifest_hash(raw: bytes) -> str:
     """The dataset's identity: sha256 of the manifest file's bytes as stored."""
     return hashlib.sha256(raw).hexdigest()
+
+
+def window_starts(n_tokens: int, seq_len: int) -> range:
+    """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
+    return range(0, n_tokens - seq_len, seq_len)

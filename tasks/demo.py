@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _new_week_of_data(cfg, week: int) -> None:
-    from tasks.data import make_data
+    from tasks.data import make_data  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
@@ -43,7 +43,7 @@ def _run(cfg, title: str) -> dict:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tasks.registry import upgrade
+    from tasks.registry import upgrade  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself

@@ -307,7 +307,7 @@ def list_runs(cfg: JobConfig, report: Report) -> tuple[list[Run], list[Item]]:
 
 def _run_items(run: Run, reason: str) -> list[Item]:
     """A whole run: its mirror prefix (`latest` first) and its local directory."""
-    from tasks.train.mirror import LATEST
+    from tasks.train.checkpoint import LATEST
 
     items = []
     if run.mirror is not None:

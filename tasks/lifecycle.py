@@ -22,14 +22,8 @@ from tasks.errors import PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
 from tasks.resolve import ConfigSnapshot, load_config
-from tasks.run import (
-    RunIdentity,
-    claim_run_dir,
-    fetch_starting_weights,
-    nothing_new,
-    resolve_identity,
-    weights_path,
-)
+from tasks.run import RunIdentity, claim_run_dir, nothing_new
+from tasks.warm.weights import fetch_starting_weights, resolve_identity, weights_path
 
 if TYPE_CHECKING:
     from tasks.launch import Launch

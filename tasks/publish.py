@@ -88,8 +88,9 @@ def publish(
     With `experiment_key`, a checkpoint of another run is refused. `judged_live`: the live version the gate
     compared the candidate with (None: none was live); if the alias points elsewhere now, LiveMovedError
     before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
-    from tasks.run import RunIdentity, WeightSources, fetch_model_files
+    from tasks.run import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
+    from tasks.warm.weights import WeightSources, fetch_model_files
 
     checkpoint_dir = Path(checkpoint_dir)
     actor = actor or default_actor()
@@ -165,8 +166,8 @@ def commit_staged(cfg: JobConfig, store: ArtifactStore, shards: list[dict[str, A
 def export(cfg: JobConfig, checkpoint_dir: Path, base_dir: Path | None) -> Path:
     """The checkpoint's Hugging Face export beside the run's checkpoints (`<run>/export/<tag>`), written
     once: the directory appears whole (renamed into place) or not at all, so a retry reuses it."""
+    from tasks.model_files import HF_INDEX
     from tasks.models.export import export_checkpoint
-    from tasks.models.weights import HF_INDEX
 
     dest = export_dir(checkpoint_dir, cfg.publish.export_dtype)
     if (dest / HF_INDEX).is_file():

@@ -38,11 +38,22 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.config import REPO_ROOT, JobConfig
+from tasks.config import REPO_ROOT, JobConfig, load_entry_point
+from tasks.data import read_manifest
+from tasks.dataset_format import TOKEN_DTYPES, window_starts
+from tasks.endpoints import registry_for
 from tasks.errors import RetrainerError
+from tasks.evaluate.spec import suite_hash, window_order
+from tasks.launch.procs import die_with_parent
+from tasks.launch.torchrun import rank_env
+from tasks.lifecycle import stage_rollback
+from tasks.lock import default_holder
+from tasks.model_files import HF_CONFIG, LEGACY_FILE
+from tasks.registry import ArtifactStore, ConflictError, NothingToRollBackError
+from tasks.resolve import load_config
 
 if TYPE_CHECKING:
-    from tasks.registry import ArtifactStore, VersionRecord
+    from tasks.registry import VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +115,6 @@ def models_dir(cfg: JobConfig) -> Path:
 
 
 def _registry(cfg: JobConfig):
-    from tasks.endpoints import registry_for
 
     return registry_for(cfg)
 
@@ -141,7 +151,6 @@ def resolve_target(cfg: JobConfig, event_extras: list[dict[str, Any]] | None = N
 
 def pull(cfg: JobConfig, target: DeployTarget) -> Path:
     """The target's artifact in `target.model_dir`, verified; a complete earlier pull is reused."""
-    from tasks.registry import ArtifactStore
 
     rec = _registry(cfg).get_version(target.model, target.version)
     store = ArtifactStore.of_version(rec, cfg.publish.storage_options)
@@ -163,7 +172,6 @@ def pull(cfg: JobConfig, target: DeployTarget) -> Path:
 
 def _incomplete(store: ArtifactStore, rec: VersionRecord, dest: Path) -> str | None:
     """What a local copy lacks against the version's manifest (by size), or None when complete."""
-    from tasks.models.weights import LEGACY_FILE
 
     expected = ({f.path: f.size for f in store.tree_manifest(rec.artifact_digest).files}
                 if rec.artifact_kind == "tree" else {LEGACY_FILE: rec.size_bytes})
@@ -184,10 +192,6 @@ def evaluated_windows(cfg: JobConfig, rec: VersionRecord) -> tuple[Any, float, i
     import fsspec
     import numpy as np
 
-    from tasks.data import read_manifest
-    from tasks.dataset_format import TOKEN_DTYPES
-    from tasks.evaluate.spec import suite_hash, window_order
-    from tasks.train.data import window_starts
 
     metrics = rec.metrics
     suites = metrics.get("suites")
@@ -235,8 +239,6 @@ def smoke_test(cfg: JobConfig, target: DeployTarget) -> dict[str, Any]:
     what failed."""
     import numpy as np
 
-    from tasks.launch.torchrun import rank_env
-    from tasks.models.weights import HF_CONFIG
 
     s = cfg.deploy.smoke_test
     name = f"v{target.version}"
@@ -322,7 +324,6 @@ def run_hook(cfg: JobConfig, target: DeployTarget) -> dict[str, Any]:
 
 def call_entry_point(ref: str) -> None:
     """The hook process of `deploy.entry_point`: call it with the target from the environment."""
-    from tasks.config import load_entry_point
 
     load_entry_point(ref, "deploy")(DeployTarget.from_env(dict(os.environ)))
 
@@ -332,7 +333,6 @@ def run_logged(argv: list[str], *, env: dict[str, str], timeout_s: float, what: 
     timeout, the last lines of its output). On timeout its whole process group is killed."""
     import signal
 
-    from tasks.launch.procs import die_with_parent
 
     proc = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
@@ -382,8 +382,6 @@ def roll_back(cfg: JobConfig, target: DeployTarget | None, failure: str, *, acto
 
     Refused, loudly (DeployError), when the version got there by a rollback itself (no cascade), when the alias
     moved since (that move deploys on its own), or when there is nothing to go back to."""
-    from tasks.lifecycle import stage_rollback
-    from tasks.registry import ConflictError, NothingToRollBackError
 
     if target is None:
         raise DeployError(f"deploy failed before the live version was known ({failure}); nothing rolled back")
@@ -429,8 +427,6 @@ def run_deploy(cfg: JobConfig, *, actor: str, event_extras: list[dict[str, Any]]
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from tasks.lock import default_holder
-    from tasks.resolve import load_config
 
     out = run_deploy(load_config(args.config), actor=default_holder("cli"))
     t = out["target"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.config import JobConfig
+from tasks.fsutil import modified_at
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ def _path(cfg: JobConfig, version: int, suite_hash: str) -> tuple[Any, str]:
 
 def entries(cfg: JobConfig) -> tuple[Any, list[CacheEntry]]:
     """The store's filesystem and every cache entry of every model in it."""
-    from tasks.fsutil import modified_at
-
     fs, root = _root(cfg)
     fs.invalidate_cache(root)
     found = []

@@ -21,7 +21,7 @@ from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into, round_to
-from tasks.train.worker import deepspeed_prints_to_debug
+from tasks.train.rank import deepspeed_prints_to_debug
 
 
 class ShardedModel:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.config import JobConfig, sha256_json
+from tasks.warm.core import remote_manifest_hash
 
 if TYPE_CHECKING:
     from tasks.run import RunIdentity
@@ -28,8 +29,6 @@ def window_order(n_windows: int, batches: int, batch_size: int) -> np.ndarray:
 def resolve_suites(cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
     """Every suite with the source it is read from and the manifest hash it must verify as (the run's own
     data for a suite without `source_url`; the others as they are now)."""
-    from tasks.warm import remote_manifest_hash
-
     out = []
     for suite in cfg.evaluate.suites:
         if suite.source_url is None:

@@ -31,9 +31,15 @@ from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.fsutil import atomic_write_json
+from tasks.job_status import Status, log_for_relay, now, write_status
+from tasks.run import StartingWeights
+from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
-from tasks.train.status import Status, log_for_relay, now, write_status
-from tasks.train.worker import deepspeed_prints_to_debug
+from tasks.train.mirror import Mirror
+from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
+from tasks.warm import warm
+from tasks.warm.report import refuse_unplanned
+from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
 log = logging.getLogger("tasks.evaluate.worker")
 
@@ -76,18 +82,13 @@ class Evaluation:
         return results[self.rank - self.local_rank]
 
     def warm_suites(self) -> dict[str, Path]:
-        from tasks.warm import warm
-
         def fetch() -> dict[str, str]:
             dirs = {}
             for s in self.spec["suites"]:
                 result = warm(s["source_url"], self.spec["cache_dir"], manifest_key=s["manifest"],
                               storage_options=self.spec["data_storage_options"], progress=False)
-                if result.manifest_hash != s["manifest_hash"]:
-                    raise InvalidInputError(
-                        f"evaluate suite {s['name']}: the dataset at {s['source_url']} verified as manifest "
-                        f"{result.manifest_hash[:12]}, not {s['manifest_hash'][:12]} (it changed since the run "
-                        "started)")
+                refuse_unplanned(result.manifest_hash, s["manifest_hash"], s["source_url"],
+                                 f"evaluate suite {s['name']}")
                 dirs[s["name"]] = str(result.dataset_dir)
             return dirs
 
@@ -98,22 +99,16 @@ class Evaluation:
         completed from `train.checkpoint_url`), or a registry version fetched once per node."""
         if entry.get("path"):
             return Path(self.on_leaders(lambda: str(self.checkpoint(entry))))
-        from tasks.run import StartingWeights, fetch_weights
-
         init = StartingWeights(**entry["weights"])
         return Path(self.on_leaders(lambda: str(fetch_weights(init, self.sources()))))
 
     def sources(self) -> Any:
-        from tasks.run import WeightSources
-
         s = self.spec
         return WeightSources(cache_dir=s["cache_dir"], model=s["model"], store_url=s["store_url"],
                              store_options=s["store_options"])
 
     def tokenizer(self) -> Any:
         """The starting model's tokenizer (fetched alone, once per node) for the user metrics, or None."""
-        from tasks.run import StartingWeights, fetch_model_files
-
         def fetch() -> str | None:
             out = Path(self.job.train.output_dir)
             files: Path | None = out / "model-files"  # an earlier attempt's (a retry): fetched whole, or not at all
@@ -136,12 +131,8 @@ class Evaluation:
         return Tokenizer.from_file(path)
 
     def checkpoint(self, entry: dict[str, Any]) -> Path:
-        from tasks.train.checkpoint import validate_checkpoint_dir
-
         path, mirror = Path(entry["path"]), entry.get("mirror")
         if mirror is not None:
-            from tasks.train.mirror import Mirror
-
             path = Mirror(mirror["url"], mirror["storage_options"], mirror["run_id"]).weights(
                 path.name, path, Path(self.job.train.output_dir) / "weights")
         self.markers[entry["name"]] = validate_checkpoint_dir(path, entry["fingerprint"], entry["experiment_key"])
@@ -216,8 +207,6 @@ class Evaluation:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.train.worker import quiet_start_up
-
     parser = argparse.ArgumentParser(prog="tasks.evaluate.worker")
     parser.add_argument("--config", required=True, help="JSON input file written by the launcher")
     parser.add_argument("--dataset-dir", help="(unused: each suite is warmed on the node)")
@@ -232,16 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         evaluation.run()
     except RetrainerError as exc:
         log.error("evaluation failed: %s", exc)
-        write_status(job.train.output_dir, Status(state="failed", step=evaluation.done if evaluation else 0,
-                                                  steps=evaluation.total if evaluation else 0, at=now(),
-                                                  reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
-        return 1
-    tdist.barrier()
-    tdist.destroy_process_group()
-    return 0
+        return report_failure(job.train.output_dir, exc, step=evaluation.done if evaluation else 0,
+                              steps=evaluation.total if evaluation else 0)
+    return finish()
 
 
 if __name__ == "__main__":
-    from tasks.train.worker import exit_without_teardown
-
     exit_without_teardown(main)

@@ -81,19 +81,23 @@ def get_launcher(cfg: JobConfig, *, env: dict[str, str] | None = None) -> Launch
     """
     c = cfg.cluster
     if c.launcher == "ssh":
+        # lazy: only the configured engine's module (and its client library) loads
         from tasks.launch.ssh import SshLauncher
 
         return SshLauncher(c.ssh, env=env)
     if c.launcher == "slurm":
+        # lazy: only the configured engine's module (and its client library) loads
         from tasks.launch.slurm import SlurmLauncher
 
         return SlurmLauncher(c.slurm, env=env)
     if c.launcher == "kubernetes":
+        # lazy: only the configured engine's module (and its client library) loads
         from tasks.launch.kubernetes import KubernetesLauncher
 
         if env:
             raise ValueError("get_launcher: env does not reach a PyTorchJob's pods; use cluster.kubernetes.env")
         return KubernetesLauncher(c.kubernetes)
+    # lazy: only the configured engine's module (and its client library) loads
     from tasks.launch.local import LocalLauncher
 
     return LocalLauncher(env=env)

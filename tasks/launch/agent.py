@@ -8,7 +8,7 @@ launcher cancelled, or the launcher/ssh connection died; `--watch-stdin`), or on
 SIGTERM/SIGHUP. With `--env-stdin` the first line on stdin is the ranks'
 environment as JSON (so no value ever sits on a command line, where `ps` on the
 node would show it). With `--relay-status PATH` it prints each new status of the
-run (tasks/train/status.py) as one `RETRAINER-STATUS` line on its output, which
+run (tasks/job_status.py) as one `RETRAINER-STATUS` line on its output, which
 the launcher follows: the run directory may be on this node's own disk. So may
 the job's input: with `--files-stdin` the next stdin line is a JSON object
 {path: text} of files written (0600) before the job starts and removed after it;
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.fsutil import atomic_write_bytes
+from tasks.job_status import log_for_relay, read_status, relay_line, summary_line
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
-from tasks.train.status import log_for_relay, read_status, relay_line, summary_line
 
 log = logging.getLogger("tasks.launch.agent")
 

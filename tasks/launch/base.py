@@ -25,16 +25,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.config import JobConfig
+from tasks.credentials import split_credentials
+from tasks.data import read_manifest
 from tasks.errors import RetrainerError, TrainingFailedError
+from tasks.job_status import STATUS_FILE, Status
 from tasks.launch.procs import new_tag
+from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
-from tasks.train.status import STATUS_FILE, Status
-
-if TYPE_CHECKING:
-    from tasks.run import RunIdentity
+from tasks.run import RunIdentity, for_dataset
+from tasks.train.checkpoint import refuse_layout_change
 
 log = logging.getLogger(__name__)
 
@@ -250,14 +252,11 @@ class Launcher(ABC):
                       ) -> tuple[Path, RunIdentity, Path, list[dict[str, Any]]]:
         """Everything before the job starts: inputs checked, stale summary and status gone, a job of this run an
         earlier attempt left cancelled, the nodes warmed, the ranks' input written."""
-        from tasks.credentials import split_credentials
-        from tasks.launch.torchrun import write_worker_config
-        from tasks.run import for_dataset
-        from tasks.train.data import read_manifest
-
         dataset_dir = Path(dataset_dir).resolve()
-        read_manifest(dataset_dir)  # fail fast, before any node is touched
+        read_manifest(str(dataset_dir))  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
+        if evaluation is None:
+            refuse_layout_change(cfg, run)  # a tp/pp change against the run's checkpoint: before any node
         self.prepare(cfg, dataset_dir)
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)

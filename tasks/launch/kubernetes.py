@@ -39,12 +39,14 @@ from typing import Any
 from tasks.config import JobConfig, KubernetesConfig
 from tasks.credentials import credential_keys
 from tasks.errors import InvalidInputError, RetrainerError
+from tasks.job_status import STATUS_FILE, Status
+from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status
+from tasks.warm.node import REPORT_DIR, SPEC_VAR, node_spec
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +72,9 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     every pod's init container warms its node first."""
     from kubernetes import client as k
 
-    from tasks.launch.torchrun import torchrun_command
-
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
+    cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
                            evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
@@ -84,7 +84,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
     wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
     limits = {name: quantity for name, quantity in wanted.items() if quantity}
-    plain = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **k8s.env, TAG_VAR: tag}
+    plain = {**torchrun.RANK_ENV_DEFAULTS, **k8s.env, TAG_VAR: tag}
     env = [k.V1EnvVar(name=n, value=v) for n, v in plain.items()]
     env += [k.V1EnvVar(name=n, value_from=k.V1EnvVarSource(secret_key_ref=k.V1SecretKeySelector(
         name=ref.secret, key=ref.key))) for n, ref in k8s.env_from_secrets.items()]
@@ -103,8 +103,6 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     )
     init_containers = None
     if warm_spec is not None:
-        from tasks.warm.node import REPORT_DIR, SPEC_VAR
-
         out = Path(cfg.train.output_dir)
         node = k.V1EnvVar(name="NODE_NAME", value_from=k.V1EnvVarSource(
             field_ref=k.V1ObjectFieldSelector(field_path="spec.nodeName")))
@@ -172,7 +170,7 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
     """Check a manifest against the PyTorchJob CRD structure; InvalidInputError names the bad field."""
     import jsonschema
 
-    from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
+    from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA  # lazy: the CRD schema is only read to validate
 
     errors = sorted(jsonschema.Draft7Validator(PYTORCHJOB_SCHEMA).iter_errors(manifest), key=lambda e: list(e.path))
     if errors:
@@ -325,8 +323,6 @@ class KubernetesLauncher(Launcher):
         self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32, "0" * 16)
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        from tasks.warm.node import node_spec
-
         if self.secret_env:
             raise InvalidInputError("publish.storage_options: key/secret/token would be written into the "
                                     "PyTorchJob; give the pods the store's credentials by "

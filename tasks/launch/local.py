@@ -13,11 +13,12 @@ import subprocess
 from pathlib import Path
 
 from tasks.config import JobConfig
+from tasks.job_status import STATUS_FILE, Status, read_status
+from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status, read_status
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,7 @@ class LocalLauncher(Launcher):
         self.env, self.grace_s = dict(env or {}), grace_s
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        from tasks.launch.torchrun import rank_env, torchrun_command
-
-        cmd = torchrun_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
+        cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
-        return LocalJob(cmd, rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
+        return LocalJob(cmd, torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
                         Path(cfg.train.output_dir) / STATUS_FILE, grace_s=self.grace_s)

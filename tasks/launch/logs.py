@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.train.status import Status, parse_relay, parse_summary, split_level
+from tasks.job_status import Status, parse_relay, parse_summary, split_level
 
 
 class LineSink:
     """Logs each line with a prefix, at the level the line starts with (`log_for_relay`: a rank's WARNING
-    stays a WARNING). A status a node agent relays (tasks/train/status.py) is kept as the job's latest
+    stays a WARNING). A status a node agent relays (tasks/job_status.py) is kept as the job's latest
     status, not logged: supervision never reads the log text itself."""
 
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:

@@ -32,12 +32,14 @@ from typing import Any
 from tasks.config import JobConfig, SlurmConfig
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_bytes
+from tasks.job_status import STATUS_FILE, Status, read_status
+from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status, read_status
+from tasks.warm.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +60,8 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_
                   warm: bool = False, evaluation: bool = False) -> str:
     """The batch script: (with `warm`) a staging step per node, then one torchrun per node, node rank and
     master from Slurm."""
-    from tasks.launch.torchrun import torchrun_command
-    from tasks.warm.node import REPORT_DIR, SPEC_VAR
-
     nodes = slurm.nodes
-    cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
+    cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
                            evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = Path(cfg.train.output_dir)
@@ -211,8 +210,6 @@ class SlurmLauncher(Launcher):
                         tail=output)
 
     def node_reports(self, cfg: JobConfig) -> list[dict[str, object]]:
-        from tasks.warm.node import REPORT_DIR, describe
-
         reports = [json.loads(p.read_text()) for p in sorted((Path(cfg.train.output_dir) / REPORT_DIR).glob("*.json"))]
         for report in reports:
             log.info("slurm: %s", describe(report))
@@ -222,17 +219,13 @@ class SlurmLauncher(Launcher):
         render_script(cfg, self.section, dataset_dir, Path("config.json"), "0" * 16)  # validates the node split
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        from tasks.launch.torchrun import rank_env
-
         out = Path(cfg.train.output_dir)
         script = out / "slurm-job.sbatch"
         script_text = render_script(cfg, self.section, dataset_dir, config_json, run.run_id, warm=self.node_warm,
                                     evaluation=self.evaluation)
         atomic_write_bytes(script, script_text.encode())
-        env = rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
+        env = torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
         if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
-            from tasks.warm.node import REPORT_DIR, SPEC_VAR, forwarded_env, node_spec
-
             shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
             env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run))}
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,

@@ -28,18 +28,15 @@ from pathlib import Path
 
 from tasks.config import JobConfig, SshConfig
 from tasks.errors import InvalidInputError, RetrainerError, TrainingFailedError
+from tasks.job_status import STATUS_FILE, Status
+from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, new_tag, stop_all
 from tasks.run import RunIdentity
-from tasks.train.status import STATUS_FILE, Status
+from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 
 log = logging.getLogger(__name__)
-
-# What of the ranks' environment (tasks/launch/torchrun.py) crosses to another host: not this host's
-# PATH, HOME or user, which the node has its own of.
-FORWARD_PREFIXES = ("OMP_", "NCCL_", "GLOO_", "TORCH_", "PYTHON", "CUDA_", "MKL_", "KMP_", "TP_SOCKET_IFNAME",
-                    "DS_ACCELERATOR")
 
 
 class SshJob(Job):
@@ -116,8 +113,6 @@ class SshLauncher(Launcher):
 
     def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, object]]:
         """Warm every host in parallel; refuse (naming the host) one that failed or verified other data."""
-        from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
-
         hosts, tag = self._hosts(cfg), new_tag()
         spec = json.dumps(node_spec(cfg, run))
         forwarded = forwarded_env()
@@ -189,18 +184,14 @@ class SshLauncher(Launcher):
         return hosts
 
     def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        from tasks.launch.torchrun import torchrun_command
-
         hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
-        torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
+        torchrun.torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
                          evaluation=self.evaluation)
 
     def remote_command(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
         """The node's command line: the agent (env from stdin, stdin = liveness) running torchrun. No values."""
-        from tasks.launch.torchrun import torchrun_command
-
-        cmd = torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
+        cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
                                python=self.section.python, evaluation=self.evaluation)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
@@ -212,9 +203,7 @@ class SshLauncher(Launcher):
 
     def node_env(self, tag: str, node_rank: int) -> dict[str, str]:
         """What node `node_rank`'s ranks get in their environment (sent on the agent's stdin)."""
-        from tasks.launch.torchrun import rank_env
-
-        env = {k: v for k, v in rank_env(self.env).items() if k.startswith(FORWARD_PREFIXES) or k in self.env}
+        env = {**torchrun.portable_env(torchrun.rank_env(self.env)), **self.env}
         return {**env, **self.secret_env, TAG_VAR: node_tag(tag, node_rank)}
 
     def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:

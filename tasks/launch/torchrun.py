@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,18 @@ from tasks.run import RunIdentity
 WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
-# The caller's environment a rank may inherit: what the runtime needs, never credentials.
-RANK_ENV_NAMES = frozenset({
+# The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
+# the job's own settings (threads, NCCL/gloo, torch, Python, CUDA), which a launcher sends to other hosts (ssh);
+# the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its own of.
+PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR"})
+PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
+RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "SHELL",
-    "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "TP_SOCKET_IFNAME", "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE", "DS_ACCELERATOR",
-})
-RANK_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "NVIDIA_", "PYTHON",
-                     "SLURM_")
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+}
+RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
+# What every rank gets unless the caller sets it (a pod, which inherits nothing of ours, gets exactly this).
+RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def torchrun_command(
@@ -75,12 +80,13 @@ def torchrun_command(
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The ranks' environment: the allow-listed part of ours, one OpenMP thread per rank, our extras."""
-    env = {k: v for k, v in os.environ.items() if k in RANK_ENV_NAMES or k.startswith(RANK_ENV_PREFIXES)}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault(EXTENSIONS_VAR, default_extensions_dir())
-    env.update(extra or {})
-    return env
+    inherited = {k: v for k, v in os.environ.items() if k in RANK_ENV_NAMES or k.startswith(RANK_ENV_PREFIXES)}
+    return {**RANK_ENV_DEFAULTS, EXTENSIONS_VAR: default_extensions_dir(), **inherited, **(extra or {})}
+
+
+def portable_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a ranks' environment another host gets (see PORTABLE_ENV_*)."""
+    return {k: v for k, v in env.items() if k in PORTABLE_ENV_NAMES or k.startswith(PORTABLE_ENV_PREFIXES)}
 
 
 def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None,

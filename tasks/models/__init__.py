@@ -1,6 +1,6 @@
 """Model families by name (`model.family`): each is a `ModelFamily` (tasks/models/family.py) in its own package.
 
-The registry names where each family object lives, so asking for one imports only
+tasks.families names where each family object lives, so asking for one imports only
 that family (and torch); the config and the planner's imports stay light.
 """
 
@@ -9,18 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tasks.errors import InvalidInputError
+from tasks.families import FAMILIES
+
 if TYPE_CHECKING:
     from tasks.models.family import ModelFamily
-
-# name -> package whose `FAMILY` is the family object. Adding a family = its package + one line here.
-FAMILIES: dict[str, str] = {
-    "llama": "tasks.models.llama",
-    "gpt": "tasks.models.gpt",
-    "qwen3": "tasks.models.qwen3",
-    "mistral": "tasks.models.mistral",
-    "gemma3": "tasks.models.gemma",
-    "gemma2": "tasks.models.gemma2",
-}
 
 
 def get_family(name: str) -> ModelFamily:
@@ -34,8 +27,6 @@ def get_family(name: str) -> ModelFamily:
 
 def family_for_architecture(architectures: object) -> ModelFamily:
     """The family that reads a config.json `architectures` value (a one-element list); others are refused."""
-    from tasks.errors import InvalidInputError
-
     known = {arch: name for name in FAMILIES for arch in get_family(name).architectures}
     if not isinstance(architectures, list) or len(architectures) != 1 or architectures[0] not in known:
         raise InvalidInputError(f"config.json architectures {architectures!r} is not supported; "

@@ -21,19 +21,12 @@ from typing import Any
 
 from tasks.config import ModelConfig
 from tasks.fsutil import atomic_write_json, fresh_dir
+from tasks.model_files import DTYPES, GENERATION_CONFIG, HF_CONFIG, HF_INDEX, TOKENIZER_FILES
 from tasks.models import get_family
 from tasks.models.shapes import pipeline_stages
-from tasks.models.weights import HF_CONFIG, HF_INDEX, CheckpointWeights
+from tasks.models.weights import CheckpointWeights
 
 log = logging.getLogger(__name__)
-
-# What a Hugging Face model directory carries besides weights and config: copied from the model a run
-# started from (its tokenizer is the published model's tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
-DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-# Generation defaults (sampling settings, special token ids), kept whole from the model a run started from.
-GENERATION_CONFIG = "generation_config.json"
 
 
 def shard_name(index: int, count: int) -> str:

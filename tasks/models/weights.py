@@ -23,13 +23,10 @@ from torch import nn
 
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
+from tasks.model_files import DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 
-LEGACY_FILE = "consolidated.pt"
-HF_CONFIG = "config.json"
-HF_INDEX = "model.safetensors.index.json"
-HF_SINGLE = "model.safetensors"
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 
 Slice = tuple[int, int, int] | None  # (dim, start, end) of the full tensor; None = all of it
@@ -236,8 +233,6 @@ def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = N
 
 def round_to(module: nn.Module, as_dtype: str) -> None:
     """Round every weight to `as_dtype` ("bf16", "fp32") in place, as an export in that dtype stores it."""
-    from tasks.models.export import DTYPES
-
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(p.to(getattr(torch, DTYPES[as_dtype])))

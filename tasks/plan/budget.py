@@ -296,7 +296,7 @@ def plan(
         headroom=capacity - busiest["total"],
     )
 
-    step = _step(cfg, per_stage, busiest, b)
+    step = _step(cfg, busiest, b)
     n_total = get_family(m.family).total_params(m)
 
     evaluation = evaluation_budget(cfg, capacity)
@@ -360,14 +360,13 @@ def plan(
     return plan_
 
 
-def _step(cfg: JobConfig, per_stage: list[dict[str, int]], busiest: dict[str, int], b: Bytes) -> Step:
+def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
     tokens = mb * p.micro_batches * p.dp * s
-    n = get_family(m.family).total_params(m)
-    # 6 N per token (fwd + bwd) + attention scores 12 L span (n_heads hd) per token; +2 N with recomputation.
-    per_token = (6 * n + 12 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
-                 + (2 * n if t.activation_checkpointing else 0))
+    # The family's training FLOPs per token (forward + backward, each layer's attention span); recomputation
+    # (every pipeline layer checkpointed) runs each forward once more: a third of forward + backward.
+    per_token = get_family(m.family).flops_per_token(m) * (4 / 3 if t.activation_checkpointing else 1)
     flops = float(per_token * tokens)
     flops_gpu = flops / p.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
+from tasks.config import ConfigError
+from tasks.errors import InvalidInputError, RetrainerError
 from tasks.plan.budget import Plan, plan
 from tasks.plan.search import search
 from tasks.plan.serving import serving_estimate
@@ -53,8 +56,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.errors import InvalidInputError
-
     if args.reserve_gib < 0:
         raise InvalidInputError(f"--reserve-gib must be >= 0, got {args.reserve_gib}")
     cfg = load_config(args.config)
@@ -156,11 +157,6 @@ def render_search(ranked: list[Plan], gpus: int, feasible: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tasks.plan CONFIG ...`: the plan verb alone, with the same exit codes as `retrainer`."""
-    import logging
-
-    from tasks.config import ConfigError
-    from tasks.errors import RetrainerError
-
     parser = argparse.ArgumentParser(prog="retrainer")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])

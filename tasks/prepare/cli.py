@@ -10,6 +10,7 @@ from tasks.errors import InvalidInputError
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.prepare.core import PrepareOptions, default_workers, prepare
 
     try:

@@ -89,8 +89,6 @@ history = sa.Table(
              sqlite_where=sa.text("action = 'rollback'"), postgresql_where=sa.text("action = 'rollback'")),
 )
 
-IMMUTABLE_TABLES = ("registry_versions", "registry_alias_history")
-
 
 def revision(conn: sa.Connection) -> str | None:
     """The schema revision the database is at (None when never migrated)."""

@@ -56,6 +56,7 @@ from tasks.fsutil import (
     sha256_bytes,
     sha256_file,
 )
+from tasks.model_files import LEGACY_FILE
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
 from tasks.registry.records import ArtifactKind, ArtifactRef, VersionRecord
@@ -169,8 +170,6 @@ class ArtifactStore:
         on failure."""
         if rec.artifact_kind == "tree":
             return self.get_tree(rec.artifact_digest, dest)
-        from tasks.models.weights import LEGACY_FILE
-
         with fresh_dir(dest) as tmp:
             self.get(rec.artifact_digest, tmp / LEGACY_FILE)
         return Path(dest)

@@ -20,15 +20,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config import JobConfig, ParallelConfig
 from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_tree
+from tasks.fsutil import atomic_write_json, fsync_dir
 from tasks.run import RunIdentity
+from tasks.train.commit import LATEST, MARKER, commit
+from tasks.train.mirror import Mirror
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-LATEST = "latest"
 _TAG = re.compile(r"^step-(\d{6,})$")
 
 
@@ -56,19 +56,24 @@ def read_latest(root: Path) -> str | None:
     return tag
 
 
+def read_marker(path: Path) -> dict[str, Any]:
+    """The COMPLETE marker of the checkpoint dir `path`; InvalidInputError when it has none or a malformed one."""
+    marker_path = path / MARKER
+    if not marker_path.is_file():
+        raise InvalidInputError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    try:
+        return json.loads(marker_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
+
+
 def validate_checkpoint_dir(path: str | Path, fingerprint: str, experiment_key: str | None = None) -> dict[str, Any]:
     """Return the COMPLETE marker of a committed checkpoint; refuse incomplete or foreign ones.
 
     `fingerprint` (JobConfig.fingerprint) refuses another model's checkpoint; `experiment_key`, when
     given, also another run's of the same model (other data or other starting weights)."""
     path = Path(path)
-    marker_path = path / MARKER
-    if not marker_path.is_file():
-        raise InvalidInputError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
-    try:
-        marker = json.loads(marker_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{marker_path}: malformed marker: {exc}") from None
+    marker = read_marker(path)
     if marker.get("config_fingerprint") != fingerprint:
         raise InvalidInputError(
             f"{path}: checkpoint from another model (config fingerprint "
@@ -128,6 +133,41 @@ def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_siz
     }
 
 
+def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -> None:
+    """Refuse, naming what changed, a run whose tp or pp differs from its checkpoint's (`marker`, found at
+    `where`): only dp may change on resume (its ZeRO partitions are cut anew, tasks/train/reshard.py);
+    tensor and pipeline slices are not."""
+    layout = marker.get("layout") or {}
+    changed = [f"{k}={layout.get(k)} -> {getattr(parallel, k)}" for k in ("tp", "pp")
+               if layout.get(k) != getattr(parallel, k)]
+    if changed:
+        raise InvalidInputError(
+            f"{where}: written with parallel.tp={layout.get('tp')} pp={layout.get('pp')}, this run has "
+            f"tp={parallel.tp} pp={parallel.pp} ({', '.join(changed)}): resuming at another tensor or pipeline "
+            f"parallel size is not supported; keep tp={layout.get('tp')} pp={layout.get('pp')} (parallel.dp may "
+            "change, with micro_batch_size x micro_batches x dp unchanged), or remove the run's checkpoints to "
+            "start over")
+
+
+def refuse_layout_change(cfg: JobConfig, run: RunIdentity) -> None:
+    """Before any rank starts: refuse a tp/pp change against the checkpoint this run would resume from (its
+    own directory's `latest`, else its mirror's). Another run's checkpoint there is the ranks' to refuse."""
+    root = ckpt_root(cfg.train.output_dir)
+    tag = read_latest(root)
+    if tag is not None and (root / tag / MARKER).is_file():
+        marker, where = read_marker(root / tag), str(root / tag)
+    elif cfg.train.checkpoint_url:
+        mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
+        tag = mirror.latest()
+        if tag is None:
+            return
+        marker, where = mirror.marker(tag), f"{mirror.url}/{tag}"
+    else:
+        return
+    if marker.get("experiment_key") == run.experiment_key:
+        check_layout(marker, cfg.parallel, where)
+
+
 def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
@@ -175,15 +215,9 @@ def load_rank_state(directory: Path, rank: int) -> dict[str, Any]:
 
 
 def finalize(root: Path, tag: str, marker: dict[str, Any], keep_last: int) -> Path:
-    """Rank 0, after every rank wrote into tmp-<tag>: fsync, marker, rename, pointer, prune."""
-    tmp, final = root / f"tmp-{tag}", root / tag
-    fsync_tree(tmp)
-    atomic_write_json(tmp / MARKER, marker)
-    if final.exists():  # a committed dir of the same tag can only come from a rerun past it
-        shutil.rmtree(final)
-    tmp.rename(final)
-    fsync_dir(root)
-    atomic_write_bytes(root / LATEST, (tag + "\n").encode())
+    """Rank 0, after every rank wrote into tmp-<tag>: marker, commit, prune."""
+    atomic_write_json(root / f"tmp-{tag}" / MARKER, marker)
+    final = commit(root, tag)
     prune(root, keep_last)
     return final
 

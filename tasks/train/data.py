@@ -4,7 +4,11 @@ Why a pure function: resume must continue on exactly the samples an unbroken
 run would have seen. The global batch of step s is drawn from a permutation
 seeded by (seed, epoch) with epoch = s // steps_per_epoch, so the "data
 position" saved in a checkpoint is just the step; no iterator state to pickle.
-Each DP rank takes a disjoint slice of every micro-batch.
+Each DP rank takes a disjoint slice of every micro-batch. Nothing but the global
+batch size enters the draw: micro-batch j of dp rank r is rows block j x dp + r of
+the step's global batch, so a run resumed at another dp with the same global
+batch (tasks/train/reshard.py) trains on the same samples, in the same order,
+grouped in the same micro-batches.
 
 A mixture (`data.replay`) keeps that property: how many samples each source has
 given before step s is a function of s alone (see `Sampler.drawn`), so each
@@ -18,7 +22,6 @@ little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -27,27 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.dataset_format import FORMAT, MANIFEST_KEY, TOKEN_DTYPES, manifest_hash
+from tasks.data import read_manifest
+from tasks.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash, window_starts
 from tasks.errors import InvalidInputError
 from tasks.warm.cache import sibling_dataset_dir
-
-
-def read_manifest(dataset_dir: str | Path) -> dict:
-    """Load and check the manifest; InvalidInputError names the file and the problem."""
-    path = Path(dataset_dir) / MANIFEST_KEY
-    try:
-        manifest = json.loads(path.read_text())
-    except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read dataset manifest: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{path}: malformed manifest JSON: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InvalidInputError(f"{path}: format must be {FORMAT!r}")
-    if manifest.get("dtype") not in TOKEN_DTYPES:
-        raise InvalidInputError(f"{path}: dtype must be one of {sorted(TOKEN_DTYPES)}, got {manifest.get('dtype')!r}")
-    if not isinstance(manifest.get("files"), list):
-        raise InvalidInputError(f"{path}: 'files' must be a list")
-    return manifest
 
 
 def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:
@@ -65,35 +51,24 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     return path
 
 
-def window_starts(n_tokens: int, seq_len: int) -> range:
-    """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
-    return range(0, n_tokens - seq_len, seq_len)
-
-
 class TokenWindows:
     """All non-overlapping windows of `seq_len + 1` tokens in one split (shards are not crossed)."""
 
     def __init__(self, dataset_dir: str | Path, split: str, seq_len: int, vocab_size: int) -> None:
         root = Path(dataset_dir)
-        manifest = read_manifest(root)
-        if int(manifest.get("vocab_size", 0)) > vocab_size:
+        manifest = read_manifest(str(root))  # validated: whole tokens of a known dtype, unique keys
+        if manifest.vocab_size > vocab_size:
             raise InvalidInputError(
-                f"{root / MANIFEST_KEY}: vocab_size {manifest['vocab_size']} exceeds model.vocab_size {vocab_size}"
+                f"{root / MANIFEST_KEY}: vocab_size {manifest.vocab_size} exceeds model.vocab_size {vocab_size}"
             )
         self.seq_len = seq_len
-        dtype = np.dtype(TOKEN_DTYPES[manifest["dtype"]])
+        dtype = np.dtype(TOKEN_DTYPES[manifest.dtype])
         self.shards: list[np.memmap] = []
         index: list[tuple[int, int]] = []
-        for entry in sorted(manifest["files"], key=lambda f: f["key"]):
-            if not entry["key"].startswith(f"{split}/"):
-                continue
-            path = root / entry["key"]
-            if not path.is_file() or path.stat().st_size != int(entry["size"]):
-                raise InvalidInputError(f"{path}: missing or wrong size (manifest says {entry['size']} bytes)")
-            if int(entry["size"]) % dtype.itemsize:
-                raise InvalidInputError(
-                    f"{path}: {entry['size']} bytes is not a whole number of {manifest['dtype']} tokens"
-                )
+        for entry in manifest.split(split):
+            path = root / entry.key
+            if not path.is_file() or path.stat().st_size != entry.size:
+                raise InvalidInputError(f"{path}: missing or wrong size (manifest says {entry.size} bytes)")
             tokens = np.memmap(path, dtype=dtype, mode="r")
             shard = len(self.shards)
             self.shards.append(tokens)

@@ -29,8 +29,9 @@ import torch.distributed as tdist
 
 from tasks.config import ModelConfig
 from tasks.fsutil import atomic_write_json
+from tasks.model_files import DTYPES
 from tasks.models import get_family
-from tasks.models.export import DTYPES, shard_name
+from tasks.models.export import shard_name
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
 from tasks.run import EXPORT_DIR

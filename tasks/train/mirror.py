@@ -5,14 +5,17 @@ every committed checkpoint is also uploaded to `<checkpoint_url>/<run id>/<tag>/
 commit, each node's first rank uploads the files its node holds (a file several nodes see, on a shared
 run directory, is uploaded once, by the first of them), then rank 0 uploads the `COMPLETE` marker and
 then `latest`: a tag whose marker is not in the mirror is not there, whatever else was uploaded. At
-start, a node whose disk lacks the checkpoint the run resumes from downloads that tag (marker last)
-into its own checkpoint root, so every rank resumes from the same step, bit for bit. Credentials for
-the mirror reach the ranks as environment variables (tasks/credentials.py), never in a file.
+start, a node whose disk lacks the checkpoint the run resumes from takes that tag's marker, then its
+ranks download only the files they load (tasks/train/reshard.py: rank_files): every rank resumes from
+the same step, bit for bit, and a replaced node fetches its own ranks' share, not the whole checkpoint.
+Credentials for the mirror reach the ranks as environment variables (tasks/credentials.py), never in a
+file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -21,11 +24,10 @@ from typing import Any
 import fsspec
 
 from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
+from tasks.fsutil import fsync_dir, fsync_tree
+from tasks.train.commit import LATEST, MARKER, commit
 
 log = logging.getLogger(__name__)
-
-MARKER, LATEST = "COMPLETE", "latest"  # as tasks/train/checkpoint.py names them
 
 
 class Mirror:
@@ -63,43 +65,41 @@ class Mirror:
             return None
         return tag if self.fs.exists(f"{self._tag(tag)}/{MARKER}") else None
 
-    def download(self, tag: str, root: Path) -> Path:
-        """Fetch a mirrored tag into `root/<tag>` (through `root/tmp-<tag>`, marker last) and point `latest` at
-        it, so this node's checkpoint root holds it as if it had committed it itself."""
-        tmp, final = root / f"tmp-{tag}", root / tag
+    def marker(self, tag: str) -> dict[str, Any]:
+        """The mirrored tag's `COMPLETE` marker (what was trained, to which step, with which layout)."""
+        try:
+            return json.loads(self.fs.cat_file(f"{self._tag(tag)}/{MARKER}"))
+        except FileNotFoundError:
+            raise InvalidInputError(f"{self.url}/{tag}: not a complete mirrored checkpoint (no {MARKER})") from None
+
+    def fetch_marker(self, tag: str, root: Path) -> Path:
+        """Make this node's `root/<tag>` a committed checkpoint dir of the mirrored tag (through `root/tmp-<tag>`,
+        marker only) and point `latest` at it; its files come later, each rank's own (`fetch_files`)."""
+        final, tmp = root / tag, root / f"tmp-{tag}"
+        if (final / MARKER).is_file():
+            return final
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        names = [p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))]
-        if MARKER not in names:
-            raise InvalidInputError(f"{self.url}/{tag}: not a complete mirrored checkpoint (no {MARKER})")
-        rest = [n for n in names if n != MARKER]
-        self.fs.get([f"{self._tag(tag)}/{n}" for n in rest], [str(tmp / n) for n in rest])
         self.fs.get_file(f"{self._tag(tag)}/{MARKER}", str(tmp / MARKER))
-        fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        fsync_dir(root)
-        atomic_write_bytes(root / LATEST, (tag + "\n").encode())
-        log.info("checkpoint %s fetched from the mirror %s (%d files)", tag, self.url, len(names))
+        commit(root, tag)
         return final
 
-    def fetch(self, tag: str, root: Path) -> Path:
-        """Make this node's `root/<tag>` hold every file of the mirrored tag: the whole tag when the node lacks
-        it, else the files other nodes wrote (each rank loads some of them, e.g. ZeRO's other partitions)."""
-        final = root / tag
-        if not (final / MARKER).is_file():
-            return self.download(tag, root)
-        missing = [n for n in (p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))) if not (final / n).exists()]
-        for name in missing:  # each file lands whole (a partial one never carries its final name)
+    def names(self, tag: str) -> list[str]:
+        """The file names the mirrored tag holds."""
+        return [p.rsplit("/", 1)[-1] for p in self.fs.find(self._tag(tag))]
+
+    def fetch_files(self, tag: str, final: Path, names: list[str]) -> int:
+        """Download those of `names` that `final` (this node's copy of the tag) lacks; how many it downloaded.
+        Each file lands whole (a partial one never carries its final name)."""
+        missing = [n for n in names if not (final / n).exists()]
+        for name in missing:
             part = final / f".{name}.part"
             self.fs.get_file(f"{self._tag(tag)}/{name}", str(part))
             part.rename(final / name)
         if missing:
             fsync_tree(final)
-            log.info("checkpoint %s: fetched %d files this node lacked from the mirror %s", tag, len(missing),
-                     self.url)
-        return final
+            log.info("checkpoint %s: fetched %d files from the mirror %s", tag, len(missing), self.url)
+        return len(missing)
 
     def weights(self, tag: str, local: Path, dest: Path) -> Path:
         """A directory holding the tag's model-weight files (`layer_*`, never optimizer states) and marker:

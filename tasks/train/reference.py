@@ -28,13 +28,17 @@ class ReferenceRun:
     model: torch.nn.Module | None = None
 
 
-def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None = None) -> ReferenceRun:
-    """Train the family's reference model on the full global batch of each step (fp32, one process)."""
+def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None = None,
+                    start: torch.nn.Module | None = None) -> ReferenceRun:
+    """Train the family's reference model on the full global batch of each step (fp32, one process).
+
+    `start`: the family's Reference holding the starting weights (an imported model); None = drawn from
+    train.seed, as a scratch run draws them."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     windows = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
     sampler = Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp, t.seed)
     family = get_family(m.family)
-    model = family.Reference(m, t.seed)
+    model = start if start is not None else family.Reference(m, t.seed)
     lm_loss = family.make_loss_fn(TPGroup())
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)

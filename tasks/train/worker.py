@@ -8,25 +8,20 @@ Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
 launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
 non-finite loss or gradient norm raises at once, naming the step, and the rank
 exits non-zero; no summary is written for such a run. Rank 0 keeps the run's
-status file current (tasks/train/status.py): that, not the log, is what the
+status file current (tasks/job_status.py): that, not the log, is what the
 launcher supervises.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import logging
 import math
 import os
 import random
-import sys
 import time
 import uuid
-import warnings
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,14 +34,23 @@ from tasks.comm_ops import load_shm_op
 from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
+from tasks.job_status import State, Status, log_for_relay, now, write_status
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
-from tasks.train import async_save
+from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
-from tasks.train.status import State, Status, log_for_relay, now, write_status
+from tasks.train.export import export_stage, read_reports
+from tasks.train.mirror import Mirror, assign_uploads
+from tasks.train.rank import (
+    deepspeed_prints_to_debug,
+    exit_without_teardown,
+    finish,
+    quiet_start_up,
+    report_failure,
+)
 from tasks.train.telemetry import Telemetry, comms_config
 
 log = logging.getLogger("tasks.train.worker")
@@ -153,8 +157,6 @@ class Trainer:
         self.leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # this node's first rank
         self.mirror = None
         if cfg.train.checkpoint_url:
-            from tasks.train.mirror import Mirror
-
             self.mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         self.resume_from = self._resume_point()
 
@@ -258,8 +260,6 @@ class Trainer:
 
     def _mirror(self, final: Path, tag: str) -> None:
         """Upload the committed checkpoint: each node's files once, then rank 0's marker and `latest`."""
-        from tasks.train.mirror import assign_uploads
-
         assert self.mirror is not None
         names = sorted(p.name for p in final.iterdir() if p.is_file()) if self.leader else []
         listings: list[Any] = [None] * self.world
@@ -280,8 +280,9 @@ class Trainer:
 
     def _resume_point(self) -> tuple[str, dict[str, Any]] | None:
         """(tag, marker) of the checkpoint this run resumes from, the same on every rank, after sweeping a
-        crashed commit's leftovers. On node-local disks it is the mirror's latest, which every node first
-        completes on its own disk from the mirror (tasks/train/mirror.py)."""
+        crashed commit's leftovers: this run's `latest`, else (node-local disks, or a disk that lost the run)
+        the mirror's, whose marker every node first takes (its files come in `resume`). A tp/pp change
+        against it is refused here, before the engine is built; dp may change (tasks/train/reshard.py)."""
         if self.leader:
             self.root.mkdir(parents=True, exist_ok=True)
         tdist.barrier()
@@ -289,25 +290,29 @@ class Trainer:
         if self.rank == 0 or (self.node_local and self.leader):
             ck.sweep_incomplete(self.root)
         tdist.barrier()
-        if not self.node_local:
-            found = ck.find_resume(self.root, self.run_identity)
-        else:
-            if self.mirror is None:
-                raise InvalidInputError(
-                    f"{self.root}: the checkpoint directory is not shared by all nodes (each has its own); set "
-                    "train.checkpoint_url so checkpoints are mirrored and a retry on other nodes can resume")
-            latest: list[Any] = [self.mirror.latest() if self.rank == 0 else None]
-            tdist.broadcast_object_list(latest, src=0)
-            if latest[0] is not None and self.leader:
-                self.mirror.fetch(latest[0], self.root)
-            tdist.barrier()
-            found = None if latest[0] is None else (latest[0], ck.validate_checkpoint_dir(
-                self.root / latest[0], self.run_identity.config_fingerprint, self.run_identity.experiment_key))
-        if found is not None and found[1].get("world_size") != self.world:
+        if self.node_local and self.mirror is None:
             raise InvalidInputError(
-                f"{self.root / found[0]}: written by {found[1].get('world_size')} ranks, this run has {self.world}"
-            )
+                f"{self.root}: the checkpoint directory is not shared by all nodes (each has its own); set "
+                "train.checkpoint_url so checkpoints are mirrored and a retry on other nodes can resume")
+        found = None if self.node_local else ck.find_resume(self.root, self.run_identity)
+        if found is None and self.mirror is not None:
+            found = self._mirrored_resume_point()
+        if found is not None:
+            ck.check_layout(found[1], self.cfg.parallel, str(self.root / found[0]))
         return found
+
+    def _mirrored_resume_point(self) -> tuple[str, dict[str, Any]] | None:
+        """The mirror's latest tag (rank 0 asks), its marker taken into each checkpoint root that lacks it."""
+        assert self.mirror is not None
+        latest: list[Any] = [self.mirror.latest() if self.rank == 0 else None]
+        tdist.broadcast_object_list(latest, src=0)
+        if latest[0] is not None and (self.leader if self.node_local else self.rank == 0):
+            self.mirror.fetch_marker(latest[0], self.root)
+        tdist.barrier()
+        if latest[0] is None:
+            return None
+        return latest[0], ck.validate_checkpoint_dir(self.root / latest[0], self.run_identity.config_fingerprint,
+                                                     self.run_identity.experiment_key)
 
     def _node_local(self) -> bool:
         """Whether the checkpoint root is each node's own disk rather than one directory every rank sees:
@@ -328,23 +333,71 @@ class Trainer:
         return not all(seen)
 
     def resume(self) -> tuple[int, list[float]]:
+        """Load the resume point: as written, or at another dp (its ZeRO partitions cut anew, each rank reading
+        only the old ones overlapping its share; the same global batch, so the same samples follow)."""
+        self.resharded: dict[str, int] | None = None
         if self.resume_from is None:
             return 0, []
         tag, marker = self.resume_from
-        root = self.root
+        root, dp = self.root, self.cfg.parallel.dp
+        step, old_dp = int(marker["step"]), int(marker["layout"]["dp"])
+        resharded, zero = old_dp != dp, self.engine.zero_optimization()
+        if resharded and not zero and use_bf16(self.cfg):
+            raise InvalidInputError(f"{root / tag}: written at parallel.dp={old_dp}; resuming at dp={dp} needs "
+                                    "parallel.zero_stage 1 or 2 under bf16 (its optimizer is partitioned by dp)")
+        if self.mirror is not None:
+            self._fetch_rank_files(tag, old_dp)
         load_path, _ = self.engine.load_checkpoint(
-            str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(root), tag=tag, load_optimizer_states=not (resharded and zero), load_lr_scheduler_states=True
         )
         if load_path is None:
             raise InvalidInputError(f"{root / tag}: DeepSpeed could not load the checkpoint")
-        state = ck.load_rank_state(root / tag, self.rank)
-        ck.set_rng_state(state["rng"])
-        step = int(marker["step"])
-        if state["data_position"]["step"] != step:
+        read = reshard.load_zero_partitions(self.engine, root, tag, old_dp) if resharded and zero else 0
+        state = ck.load_rank_state(root / tag, self.rank) if not resharded or self.rank == 0 else None
+        if resharded:  # the old ranks' RNG streams have no owner now: dropout masks follow the new layout
+            seed_rank(self.cfg.train.seed + step, self.dp_rank, self.stage)
+        else:
+            ck.set_rng_state(state["rng"])
+        if state is not None and state["data_position"]["step"] != step:
             raise InvalidInputError(f"{root / tag}: data position {state['data_position']} does not match step {step}")
+        if resharded:
+            self.resharded = {"from_dp": old_dp, "to_dp": dp, "at_step": step}
+            if self.rank == 0:
+                log.info("resharded %s from dp=%d to dp=%d (global batch %d, %d micro-batches per rank; rank 0 "
+                         "read %d old ZeRO partitions)", root / tag, old_dp, dp, self.sampler.global_batch,
+                         self.cfg.parallel.micro_batches, read)
         if self.rank == 0:
             log.info("resumed from %s (step %d)", root / tag, step)
-        return step, list(state.get("losses", []))
+        return step, list(state.get("losses", [])) if state is not None else []
+
+    def _fetch_rank_files(self, tag: str, old_dp: int) -> None:
+        """Download from the mirror the files this run's ranks load that their checkpoint root lacks: each node
+        its own ranks' share (a replaced node: only that), each file once per root."""
+        assert self.mirror is not None
+        available: list[Any] = [self.mirror.names(tag) if self.rank == 0 else None]
+        tdist.broadcast_object_list(available, src=0)
+        mine = reshard.rank_files(self.engine, self.root, tag, available[0], old_dp, self.rank)
+        listings: list[Any] = [None] * self.world
+        tdist.all_gather_object(listings, mine)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+
+        def root_of(rank: int) -> int:  # ranks sharing one checkpoint root
+            return rank // per_node if self.node_local else 0
+
+        sharing = [names if root_of(r) == root_of(self.rank) else [] for r, names in enumerate(listings)]
+        error, fetched = None, 0
+        try:
+            fetched = self.mirror.fetch_files(tag, self.root / tag, assign_uploads(sharing)[self.rank])
+        except Exception as exc:  # every rank learns it: none waits forever for a rank that failed
+            error = f"fetching {tag} from the mirror {self.mirror.url}: {type(exc).__name__}: {exc}"
+        results: list[Any] = [None] * self.world
+        tdist.all_gather_object(results, (error, fetched))
+        failed = [(r, e) for r, (e, _) in enumerate(results) if e is not None]
+        if failed:
+            raise TrainingFailedError(f"rank {failed[0][0]}: {failed[0][1]}")
+        counts = [n for _, n in results]
+        if self.rank == 0 and sum(counts):
+            log.info("checkpoint %s: %d files fetched from the mirror (per rank: %s)", tag, sum(counts), counts)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -399,8 +452,6 @@ class Trainer:
     def export_final(self, out: Path, tag: str) -> dict[str, Any]:
         """Write the final weights' Hugging Face shards into the store's staging area, one per stage (once per
         checkpoint: a retry that finds every shard report reuses them)."""
-        from tasks.train.export import export_stage, read_reports
-
         assert self.export is not None
         stages = self.cfg.parallel.pp
         seen: list[Any] = [None] * self.world  # decided together: every rank exports, or none does
@@ -435,6 +486,7 @@ class Trainer:
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
             "export": exported,
             "checkpoint_saves": self.saves,
+            "resharded": self.resharded,
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)
@@ -447,34 +499,6 @@ class Trainer:
         if self.rank == 0:
             write_status(self.cfg.train.output_dir,
                          Status(state=state, step=step, steps=self.cfg.train.steps, loss=loss, at=now()))
-
-
-@contextlib.contextmanager
-def deepspeed_prints_to_debug():
-    """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    finally:
-        for line in buf.getvalue().splitlines():
-            log.debug("deepspeed: %s", line)
-
-
-def quiet_start_up() -> None:
-    """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
-    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
-    logger prints to stdout with its own time and level in brackets: its records go through ours instead
-    (one time per line in the task log, the level where the relay reads it)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
-
-    for handler in list(deepspeed_log.handlers):
-        deepspeed_log.removeHandler(handler)
-    deepspeed_log.propagate = True
-    deepspeed_log.setLevel(logging.WARNING)
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,25 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)
-        # Any rank that knows why the run failed says so (atomic replace: a concurrent writer's reason is as true).
-        write_status(cfg.train.output_dir, Status(
-            state="failed", step=trainer.last_step if trainer else 0, steps=cfg.train.steps, at=now(),
-            reason=str(exc), rank=int(os.environ.get("RANK", "0"))))
-        return 1
-    tdist.barrier()
-    tdist.destroy_process_group()
-    return 0
-
-
-def exit_without_teardown(run: Callable[[], int]) -> None:
-    """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
-    process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
-    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
-    code = run()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return report_failure(cfg.train.output_dir, exc, step=trainer.last_step if trainer else 0,
+                              steps=cfg.train.steps)
+    return finish()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
-from tasks.warm.cache import CacheLayout, make_room, reserve_room, use_lock, warm_lock
+from tasks.warm.cache import CacheLayout, dataset_in_use, make_room, reserve_room, use_lock, warm_lock
 from tasks.warm.report import Progress, WarmReport, WarmResult
 from tasks.warm.retry import with_retries
 from tasks.warm.source import ObjectSource, open_source
@@ -117,7 +117,7 @@ def warm(
             if report is not None:
                 layout.touch_used(dsid)
     if report is None:
-        from tasks.data import Manifest
+        from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
         result.parsed = Manifest.parse(raw, source=manifest_source)  # refuses a bad manifest before any write
         layout.ensure()
@@ -163,7 +163,7 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
                 disk_budget_bytes: int | None, verify: bool, workers: int, progress: bool, part_size: int | None,
                 t0: float) -> WarmReport:
     """Under the warm lock: make room, reuse what is verified, fetch the rest, commit the record."""
-    from tasks.warm.fetch import PART_SIZE
+    from tasks.warm.fetch import PART_SIZE  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
     dataset_dir = layout.dataset_dir(dsid)
     targets = {f.key: _local_target(dataset_dir, f.key) for f in manifest.files}
@@ -249,7 +249,7 @@ def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRe
 
 def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
            record: VerifiedRecord, report: WarmReport, workers: int, progress: bool, part_size: int) -> None:
-    from tasks.warm.fetch import Fetcher
+    from tasks.warm.fetch import Fetcher  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
     if not entries:
         return
@@ -280,7 +280,6 @@ def warm_sources(sources: list[tuple[str, str, dict[str, Any]]], cache_root: str
 
     Each one warmed stays held in use while the next warms, so a disk budget never evicts one source
     of a training mixture to make room for another (it fails instead, naming them in use)."""
-    from tasks.warm.cache import dataset_in_use
 
     results: list[WarmResult] = []
     with contextlib.ExitStack() as held:

@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import RetrainerError
+from tasks.fsutil import atomic_write_json
+from tasks.job_status import Status, log_for_relay, now, parse_tagged, write_status
+from tasks.run import StartingWeights
+from tasks.warm.report import refuse_unplanned
 
 log = logging.getLogger("tasks.warm.node")
 
@@ -48,7 +52,7 @@ def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
     of the mixture, with the manifest hash the run planned) and the starting weights."""
     from dataclasses import asdict
 
-    from tasks.run import WeightSources
+    from tasks.warm.weights import WeightSources  # lazy: the registry's modules load only when nodes warm
 
     d = cfg.data
     replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
@@ -68,19 +72,16 @@ def node_name() -> str:
 
 def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm this node for the run; the report, or RetrainerError naming the node."""
-    from tasks.run import StartingWeights, WeightSources, fetch_weights
+    # lazy: launchers import this module for its names; the warm and fetch machinery loads on the node only
     from tasks.warm.core import warm_sources
+    from tasks.warm.weights import WeightSources, fetch_weights
 
     node, started = node_name(), time.monotonic()
     sources = [spec, *spec.get("replay", [])]
     results = warm_sources([(s["source_url"], s["manifest"], s["storage_options"]) for s in sources],
                            spec["cache_dir"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
     for source, result in zip(sources, results, strict=True):
-        if result.manifest_hash != source["manifest_hash"]:
-            raise RetrainerError(
-                f"node {node}: the dataset at {source['source_url']} verified as manifest {result.manifest_hash[:12]}, "
-                f"but this run trains on {source['manifest_hash'][:12]}; refusing to start (the data changed since "
-                "the run was planned: a new run trains on it)")
+        refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))
     r = results[0].report
     return {"node": node, "manifest_hash": results[0].manifest_hash, "dataset_dir": str(results[0].dataset_dir),
@@ -94,8 +95,6 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
 
 def parse_report(line: str) -> dict[str, Any] | None:
     """The report of a `RETRAINER-WARM` line, else None."""
-    from tasks.train.status import parse_tagged
-
     return parse_tagged(line, REPORT_PREFIX)
 
 
@@ -114,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, help="also write the report to DIR/<node>.json")
     parser.add_argument("--status-dir", type=Path, help="on failure, write the reason to the run's status file")
     args = parser.parse_args(argv)
-    from tasks.train.status import log_for_relay
-
     log_for_relay(node_name())
     try:
         spec = json.loads(os.environ[SPEC_VAR])
@@ -124,13 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         reason = str(exc) if isinstance(exc, RetrainerError) else f"node {node_name()}: warm failed: {exc!r}"
         print(REPORT_PREFIX + json.dumps({"node": node_name(), "error": reason}), flush=True)
         if args.status_dir is not None:
-            from tasks.train.status import Status, now, write_status
-
             write_status(args.status_dir, Status(state="failed", step=0, steps=0, at=now(), reason=reason))
         return 1
     if args.report_dir is not None:
-        from tasks.fsutil import atomic_write_json
-
         args.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.report_dir / f"{report['node']}.json", report)
     print(REPORT_PREFIX + json.dumps(report), flush=True)

@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.errors import RetrainerError
+
 if TYPE_CHECKING:
-    from tasks.data import Manifest
+    from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
 log = logging.getLogger("tasks.warm")
 
@@ -58,7 +60,7 @@ class WarmResult:
     def manifest(self) -> Manifest:
         """The validated manifest; parsed on first use, since a no-op re-warm never needs pydantic."""
         if self.parsed is None:
-            from tasks.data import Manifest
+            from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
             self.parsed = Manifest.parse(self.manifest_raw, source=self.manifest_source)
         return self.parsed
@@ -106,3 +108,12 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def refuse_unplanned(found_hash: str, planned_hash: str, source_url: str, who: str) -> None:
+    """A warm that verified another manifest than the run planned stops here, naming `who` (a node, a suite) and
+    the source: the data changed since the run started, and only a new run takes the new data."""
+    if found_hash != planned_hash:
+        raise RetrainerError(f"{who}: the dataset at {source_url} verified as manifest {found_hash[:12]}, not the "
+                             f"{planned_hash[:12]} this run planned; it changed since the run started (a new run "
+                             "takes the new data)")

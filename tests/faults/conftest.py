@@ -161,7 +161,7 @@ def no_leftovers(tmp_path: Path) -> Iterator[None]:
 
 def finished_steps(run_dir: Path) -> int:
     """The last finished step the run's status file reports (0 before the first)."""
-    from tasks.train.status import STATUS_FILE, read_status
+    from tasks.job_status import STATUS_FILE, read_status
 
     status = read_status(run_dir / STATUS_FILE)
     return status.step if status is not None and status.state == "training" else 0

@@ -8,6 +8,8 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_CKPT_WRITE_DELAY=STEP:S`: every rank's background save writes each file of step STEP's checkpoint
   S seconds late (training goes on meanwhile);
 - `HOOK_CKPT_WRITE_ERROR=STEP:RANK`: that rank's background write of step STEP's checkpoint fails (ENOSPC);
+- `HOOK_SAMPLE_LOG=PATH`: each rank appends, per step, the window indices of each of its micro-batches to
+  PATH.rank<RANK> (JSON lines: step, dp_rank, dp, micro_batches);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
@@ -43,13 +45,13 @@ def hook_env() -> dict[str, str]:
 
 def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
     """Launcher-side hooks; `patch` is `setattr` in a process of its own, `monkeypatch.setattr` in pytest."""
-    from tasks.launch import ssh, torchrun
+    from tasks.launch import torchrun
 
     product_rank_env = torchrun.rank_env
     patch(torchrun, "WORKER_MODULE", WORKER)
     patch(torchrun, "EVAL_WORKER_MODULE", EVAL_WORKER)
     patch(torchrun, "rank_env", lambda extra=None: product_rank_env({**hook_env(), **(extra or {})}))
-    patch(ssh, "FORWARD_PREFIXES", (*ssh.FORWARD_PREFIXES, PREFIX))
+    patch(torchrun, "PORTABLE_ENV_PREFIXES", (*torchrun.PORTABLE_ENV_PREFIXES, PREFIX))
     if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
         _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))
     if audit := os.environ.get("HOOK_AUDIT_OPENS"):

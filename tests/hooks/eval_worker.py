@@ -7,7 +7,7 @@ import os
 import time
 
 from tasks.evaluate import worker
-from tasks.train.worker import exit_without_teardown
+from tasks.train.rank import exit_without_teardown
 
 log = logging.getLogger("tests.hooks")
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import time
 
-from tasks.train import async_save, telemetry, worker
+from tasks.train import async_save, data, telemetry, worker
 from tasks.train import checkpoint as ck
+from tasks.train.rank import exit_without_teardown
 
 log = logging.getLogger("tests.hooks")
 
@@ -22,6 +24,25 @@ def install() -> None:
         return product_batches(self, step0)
 
     worker.Trainer.batches = batches
+
+    if sample_log := os.environ.get("HOOK_SAMPLE_LOG"):  # which windows each rank reads for each step
+        product_get = data.TokenWindows.get
+        read: list[list[int]] = []
+
+        def get(self, indices):
+            read.append([int(i) for i in indices])
+            return product_get(self, indices)
+
+        def logged_batches(self, step0):
+            read.clear()
+            out = batches(self, step0)
+            with open(f"{sample_log}.rank{os.environ.get('RANK', '0')}", "a") as fh:
+                fh.write(json.dumps({"step": step0 + 1, "dp_rank": self.dp_rank, "dp": self.cfg.parallel.dp,
+                                     "micro_batches": read}) + "\n")
+            return out
+
+        data.TokenWindows.get = get
+        worker.Trainer.batches = logged_batches
 
     if nan_at := int(os.environ.get("HOOK_NAN_AT_STEP") or 0):
         product_family = worker.get_family
@@ -97,4 +118,4 @@ def install() -> None:
 
 if __name__ == "__main__":
     install()
-    worker.exit_without_teardown(worker.main)
+    exit_without_teardown(worker.main)

@@ -46,7 +46,7 @@ def launched(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) 
 def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[bytes] | None = None,
                   timeout_s: float = 240.0) -> None:
     """Block until the run's status file says `step` finished."""
-    from tasks.train.status import STATUS_FILE, read_status
+    from tasks.job_status import STATUS_FILE, read_status
 
     path = Path(output_dir) / STATUS_FILE
     deadline = time.monotonic() + timeout_s

@@ -222,6 +222,12 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
 
     resumed = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset)
     assert resumed["resumed_from_step"] >= 4 and resumed["losses"] == reference["losses"]
+    # The replaced host fetched only what its own rank loads: rank 0's ZeRO partition and state stayed behind.
+    tag = f"step-{resumed['resumed_from_step']:06d}"
+    mirrored = {p.name for p in (mirror / run_id / tag).iterdir()}
+    on_new_disk = {p.name for p in (netns_hosts.host_runs[1] / "ckpt" / tag).iterdir()}
+    assert on_new_disk == mirrored - {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "rank-00000.pt"}
+    assert len(on_new_disk) == len(mirrored) - 2
     for host_run in netns_hosts.host_runs:  # each host committed step 6 on its own disk
         assert (host_run / "ckpt" / "step-000006" / "COMPLETE").is_file()
     assert (netns_hosts.host_runs[0] / "summary.json").is_file()  # the summary came back through the agent

@@ -15,12 +15,12 @@ import pytest
 
 from tasks.config import ConfigError, SlurmConfig
 from tasks.errors import InvalidInputError
+from tasks.job_status import Status
 from tasks.launch import get_launcher, pool_for
 from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged
 from tasks.launch.slurm import render_script
 from tasks.launch.watch import ProgressWatcher
-from tasks.train.status import Status
 from tests.launch.conftest import tiny_config, write_dataset
 
 

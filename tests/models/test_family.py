@@ -10,6 +10,7 @@ import yaml
 
 from tasks.config import ModelConfig
 from tasks.errors import ConfigError, InvalidInputError
+from tasks.families import OPTIONS
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
 from tasks.plan.cli import main as plan_main
@@ -33,7 +34,7 @@ CASES = {
 
 
 def test_every_registered_family_is_tested() -> None:
-    assert {m.family for m in CASES.values()} == set(FAMILIES)
+    assert {m.family for m in CASES.values()} == set(FAMILIES) == set(OPTIONS)  # each states its options
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -84,3 +85,64 @@ def test_a_config_without_family_plans_as_llama(tmp_path: Path, capsys: pytest.C
     m = load_config(path).model
     assert report["model_family"] == m.family == "llama"
     assert report["params_total"] == get_family("llama").total_params(m) == 229952
+
+
+# (family, an option it cannot express, the refusal): named `model.<field>` with the family and what it supports.
+REFUSED = [
+    ("gpt", {"tie_embeddings": True}, r"model\.tie_embeddings \(True\) is not supported by model\.family 'gpt' "
+                                      r"\(its options: dropout\)"),
+    ("gpt", {"rms_norm_eps": 1e-6}, r"model\.rms_norm_eps \(1e-06\) is not supported by model\.family 'gpt'"),
+    ("llama", {"dropout": 0.1}, r"model\.dropout \(0\.1\) is not supported by model\.family 'llama' \(its options: "
+                                r"rope_theta, rms_norm_eps, tie_embeddings, head_dim, qkv_bias, rope_scaling\)"),
+    ("llama", {"qk_norm": True}, r"model\.qk_norm \(True\) is not supported by model\.family 'llama'"),
+    ("llama", {"sliding_window": 8}, r"model\.sliding_window \(8\) is not supported by model\.family 'llama'"),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+     r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'llama' \(supported: default, "
+     r"llama3, yarn\)"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, r"model\.rope_scaling\.rope_type"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     r"model\.rope_scaling\.original_max_position_embeddings is required for rope_type 'yarn'"),
+    ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}},
+     r"model\.rope_scaling\.rope_type 'yarn' is not supported by model\.family 'mistral' \(supported: default, "
+     r"llama3\)"),
+    ("qwen3", {}, r"model\.qk_norm must be true for model\.family 'qwen3'"),
+    ("qwen3", {"qk_norm": True, "qkv_bias": True}, r"model\.qkv_bias \(True\) is not supported by model\.family "
+                                                   r"'qwen3'"),
+    ("qwen3", {"qk_norm": True, "sliding_window": 8}, r"model\.sliding_window \(8\) is not supported by "
+                                                      r"model\.family 'qwen3'"),
+    ("mistral", {"qk_norm": True}, r"model\.qk_norm \(True\) is not supported by model\.family 'mistral'"),
+    ("mistral", {"query_pre_attn_scalar": 16}, r"model\.query_pre_attn_scalar \(16\) is not supported by "
+                                               r"model\.family 'mistral'"),
+    ("gemma3", {"qk_norm": True, "qkv_bias": True}, r"model\.qkv_bias \(True\) is not supported by model\.family "
+                                                    r"'gemma3'"),
+    ("gemma3", {"qk_norm": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     r"model\.rope_scaling\.rope_type 'llama3' is not supported by model\.family 'gemma3' \(supported: default, "
+     r"linear\)"),
+    ("gemma2", {"qk_norm": True}, r"model\.qk_norm \(True\) is not supported by model\.family 'gemma2'"),
+    ("gemma2", {"rope_local_base_freq": 1e4}, r"model\.rope_local_base_freq \(10000\.0\) is not supported by "
+                                              r"model\.family 'gemma2'"),
+    ("gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+     r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'gemma2' \(supported: default\)"),
+    ("gpt", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+     r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'gpt' \(supported: default\)"),
+]
+
+
+def test_every_family_has_a_refused_option() -> None:
+    assert {family for family, _, _ in REFUSED} == set(FAMILIES)
+
+
+@pytest.mark.parametrize(("family", "options", "message"), REFUSED,
+                         ids=[f"{f}-{'-'.join(o) or 'none'}" for f, o, _ in REFUSED])
+def test_an_option_the_family_cannot_express_is_refused_at_config_load(
+    tmp_path: Path, family: str, options: dict, message: str
+) -> None:
+    """Never trained with silently different maths: the YAML fails to load, naming the field and the family."""
+    doc = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    doc["model"] = {**SIZES, "family": family, **options}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)

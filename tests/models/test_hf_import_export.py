@@ -1,4 +1,5 @@
-"""A team's own Hugging Face Llama in, retrained in 3D, and out again as a model transformers loads.
+"""A team's own Hugging Face model (each supported architecture) in, retrained in 3D equal to its family's
+single-process reference, and out again as a model transformers loads.
 
 The models are built here (LlamaConfig + save_pretrained, a WordLevel tokenizer from `tokenizers`):
 nothing is downloaded.
@@ -6,6 +7,7 @@ nothing is downloaded.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
@@ -24,11 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).
-# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are); Mistral and Gemma 3: a window shorter
-# than the 32-token training windows, so the band is exercised.
+# Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are), YaRN long context; Mistral and Gemma 3:
+# a window shorter than the 32-token training windows, so the band is exercised.
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8, "head_dim": None}),
     # Gemma 3: the other blocks (four norms, scaled embedding, GELU-tanh), tied; layers 2 and 4 global.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "sliding_window": 8,
@@ -52,7 +55,7 @@ def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int
     config = getattr(transformers, config_cls)(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=128, rope_theta=500000.0, bos_token_id=1,
-        eos_token_id=2, **options)
+        eos_token_id=2, **copy.deepcopy(options))  # (a transformers config mutates a rope dict it is given)
     getattr(transformers, model_cls)(config).save_pretrained(dest, max_shard_size=shard)
     if tokenizer:
         from tokenizers import Tokenizer, models, pre_tokenizers
@@ -126,9 +129,12 @@ def test_a_yaml_size_that_contradicts_config_json_is_refused_naming_the_field(
 def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tasks.models import get_family
+    from tasks.models.parallel import TPGroup
     from tasks.models.weights import load_reference
     from tasks.resolve import load_config
     from tasks.train.data import Sampler, TokenWindows, split_inputs
+    from tasks.train.reference import train_reference
 
     hf = make_hf_llama(tmp_path / "hf", arch=arch)
     config = _write(tmp_path, _config(tmp_path, hf))
@@ -173,6 +179,14 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
         want = torch.nn.functional.cross_entropy(theirs(x).logits.reshape(-1, m.vocab_size), y.reshape(-1)).item()
     assert abs(out["train"]["first_loss"] - want) <= 1e-5 * want, (out["train"]["first_loss"], want)
 
+    # 3D equality (as tests/train/test_3d_equality.py for scratch Llama): from the same imported weights, every
+    # tp=2 x pp=2 step's loss is the family's single-process reference loop's; the published weights are its
+    # final weights (below). Mistral's and Gemma's 32-token windows are longer than their 8-token window.
+    ref = train_reference(cfg, dataset, start=load_reference(hf, m))
+    assert len(out["train"]["losses"]) == len(ref.losses) == 3
+    for step, (got, expected) in enumerate(zip(out["train"]["losses"], ref.losses, strict=True), start=1):
+        assert abs(got - expected) <= 1e-5 * abs(expected), f"step {step}: 3D loss {got} vs reference {expected}"
+
     # What serving does: pull what `production` points to and load it with transformers.
     pulled = tmp_path / "serving" / "v1"
     done = retrainer("registry", "pull", "--model", "team-llama", "--alias", "production", str(pulled), "--db", db,
@@ -182,6 +196,7 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert hf_config["architectures"] == [ARCHS[arch][1]] and hf_config["max_position_embeddings"] == 128
     assert hf_config.get("sliding_window") == ARCHS[arch][2].get("sliding_window")  # the window round-trips
     assert hf_config.get("head_dim", 16) == (ARCHS[arch][2].get("head_dim") or 16)
+    assert hf_config.get("rope_scaling") == ARCHS[arch][2].get("rope_scaling")  # so does the rope scaling
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
@@ -194,6 +209,20 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
         changed = max((a - b).abs().max().item() for a, b in zip(served.parameters(), theirs.parameters(),
                                                                     strict=True))
     assert changed > 0  # it trained: the published weights are not the imported ones
+    # The published weights are the reference loop's final weights, within the Llama 3D test's tolerance, save
+    # the few whose first gradient is near Adam's eps (1e-8): Adam divides a gradient by its own size, so their
+    # update follows the fp32 rounding of a near-zero sum (summed in another order across ranks); those only
+    # within the two runs' Adam steps (lr each).
+    imported = load_reference(hf, m)
+    family = get_family(m.family)
+    family.make_loss_fn(TPGroup())(imported(x), y).backward()
+    final, want = ours.state_dict(), ref.model.state_dict()
+    for name, weight in imported.named_parameters():
+        assert weight.grad is not None
+        sure = weight.grad.abs() > 1e-6
+        torch.testing.assert_close(final[name][sure], want[name][sure], rtol=1e-4, atol=1e-5,
+                                   msg=lambda msg, n=name: f"{n}: {msg}")
+        assert (final[name] - want[name]).abs().max() <= 2 * t.steps * t.lr, name
     assert AutoTokenizer.from_pretrained(pulled)("w1 w7").input_ids == [4, 10]  # the team's tokenizer came along
 
 

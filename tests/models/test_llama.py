@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from tasks.config import ModelConfig
+from tasks.config import ModelConfig, RopeScaling
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.models import family_for_architecture, get_family
-from tasks.models.llama.model import inv_freq
+from tasks.models.llama.model import inv_freq, rope_attention_scale
 from tasks.models.parallel import TPGroup
 
 llama = get_family("llama")
@@ -38,10 +39,16 @@ SIZES = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key
 # original_max_position_embeddings=64 puts head_dim 16's frequencies in all three llama3 bands.
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
+# YaRN (Qwen long context): factor 4 over a 32-position pretraining context; the Qwen2 one with every yarn key.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+YARN_ALL = {**YARN, "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.2}
 VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a copy)
     "llama3-untied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=500000.0, rope_scaling=dict(LLAMA3))),
     "llama-tied": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_theta=10000.0, tie_word_embeddings=True)),
     "qwen2-qkv-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SIZES, rope_theta=1e6)),
+    "qwen2-yarn": lambda: Qwen2ForCausalLM(Qwen2Config(**SIZES, rope_theta=1e4, rope_scaling=dict(YARN_ALL))),
+    "qwen3-yarn-tied": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, rope_theta=1e4,
+                                                            tie_word_embeddings=True, rope_scaling=dict(YARN))),
     # The families on Llama's blocks: QK-norm with a head_dim that is not hidden/heads (tied, as small Qwen3s
     # are), and a sliding window shorter than the test sequence (24 tokens), so the band matters.
     "qwen3-qk-norm-tied": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=32, rope_theta=1e6,
@@ -51,6 +58,10 @@ VARIANTS = {  # (LlamaConfig mutates the rope_scaling dict it is given: pass a c
     "gemma3-sliding-global-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
         **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
         rope_theta=1e6, rope_local_base_freq=1e4)),
+    # Gemma 3 4B+: linear rope scaling (factor 8) on the global layers only, the sliding ones unscaled.
+    "gemma3-linear-rope-tied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        **SIZES, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})),
     # Gemma 2: no QK-norm, one base, attention scores and logits soft-capped (caps small enough to bite).
     "gemma2-softcap-tied": lambda: Gemma2ForCausalLM(Gemma2Config(
         **SIZES, head_dim=32, sliding_window=8, query_pre_attn_scalar=24, rope_theta=1e6,
@@ -81,7 +92,7 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
     family = family_for_architecture([type(hf).__name__])  # each family on the same yardstick
     m = ModelConfig(**family.model_fields_from_hf(_config_json(hf)))
     assert m.family == family.name == FAMILY_OF.get(variant.split("-")[0], "llama")
-    assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == (variant == "qwen2-qkv-bias")
+    assert m.tie_embeddings == variant.endswith("-tied") and m.qkv_bias == variant.startswith("qwen2")
     assert m.qk_norm == (family.name in ("qwen3", "gemma3"))
     assert m.sliding_window == (8 if family.name in ("mistral", "gemma3", "gemma2") else None)
     if family.name.startswith("gemma"):  # layers 2 and 4 global, the others sliding (Gemma 3: the local base)
@@ -89,6 +100,9 @@ def test_reference_matches_transformers_both_ways(variant: str, tmp_path: Path) 
         assert m.rope_local_base_freq == (1e4 if family.name == "gemma3" else None)
         assert (m.attn_logit_softcapping, m.final_logit_softcapping) == ((0.5, 1.0) if family.name == "gemma2"
                                                                          else (None, None))
+    rope = {"llama3-untied": LLAMA3, "gemma3-linear-rope-tied": {"rope_type": "linear", "factor": 8.0},
+            "qwen2-yarn": YARN_ALL, "qwen3-yarn-tied": YARN}
+    assert (m.rope_scaling and m.rope_scaling.model_dump(exclude_none=True)) == rope.get(variant)
     hf_state = hf.state_dict()
     if m.tie_embeddings:  # one tensor under two names; transformers' safetensors keep only the embedding
         assert hf_state["lm_head.weight"].data_ptr() == hf_state["model.embed_tokens.weight"].data_ptr()
@@ -123,6 +137,15 @@ def test_rope_scaling_parameters_reach_the_frequencies() -> None:
     assert torch.equal(scaled[:1], plain[:1])  # high frequencies untouched
     torch.testing.assert_close(scaled[-1], plain[-1] / 8.0)  # low frequencies divided by factor
     assert ((scaled < plain) & (scaled > plain / 8.0)).any()  # a smoothed middle band
+    # YaRN: the fastest rotations extrapolated (as they were), the slowest interpolated (/ factor), cos and sin
+    # scaled by 0.1 ln(factor) + 1 unless attention_factor says otherwise.
+    yarn = m.model_copy(update={"rope_scaling": RopeScaling(**YARN), "rope_theta": 1e4})
+    plain = inv_freq(yarn.model_copy(update={"rope_scaling": None}))
+    scaled = inv_freq(yarn)
+    assert torch.equal(scaled[0], plain[0]) and torch.allclose(scaled[-1], plain[-1] / 4.0)
+    assert rope_attention_scale(yarn) == pytest.approx(0.1 * math.log(4.0) + 1)
+    assert rope_attention_scale(yarn.model_copy(update={"rope_scaling": RopeScaling(**YARN_ALL)})) == 1.2
+    assert rope_attention_scale(m) == 1.0
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -183,7 +206,9 @@ def test_names_map_both_ways() -> None:
 def test_bad_configs_name_the_field() -> None:
     with pytest.raises(ValidationError, match=r"model\.dropout"):
         ModelConfig(family="llama", dropout=0.1)
-    ModelConfig(family="gpt", dropout=0.1, tie_embeddings=True, rope_theta=5.0)  # gpt ignores the llama-only fields
+    ModelConfig(family="gpt", dropout=0.1)
+    with pytest.raises(ValidationError, match=r"model\.rope_theta \(5\.0\) is not supported by model\.family 'gpt'"):
+        ModelConfig(family="gpt", rope_theta=5.0)  # refused, never silently ignored
     with pytest.raises(ValidationError, match=r"model\.rope_scaling\.high_freq_factor"):
         ModelConfig(family="llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5})
     m = ModelConfig(family="llama", vocab_size=250)
@@ -198,7 +223,11 @@ def test_bad_configs_name_the_field() -> None:
         "attention_bias": {"attention_bias": True},
         "hidden_act": {"hidden_act": "gelu"},
         "mlp_bias": {"mlp_bias": True},
-        "rope_scaling.rope_type": {"rope_parameters": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        "rope_scaling.rope_type": {"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+        "rope_scaling: yarn needs original_max_position_embeddings": {
+            "rope_parameters": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        "rope_scaling.mscale": {"rope_parameters": None, "rope_scaling": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.7}},
         "hidden_size": {"hidden_size": None},
     }
     for key, change in cases.items():

@@ -134,6 +134,27 @@ def test_the_soft_caps_are_what_make_gemma2_match() -> None:
         assert (ours[uncapped] - expected).abs().max() > 1e-3, uncapped
 
 
+def test_linear_rope_scaling_reaches_only_gemma3s_global_layers_and_changes_the_logits() -> None:
+    """Gemma 3 4B+ set `rope_scaling: {rope_type: linear, factor: 8}`: the global layers' frequencies / 8, the
+    sliding layers' (rope_local_base_freq) untouched; parity with transformers is in test_llama.py."""
+    from tasks.models.llama.model import inv_freq
+
+    gemma3 = get_family("gemma3")
+    m = ModelConfig(family="gemma3", vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                    d_ff=96, head_dim=32, qk_norm=True, tie_embeddings=True, sliding_window=8,
+                    sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=1e4,
+                    rope_scaling={"rope_type": "linear", "factor": 8.0})
+    plain = m.model_copy(update={"rope_scaling": None})
+    scaled_model, plain_model = gemma3.Reference(m, seed=0), gemma3.Reference(plain, seed=0)
+    sliding, global_ = (block.attn.inv_freq for block in scaled_model.blocks)
+    assert torch.equal(sliding, inv_freq(plain, 1e4))
+    assert torch.equal(global_, inv_freq(plain) / 8.0)
+    tokens = torch.randint(0, m.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (scaled_model(tokens) - plain_model(tokens)).abs().max() > 1e-4  # the scaling is exercised
+    assert gemma3.hf_config(m)["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}  # what transformers reads
+
+
 @pytest.mark.parametrize(("family", "changes", "model", "message"), [
     ("qwen3", {"architectures": ["DeepseekV3ForCausalLM"]}, {},
      r"architectures \['DeepseekV3ForCausalLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
@@ -142,22 +163,33 @@ def test_the_soft_caps_are_what_make_gemma2_match() -> None:
      r"architectures \['MixtralForCausalLM'\] is not supported; known: .*MistralForCausalLM"),
     ("qwen3", {"use_sliding_window": True}, {},
      r"config\.json use_sliding_window = True is not supported by model\.family 'qwen3'"),
-    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {},
-     r"rope_type 'yarn' is not supported"),
+    ("qwen3", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, {},
+     r"config\.json rope_scaling\.rope_type 'longrope' is not supported by model\.family 'qwen3' "
+     r"\(supported: default, llama3, yarn\)"),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                "mscale_all_dim": 1.0}}, {},
+     r"config\.json rope_scaling\.mscale_all_dim = 1\.0 is not supported \(yarn with factor, "
+     r"original_max_position_embeddings, beta_fast, beta_slow, attention_factor only\)"),
+    ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {},
+     r"rope_type 'yarn' is not supported by model\.family 'mistral' \(supported: default, llama3\)"),
     ("mistral", {"attention_bias": True}, {}, r"config\.json attention_bias = True is not supported"),
     ("qwen3", {}, {"family": "llama"},
      r"model\.family 'llama' contradicts config\.json architectures \['Qwen3ForCausalLM'\] \(model\.family 'qwen3'\)"),
     ("mistral", {}, {"sliding_window": 16}, r"model\.sliding_window is 16 here but 8 in"),
     ("gemma3", {"use_bidirectional_attention": True}, {},
      r"config\.json use_bidirectional_attention = True is not supported by model\.family 'gemma3'"),
-    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": None}, {},
-     r"config\.json rope_scaling\.rope_type 'linear' is not supported"),
+    ("gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": None}, {},
+     r"config\.json rope_scaling\.rope_type 'linear' is not supported by model\.family 'gemma2' "
+     r"\(supported: default\)"),
+    ("gemma3", {"rope_scaling": {"rope_type": "yarn", "factor": 8.0}, "rope_parameters": None}, {},
+     r"config\.json rope_scaling\.rope_type 'yarn' is not supported by model\.family 'gemma3' "
+     r"\(supported: default, linear\)"),
     ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, {},
      r"config\.json layer_types: only every Nth layer global is supported"),
     ("gemma3", {"hidden_activation": "gelu"}, {}, r"config\.json hidden_activation = 'gelu' is not supported"),
     ("gemma3", {}, {"query_pre_attn_scalar": 16}, r"model\.query_pre_attn_scalar is 16 here but"),
     ("qwen3", {}, {"sliding_window_pattern": 2},
-     r"model\.sliding_window_pattern is not supported by model\.family 'qwen3' \(Gemma only\)"),
+     r"model\.sliding_window_pattern \(2\) is not supported by model\.family 'qwen3' \(its options: "),
 ])
 def test_what_we_do_not_implement_is_refused_at_config_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, changes: dict, model: dict, message: str

@@ -24,7 +24,7 @@ from tasks.models.weights import local_named_params
 
 SEED = 5
 # Untied with llama3 rope scaling and the qkv bias; tied with plain rope; Qwen3 (tied, QK-norm, its own
-# head_dim); Mistral with a window shorter than the sequence; Gemma 3 (a sliding then a global layer);
+# head_dim, YaRN); Mistral with a window shorter than the sequence; Gemma 3 (a sliding then a global layer);
 # Gemma 2 untied, its scores and logits soft-capped.
 CONFIGS = {
     "untied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
@@ -34,7 +34,8 @@ CONFIGS = {
     "tied": dict(family="llama", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                  d_ff=128, tie_embeddings=True),
     "qwen3": dict(family="qwen3", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
-                  d_ff=128, head_dim=24, qk_norm=True, tie_embeddings=True, rope_theta=1e6),
+                  d_ff=128, head_dim=24, qk_norm=True, tie_embeddings=True, rope_theta=1e6,
+                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
     "mistral": dict(family="mistral", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4,
                     n_kv_heads=2, d_ff=128, sliding_window=4),
     "gemma3": dict(family="gemma3", vocab_size=512, seq_len=16, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,

@@ -109,9 +109,13 @@ def test_step_comm_flops_and_bubble_by_hand() -> None:
     st = r.step
     # bubble (p-1)/(m+p-1) = 1/7
     assert st.bubble_fraction == pytest.approx(1 / 7)
-    # tokens = mbs 2 x m 6 x dp 2 x seq 64 = 1536; FLOPs = (6N + 12 L s h) x tokens
+    # tokens = mbs 2 x m 6 x dp 2 x seq 64 = 1536; FLOPs = the family's per token (6N + 12 L s h, N without the
+    # 20480 embedding lookup parameters) x tokens
     assert st.tokens_per_step == 1536
-    assert st.flops_total == (6 * 236928 + 12 * 4 * 64 * 64) * 1536
+    assert st.flops_total == GPT_FAMILY.flops_per_token(cfg.model) * 1536 == (6 * (236928 - 20480)
+                                                                               + 12 * 4 * 64 * 64) * 1536
+    recomputed = plan(cfg.with_overrides({"train.activation_checkpointing": True})).step
+    assert recomputed.flops_total == pytest.approx(st.flops_total * 4 / 3)  # each forward once more
     # stage 0 (embed + 2 blocks) per TP rank: 20480 + 2 * block_tp2
     block_tp2 = 128 * 2 + 64 + 64 + (12480 + 4096 + 16640 + 16384) // 2  # 25184
     n0 = 20480 + 2 * block_tp2

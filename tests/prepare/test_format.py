@@ -52,5 +52,6 @@ def test_token_windows_read_uint32_shards_and_refuse_torn_ones(tmp_path: Path) -
     with pytest.raises(InvalidInputError, match="not a whole number of uint32 tokens"):
         TokenWindows(tmp_path, "train", 9, 70040)
     (tmp_path / "manifest.json").write_bytes(_manifest(dtype="float32", files=[entry]))
-    with pytest.raises(InvalidInputError, match=r"dtype must be one of \['uint16', 'uint32'\], got 'float32'"):
+    refused = r"(?s)manifest\.json: invalid manifest:.*dtype: .*must be one of \['uint16', 'uint32'\], got 'float32'"
+    with pytest.raises(InvalidInputError, match=refused):
         TokenWindows(tmp_path, "train", 9, 70040)

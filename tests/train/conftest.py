@@ -40,7 +40,7 @@ def write_dataset(root: Path, *, train_shards: int = 2, tokens_per_shard: int = 
     for i in range(train_shards):
         shard(f"train/shard-{i:05d}.bin", tokens_per_shard)
     shard("heldout/shard-00000.bin", heldout_tokens)
-    manifest = {"format": "retrainer-dataset/1", "dtype": "uint16", "vocab_size": 256, "files": files}
+    manifest = {"format": "retrainer-dataset/1", "name": "tiny", "dtype": "uint16", "vocab_size": 256, "files": files}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 

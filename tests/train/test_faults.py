@@ -23,11 +23,11 @@ import yaml
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
+from tasks.job_status import STATUS_FILE, read_status
 from tasks.launch import torchrun, train
 from tasks.models.weights import weights_digest
 from tasks.run import RunIdentity, for_dataset
 from tasks.train import checkpoint as ck
-from tasks.train.status import STATUS_FILE, read_status
 from tests.train.conftest import tiny_config, write_dataset
 
 pytestmark = pytest.mark.multiproc

@@ -114,7 +114,7 @@ def test_token_windows_refuse_bad_datasets(dataset_dir: Path) -> None:
     with pytest.raises(InvalidInputError, match="missing or wrong size"):
         TokenWindows(dataset_dir, "train", 16, 256)
     (dataset_dir / "manifest.json").write_text(json.dumps({"format": "other"}))
-    with pytest.raises(InvalidInputError, match=r"manifest\.json: format"):
+    with pytest.raises(InvalidInputError, match=r"manifest\.json: invalid manifest:\n  format"):
         TokenWindows(dataset_dir, "train", 16, 256)
 
 

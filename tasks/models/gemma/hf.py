@@ -76,13 +76,6 @@ def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_posit
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Gemma3ForCausalLM or Gemma2ForCausalLM, every Gemma option written back."""
     gemma3 = family == "gemma3"
-    if m.qk_norm != gemma3:
-        raise ValueError(f"model.family {family!r} needs model.qk_norm: {str(gemma3).lower()} "
-                         f"(Gemma 3 normalizes q and k, Gemma 2 does not)")
-    if m.qkv_bias:
-        raise ValueError(f"model.qkv_bias is not supported by model.family {family!r}")
-    if not gemma3 and m.rope_local_base_freq is not None:
-        raise ValueError("model.rope_local_base_freq is not supported by model.family 'gemma2' (one rotary base)")
     [(architecture, (model_type, _))] = ARCHITECTURES[family].items()
     cfg = llama_hf.base_hf_config(m, architecture, model_type, dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
@@ -109,19 +102,23 @@ def _pattern(types: list[str], key: str) -> int | None:
     return n
 
 
-def _rope(c: dict[str, Any]) -> tuple[float, float]:
-    """(global rope_theta, local base) from v5's rope_parameters (per layer type for Gemma 3) or the flat keys;
-    only default rotary (no scaling) is supported."""
+def _rope(c: dict[str, Any], family: str) -> tuple[float, float, dict[str, Any] | None]:
+    """(global rope_theta, local base, global rope_scaling) from v5's rope_parameters (per layer type for Gemma 3)
+    or the flat keys (`rope_scaling` applies to the global layers, as transformers reads it); the sliding
+    layers' rotary is always default."""
     params = c.get("rope_parameters") or {}
     per_type = _FULL in params or _SLIDING in params
     full, local = (params.get(_FULL) or {}, params.get(_SLIDING) or {}) if per_type else (params, {})
-    for key, p in (("rope_scaling", c.get("rope_scaling") or {}), ("rope_parameters", full),
-                   (f"rope_parameters.{_SLIDING}", local)):
-        kind = p.get("rope_type", p.get("type", "default"))
-        if kind != "default":
-            raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported (default only)")
+    kind = local.get("rope_type", local.get("type", "default"))
+    if kind != "default":
+        raise InvalidInputError(f"config.json rope_parameters.{_SLIDING}.rope_type {kind!r} is not supported "
+                                "(the sliding layers' rotary is never scaled; supported: default)")
+    if c.get("rope_scaling"):
+        scaling = llama_hf.rope_scaling(c["rope_scaling"], "rope_scaling", family)
+    else:
+        scaling = llama_hf.rope_scaling(full, f"rope_parameters.{_FULL}" if per_type else "rope_parameters", family)
     theta = float(full.get("rope_theta", c["rope_theta"]))
-    return theta, float(local.get("rope_theta", c.get("rope_local_base_freq", theta)))
+    return theta, float(local.get("rope_theta", c.get("rope_local_base_freq", theta))), scaling
 
 
 def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +130,7 @@ def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
     if act != "gelu_pytorch_tanh":
         raise InvalidInputError(f"config.json hidden_activation = {act!r} is not supported by model.family "
                                 f"{family!r} (gelu_pytorch_tanh)")
-    theta, local = _rope(c)
+    theta, local, scaling = _rope(c, family)
     plain = {k: v for k, v in config.items()
              if k not in ("hidden_act", "hidden_activation", "rope_parameters", "rope_scaling", "rope_theta")}
     _, c, fields = llama_hf.read_config({**plain, "rope_theta": theta}, family, archs)
@@ -148,7 +145,7 @@ def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
         pattern = None  # no layer is global: the same model as every layer sliding
     scalar = int(c["query_pre_attn_scalar"])
     # The options' null states the same maths as these values: null keeps the experiment key of a plain model.
-    return {**fields, "qk_norm": family == "gemma3", "sliding_window": c["sliding_window"],
+    return {**fields, "rope_scaling": scaling, "qk_norm": family == "gemma3", "sliding_window": c["sliding_window"],
             "sliding_window_pattern": pattern, "rope_local_base_freq": None if local == theta else local,
             "query_pre_attn_scalar": None if scalar == fields["head_dim"] else scalar,
             "attn_logit_softcapping": c["attn_logit_softcapping"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.config import ModelConfig
+from tasks.config import ROPE_FIELDS, ModelConfig
 from tasks.errors import InvalidInputError
+from tasks.families import ROPE_TYPES, rope_types_text
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
 
@@ -89,21 +90,12 @@ def base_hf_config(m: ModelConfig, architecture: str, model_type: str, *, dtype:
         "hidden_act": "silu",
         "rms_norm_eps": m.rms_norm_eps,
         "rope_theta": m.rope_theta,
-        "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
+        "rope_scaling": m.rope_scaling.model_dump(exclude_none=True) if m.rope_scaling else None,
         "tie_word_embeddings": m.tie_embeddings,
         "dtype": dtype,  # transformers 5 writes `dtype` (`torch_dtype` is its deprecated spelling)
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }
-
-
-def refuse_options(m: ModelConfig, family: str, supported: tuple[str, ...]) -> None:
-    """An export that cannot state a block option in the family's config.json is refused, naming it."""
-    used = {"qkv_bias": m.qkv_bias, "qk_norm": m.qk_norm, "sliding_window": m.sliding_window is not None}
-    for option, on in used.items():
-        if on and option not in supported:
-            raise ValueError(f"model.{option} is not supported by model.family {family!r} "
-                             f"(supported options: {', '.join(supported) or 'none'})")
 
 
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
@@ -113,7 +105,6 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     Why Qwen2 for qkv_bias: Llama's `attention_bias` also puts a bias on o_proj,
     which this model does not have.
     """
-    refuse_options(m, "llama", ("qkv_bias",))
     qwen = m.qkv_bias
     cfg = base_hf_config(m, "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM", "qwen2" if qwen else "llama",
                          dtype=dtype, max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
@@ -125,26 +116,44 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     return cfg
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters."""
+def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
+    a rope type the family does not implement (tasks.families.ROPE_TYPES) is refused, naming it."""
     params = config.get("rope_parameters") or {}
     if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
         raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")
     theta = float(params.get("rope_theta", config.get("rope_theta", _COMMON_DEFAULTS["rope_theta"])))
     key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     scaling = config.get("rope_scaling") or params
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if scaling.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
         raise InvalidInputError("config.json partial_rotary_factor: only full rotary (1.0) is supported")
+    return theta, rope_scaling(scaling, key, family)
+
+
+# Keys of a yarn config.json that change its maths in ways we do not implement -> the only value accepted.
+_YARN_FIXED: dict[str, object] = {"mscale": None, "mscale_all_dim": None, "truncate": True}
+
+
+def rope_scaling(scaling: dict[str, Any], key: str, family: str) -> dict[str, Any] | None:
+    """The `model.rope_scaling` of a config.json rope dict at `key` (None: default rotary); a type `family`
+    does not implement, or a key of it we do not, is refused naming it and the supported ones."""
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported (default or llama3)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [k for k in keys if k not in scaling]
+        return None
+    if kind not in ROPE_TYPES.get(family, ()):
+        raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported by model.family {family!r} "
+                                f"(supported: {rope_types_text(family)})")
+    required, optional = ROPE_FIELDS[kind]
+    missing = [k for k in ("factor", *required) if scaling.get(k) is None]
     if missing:
-        raise InvalidInputError(f"config.json {key}: llama3 needs {', '.join(missing)}")
-    return theta, {"rope_type": "llama3", **{k: scaling[k] for k in keys}}
+        raise InvalidInputError(f"config.json {key}: {kind} needs {', '.join(missing)}")
+    if kind == "yarn":
+        for fixed, value in _YARN_FIXED.items():
+            if scaling.get(fixed, value) != value:
+                raise InvalidInputError(f"config.json {key}.{fixed} = {scaling[fixed]!r} is not supported "
+                                        f"(yarn with {', '.join(('factor', *required, *optional))} only)")
+    fields = ("factor", *required, *optional)
+    return {"rope_type": kind, **{k: scaling[k] for k in fields if scaling.get(k) is not None}}
 
 
 def read_config(config: dict[str, Any], family: str,
@@ -167,7 +176,7 @@ def read_config(config: dict[str, Any], family: str,
     refuse(c, family, {"hidden_act": c["hidden_act"] != "silu", "mlp_bias": bool(c["mlp_bias"]),
                        "attention_dropout": bool(c["attention_dropout"])})
     heads = c["num_attention_heads"]
-    theta, scaling = _rope(c)
+    theta, scaling = _rope(c, family)
     return model_type, c, {
         "family": family,
         "vocab_size": c["vocab_size"],

@@ -90,7 +90,8 @@ class RMSNorm(nn.Module):
 
 
 def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
-    """Rotary inverse frequencies in fp32, exactly as transformers' default and `llama3` rope init compute them.
+    """Rotary inverse frequencies in fp32, exactly as transformers' default, `linear` and `llama3` rope inits
+    compute them.
 
     `theta`: another base without scaling (Gemma's sliding layers); None = m.rope_theta with m.rope_scaling.
     """
@@ -99,6 +100,11 @@ def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
     rs = m.rope_scaling
     if rs is None or theta is not None:
         return freq
+    if rs.rope_type == "linear":
+        return freq / rs.factor
+    if rs.rope_type == "yarn":
+        return _yarn_inv_freq(m, m.rope_theta)
+    assert rs.original_max_position_embeddings and rs.low_freq_factor and rs.high_freq_factor  # llama3's bands
     old_len = rs.original_max_position_embeddings
     low_freq_wavelen, high_freq_wavelen = old_len / rs.low_freq_factor, old_len / rs.high_freq_factor
     wavelen = 2 * math.pi / freq
@@ -107,6 +113,36 @@ def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
     medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(m: ModelConfig, base: float) -> torch.Tensor:
+    """YaRN frequencies as transformers' `_compute_yarn_parameters`: extrapolated (unscaled) above the
+    `beta_fast` rotations over the pretraining context, interpolated (/ factor) below `beta_slow`, a linear
+    ramp between (the correction range truncated to whole dimensions)."""
+    rs, dim = m.rope_scaling, m.head_dim
+    assert rs is not None and rs.original_max_position_embeddings is not None
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(rs.beta_fast or 32)), 0)
+    high = min(math.ceil(correction_dim(rs.beta_slow or 1)), dim - 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high + 0.001 if low == high else high)
+                                                                             - low), 0, 1)
+    extrapolation = 1 - ramp
+    return 1.0 / (rs.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+
+
+def rope_attention_scale(m: ModelConfig) -> float:
+    """The factor transformers multiplies cos and sin by: YaRN's attention_factor (null: 0.1 ln(factor) + 1),
+    else 1."""
+    rs = m.rope_scaling
+    if rs is None or rs.rope_type != "yarn":
+        return 1.0
+    if rs.attention_factor is not None:
+        return rs.attention_factor
+    return 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -146,6 +182,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, m.rms_norm_eps, tp) if m.qk_norm else None
         # A plain attribute, not a buffer: a bf16 engine must not round the frequencies.
         self.inv_freq = inv_freq(m)
+        self.rope_scale = rope_attention_scale(m)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -158,7 +195,7 @@ class Attention(nn.Module):
         v = self.v(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads

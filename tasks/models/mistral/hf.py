@@ -16,7 +16,6 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: MistralForCausalLM, its `sliding_window` written back (null = full)."""
-    llama_hf.refuse_options(m, "mistral", ("sliding_window",))
     cfg = llama_hf.base_hf_config(m, "MistralForCausalLM", "mistral", dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                                   eos_token_id=eos_token_id)

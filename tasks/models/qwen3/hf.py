@@ -34,9 +34,6 @@ def ref_name(hf_name: str) -> str:
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Qwen3ForCausalLM (QK-norm always on, no bias, full attention)."""
-    if not m.qk_norm:
-        raise ValueError("model.family 'qwen3' needs model.qk_norm: true (Qwen3 always normalizes q and k)")
-    llama_hf.refuse_options(m, "qwen3", ("qk_norm",))
     cfg = llama_hf.base_hf_config(m, "Qwen3ForCausalLM", "qwen3", dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                                   eos_token_id=eos_token_id)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from tasks.errors import InvalidInputError
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train a model with DeepSpeed (torchrun, tp x pp x dp ranks)")
@@ -18,21 +20,20 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.errors import InvalidInputError
-    from tasks.launch import train
-    from tasks.resolve import load_config
+    from tasks.launch import train  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     if args.steps is not None:
         if args.steps < 1:
             raise InvalidInputError(f"--steps must be >= 1, got {args.steps}")
         cfg = cfg.with_overrides({"train.steps": args.steps})
-    from tasks.run import for_dataset
+    from tasks.run import for_dataset  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     if args.dataset_dir is not None:
         dataset_dir, run = args.dataset_dir, for_dataset(cfg, args.dataset_dir)
     else:
-        from tasks.warm import warm_mixture
+        from tasks.warm import warm_mixture  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
         primary, *replay = warm_mixture(cfg)
         dataset_dir, run = primary.dataset_dir, for_dataset(cfg, primary.dataset_dir, [r.dataset_dir for r in replay])

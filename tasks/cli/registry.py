@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tasks.audit import default_actor
 from tasks.errors import InvalidInputError
 
 MAIN_ALIAS = "production"
@@ -32,12 +33,9 @@ def _expect(text: str) -> int | str | None:
     if text.lower() in ("none", "empty"):
         return None
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--expect: a version number or 'none', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--expect: must be >= 1, got {value}")
-    return value
+        return _positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'none', 'ANY')") from None  # argparse names --expect
 
 
 def _positive(text: str) -> int:
@@ -79,6 +77,7 @@ def _switch_text(rec: Any) -> str:
 
 # -- handlers ---------------------------------------------------------------
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.registry.migrate import current, upgrade
 
     url = _db(args)
@@ -90,8 +89,8 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from tasks.publish import publish
-    from tasks.resolve import load_config
+    from tasks.publish import publish  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     try:
@@ -111,8 +110,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from tasks.audit import default_actor
-    from tasks.registry import Registry
+    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     with Registry(_db(args)) as reg:
         rec = reg.switch_alias(args.model, args.alias, args.version, expect=args.expect,
@@ -122,8 +120,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from tasks.audit import default_actor
-    from tasks.registry import Registry
+    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     with Registry(_db(args)) as reg:
         rec = reg.rollback(args.model, args.alias, to=args.to, expect=args.expect,
@@ -146,8 +143,8 @@ def _gate(metrics: dict[str, Any]) -> str | None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry
-    from tasks.registry.records import origin
+    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.registry.records import origin  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     with Registry(_db(args)) as reg:
         info = reg.show(args.model)
@@ -167,7 +164,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry
+    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     with Registry(_db(args)) as reg:
         recs = reg.history(args.model, args.alias)
@@ -181,7 +178,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry
+    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     with Registry(_db(args)) as reg:
         models = reg.models()
@@ -194,6 +191,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch a version, verified, into an empty or new DEST: a tree as the directory itself, ready for
     `from_pretrained(DEST)`; a single-file version as DEST/consolidated.pt. Nothing is left on failure."""
+    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.registry import ArtifactStore, NotFoundError, Registry
 
     with Registry(_db(args)) as reg:

@@ -7,6 +7,9 @@ returning an exit code). Heavy imports (torch, deepspeed) stay inside handlers s
 verb: a no-op `retrainer warm-url` finishes in well under 0.1 s, before pydantic
 or torch would even have loaded.
 
+The package sits on top of the import graph: verbs that drive several stages (`train` warms and
+launches; the registry verbs publish) live in tasks/cli/ rather than inside a lower package.
+
 Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, arguments,
 manifest), 3 plan does not fit. Errors print one clear line on stderr.
 """
@@ -23,19 +26,19 @@ from tasks.errors import ConfigError, RetrainerError
 
 # verb -> the module whose register() adds it (tests/test_cli.py checks this against the modules)
 COMMAND_MODULES = {
-    "make-data": "tasks.data",
-    "manifest": "tasks.data",
+    "make-data": "tasks.cli.data",
+    "manifest": "tasks.cli.data",
     "prepare-data": "tasks.prepare.cli",
     "plan": "tasks.plan",
     "warm": "tasks.warm.cli",
     "warm-url": "tasks.warm.cli",
-    "train": "tasks.train.cli",
+    "train": "tasks.cli.train",
     "evaluate": "tasks.evaluate",
-    "db": "tasks.registry.cli",
-    "publish": "tasks.registry.cli",
-    "promote": "tasks.registry.cli",
-    "rollback": "tasks.registry.cli",
-    "registry": "tasks.registry.cli",
+    "db": "tasks.cli.registry",
+    "publish": "tasks.cli.registry",
+    "promote": "tasks.cli.registry",
+    "rollback": "tasks.cli.registry",
+    "registry": "tasks.cli.registry",
     "run": "tasks.lifecycle",
     "deploy": "tasks.deploy",
     "gc": "tasks.gc",
@@ -74,7 +77,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,19 @@
+"""The file names and export dtypes of a model directory, in one place below every package that reads or writes one.
+
+Why its own module: the registry (pulling a single-file version), the model readers and writers, the weights
+fetch and deploy all name the same files; importing them from `tasks.models` would pull the model families
+(and torch) into the registry and tie the registry above the models in the package graph.
+"""
+
+LEGACY_FILE = "consolidated.pt"
+HF_CONFIG = "config.json"
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+# What a Hugging Face model directory carries besides weights and config: copied from the model a run
+# started from (its tokenizer is the published model's tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+# Generation defaults (sampling settings, special token ids), kept whole from the model a run started from.
+GENERATION_CONFIG = "generation_config.json"
+# Export dtypes as the config names them -> torch's attribute names.
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}

@@ -1,0 +1,78 @@
+"""What every rank program (training, evaluation) does around its work: a quiet start-up, the failure it
+reports, an orderly end, and an exit without interpreter teardown.
+
+Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by torchrun under the
+same launchers, which supervise them through the status file; the two must start and end the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+from tasks.job_status import Status, now, write_status
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def deepspeed_prints_to_debug():
+    """DeepSpeed prints its start-up chatter (topology, layer lists, op builds) to stdout: keep it at DEBUG."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        for line in buf.getvalue().splitlines():
+            log.debug("deepspeed: %s", line)
+
+
+def quiet_start_up() -> None:
+    """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
+    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
+    logger prints to stdout with its own time and level in brackets: its records go through ours instead
+    (one time per line in the task log, the level where the relay reads it)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
+
+    for handler in list(deepspeed_log.handlers):
+        deepspeed_log.removeHandler(handler)
+    deepspeed_log.propagate = True
+    deepspeed_log.setLevel(logging.WARNING)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+
+
+def report_failure(output_dir: str | Path, exc: Exception, *, step: int, steps: int) -> int:
+    """Any rank that knows why its job failed says so in the status file (an atomic replace: a concurrent
+    writer's reason is as true); returns the rank's exit code."""
+    write_status(output_dir, Status(state="failed", step=step, steps=steps, at=now(), reason=str(exc),
+                                    rank=int(os.environ.get("RANK", "0"))))
+    return 1
+
+
+def finish() -> int:
+    """The orderly end of a rank that succeeded: wait for every rank, leave the process group."""
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return 0
+
+
+def exit_without_teardown(run: Callable[[], int]) -> None:
+    """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
+    process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
+    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
+    code = run()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
