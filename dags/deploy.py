@@ -13,21 +13,21 @@ that ends without deploying does).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.sdk import Asset, AssetAlias, dag, get_current_context, task
+from airflow.sdk import Asset, dag, get_current_context, task
+from retrainer_airflow.configs import MODEL_EVENTS, job_configs
+from retrainer_airflow.contract import note_run, refusal_noted
 
-from tasks import deploy, lifecycle
+from tasks import deploy
 from tasks.registry import alias_asset_uri
+from tasks.resolve import ConfigSnapshot
 
 log = logging.getLogger("dags.deploy")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_deploy
 
-CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
-MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
 STEPS = {"pull": "pull", "smoke_test": "smoke test", "hook": "hook"}  # task id -> how a failure names it
 
 
@@ -46,7 +46,7 @@ def build_deploy_dag(config_path: Path, cfg):
     on_host = {"queue": cfg.deploy.queue} if cfg.deploy.queue else {}
 
     def frozen(pulled: dict) -> tuple:
-        return lifecycle.from_snapshot(pulled["job"]), deploy.DeployTarget.from_dict(pulled["target"])
+        return ConfigSnapshot.from_dict(pulled["job"]).config(), deploy.DeployTarget.from_dict(pulled["target"])
 
     @dag(
         dag_id=f"deploy_{cfg.name}",
@@ -62,11 +62,11 @@ def build_deploy_dag(config_path: Path, cfg):
             ctx = get_current_context()
             ti = ctx["ti"]
             with recorded("pull"):
-                snap = lifecycle.snapshot(config_path)  # every later task of the run uses this config
+                snap = ConfigSnapshot.take(config_path).to_dict()  # every later task of the run uses this config
                 ti.xcom_push(key="job", value=snap)
                 events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
                                 key=lambda e: e.timestamp)
-                job = lifecycle.from_snapshot(snap)
+                job = ConfigSnapshot.from_dict(snap).config()
                 target = deploy.resolve_target(job, [e.extra for e in events])
                 ti.xcom_push(key="target", value=target.to_dict())  # the rollback's, should the pull fail
                 deploy.pull(job, target)
@@ -93,7 +93,7 @@ def build_deploy_dag(config_path: Path, cfg):
             """The run's last task: the run's state is the deploy's (a rolled-back deploy is a failed run)."""
             note = f"deployed v{hooked['version']} ({alias}): {deploy.describe(smoke)}"
             log.info("retrainer: %s", note)
-            get_current_context()["ti"].xcom_push(key="run_note", value=note)
+            note_run(get_current_context()["ti"], note)
 
         @task(trigger_rule="one_failed", outlets=[MODEL_EVENTS])
         def rollback(*, outlet_events=None) -> dict:
@@ -102,17 +102,17 @@ def build_deploy_dag(config_path: Path, cfg):
             if not reasons:  # the task process died (killed, out of memory, worker lost): only its state is known
                 states = ti.get_task_states(dag_id=ti.dag_id, task_ids=list(STEPS), run_ids=[ti.run_id])[ti.run_id]
                 reasons = [deploy.unrecorded_failure([STEPS[t] for t, s in states.items() if s == "failed"])]
-            snap = ti.xcom_pull(task_ids="pull", key="job") or lifecycle.snapshot(config_path)
+            pulled_job = ti.xcom_pull(task_ids="pull", key="job")
+            job = ConfigSnapshot.from_dict(pulled_job) if pulled_job else ConfigSnapshot.take(config_path)
             target = ti.xcom_pull(task_ids="pull", key="target")
-            with lifecycle.refusal_noted(ti, "rollback"):  # a refused rollback (no cascade, ...) is the run's note
-                out = deploy.roll_back(lifecycle.from_snapshot(snap),
+            with refusal_noted(ti, "rollback"):  # a refused rollback (no cascade, ...) is the run's note
+                out = deploy.roll_back(job.config(),
                                        None if target is None else deploy.DeployTarget.from_dict(target),
                                        reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
             outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(out["model"], out["alias"])),
                                             extra={"version": out["to_version"],
                                                    "rolled_back_from": out["from_version"]})
-            ti.xcom_push(key="run_note", value=f"{reasons[0]}; rolled back {out['alias']} "
-                                               f"v{out['from_version']} -> v{out['to_version']}")
+            note_run(ti, f"{reasons[0]}; rolled back {out['alias']} v{out['from_version']} -> v{out['to_version']}")
             return out
 
         pulled = pull()
@@ -125,6 +125,6 @@ def build_deploy_dag(config_path: Path, cfg):
     return deploy_dag()
 
 
-for _name, _path in lifecycle.known_configs(CONFIG_DIR).items():
-    if (_cfg := lifecycle.resolve_config(_path)).deploy.enabled:
-        globals()[f"deploy_{_name}"] = build_deploy_dag(_path, _cfg)
+for _path, _cfg in job_configs().items():
+    if _cfg.deploy.enabled:
+        globals()[f"deploy_{_cfg.name}"] = build_deploy_dag(_path, _cfg)

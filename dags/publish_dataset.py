@@ -10,17 +10,14 @@ same event through Airflow's REST API: `POST /api/v2/assets/events` with
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+from retrainer_airflow.configs import job_configs
 
 from tasks import lifecycle
+from tasks.resolve import load_config
 
-CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
 DATA_EVENTS = AssetAlias("retrainer-data-arrived")
-PRODUCED = {name: path for name, path in lifecycle.known_configs(CONFIG_DIR).items()
-            if lifecycle.resolve_config(path).data.asset}
+PRODUCED = {cfg.name: path for path, cfg in job_configs().items() if cfg.data.asset}
 
 
 @dag(
@@ -42,7 +39,7 @@ def publish_dataset():
     def write_snapshot(*, outlet_events=None) -> dict:
         ctx = get_current_context()
         params = ctx["params"]
-        cfg = lifecycle.resolve_config(PRODUCED[params["job"]])
+        cfg = load_config(PRODUCED[params["job"]])
         snap = lifecycle.write_snapshot(cfg, seed=params["seed"], dest_url=params["dest_url"])
         outlet_events[DATA_EVENTS].add(Asset(cfg.data.asset), extra=snap)
         return snap

@@ -6,45 +6,47 @@ plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> eva
 The plan task freezes the run: the config as the file was then, the data's manifest hash, the starting
 weights (`train.init_from`); every later task reads them from its XCom. Scheduled by the config's cron
 `schedule`, by data arrival (`data.asset`: an Asset event, whose extra `source_url` names the snapshot
-to train on), or both. The config folder is $RETRAINER_CONFIG_DIR, else the project's configs/.
+to train on), or both. The config folder is $RETRAINER_CONFIG_DIR, else the project's configs/
+(retrainer_airflow.configs).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import (
     Asset,
-    AssetAlias,
     AssetOrTimeSchedule,
     AsyncCallback,
     CronTriggerTimetable,
     DeadlineAlert,
     DeadlineReference,
     Param,
+    XComArg,
     dag,
     get_current_context,
     task,
 )
 from retrainer_airflow.audit import run_name, triggering_user
+from retrainer_airflow.configs import MODEL_EVENTS, config_dir, job_configs
+from retrainer_airflow.contract import note_run, refusal_noted, run_overrides
 from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks import lifecycle
 from tasks.alerts import deadline_missed
 from tasks.approval import MAX_COMMENT, publish_attribution
-from tasks.config import NAME_PATTERN, format_duration
+from tasks.config import NAME_PATTERN, JobConfig, format_duration
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
 from tasks.registry import alias_asset_uri
+from tasks.resolve import ConfigSnapshot
 
 log = logging.getLogger("dags.retrain")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_retrain
 
-CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
-MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
+CONFIG_DIR = config_dir()
 
 
 def log_failure_reason(context) -> None:
@@ -75,8 +77,7 @@ def schedule_for(cfg):
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=arrival)
 
 
-def build_retrain_dag(config_path: Path):
-    cfg = lifecycle.resolve_config(config_path)
+def build_retrain_dag(config_path: Path, cfg: JobConfig):
     pool, pool_slots = pool_for(cfg)  # one pool per cluster, sized in GPU slots
     _, eval_slots = pool_for(evaluation_layout(cfg))  # the evaluation ranks' own layout, same cluster
 
@@ -107,34 +108,23 @@ def build_retrain_dag(config_path: Path):
     )
     def retrain():
         def frozen(plan_out: dict):
-            return lifecycle.job_and_run(plan_out)
+            planned = lifecycle.Planned.from_dict(plan_out)
+            return planned.config(), planned.run
 
         @task(execution_timeout=timedelta(minutes=10))
         def plan() -> dict:
             ctx = get_current_context()
-            params = ctx["params"]
-            with lifecycle.refusal_noted(ctx["ti"], "plan"):  # a refusal here is the run's note
+            with refusal_noted(ctx["ti"], "plan"):  # a refusal here is the run's note
                 # Paths that skip the REST trigger's check (CLI, dag.test, other DAGs) stop here.
-                lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)
-                overrides = lifecycle.overrides_from_params(params)
-                events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
-                                key=lambda e: e.timestamp)
-                arrived = lifecycle.arrived_source_url([e.extra for e in events])
-                if arrived:
-                    log.info("retrainer: data arrived at %s: this run trains on it", arrived)
-                    overrides["data.source_url"] = arrived
-                snap = lifecycle.snapshot(config_path, overrides)
-                job = lifecycle.from_snapshot(snap)
-                run = lifecycle.stage_identify(job)
-                budget = lifecycle.stage_plan(job, force=bool(params["force"]))
-                skip = lifecycle.refused_before_training(job, run)  # no new data, or a result the gate refuses
-            return {"job": snap, "run": run.to_dict(), "budget": budget, "skip": skip}
+                job = ConfigSnapshot.take(config_path, run_overrides(ctx))  # resolved once, for the whole run
+                # Skips a run with no new data, or whose result the gate refuses.
+                return lifecycle.stage_plan_run(job, force=bool(ctx["params"]["force"])).to_dict()
 
         @task.short_circuit
         def new_data(plan_out: dict) -> bool:
             if plan_out["skip"]:
                 log.info("retrainer: %s", plan_out["skip"])
-                get_current_context()["ti"].xcom_push(key="run_note", value=plan_out["skip"])
+                note_run(get_current_context()["ti"], plan_out["skip"])
             return not plan_out["skip"]
 
         @task(execution_timeout=timedelta(hours=6), retries=3, retry_delay=timedelta(seconds=5),
@@ -163,12 +153,11 @@ def build_retrain_dag(config_path: Path):
                                    pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
-        def gate(plan_out: dict, metrics: dict, warm_out: dict) -> bool:
-            decision = lifecycle.stage_gate(*frozen(plan_out), metrics, warm_out)
+        def gate(plan_out: dict, metrics: dict) -> bool:
+            decision = lifecycle.stage_gate(*frozen(plan_out), metrics)
             get_current_context()["ti"].xcom_push(key="decision", value=decision)  # publish records the rules
             if not decision["publish"]:
-                # Read by the plugin's run-notes listener: the reason shows as the run's note.
-                get_current_context()["ti"].xcom_push(key="run_note", value=f"gate: {decision['reason']}")
+                note_run(get_current_context()["ti"], f"gate: {decision['reason']}")
             return decision["publish"]
 
         @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
@@ -178,14 +167,14 @@ def build_retrain_dag(config_path: Path):
             ti = ctx["ti"]
             decision = ti.xcom_pull(task_ids="gate", key="decision")
             actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), run_name(ctx), triggering_user(ctx))
-            with lifecycle.refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
+            with refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
                 result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
                                                  actor=actor, reason=reason)
             if result["switched"]:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                                 extra={"version": result["version"],
                                                        "parent_version": result["parent_version"]})
-            ti.xcom_push(key="run_note", value=lifecycle.publish_note(result))  # the run's note: what, from what
+            note_run(ti, lifecycle.publish_note(result))  # the run's note: what, from what
             return result
 
         @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless
@@ -194,11 +183,12 @@ def build_retrain_dag(config_path: Path):
 
         go >> train
         summary, metrics = train.output, evaluate.output
-        publish_ok = gate(planned, metrics, warmed)
+        publish_ok = gate(planned, metrics)
         published = publish(planned, summary, metrics)
         # No answer within publish.approval_timeout_s: the default, Reject.
         approval = PublishApproval(
             task_id="approval", subject="Publish the retrained model?", defaults=ApprovalOperator.REJECT,
+            plan_out=planned, metrics=metrics, decision=XComArg(publish_ok.operator, key="decision"),
             params={"comment": Param(None, type=["null", "string"], maxLength=MAX_COMMENT,  # null: optional in the UI
                                      description="why (kept in the run note or the alias history)")})
         publish_ok >> approval >> published
@@ -207,5 +197,5 @@ def build_retrain_dag(config_path: Path):
     return retrain()
 
 
-for _name, _path in lifecycle.known_configs(CONFIG_DIR).items():
-    globals()[f"retrain_{_name}"] = build_retrain_dag(_path)
+for _path, _cfg in job_configs().items():
+    globals()[f"retrain_{_cfg.name}"] = build_retrain_dag(_path, _cfg)

@@ -9,19 +9,17 @@ emits an Asset event model://<name>/<alias> so a deploy DAG can react.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
 from retrainer_airflow.audit import run_actor
+from retrainer_airflow.configs import MODEL_EVENTS, job_configs
+from retrainer_airflow.contract import refusal_noted, refuse_unknown_params
 
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
 from tasks.registry import alias_asset_uri
+from tasks.resolve import load_config
 
-CONFIG_DIR = Path(os.environ.get("RETRAINER_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs")
-MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
-CONFIGS = lifecycle.known_configs(CONFIG_DIR)
+CONFIGS = {cfg.name: path for path, cfg in job_configs().items()}
 
 
 @dag(
@@ -48,9 +46,9 @@ def rollback_model():
     def rollback(*, outlet_events=None) -> dict:
         ctx = get_current_context()
         params = ctx["params"]
-        with lifecycle.refusal_noted(ctx["ti"], "rollback"):  # a refusal here is the run's note
-            lifecycle.refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)  # where REST did not check
-            cfg = lifecycle.resolve_config(CONFIGS[params["model"]])
+        with refusal_noted(ctx["ti"], "rollback"):  # a refusal here is the run's note
+            refuse_unknown_params(ctx["dag_run"].conf, ctx["dag"].params)  # where REST did not check
+            cfg = load_config(CONFIGS[params["model"]])
             result = lifecycle.stage_rollback(
                 cfg, alias=params["alias"], to_version=params["to_version"], actor=run_actor(ctx),
                 reason=params["reason"], force=bool(params["force"]),

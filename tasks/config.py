@@ -8,6 +8,7 @@ laptop and in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absol
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -18,7 +19,7 @@ import sys
 from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -894,18 +895,42 @@ class JobConfig(_Strict):
 
     def with_overrides(self, overrides: dict[str, Any]) -> JobConfig:
         """Apply dotted overrides (`{"train.steps": 5}`) and validate the result again."""
-        data = self.model_dump(mode="json")
-        for dotted, value in overrides.items():
-            node = data
-            *parents, leaf = dotted.split(".")
-            for key in parents:
-                if not isinstance(node.get(key), dict):
-                    raise ConfigError(f"override {dotted!r}: unknown section {key!r}")
-                node = node[key]
-            if leaf not in node:
-                raise ConfigError(f"override {dotted!r}: unknown field {leaf!r}")
-            node[leaf] = value
-        return _validate(data, source="overrides")
+        return _validate(apply_overrides(self.model_dump(mode="json"), overrides), source="overrides")
+
+    def with_output_dir(self, output_dir: str | os.PathLike[str]) -> JobConfig:
+        """This config writing under `output_dir` (a rank job's own directory, derived from a validated config):
+        a copy, not a revalidation; no other field depends on where the output goes."""
+        return self.model_copy(update={"train": self.train.model_copy(update={"output_dir": str(output_dir)})})
+
+
+def _section(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The config section `key` of `model` (its annotation's model class, optional or not), else None."""
+    field = model.model_fields.get(key)
+    if field is None:
+        return None
+    for candidate in (field.annotation, *get_args(field.annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def apply_overrides(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config document with dotted overrides (`{"train.steps": 5}`) set; ConfigError naming an
+    override whose section or field the schema does not have. The document need not spell out defaults."""
+    data = copy.deepcopy(document)
+    for dotted, value in overrides.items():
+        node, model = data, JobConfig
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            sub = _section(model, key)
+            if sub is None or not isinstance(node.get(key) or {}, dict):
+                raise ConfigError(f"override {dotted!r}: unknown section {key!r}")
+            node[key] = dict(node.get(key) or {})
+            node, model = node[key], sub
+        if leaf not in model.model_fields:
+            raise ConfigError(f"override {dotted!r}: unknown field {leaf!r}")
+        node[leaf] = value
+    return data
 
 
 def load_entry_point(ref: str, field: str) -> Any:
@@ -968,24 +993,29 @@ def _expand(value: Any) -> Any:
     return value
 
 
+# Validated configs by content (the expanded document and RETRAINER_HOME, which named defaults follow): a
+# process validates each config once however many tasks, triggers or launches build it.
+_VALIDATED: dict[str, JobConfig] = {}
+
+
 def _validate(data: Any, source: str) -> JobConfig:
+    key = hashlib.sha256(json.dumps([str(retrainer_home()), data], sort_keys=True, default=repr).encode()).hexdigest()
+    if (cached := _VALIDATED.get(key)) is not None:
+        return cached
     try:
-        return JobConfig.model_validate(data)
+        cfg = JobConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid config:\n  {validation_problems(exc)}") from None
-
-
-def load_config(path: str | os.PathLike[str]) -> JobConfig:
-    """Read, expand and validate a job config; raise ConfigError naming file and field."""
-    return config_from_document(read_config_document(path), source=str(path))
+    _VALIDATED[key] = cfg
+    return cfg
 
 
 def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The config file's YAML mapping as written (variables not yet expanded).
 
-    A DAG run snapshots this once (its plan task) and every later task rebuilds the config from
-    the snapshot, so editing the file mid-run changes nothing under the run, and the snapshot
-    holds `${VAR}` references, never the secrets they expand to.
+    A DAG run snapshots this once, resolved (tasks/resolve.py), and every later task rebuilds the
+    config from the snapshot, so editing the file mid-run changes nothing under the run, and the
+    snapshot holds `${VAR}` references, never the secrets they expand to.
     """
     path = Path(path)
     try:
@@ -1001,18 +1031,13 @@ def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
-    """Expand `${VAR}`s and validate a config document (from a file or a run's snapshot)."""
+def expand_vars(document: Any) -> Any:
+    """A document with its `${VAR}`s expanded (RETRAINER_HOME defaulted first, so every process agrees)."""
     os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
-    data = _expand(document)
-    model = data.get("model") if isinstance(data, dict) else None
-    if isinstance(model, dict) and model.get("pretrained"):
-        # The sizes come from the pretrained config.json before the layout is checked against them.
-        from tasks.models.pretrained import sizes_from_pretrained
+    return _expand(document)
 
-        try:
-            given = ModelConfig.model_validate(model)
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: invalid config:\n  {validation_problems(exc, 'model')}") from None
-        data = {**data, "model": sizes_from_pretrained(given, source)}
-    return _validate(data, source=source)
+
+def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
+    """Expand `${VAR}`s and validate a resolved config document (tasks/resolve.py: a pretrained model's sizes
+    already in it); no I/O, and validated once per process by content."""
+    return _validate(expand_vars(document), source=source)

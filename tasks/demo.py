@@ -16,14 +16,14 @@ import logging
 
 import sqlalchemy as sa
 
+from tasks.endpoints import registry_for
 from tasks.lifecycle import (
     DEFAULT_CONFIG,
     describe_outcome,
-    registry_for,
-    resolve_config,
     run_lifecycle,
     stage_rollback,
 )
+from tasks.resolve import load_config
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _run(cfg, title: str) -> dict:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tasks.registry import upgrade  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
-    cfg = resolve_config(args.config)
+    cfg = load_config(args.config)
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself
     _new_week_of_data(cfg, 1)
     _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from tasks.config import ExportDtype, JobConfig, RetentionConfig, format_duration
+from tasks.endpoints import registry_for
 from tasks.errors import LockHeldError, RetrainerError
 from tasks.fsutil import dir_bytes, modified_at
 from tasks.lock import default_holder, experiment_lock
@@ -371,7 +372,7 @@ class Group:
 def plan(cfg: JobConfig, *, dry_run: bool) -> tuple[Report, list[Group]]:
     """What gc deletes, run by run and then in the store; what it keeps on purpose goes into the report."""
     from tasks.evaluate.cache import entries
-    from tasks.registry import ArtifactStore, Registry
+    from tasks.registry import ArtifactStore
 
     policy = cfg.retention
     now = time.time()
@@ -379,8 +380,7 @@ def plan(cfg: JobConfig, *, dry_run: bool) -> tuple[Report, list[Group]]:
     store = ArtifactStore(cfg.publish.store_url, cfg.publish.storage_options)
     objects = store.contents()  # listed before the registry is read: a tree committed after is not in it
     cache_fs, cache = entries(cfg)
-    with Registry(cfg.publish.registry_url) as registry:
-        view = RegistryView.read(registry, policy.keep_versions)
+    view = RegistryView.read(registry_for(cfg), policy.keep_versions)
     runs, leftovers = list_runs(cfg, report)
     groups = [Group(leftovers)]
     in_use: dict[str, str] = {}
@@ -473,10 +473,7 @@ def gc(cfg: JobConfig, *, dry_run: bool = False) -> Report:
 
 def _still_unreferenced(cfg: JobConfig, items: list[Item]) -> list[Item]:
     """The store items whose object no version names, by the registry as it is now."""
-    from tasks.registry import Registry
-
-    with Registry(cfg.publish.registry_url) as registry:
-        digests = RegistryView.read(registry, 0).digests()
+    digests = RegistryView.read(registry_for(cfg), 0).digests()
     for item in items:
         if item.name in digests:
             log.info("gc: %s %s is a version's artifact now (published meanwhile): kept", item.kind, item.url)
@@ -496,9 +493,9 @@ def describe(report: Report) -> str:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    from tasks.lifecycle import resolve_config
+    from tasks.resolve import load_config
 
-    report = gc(resolve_config(args.config), dry_run=args.dry_run)
+    report = gc(load_config(args.config), dry_run=args.dry_run)
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else describe(report))
     return 1 if report.failed else 0
 

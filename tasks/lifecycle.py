@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.audit import default_actor
-from tasks.config import JobConfig, config_from_document, load_config, read_config_document
-from tasks.errors import ConfigError, InvalidInputError, PlanDoesNotFitError, RetrainerError
+from tasks.config import JobConfig
+from tasks.endpoints import registry_for
+from tasks.errors import PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
+from tasks.resolve import ConfigSnapshot, load_config
 from tasks.run import RunIdentity, claim_run_dir, nothing_new
 from tasks.warm.weights import fetch_starting_weights, resolve_identity, weights_path
 
@@ -32,89 +33,34 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-llama.yaml"
 
 
-def resolve_config(config_path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:
-    """Load a job config and apply run-time overrides (from a CLI flag or a DAG Param), validated."""
-    return from_snapshot(snapshot(config_path, overrides))
+@dataclass(frozen=True)
+class Planned:
+    """What a run's plan stage froze for every later stage: the resolved config, who the run is, its budget,
+    and why it stops before training (None: it trains)."""
+
+    job: ConfigSnapshot
+    run: RunIdentity
+    budget: dict[str, Any]
+    skip: str | None
+
+    def config(self) -> JobConfig:
+        return self.job.config()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget, "skip": self.skip}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Planned:
+        return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]), data["budget"],
+                   data["skip"])
 
 
-# Manual-run Params (the Airflow form) -> dotted config overrides.
-PARAM_OVERRIDES = {
-    "steps": "train.steps",
-    "tp": "parallel.tp",
-    "pp": "parallel.pp",
-    "dp": "parallel.dp",
-    "micro_batches": "parallel.micro_batches",
-    "alias": "publish.alias",
-    "slurm_time_limit": "cluster.slurm.time_limit",
-}
-
-
-def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Map a manual run's form values onto config fields; unset (None) values keep the config's."""
-    return {field: params[name] for name, field in PARAM_OVERRIDES.items() if params.get(name) is not None}
-
-
-def refuse_unknown_params(conf: Mapping[str, Any] | None, params: Iterable[str]) -> None:
-    """A run's conf may name only the DAG's params: Airflow takes any other key and ignores it, so a typo
-    (`stpes`) would run with the default. Raises InvalidInputError naming each unknown key."""
-    known = sorted(params)
-    unknown = sorted(set(conf or {}) - set(known))
-    if unknown:
-        raise InvalidInputError(f"unknown conf key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
-                                f"not a param of this DAG (its params: {', '.join(known)})")
-
-
-# The XCom a task pushes for its run's note; the plugin's run-notes listener copies it into the DAG run's note.
-RUN_NOTE_KEY = "run_note"
-
-
-@contextmanager
-def refusal_noted(ti: Any, stage: str) -> Iterator[None]:
-    """A refusal (bad config, input, plan) raised inside becomes the run's note, `<stage>: <its message>`,
-    so the UI shows why the run failed on the run itself; the task still fails, with that note as its exit
-    (SystemExit): Airflow logs an exit as one line, where an exception gets its whole traceback, which for a
-    refusal only buries the reason. Anything else (a bug) leaves as it came, traceback and all."""
-    try:
-        yield
-    except (ConfigError, RetrainerError) as exc:
-        message = str(exc)
-        note = message if message.startswith(f"{stage}:") else f"{stage}: {message}"
-        ti.xcom_push(key=RUN_NOTE_KEY, value=note)
-        raise SystemExit(note) from None
-
-
-def known_configs(config_dir: str | Path) -> dict[str, Path]:
-    """Every job config in a folder, by job name (the DAG factory and the rollback form use this)."""
-    return {load_config(path).name: path for path in sorted(Path(config_dir).glob("*.yaml"))}
-
-
-def snapshot(config_path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A run's config, frozen when the run starts: the file's document as written (`${VAR}`s unexpanded, so
-    no secret) plus the run's overrides. Later tasks rebuild the config from it (`from_snapshot`)."""
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return {"source": str(config_path), "document": read_config_document(config_path), "overrides": overrides}
-
-
-def from_snapshot(snap: dict[str, Any]) -> JobConfig:
-    cfg = config_from_document(snap["document"], source=snap["source"])
-    return cfg.with_overrides(snap["overrides"]) if snap["overrides"] else cfg
-
-
-def job_and_run(plan_out: dict[str, Any]) -> tuple[JobConfig, RunIdentity]:
-    """The config and identity a run's plan stage froze (every later task of the run uses these)."""
-    return from_snapshot(plan_out["job"]), RunIdentity.from_dict(plan_out["run"])
-
-
-def arrived_source_url(event_extras: list[dict[str, Any]]) -> str | None:
-    """The snapshot a data-arrival event names (`extra.source_url` of the newest event that has one)."""
-    for extra in reversed(event_extras):
-        url = (extra or {}).get("source_url")
-        if url is None:
-            continue
-        if not isinstance(url, str) or not url.strip() or any(c in url for c in "\n\r\x00"):
-            raise InvalidInputError(f"asset event extra.source_url: not a URL: {url!r}")
-        return url.strip()
-    return None
+def stage_plan_run(job: ConfigSnapshot, *, force: bool = False) -> Planned:
+    """identify + plan: the run frozen (config, data, starting weights) and whether it trains at all."""
+    cfg = job.config()
+    run = stage_identify(cfg)
+    budget = stage_plan(cfg, force=force)
+    return Planned(job, run, budget, refused_before_training(cfg, run))
 
 
 def write_snapshot(cfg: JobConfig, *, seed: int, dest_url: str | None) -> dict[str, Any]:
@@ -261,7 +207,7 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> dict[str, Any] | None:
 def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Launch:
     from tasks.launch import Launch, get_launcher
 
-    run_cfg = cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))})
+    run_cfg = cfg.with_output_dir(run.run_dir(cfg))
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
     init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
                  else fetch_starting_weights(cfg, run.init))
@@ -328,13 +274,6 @@ def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any])
     return metrics
 
 
-def registry_for(cfg: JobConfig):
-    """The registry of a job; its schema is checked on first use, never changed (`retrainer db upgrade`)."""
-    from tasks.registry import Registry
-
-    return Registry(cfg.publish.registry_url)
-
-
 def _live_metrics(cfg: JobConfig, live: Any, metrics: dict[str, Any]) -> dict[str, float] | None:
     """The live version's numbers on this evaluation's suites: scored by the evaluate stage, or cached."""
     from tasks.evaluate.cache import read_cached
@@ -345,7 +284,7 @@ def _live_metrics(cfg: JobConfig, live: Any, metrics: dict[str, Any]) -> dict[st
     return read_cached(cfg, live.version, metrics["suite_hash"])
 
 
-def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any]) -> dict[str, Any]:
     model, alias = cfg.publish.model_name, cfg.publish.alias
     registry = registry_for(cfg)
     live = registry.live_version(model, alias)
@@ -480,7 +419,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         return out
     out["train"] = stage_train(cfg, run, out["warm"])
     out["evaluate"] = stage_evaluate(cfg, run, out["train"], out["warm"])
-    out["gate"] = stage_gate(cfg, run, out["evaluate"], out["warm"])
+    out["gate"] = stage_gate(cfg, run, out["evaluate"])
     if out["gate"]["publish"]:
         out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
         out["housekeeping"] = stage_housekeeping(cfg, run, out["publish"])
@@ -522,7 +461,7 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = resolve_config(args.config, {"train.steps": args.steps})
+    cfg = load_config(args.config, {"train.steps": args.steps})
     out = run_lifecycle(cfg, force=args.force, dry_run=args.dry_run)
     print(json.dumps(out, indent=2, default=str) if args.json else "\n".join(describe_outcome(out)))
     return 0

@@ -25,8 +25,9 @@ from typing import Any
 from tasks.audit import default_actor
 from tasks.config import JobConfig
 from tasks.credentials import redact
+from tasks.endpoints import registry_for
 from tasks.errors import InvalidInputError, LiveMovedError
-from tasks.registry import ArtifactRef, ArtifactStore, Lineage, Registry, alias_asset_uri
+from tasks.registry import ArtifactRef, ArtifactStore, Lineage, alias_asset_uri
 from tasks.registry.core import check_metrics
 
 log = logging.getLogger(__name__)
@@ -100,32 +101,31 @@ def publish(
     metrics = check_metrics(metrics)
 
     pub = cfg.publish
-    url = registry_url or pub.registry_url
-    with Registry(url) as reg:  # its first query checks the schema revision: nothing is uploaded to a stale one
-        live = reg.live_version(pub.model_name, pub.alias)
-        previous = live.version if live else None
-        if judged_live is not ... and previous != judged_live:
-            mine = reg.find_version(pub.model_name, run.experiment_key, checkpoint_dir.name)
-            if mine is None or mine.version != previous:
-                now, then = (f"v{v}" if v is not None else "no version" for v in (previous, judged_live))
-                raise LiveMovedError(f"{pub.model_name}/{pub.alias} is {now} now; the gate compared this "
-                                     f"candidate with {then}: not published (run again to judge it against "
-                                     "what is live)")
-        with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
-            base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
-            ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
-        lineage = Lineage(
-            config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
-            checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
-            init_digest=run.init.digest, data_url=run.data_url, data_replay=[asdict(r) for r in run.replay],
-            config=redact(cfg.model_dump(mode="json")), started_from=redact(run.init.origin),
-        )
-        record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
-        switched = False
-        if previous != record.version:
-            reg.switch_alias(pub.model_name, pub.alias, record.version, expect=previous, actor=actor,
-                             reason=reason, action="publish")
-            switched = True
+    reg = registry_for(cfg, registry_url)  # its first query checks the schema: nothing is uploaded to a stale one
+    live = reg.live_version(pub.model_name, pub.alias)
+    previous = live.version if live else None
+    if judged_live is not ... and previous != judged_live:
+        mine = reg.find_version(pub.model_name, run.experiment_key, checkpoint_dir.name)
+        if mine is None or mine.version != previous:
+            now, then = (f"v{v}" if v is not None else "no version" for v in (previous, judged_live))
+            raise LiveMovedError(f"{pub.model_name}/{pub.alias} is {now} now; the gate compared this "
+                                 f"candidate with {then}: not published (run again to judge it against "
+                                 "what is live)")
+    with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
+        base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
+        ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
+    lineage = Lineage(
+        config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
+        checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
+        init_digest=run.init.digest, data_url=run.data_url, data_replay=[asdict(r) for r in run.replay],
+        config=redact(cfg.model_dump(mode="json")), started_from=redact(run.init.origin),
+    )
+    record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
+    switched = False
+    if previous != record.version:
+        reg.switch_alias(pub.model_name, pub.alias, record.version, expect=previous, actor=actor,
+                         reason=reason, action="publish")
+        switched = True
     return PublishResult(
         model=pub.model_name, alias=pub.alias, version=record.version, previous_version=previous,
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,

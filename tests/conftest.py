@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "plugins"))  # as Airflow puts it on every component's path (the Airflow contract)
 
 from tests.services import IN_CI, PgCluster, S3Endpoint, require, require_binary  # noqa: E402
 from tests.slurm import SlurmCluster, slurm_daemons  # noqa: E402

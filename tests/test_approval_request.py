@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.approval import ApprovalAnswer, publish_attribution
-from tasks.config import load_config
 from tasks.errors import RetrainerError
+from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

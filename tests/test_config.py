@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import GEMMA_OPTIONS, ConfigError, load_config
+from tasks.config import GEMMA_OPTIONS, ConfigError
+from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "tiny-llama.yaml"

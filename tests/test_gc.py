@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.config import load_config
 from tasks.evaluate.cache import write_cached
 from tasks.fsutil import dir_bytes
 from tasks.lifecycle import describe_outcome
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
+from tasks.resolve import load_config
 from tasks.run import claim_run_dir, identity, scratch
 from tasks.train.checkpoint import read_latest
 from tests.registry.test_tree import model_dir

@@ -23,6 +23,7 @@ from airflow.providers.standard.triggers.hitl import HITLTrigger
 from airflow.sdk import BaseOperator
 from airflow.sdk.timezone import utcnow
 
+from retrainer_airflow.contract import note_run
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks import lifecycle
 from tasks.approval import ApprovalAnswer
@@ -43,7 +44,8 @@ class RankJobOperator(BaseOperator):
         return f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
 
     def execute(self, context: Any) -> Any:
-        cfg, run = lifecycle.job_and_run(self.plan_out)
+        planned = lifecycle.Planned.from_dict(self.plan_out)
+        cfg, run = planned.config(), planned.run
         if self.stage == "train":
             if not cfg.cluster.defers:
                 return lifecycle.stage_train(cfg, run, self.warm_out, holder=self._holder(context))
@@ -57,7 +59,8 @@ class RankJobOperator(BaseOperator):
         return self._next(step)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
-        cfg, run = lifecycle.job_and_run(self.plan_out)
+        planned = lifecycle.Planned.from_dict(self.plan_out)
+        cfg, run = planned.config(), planned.run
         job, outcome = event["job"], event["outcome"]
         if self.stage == "train":
             step = lifecycle.stage_train_collect(cfg, run, self.warm_out, job, outcome, holder=self._holder(context))
@@ -84,19 +87,22 @@ class PublishApproval(ApprovalOperator):
     would erase the recorded answer, but waits on the request it has (HITLTrigger): a recorded answer
     resumes it at once, else a person answers it as before."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    template_fields = (*ApprovalOperator.template_fields, "plan_out", "metrics", "decision")
+
+    def __init__(self, *, plan_out: Any, metrics: Any, decision: Any, **kwargs: Any) -> None:
         kwargs.setdefault("retries", 2)  # see the class docstring: the stale-exit race, not flaky work
         kwargs.setdefault("retry_delay", timedelta(seconds=2))
         super().__init__(**kwargs)
+        self.plan_out, self.metrics, self.decision = plan_out, metrics, decision
 
     def execute(self, context):
         ti = context["ti"]
-        cfg, run = lifecycle.job_and_run(ti.xcom_pull(task_ids="plan"))
+        planned = lifecycle.Planned.from_dict(self.plan_out)
+        cfg = planned.config()
         if not cfg.publish.approval_required:
             log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
             return None
-        request = lifecycle.stage_approval_request(cfg, run, ti.xcom_pull(task_ids="evaluate"),
-                                                   ti.xcom_pull(task_ids="gate", key="decision"))
+        request = lifecycle.stage_approval_request(cfg, planned.run, self.metrics, self.decision)
         self.subject, self.body = request["subject"], request["body"]
         self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
         # Airflow's own reckoning (its sensors' first reschedule): a clear restarts the series of tries.
@@ -119,9 +125,9 @@ class PublishApproval(ApprovalOperator):
         if answer.approved:
             log.info("retrainer: approved by %s", answer.by)
         else:  # noted first: the operator ends a rejection by raising (that skips publish)
-            cfg, _ = lifecycle.job_and_run(context["ti"].xcom_pull(task_ids="plan"))
+            cfg = lifecycle.Planned.from_dict(self.plan_out).config()
             note = answer.run_note(cfg.publish.approval_timeout_s)
             log.warning("retrainer: %s", note)
-            context["ti"].xcom_push(key="run_note", value=note)  # the run-notes listener shows it on the run
+            note_run(context["ti"], note)
         super().execute_complete(context, event)
         return answer.to_dict()

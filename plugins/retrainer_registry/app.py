@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from retrainer_registry import render
 from retrainer_registry.render import esc
 from retrainer_registry.source import Sources, VersionFacts, dag_run_of, load_sources, training_losses, version_facts
+from tasks.endpoints import registry_at
 from tasks.registry import NotFoundError, NothingToRollBackError, Registry
 
 log = logging.getLogger(__name__)
@@ -46,24 +47,24 @@ app = FastAPI(
 
 # -- reading the registry -------------------------------------------------------------------
 def _registries(sources: Sources) -> list[Registry]:
-    return [Registry(url) for url in sources.registry_urls]
+    """The page process's Registry of each URL (tasks.endpoints: one per URL, kept across requests)."""
+    return [registry_at(url) for url in sources.registry_urls]
 
 
 def _all_models(sources: Sources, errors: list[str] | None = None) -> list[dict[str, Any]]:
     """Models across the configured registries; a registry that cannot be read is reported, not fatal."""
     seen: dict[str, dict[str, Any]] = {}
     for reg in _registries(sources):
-        with reg:
-            try:
-                rows = reg.models()
-            except Exception as exc:  # an unmigrated or unreachable registry must not blank the page
-                where = sa.make_url(reg.db_url).render_as_string(hide_password=True)
-                log.warning("registry page: cannot read registry %s: %s", where, type(exc).__name__)
-                if errors is not None:
-                    errors.append(f"cannot read registry {where}: {type(exc).__name__}")
-                continue
-            for row in rows:
-                seen.setdefault(row["model"], row)
+        try:
+            rows = reg.models()
+        except Exception as exc:  # an unmigrated or unreachable registry must not blank the page
+            where = sa.make_url(reg.db_url).render_as_string(hide_password=True)
+            log.warning("registry page: cannot read registry %s: %s", where, type(exc).__name__)
+            if errors is not None:
+                errors.append(f"cannot read registry {where}: {type(exc).__name__}")
+            continue
+        for row in rows:
+            seen.setdefault(row["model"], row)
     return [seen[k] for k in sorted(seen)]
 
 
@@ -78,17 +79,16 @@ def _rollback_plan(reg: Registry, model: str, alias: str) -> dict[str, Any]:
 def _model_view(sources: Sources, model: str) -> dict[str, Any]:
     """show() + history() of a model, from the first registry that knows it, with each alias's rollback plan."""
     for reg in _registries(sources):
-        with reg:
-            try:
-                view = reg.show(model)
-                view["history"] = [h.to_dict() for h in reg.history(model)]
-                view["rollback"] = {alias: _rollback_plan(reg, model, alias) for alias in view["aliases"]}
-            except NotFoundError:
-                continue
-            except Exception as exc:
-                log.warning("registry page: cannot read a registry: %s", type(exc).__name__)
-                continue
-            return view
+        try:
+            view = reg.show(model)
+            view["history"] = [h.to_dict() for h in reg.history(model)]
+            view["rollback"] = {alias: _rollback_plan(reg, model, alias) for alias in view["aliases"]}
+        except NotFoundError:
+            continue
+        except Exception as exc:
+            log.warning("registry page: cannot read a registry: %s", type(exc).__name__)
+            continue
+        return view
     raise HTTPException(status_code=404, detail=f"model {model!r} is not in the registry")
 
 

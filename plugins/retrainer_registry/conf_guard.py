@@ -18,13 +18,13 @@ import re
 from typing import Any
 
 from fastapi import HTTPException
+from retrainer_airflow.contract import refuse_unknown_params
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tasks.errors import InvalidInputError
-from tasks.lifecycle import refuse_unknown_params
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 
 from airflow.listeners import hookimpl
-
-from tasks.lifecycle import RUN_NOTE_KEY
+from retrainer_airflow.contract import RUN_NOTE_KEY
 
 log = logging.getLogger(__name__)
 

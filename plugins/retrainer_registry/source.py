@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrainer_airflow.configs import job_configs
+
 from retrainer_registry.render import number
-from tasks.config import ConfigError, JobConfig, load_config
+from tasks.config import JobConfig
 from tasks.registry.records import origin
 
 log = logging.getLogger(__name__)
-
-PROJECT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
 
 @dataclass(frozen=True)
 class Sources:
@@ -34,19 +33,11 @@ class Sources:
     jobs_by_model: dict[str, JobConfig] = field(default_factory=dict)
 
 
-def config_dir() -> Path:
-    return Path(os.environ.get("RETRAINER_CONFIG_DIR") or PROJECT_CONFIGS)
-
-
 def load_sources() -> Sources:
-    """Read the configs each request (cheap; a new config shows up without a restart)."""
+    """The configs as they are at this request (each file loaded again only once it changed: a new or edited
+    config shows up without a restart)."""
     jobs: dict[str, JobConfig] = {}
-    for path in sorted(config_dir().glob("*.yaml")):
-        try:
-            cfg = load_config(path)
-        except ConfigError as exc:
-            log.warning("registry page: skipping config: %s", exc)
-            continue
+    for cfg in job_configs(skip_invalid=True).values():
         jobs.setdefault(cfg.publish.model_name, cfg)
     if env_url := os.environ.get("RETRAINER_DB_URL"):
         urls = [env_url]

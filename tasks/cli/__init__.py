@@ -26,8 +26,8 @@ from tasks.errors import ConfigError, RetrainerError
 
 # verb -> the module whose register() adds it (tests/test_cli.py checks this against the modules)
 COMMAND_MODULES = {
-    "make-data": "tasks.data",
-    "manifest": "tasks.data",
+    "make-data": "tasks.cli.data",
+    "manifest": "tasks.cli.data",
     "prepare-data": "tasks.prepare.cli",
     "plan": "tasks.plan",
     "warm": "tasks.warm.cli",

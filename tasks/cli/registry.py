@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,10 @@ from tasks.errors import InvalidInputError
 MAIN_ALIAS = "production"
 
 
-def default_db_url() -> str:
-    from tasks.config import retrainer_home  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-
-    return os.environ.get("RETRAINER_DB_URL") or f"sqlite:///{retrainer_home() / 'registry.db'}"
-
-
 def _db(args: argparse.Namespace) -> str:
-    return args.db or default_db_url()
+    from tasks.endpoints import registry_url
+
+    return registry_url(given=args.db)
 
 
 def _expect(text: str) -> int | str | None:
@@ -94,8 +89,8 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from tasks.config import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.publish import publish  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     try:

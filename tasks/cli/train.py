@@ -20,8 +20,8 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.config import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.launch import train  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     if args.steps is not None:

@@ -41,14 +41,16 @@ from typing import TYPE_CHECKING, Any
 from tasks.config import REPO_ROOT, JobConfig, load_entry_point
 from tasks.data import read_manifest
 from tasks.dataset_format import TOKEN_DTYPES, window_starts
+from tasks.endpoints import registry_for
 from tasks.errors import RetrainerError
 from tasks.evaluate.spec import suite_hash, window_order
 from tasks.launch.procs import die_with_parent
 from tasks.launch.torchrun import rank_env
-from tasks.lifecycle import registry_for, resolve_config, stage_rollback
+from tasks.lifecycle import stage_rollback
 from tasks.lock import default_holder
 from tasks.model_files import HF_CONFIG, LEGACY_FILE
 from tasks.registry import ArtifactStore, ConflictError, NothingToRollBackError
+from tasks.resolve import load_config
 
 if TYPE_CHECKING:
     from tasks.registry import VersionRecord
@@ -426,7 +428,7 @@ def run_deploy(cfg: JobConfig, *, actor: str, event_extras: list[dict[str, Any]]
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
 
-    out = run_deploy(resolve_config(args.config), actor=default_holder("cli"))
+    out = run_deploy(load_config(args.config), actor=default_holder("cli"))
     t = out["target"]
     print(json.dumps(out, indent=2) if args.json else
           f"deployed {t['model']} v{t['version']} ({t['alias']}) from {t['model_dir']}: {describe(out['smoke_test'])}")

@@ -116,7 +116,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     e = cfg.evaluate
     eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
     out = eval_root / eval_id[:16]
-    eval_cfg = evaluation_layout(cfg).with_overrides({"train.output_dir": str(out)})
+    eval_cfg = evaluation_layout(cfg).with_output_dir(out)
     layout = eval_cfg.parallel
     fields = {"data": "data.storage_options", "store": "publish.storage_options",
               "pretrained": "model.pretrained_storage_options"}
@@ -164,8 +164,8 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.config import load_config
     from tasks.fsutil import atomic_write_json
+    from tasks.resolve import load_config
     from tasks.run import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
 

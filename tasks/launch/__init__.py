@@ -46,7 +46,7 @@ class Launch:
 
 def _for_handle(cfg: JobConfig, handle: Mapping[str, Any]) -> tuple[JobConfig, Launcher]:
     """The config and launcher a submitted job is followed with: the job's engine and timeouts, its output dir."""
-    job_cfg = cfg.with_overrides({"train.output_dir": handle["output_dir"]})
+    job_cfg = cfg.with_output_dir(handle["output_dir"])
     return job_cfg, get_launcher(job_cfg)
 
 

@@ -20,10 +20,13 @@ FP32 = 4
 
 
 def evaluation_layout(cfg: JobConfig) -> JobConfig:
-    """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off."""
+    """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off.
+
+    A copy, not a revalidation: the config's validation checked `evaluate.parallel` against the model."""
     layout = cfg.evaluate.parallel or cfg.parallel
-    return cfg.with_overrides({"parallel.tp": layout.tp, "parallel.pp": layout.pp, "parallel.dp": layout.dp,
-                               "parallel.zero_stage": 1, "parallel.micro_batches": 1})
+    parallel = cfg.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": 1,
+                                               "micro_batches": 1})
+    return cfg.model_copy(update={"parallel": parallel})
 
 
 def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ def _print(result: Any, as_json: bool) -> None:
 
 
 def _cmd_warm(args: argparse.Namespace) -> int:
-    from tasks.config import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.warm.core import warm_mixture  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)

@@ -44,8 +44,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 
 def _registry(sa: Standalone):
-    from tasks.config import load_config
     from tasks.registry import Registry
+    from tasks.resolve import load_config
 
     return Registry(load_config(sa.config_path).publish.registry_url)
 

@@ -35,7 +35,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 
 def _cfg(sa: Standalone):
-    from tasks.config import load_config
+    from tasks.resolve import load_config
 
     return load_config(sa.config_path)
 

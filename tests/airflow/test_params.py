@@ -119,11 +119,11 @@ def test_a_layout_the_plan_refuses_is_the_runs_note(retrain_dag, airflow_db: str
     """tp=3 passes the form (1..64) but the model's 2 heads do not divide by it: the plan's own message. The
     task log says so in lines naming the field, from loggers with readable names, and no traceback (a
     refusal, not a bug)."""
-    from tasks import lifecycle
     from tasks.errors import ConfigError
+    from tasks.resolve import load_config
 
     with pytest.raises(ConfigError) as refused:
-        lifecycle.from_snapshot(lifecycle.snapshot(ROOT / "configs" / "tiny-llama.yaml", {"parallel.tp": 3}))
+        load_config(ROOT / "configs" / "tiny-llama.yaml", {"parallel.tp": 3})
     capfd.readouterr()
     states, note = _failed_run(retrain_dag, {"tp": 3})
     assert states["plan"] == "failed" and states["train"] == "upstream_failed", states

@@ -204,7 +204,7 @@ def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: 
         "live": None if live is None else {"version": live.version, "cached": False, "metrics": {
             "heldout.loss": live_heldout, "heldout.perplexity": math.exp(live_heldout), "heldout.tokens": 4096}},
     }
-    decision = lifecycle.stage_gate(cfg, run, metrics, {})
+    decision = lifecycle.stage_gate(cfg, run, metrics)
     assert decision["publish"], decision
     summary = {"checkpoint_dir": str(ckpt), "losses": losses}
     return lifecycle.stage_publish(cfg, run, summary, metrics, gate=decision,
@@ -223,8 +223,8 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     verdicts, v1's curve as the live one (not the newest's), both curves overlaid, v2 beside v1 with the
     live numbers of v2's own evaluation, and links to the runs that made them and to the parent."""
     from tasks import lifecycle
-    from tasks.config import load_config
     from tasks.registry import upgrade
+    from tasks.resolve import load_config
 
     client, token = airflow_app
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))

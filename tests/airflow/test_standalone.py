@@ -33,8 +33,8 @@ pytestmark = pytest.mark.multiproc
 
 
 def _registry(sa: Standalone):
-    from tasks.config import load_config
     from tasks.registry import Registry
+    from tasks.resolve import load_config
 
     return Registry(load_config(sa.config_path).publish.registry_url)
 

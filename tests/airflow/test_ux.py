@@ -46,11 +46,11 @@ def test_rollback_refuses_an_alias_that_is_no_name_at_the_trigger(standalone: St
 
 
 def test_a_layout_the_plan_refuses_fails_the_run_with_the_plans_reason_as_its_note(standalone: Standalone) -> None:
-    from tasks import lifecycle
     from tasks.errors import ConfigError
+    from tasks.resolve import load_config
 
     with pytest.raises(ConfigError) as refused:  # what `retrainer plan` says of this layout
-        lifecycle.from_snapshot(lifecycle.snapshot(standalone.config_path, {"parallel.tp": 3}))
+        load_config(standalone.config_path, {"parallel.tp": 3})
     with standalone.client() as c:
         c.patch(f"/api/v2/dags/{RETRAIN}", json={"is_paused": False}).raise_for_status()
     resp = standalone.trigger(RETRAIN, {"tp": 3})  # within the form's 1..64: accepted at the trigger

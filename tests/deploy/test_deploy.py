@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
+from retrainer_airflow.contract import RUN_NOTE_KEY, refusal_noted
 
-from tasks.config import ConfigError, JobConfig, load_config
+from tasks.config import ConfigError, JobConfig
 from tasks.deploy import DeployError, pull, resolve_target, roll_back, run_hook
-from tasks.lifecycle import RUN_NOTE_KEY, refusal_noted
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
+from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, ALIAS = "tiny-llama", "production"
@@ -310,7 +311,7 @@ def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, expo
     again = resolve_target(cfg, [{"version": 1}])
     assert (again.version, again.via_rollback) == (1, True)
     history = _history(cfg)
-    run = NotedTask()  # the deploy DAG's rollback task: the refusal is the run's note (tasks.lifecycle.refusal_noted)
+    run = NotedTask()  # the deploy DAG's rollback task: the refusal is the run's note (contract.refusal_noted)
     with pytest.raises(SystemExit, match=r"v1 is live because of a rollback \(from v2\), so it is not rolled back "
                                          "again"), refusal_noted(run, "rollback"):
         roll_back(cfg, again, "smoke test failed: v1: no GPU", actor="ci")

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from tasks.data import make_data
-from tasks.lifecycle import resolve_config, run_lifecycle, stage_evaluate, stage_identify
+from tasks.lifecycle import run_lifecycle, stage_evaluate, stage_identify
 from tasks.registry import Registry
+from tasks.resolve import load_config
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_candidate_that_forgot_the_frozen_suite_is_refused_and_live_numbers_are_
     from tasks.registry import upgrade
 
     path = config(tmp_path)
-    cfg = resolve_config(path)
+    cfg = load_config(path)
     upgrade(cfg.publish.registry_url)
     week1, week = str(tmp_path / "store" / "week1"), cfg.data.source_url
     snapshot(week1, ENGLISH, tmp_path, "english")
@@ -72,7 +73,7 @@ def test_candidate_that_forgot_the_frozen_suite_is_refused_and_live_numbers_are_
     assert v1.metrics["metrics"]["frozen.token_prob"] > 0  # the user metric, recorded
 
     snapshot(week, DIGITS, tmp_path, "digits")  # week 2: new data of another kind, same URL
-    second = run_lifecycle(resolve_config(path))
+    second = run_lifecycle(load_config(path))
     assert second["run"]["init"]["version"] == 1 and second["train"]["trained_steps"] == 30  # trained, from v1
     ev, gate = second["evaluate"], second["gate"]
     assert ev["live"]["version"] == 1 and ev["live"]["cached"] is False  # scored in the same job
@@ -86,7 +87,7 @@ def test_candidate_that_forgot_the_frozen_suite_is_refused_and_live_numbers_are_
     assert registry.live_version("tiny-llama", "production").version == 1  # what is live: still v1
 
     # An Airflow retry of week 2's evaluate: the live model's numbers on these suites come from the cache.
-    cfg2 = resolve_config(path)
+    cfg2 = load_config(path)
     run = stage_identify(cfg2)
     again = stage_evaluate(cfg2, run, second["train"], second["warm"])
     assert again["live"]["cached"] is True and again["live"]["metrics"] == ev["live"]["metrics"]

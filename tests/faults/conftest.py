@@ -49,9 +49,9 @@ class Job:
         self.config.write_text(yaml.safe_dump(cfg))
 
     def cfg(self):
-        from tasks.lifecycle import resolve_config
+        from tasks.resolve import load_config
 
-        return resolve_config(self.config)
+        return load_config(self.config)
 
     def run_dir(self, state: Path) -> Path:
         """The run directory of the run the driver planned in `state`."""

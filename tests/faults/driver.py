@@ -24,6 +24,7 @@ from tasks import lifecycle
 from tasks.config import ConfigError
 from tasks.errors import RetrainerError
 from tasks.fsutil import atomic_write_json
+from tasks.resolve import load_config
 from tasks.run import RunIdentity
 from tests import hooks
 
@@ -31,7 +32,7 @@ STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")
 
 
 def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) -> dict[str, Any]:
-    cfg = lifecycle.resolve_config(config)
+    cfg = load_config(config)
 
     def prior(name: str) -> dict[str, Any]:
         return json.loads((state / f"{name}.json").read_text())
@@ -51,7 +52,7 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
     if stage == "evaluate":
         return lifecycle.stage_evaluate(cfg, run, prior("train"), prior("warm"))
     if stage == "gate":
-        return lifecycle.stage_gate(cfg, run, prior("evaluate"), prior("warm"))
+        return lifecycle.stage_gate(cfg, run, prior("evaluate"))
     if stage == "publish":
         metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
         return lifecycle.stage_publish(cfg, run, prior("train"), metrics, actor="fault-suite")

@@ -91,8 +91,8 @@ def _write(tmp: Path, cfg: dict) -> Path:
 def test_sizes_come_from_config_json_and_imported_logits_equal_transformers(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from tasks.config import load_config
     from tasks.models.weights import load_reference
+    from tasks.resolve import load_config
 
     hf = make_hf_llama(tmp_path / "hf")
     assert (hf / "model.safetensors.index.json").is_file()  # sharded, as a real checkpoint is
@@ -129,10 +129,10 @@ def test_a_yaml_size_that_contradicts_config_json_is_refused_naming_the_field(
 def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks.config import load_config
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.models.weights import load_reference
+    from tasks.resolve import load_config
     from tasks.train.data import Sampler, TokenWindows, split_inputs
     from tasks.train.reference import train_reference
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.config import JobConfig, load_config
+from tasks.config import JobConfig
+from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

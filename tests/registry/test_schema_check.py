@@ -93,7 +93,7 @@ def test_python_api_checks_once_and_publish_uploads_nothing_to_a_stale_registry(
 ) -> None:
     from alembic import command
 
-    from tasks.lifecycle import registry_for
+    from tasks.endpoints import registry_for
     from tasks.publish import publish
     from tasks.registry.db import make_engine
     from tasks.registry.migrate import alembic_config
