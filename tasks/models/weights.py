@@ -227,7 +227,10 @@ def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = N
     """A single-process fp32 reference model of the config's family holding the weights at `path`; with
     `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
     check_shapes(path, m)
-    model = get_family(m.family).Reference(m, seed=None)  # no seeded draw: every weight is loaded next
+    from tasks.models.common import no_default_init
+
+    with no_default_init():  # no draw at all: every weight is loaded next
+        model = get_family(m.family).Reference(m, seed=None)
     load_into(model, path, m, TPGroup())
     if as_dtype is not None:
         round_to(model, as_dtype)

@@ -40,12 +40,14 @@ from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
 from tasks.models import get_family
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
 from tasks.train import async_save
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
+from tasks.train.lean_start import import_muon_uncompiled
 from tasks.train.status import State, Status, log_for_relay, now, write_status
 from tasks.train.telemetry import Telemetry, comms_config
 
@@ -159,7 +161,7 @@ class Trainer:
         self.resume_from = self._resume_point()
 
         self.family = get_family(m.family)
-        with deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug(), no_default_init():  # each layer fills its own weights
             module = PipelineModule(
                 # No seeded draw when the weights are loaded next (a resume, starting weights): at 70B it is
                 # minutes of random numbers and a full-size transient tensor per parameter on every rank.
@@ -175,6 +177,7 @@ class Trainer:
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
                 log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
+        import_muon_uncompiled()
         with deepspeed_prints_to_debug():
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module,
