@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import resource
 import sys
 import time
 import uuid
@@ -421,6 +422,8 @@ class Trainer:
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
                 exported: dict[str, Any] | None = None) -> dict[str, Any]:
         p = self.cfg.parallel
+        peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the planner's process term)
+        tdist.all_gather_object(peak_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
         summary = {
             "experiment_key": self.run_identity.experiment_key,
             "run": self.run_identity.to_dict(),
@@ -438,6 +441,7 @@ class Trainer:
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
             "export": exported,
             "checkpoint_saves": self.saves,
+            "peak_rss_bytes": peak_rss,
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)
