@@ -198,8 +198,9 @@ def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
         (directory / key).parent.mkdir(parents=True, exist_ok=True)
         (directory / key).write_bytes(data)
         files.append({"key": key, "size": len(data), "sha256": sha256_bytes(data)})
-    (directory / "manifest.json").write_text(json.dumps({"format": "retrainer-dataset/1", "dtype": "uint16",
-                                                         "vocab_size": vocab, "files": files}))
+    manifest = {"format": "retrainer-dataset/1", "name": "bench", "dtype": "uint16", "vocab_size": vocab,
+                "files": files}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str]) -> None:
@@ -232,6 +233,8 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
         watcher.start()
         summary = train(cfg, root / "data", init_path=hf)
         watcher.join()
+        if runs:  # only the last run's checkpoint is evaluated: 16 B a parameter each
+            shutil.rmtree(runs[-1]["cfg"].train.output_dir)
         runs.append({"cfg": cfg, "summary": summary, "start_s": seen["t"]})
 
     if "start" in sections or "evaluate" in sections or "memory" in sections:

@@ -9,8 +9,9 @@ tests/plan/test_process_memory.py and bench/scale.py. Three terms, printed by `r
   are still alive (deepspeed/runtime/zero/stage_1_and_2.py `step`): two gradient-sized copies of the shard.
   Activations are freed by then, so the training peak holds the larger of the two.
 - checkpoint snapshot: a save copies the weights and optimizer states to host memory and trains on while
-  a thread writes them (tasks/train/async_save.py); until then the rank holds both (the gradients are
-  freed after the step).
+  a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
+  steps, the rank also still holds one gradient-sized block (DeepSpeed frees its gradients after the
+  step, the RSS does not drop by them), so the saving peak counts the gradients too.
 On a GPU the tensors live in device memory: the host holds the runtime and the snapshot only.
 """
 
@@ -32,5 +33,5 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
         return {"terms": terms, "peak": RUNTIME_BYTES + snapshot}
     training = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"] \
         + max(stage["activations"], step_buffers)
-    saving = stage["weights"] + stage["optimizer_states"] + snapshot
+    saving = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + snapshot
     return {"terms": terms, "peak": RUNTIME_BYTES + max(training, saving)}
