@@ -178,6 +178,14 @@ print(nll / n)
 """
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (and theirs: the launcher's ranks)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _peer(script: str, *args: object) -> None:
     subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, cwd=ROOT,
                    env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
@@ -263,19 +271,22 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
     if "evaluate" in sections:
         cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
         run = RunIdentity.from_dict(summary["run"])
-        ours, theirs = [], []
+        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
         for _ in range(repeat):
             eval_cfg = cfg.with_overrides({"cluster.master_port": _free_port()})
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), _children_cpu_s()
             got = evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data")
             ours.append(time.perf_counter() - started)
+            ours_cpu.append(_children_cpu_s() - cpu)
             shutil.rmtree(Path(summary["checkpoint_dir"]).parent.parent / "eval", ignore_errors=True)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), _children_cpu_s()
             _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE)
             theirs.append(time.perf_counter() - started)
+            theirs_cpu.append(_children_cpu_s() - cpu)
         ta, tb = statistics.median(ours), statistics.median(theirs)
         print(f"{'evaluate':<11} ours {ta:6.2f}s  transformers (1 process) {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}"
-              f"   runs ours {[round(x, 2) for x in ours]} theirs {[round(x, 2) for x in theirs]}; "
+              f"   runs ours {[round(x, 2) for x in ours]} theirs {[round(x, 2) for x in theirs]}; CPU seconds ours "
+              f"(2 ranks + torchrun) {[round(x, 1) for x in ours_cpu]} theirs {[round(x, 1) for x in theirs_cpu]}; "
               f"{got['tokens']} tokens, loss {got['loss']:.4f}", flush=True)
 
 

@@ -462,4 +462,7 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "inter-node bandwidth (GB/s) / ranks per node",
         f"capacity {capacity} B = gpu_memory_gib GiB minus reserve; comm buffers = DeepSpeed bucket "
         f"(min({DS_BUCKET_ELEMENTS} elements, params)) + p2p/TP staging",
+        "process (host RSS per rank, tasks/plan/process.py): runtime + the larger of the step (tensors, with "
+        "ZeRO-1/2's two gradient-sized partition copies in place of the freed activations) and a save (weights, "
+        "gradients, optimizer states and their host snapshot); on CPU it must fit the capacity",
     ]
