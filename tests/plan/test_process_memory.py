@@ -1,6 +1,6 @@
 """The planner's per-rank process memory against a real training's peak RSS (issue 27).
 
-A small Llama (51M parameters, so the tensors, not the runtime, are most of a rank's memory) trains
+A small Llama (45M parameters, so the tensors, not the runtime, are most of a rank's memory) trains
 2 steps on 2 pipeline ranks (gloo, CPU, fp32, ZeRO-1) and saves a checkpoint; each rank's high-water
 mark (`ru_maxrss`, reported in the summary) must be within 15% of `retrainer plan`'s prediction for
 its stage.
