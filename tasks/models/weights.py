@@ -24,6 +24,7 @@ from torch import nn
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.models import get_family
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 
 LEGACY_FILE = "consolidated.pt"
@@ -227,8 +228,6 @@ def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = N
     """A single-process fp32 reference model of the config's family holding the weights at `path`; with
     `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
     check_shapes(path, m)
-    from tasks.models.common import no_default_init
-
     with no_default_init():  # no draw at all: every weight is loaded next
         model = get_family(m.family).Reference(m, seed=None)
     load_into(model, path, m, TPGroup())
