@@ -32,6 +32,7 @@ The page cache is warm for both sides of each pair (the same source bytes were j
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -193,8 +194,6 @@ def _peer(script: str, *args: object) -> None:
 
 def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
     """Random tokens in the warm stage's format (train/ and heldout/ shards + manifest)."""
-    import json
-
     import numpy as np
 
     from tasks.fsutil import sha256_bytes
@@ -219,7 +218,6 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
     from tasks.launch import train
     from tasks.plan import plan
     from tasks.run import RunIdentity
-    from tasks.train.status import read_status
 
     _write_dataset(root / "data", 32000, 200_000)
     runs: list[dict[str, Any]] = []
@@ -231,9 +229,9 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
         seen: dict[str, float] = {}
 
         def watch() -> None:
-            while "t" not in seen:
-                got = read_status(status) if status.exists() else None
-                if got is not None and got.state in ("training", "finished", "failed"):
+            while "t" not in seen:  # the status file is replaced atomically: whole or absent
+                state = json.loads(status.read_text())["state"] if status.exists() else None
+                if state in ("training", "finished", "failed"):
                     seen["t"] = time.perf_counter() - started
                 time.sleep(0.01)
 
