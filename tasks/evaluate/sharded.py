@@ -19,6 +19,7 @@ import torch.distributed as tdist
 
 from tasks.config import ModelConfig
 from tasks.models import get_family
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
@@ -39,7 +40,7 @@ class ShardedModel:
         self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
         self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
         family = get_family(m.family)
-        with deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
             self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
                                          partition_method="type:TransformerBlock")
         load_into(self.module, weights, m, self.tp)

@@ -25,6 +25,7 @@ from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.model_files import DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
 from tasks.models import get_family
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
@@ -224,7 +225,8 @@ def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = N
     """A single-process fp32 reference model of the config's family holding the weights at `path`; with
     `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
     check_shapes(path, m)
-    model = get_family(m.family).Reference(m, seed=None)  # no seeded draw: every weight is loaded next
+    with no_default_init():  # no draw at all: every weight is loaded next
+        model = get_family(m.family).Reference(m, seed=None)
     load_into(model, path, m, TPGroup())
     if as_dtype is not None:
         round_to(model, as_dtype)
