@@ -259,6 +259,27 @@ def format_duration(value: timedelta | float) -> str:
     return " ".join(parts)
 
 
+# The adapter ranks vLLM serves (`--max-lora-rank` choices): an adapter of another rank cannot be deployed.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraConfig(_Strict):
+    """Train a low-rank adapter on the frozen base instead of every weight (tasks/models/lora.py)."""
+
+    rank: int = Field(description=f"adapter rank r, one of vLLM's {VLLM_LORA_RANKS}")
+    alpha: float = Field(gt=0, description="the update is scaled by alpha / rank (PEFT's lora_alpha)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (PEFT's lora_dropout)")
+    target_modules: tuple[str, ...] = Field(min_length=1, description="the family's block linears by their Hugging "
+                                            "Face module names (q_proj, v_proj, ...), as PEFT names them")
+
+    @field_validator("rank")
+    @classmethod
+    def _vllm_rank(cls, rank: int) -> int:
+        if rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"{rank} is not a rank vLLM serves; use one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return rank
+
+
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
@@ -278,6 +299,8 @@ class TrainConfig(_Strict):
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary (default "
                                         "$RETRAINER_HOME/runs/<name>)")
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base; None: full "
+                                                        "fine-tuning")
     deadline: Duration | None = Field(
         None, description=f"alert (the DAG's deadline callback) when a retrain run is still not done this long "
                           f"after it was queued: {DURATION_HELP}; None: no alert")
@@ -623,6 +646,9 @@ class PublishConfig(_Strict):
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
+    lora_export: Literal["adapter", "merged", "both"] = Field(
+        "adapter", description="with train.lora: a PEFT adapter directory (served by vLLM --enable-lora), the base "
+                               "with the adapter merged in (a normal model directory), or both")
     approval: ApprovalMode | dict[str, ApprovalMode] = Field(
         "none", description="required: a person approves (Airflow human-in-the-loop) before publish moves the "
                             "alias; one mode for every alias, or per alias ({production: required}; an alias "
@@ -823,6 +849,10 @@ class JobConfig(_Strict):
             raise ValueError(f"data.replay: the replay sources draw up to {drawn} samples in one step, more than "
                              f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
                              "parallel.dp); use fewer replay sources or a larger batch")
+        if (lora := self.train.lora) is not None:
+            from tasks.models.lora import check_targets  # imports the family (and torch) only for a LoRA job
+
+            check_targets(m, lora.target_modules)
         if p.tp > 1 and p.zero_stage == 0 and self.train.grad_clip > 0:
             # DeepSpeed's non-ZeRO clipping path mis-counts TP-sharded parameters: the weights drift from
             # the single-process reference (seen in the 3D-equality test). ZeRO-1 clips exactly.
@@ -850,7 +880,9 @@ class JobConfig(_Strict):
             "model": model,
             "parallel": self.parallel.model_dump(mode="json"),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
-                                                                "checkpoint_storage_options", "deadline"}),
+                                                                "checkpoint_storage_options", "deadline",
+                                                                # absent LoRA keeps the keys recorded before it
+                                                                *(("lora",) if self.train.lora is None else ())}),
         }
         return sha256_json(defining)
 

@@ -1,0 +1,140 @@
+"""LoRA for every family: low-rank adapters on the block linears of a frozen base, sharded like their layer.
+
+Why one mechanism: every family builds its blocks from `nn.Linear`s that are column-parallel (split by
+output rows), row-parallel (split by input columns, through `parallel.row_parallel`) or replicated, as its
+`shard_spec` says. `apply_lora` wraps the targeted linears of an already built (and loaded) module, the
+DeepSpeed `PipelineModule` of a stage or the single-process `Reference` alike, so the adapters live in
+their layer's pipeline stage and the reference trains exactly the same maths.
+
+The update is PEFT's: y = W x + b + (alpha / r) * B(A(dropout(x))), A drawn kaiming-uniform (a = sqrt(5), as
+peft does) from a generator seeded per tensor, B zeros. Under TP:
+- column-parallel: A replicated, B split by output rows; A's gradient is summed over the TP ranks;
+- row-parallel: A split by input columns, B replicated; the update joins the base's partial output
+  before its one all-reduce, so B's gradient is summed over the TP ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.config import LoraConfig, ModelConfig
+from tasks.models import get_family
+from tasks.models.common import BLOCK
+from tasks.models.parallel import TPGroup, copy_to_tp, set_slice
+
+ADAPTER_PARTS = ("lora_A", "lora_B")  # the adapter's module names inside a wrapped linear (PEFT's)
+
+
+def targets(m: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Target module name (the Hugging Face module name PEFT uses: `q_proj`) -> the block-relative linears it
+    names (`attn.q`), from the family's full shapes: every 2-D weight of a block is a linear."""
+    family = get_family(m.family)
+    found: dict[str, list[str]] = {}
+    for ref, shape in family.full_shapes(m).items():
+        match = BLOCK.fullmatch(ref)
+        if match is None or match.group(1) != "0" or len(shape) != 2 or not ref.endswith(".weight"):
+            continue
+        module = match.group(2).removesuffix(".weight")
+        found.setdefault(family.hf_name(ref).removesuffix(".weight").rsplit(".", 1)[-1], []).append(module)
+    return {name: tuple(modules) for name, modules in found.items()}
+
+
+def check_targets(m: ModelConfig, names: tuple[str, ...]) -> None:
+    """Refuse target module names the family does not have, listing the ones it has."""
+    known = targets(m)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"train.lora.target_modules: unknown to model.family {m.family!r}: "
+                         f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
+    if m.tie_embeddings:
+        # DeepSpeed all-reduces a tied weight's gradient between its stages, and a frozen one has none.
+        raise ValueError("train.lora with model.tie_embeddings is not supported yet (the tied embedding is frozen "
+                         "and DeepSpeed reduces its gradient); untie it or train in full")
+
+
+def lora_generator(seed: int, ref: str) -> torch.Generator:
+    """The generator an adapter's A is drawn from: per (seed, weight name), so every layout draws the same A."""
+    return torch.Generator().manual_seed(zlib.crc32(f"lora:{seed}:{ref}".encode()))
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear (its own weight and bias Parameters, so checkpoint names do not change) plus an adapter.
+
+    `split`: how the base weight is split across TP ranks (its shard_spec's dim: 0 column-parallel,
+    1 row-parallel, None replicated).
+    """
+
+    def __init__(self, base: nn.Linear, ref: str, full_shape: tuple[int, ...], lora: LoraConfig, tp: TPGroup,
+                 spec: tuple[int, torch.Tensor] | None, seed: int) -> None:
+        super().__init__()
+        self.weight, self.bias = base.weight, base.bias
+        self.tp, self.ref, self.scaling = tp, ref, lora.alpha / lora.rank
+        self.split: Literal[0, 1] | None = None if spec is None else spec[0]  # type: ignore[assignment]
+        out_full, in_full = full_shape
+        out_local, in_local = base.weight.shape
+        self.lora_A = nn.Linear(in_local, lora.rank, bias=False)
+        self.lora_B = nn.Linear(lora.rank, out_local, bias=False)
+        self.drop = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()
+        bound = 1.0 / math.sqrt(in_full)  # kaiming_uniform_(a=sqrt(5)) of the full [r, in] matrix, as peft
+        with torch.no_grad():
+            a = torch.empty(lora.rank, in_full).uniform_(-bound, bound, generator=lora_generator(seed, ref))
+            set_slice(self.lora_A.weight, a.to(base.weight.dtype), spec if self.split == 1 else None, tp.size)
+            set_slice(self.lora_B.weight, torch.zeros(out_full, lora.rank, dtype=base.weight.dtype),
+                      spec if self.split == 0 else None, tp.size)
+        self.lora_A.to(base.weight.device)
+        self.lora_B.to(base.weight.device)
+
+    def update(self, x: torch.Tensor) -> torch.Tensor:
+        """scaling * B A dropout(x): this rank's output rows (column), its partial sum (row) or all (replicated)."""
+        a, b = self.lora_A.weight, self.lora_B.weight
+        if self.split == 0:
+            a = copy_to_tp(a, self.tp)  # every rank's output rows contribute to the replicated A's gradient
+        elif self.split == 1:
+            b = copy_to_tp(b, self.tp)  # every rank's input columns contribute to the replicated B's gradient
+        return F.linear(F.linear(self.drop(x), a), b) * self.scaling
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """Row-parallel: this rank's share of the output before the TP all-reduce (no bias: added after it)."""
+        return F.linear(x, self.weight) + self.update(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias) + self.update(x)
+
+
+def apply_lora(module: nn.Module, m: ModelConfig, lora: LoraConfig, tp: TPGroup, seed: int) -> int:
+    """Wrap the targeted linears of every block in `module` and freeze everything else; returns how many.
+
+    Call it after the base weights are in place (loaded or drawn) and before the optimizer is built.
+    """
+    family = get_family(m.family)
+    shapes = family.full_shapes(m)
+    relatives = sorted({rel for name in lora.target_modules for rel in targets(m)[name]})
+    for p in module.parameters():
+        p.requires_grad_(False)
+    wrapped = 0
+    for layer in [x for x in module.modules() if BLOCK.fullmatch(f"{getattr(x, 'ref_prefix', '')}.x")]:
+        for rel in relatives:
+            parent_name, attr = rel.rsplit(".", 1) if "." in rel else ("", rel)
+            parent = layer.get_submodule(parent_name)
+            ref = f"{layer.ref_prefix}.{rel}.weight"
+            parent.add_module(attr, LoRALinear(getattr(parent, attr), ref, shapes[ref], lora, tp,
+                                               family.shard_spec(m, ref, tp.rank, tp.size), seed))
+            wrapped += 1
+    return wrapped
+
+
+def adapters(module: nn.Module) -> Iterator[LoRALinear]:
+    """The wrapped linears of a module, in module order."""
+    return (x for x in module.modules() if isinstance(x, LoRALinear))
+
+
+def is_adapter_param(name: str) -> bool:
+    """Whether a parameter name (any prefix) is an adapter's: `...attn.q.lora_A.weight`."""
+    return any(f".{part}." in f".{name}" for part in ADAPTER_PARTS)
