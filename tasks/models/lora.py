@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +26,6 @@ from tasks.config import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.common import BLOCK
 from tasks.models.parallel import TPGroup, copy_to_tp, set_slice
-
-ADAPTER_PARTS = ("lora_A", "lora_B")  # the adapter's module names inside a wrapped linear (PEFT's)
 
 
 def targets(m: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -71,25 +67,25 @@ class LoRALinear(nn.Module):
     1 row-parallel, None replicated).
     """
 
-    def __init__(self, base: nn.Linear, ref: str, full_shape: tuple[int, ...], lora: LoraConfig, tp: TPGroup,
-                 spec: tuple[int, torch.Tensor] | None, seed: int) -> None:
+    def __init__(self, base: nn.Linear, ref: str, m: ModelConfig, lora: LoraConfig, tp: TPGroup, seed: int) -> None:
         super().__init__()
         self.weight, self.bias = base.weight, base.bias
-        self.tp, self.ref, self.scaling = tp, ref, lora.alpha / lora.rank
-        self.split: Literal[0, 1] | None = None if spec is None else spec[0]  # type: ignore[assignment]
-        out_full, in_full = full_shape
+        self.tp, self.scaling = tp, lora.alpha / lora.rank
+        spec = get_family(m.family).shard_spec(m, ref, tp.rank, tp.size) if tp.size > 1 else None
+        self.split = None if spec is None else spec[0]
+        out_full, in_full = get_family(m.family).full_shapes(m)[ref]
         out_local, in_local = base.weight.shape
-        self.lora_A = nn.Linear(in_local, lora.rank, bias=False)
-        self.lora_B = nn.Linear(lora.rank, out_local, bias=False)
+        self.lora_A = nn.Linear(in_local, lora.rank, bias=False, device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_B = nn.Linear(lora.rank, out_local, bias=False, device=base.weight.device, dtype=base.weight.dtype)
         self.drop = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()
+        module = ref.removesuffix(".weight")
         bound = 1.0 / math.sqrt(in_full)  # kaiming_uniform_(a=sqrt(5)) of the full [r, in] matrix, as peft
         with torch.no_grad():
             a = torch.empty(lora.rank, in_full).uniform_(-bound, bound, generator=lora_generator(seed, ref))
-            set_slice(self.lora_A.weight, a.to(base.weight.dtype), spec if self.split == 1 else None, tp.size)
-            set_slice(self.lora_B.weight, torch.zeros(out_full, lora.rank, dtype=base.weight.dtype),
-                      spec if self.split == 0 else None, tp.size)
-        self.lora_A.to(base.weight.device)
-        self.lora_B.to(base.weight.device)
+            for part, full in (("lora_A", a), ("lora_B", torch.zeros(out_full, lora.rank))):
+                name = f"{module}.{part}.weight"
+                set_slice(getattr(self, part).weight, full.to(base.weight.dtype),
+                          adapter_shard_spec(m, name, tp.rank, tp.size), tp.size)
 
     def update(self, x: torch.Tensor) -> torch.Tensor:
         """scaling * B A dropout(x): this rank's output rows (column), its partial sum (row) or all (replicated)."""
@@ -113,8 +109,6 @@ def apply_lora(module: nn.Module, m: ModelConfig, lora: LoraConfig, tp: TPGroup,
 
     Call it after the base weights are in place (loaded or drawn) and before the optimizer is built.
     """
-    family = get_family(m.family)
-    shapes = family.full_shapes(m)
     relatives = sorted({rel for name in lora.target_modules for rel in targets(m)[name]})
     for p in module.parameters():
         p.requires_grad_(False)
@@ -124,17 +118,33 @@ def apply_lora(module: nn.Module, m: ModelConfig, lora: LoraConfig, tp: TPGroup,
             parent_name, attr = rel.rsplit(".", 1) if "." in rel else ("", rel)
             parent = layer.get_submodule(parent_name)
             ref = f"{layer.ref_prefix}.{rel}.weight"
-            parent.add_module(attr, LoRALinear(getattr(parent, attr), ref, shapes[ref], lora, tp,
-                                               family.shard_spec(m, ref, tp.rank, tp.size), seed))
+            parent.add_module(attr, LoRALinear(getattr(parent, attr), ref, m, lora, tp, seed))
             wrapped += 1
     return wrapped
 
 
-def adapters(module: nn.Module) -> Iterator[LoRALinear]:
-    """The wrapped linears of a module, in module order."""
-    return (x for x in module.modules() if isinstance(x, LoRALinear))
-
-
 def is_adapter_param(name: str) -> bool:
-    """Whether a parameter name (any prefix) is an adapter's: `...attn.q.lora_A.weight`."""
-    return any(f".{part}." in f".{name}" for part in ADAPTER_PARTS)
+    """Whether a reference name is an adapter's: `blocks.3.attn.q.lora_A.weight`."""
+    return name.rsplit(".", 2)[-2:-1] in (["lora_A"], ["lora_B"])
+
+
+def adapter_shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
+    """(dim, indices) of an adapter tensor a TP rank holds: a column-parallel linear's B by its output rows, a
+    row-parallel linear's A by its input columns (the base weight's own split); the other one replicated."""
+    module, part, _ = name.rsplit(".", 2)
+    spec = get_family(m.family).shard_spec(m, f"{module}.weight", tp_rank, tp_size)
+    return spec if spec is not None and spec[0] == (1 if part == "lora_A" else 0) else None
+
+
+def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
+    """The TP split of any reference name, an adapter's included (readers of checkpoints and weights use it)."""
+    split = adapter_shard_spec if is_adapter_param(name) else get_family(m.family).shard_spec
+    return split(m, name, tp_rank, tp_size)
+
+
+def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """The full tensor of any reference name, an adapter's included, from its TP pieces (by TP rank)."""
+    if not is_adapter_param(name):
+        return get_family(m.family).unshard(m, name, pieces)
+    spec = adapter_shard_spec(m, name, 0, len(pieces)) if len(pieces) > 1 else None
+    return pieces[0] if spec is None else torch.cat(pieces, dim=spec[0])

@@ -23,7 +23,7 @@ from torch import nn
 
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.models import get_family
+from tasks.models import get_family, lora
 from tasks.models.parallel import TPGroup
 
 LEGACY_FILE = "consolidated.pt"
@@ -59,7 +59,7 @@ class CheckpointWeights:
     one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read."""
 
     def __init__(self, directory: str | Path, m: ModelConfig) -> None:
-        self.dir, self.m, self.family = Path(directory), m, get_family(m.family)
+        self.dir, self.m = Path(directory), m
         self.files: dict[int, dict[int, Path]] = {}
         for path in self.dir.iterdir():
             match = _LAYER_FILE.fullmatch(path.name)
@@ -80,7 +80,7 @@ class CheckpointWeights:
         pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
         prefix = layer_prefix(index, self.m.n_layers)
         names = pieces[min(pieces)].keys()
-        return {f"{prefix}.{n}": self.family.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+        return {f"{prefix}.{n}": lora.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
                 for n in names}
 
     def layers(self) -> list[int]:
@@ -204,7 +204,7 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
     """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
-    spec = get_family(m.family).shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
+    spec = lora.shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
     if spec is None:
         return weights.read(name)
     dim, indices = spec

@@ -9,6 +9,8 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
   S seconds late (training goes on meanwhile);
 - `HOOK_CKPT_WRITE_ERROR=STEP:RANK`: that rank's background write of step STEP's checkpoint fails (ENOSPC);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
+- `HOOK_OPTIMIZER_PARAMS=DIR`: every rank records which parameters its engine's optimizer holds (tests/hooks/
+  optimizer.py);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
   `HOOK_PUBLISH_RELEASE` exists (or forever);
