@@ -55,6 +55,22 @@ def check_targets(m: ModelConfig, names: tuple[str, ...]) -> None:
                          "and DeepSpeed reduces its gradient); untie it or train in full")
 
 
+def adapter_params_per_block(m: ModelConfig, lora: LoraConfig, tp: int) -> int:
+    """Adapter parameters one TP rank holds in one block (the planner's count; every block has the same)."""
+    shapes = get_family(m.family).full_shapes(m)
+    held = 0
+    for rel in target_linears(lora, m):
+        out_full, in_full = shapes[f"blocks.0.{rel}.weight"]
+        for part, size in (("lora_A", lora.rank * in_full), ("lora_B", out_full * lora.rank)):
+            held += size // tp if adapter_shard_spec(m, f"blocks.0.{rel}.{part}.weight", 0, tp) else size
+    return held
+
+
+def target_linears(lora: LoraConfig, m: ModelConfig) -> list[str]:
+    """The block-relative linears (`attn.q`) the config's target modules name, sorted."""
+    return sorted({rel for name in lora.target_modules for rel in targets(m)[name]})
+
+
 def lora_generator(seed: int, ref: str) -> torch.Generator:
     """The generator an adapter's A is drawn from: per (seed, weight name), so every layout draws the same A."""
     return torch.Generator().manual_seed(zlib.crc32(f"lora:{seed}:{ref}".encode()))
@@ -109,7 +125,7 @@ def apply_lora(module: nn.Module, m: ModelConfig, lora: LoraConfig, tp: TPGroup,
 
     Call it after the base weights are in place (loaded or drawn) and before the optimizer is built.
     """
-    relatives = sorted({rel for name in lora.target_modules for rel in targets(m)[name]})
+    relatives = target_linears(lora, m)
     for p in module.parameters():
         p.requires_grad_(False)
     wrapped = 0
