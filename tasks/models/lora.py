@@ -71,6 +71,18 @@ def target_linears(lora: LoraConfig, m: ModelConfig) -> list[str]:
     return sorted({rel for name in lora.target_modules for rel in targets(m)[name]})
 
 
+def adapter_full_shapes(m: ModelConfig, lora: LoraConfig) -> dict[str, tuple[int, ...]]:
+    """Every adapter tensor's reference name and full (unsharded) shape: A [r, in], B [out, r] per target."""
+    shapes = get_family(m.family).full_shapes(m)
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(m.n_layers):
+        for rel in target_linears(lora, m):
+            out_full, in_full = shapes[f"blocks.{i}.{rel}.weight"]
+            out[f"blocks.{i}.{rel}.lora_A.weight"] = (lora.rank, in_full)
+            out[f"blocks.{i}.{rel}.lora_B.weight"] = (out_full, lora.rank)
+    return out
+
+
 def lora_generator(seed: int, ref: str) -> torch.Generator:
     """The generator an adapter's A is drawn from: per (seed, weight name), so every layout draws the same A."""
     return torch.Generator().manual_seed(zlib.crc32(f"lora:{seed}:{ref}".encode()))

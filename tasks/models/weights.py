@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tasks.config import ModelConfig
+from tasks.config import LoraConfig, ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.models import get_family, lora
+from tasks.models import get_family
+from tasks.models import lora as lora_mod
 from tasks.models.parallel import TPGroup
 
 LEGACY_FILE = "consolidated.pt"
@@ -80,7 +81,7 @@ class CheckpointWeights:
         pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
         prefix = layer_prefix(index, self.m.n_layers)
         names = pieces[min(pieces)].keys()
-        return {f"{prefix}.{n}": lora.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+        return {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
                 for n in names}
 
     def layers(self) -> list[int]:
@@ -176,10 +177,11 @@ def open_weights(path: str | Path, m: ModelConfig) -> Weights:
     return CheckpointWeights(path, m)
 
 
-def check_shapes(path: str | Path, m: ModelConfig) -> None:
-    """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts)."""
+def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = None) -> None:
+    """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts);
+    `lora`: the weights hold these adapters too."""
     have = open_weights(path, m).shapes()
-    expected = get_family(m.family).full_shapes(m)
+    expected = get_family(m.family).full_shapes(m) | ({} if lora is None else lora_mod.adapter_full_shapes(m, lora))
     for name, shape in expected.items():
         if name not in have:
             raise InvalidInputError(f"{path}: starting weights lack tensor {name} (model config needs {shape})")
@@ -204,7 +206,7 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
     """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
-    spec = lora.shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
+    spec = lora_mod.shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
     if spec is None:
         return weights.read(name)
     dim, indices = spec
@@ -223,11 +225,15 @@ def load_into(module: nn.Module, path: str | Path, m: ModelConfig, tp: TPGroup) 
     return count
 
 
-def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = None) -> nn.Module:
+def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = None,
+                   lora: LoraConfig | None = None) -> nn.Module:
     """A single-process fp32 reference model of the config's family holding the weights at `path`; with
-    `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
-    check_shapes(path, m)
+    `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it;
+    `lora`: the weights are a LoRA run's, base and adapters."""
+    check_shapes(path, m, lora)
     model = get_family(m.family).Reference(m, seed=None)  # no seeded draw: every weight is loaded next
+    if lora is not None:
+        lora_mod.apply_lora(model, m, lora, TPGroup(), seed=0)  # the adapters are loaded next too
     load_into(model, path, m, TPGroup())
     if as_dtype is not None:
         round_to(model, as_dtype)
