@@ -271,7 +271,8 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Lau
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
     init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
                  else fetch_starting_weights(cfg, run.init))
-    export, secret_env = export_spec(cfg)
+    # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
+    export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(run_cfg, Path(warm["dataset_dir"]), run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
 

@@ -112,7 +112,8 @@ def publish(
                                      "what is live)")
         with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
             base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
-            ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
+            ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged,
+                           base_model=run.init.url or run.init.origin)
         lineage = Lineage(
             config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
             checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
@@ -134,8 +135,17 @@ def publish(
 
 
 def artifact(cfg: JobConfig, store: ArtifactStore, checkpoint_dir: Path, base_dir: Path | None,
-             staged: dict[str, Any] | None) -> ArtifactRef:
-    """The version's tree: the ranks' staged shards committed with the small files, else exported here."""
+             staged: dict[str, Any] | None, base_model: str = "") -> ArtifactRef:
+    """The version's tree: the ranks' staged shards committed with the small files, else exported here (a
+    LoRA run's: its adapter and/or merged model, tasks/models/lora_export.py)."""
+    if cfg.train.lora is not None:
+        from tasks.models.lora_export import export_lora
+
+        dest = export_dir(checkpoint_dir, f"{cfg.publish.export_dtype}-lora-{cfg.publish.lora_export}")
+        return store.put_tree(export_lora(
+            cfg.model, cfg.train.lora, cfg.publish.lora_export, checkpoint_dir, dest, stages=cfg.parallel.pp,
+            dtype=cfg.publish.export_dtype, base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None,
+            base_model=base_model))
     wanted = (checkpoint_dir.name, cfg.publish.export_dtype)
     if staged and staged.get("shards") and (staged.get("tag"), staged.get("dtype")) == wanted:
         try:

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from tasks.config import ModelConfig
+from tasks.config import LoraConfig, ModelConfig
 from tasks.models import get_family
+from tasks.models.lora import apply_lora
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into, round_to
 from tasks.train.worker import deepspeed_prints_to_debug
@@ -28,7 +29,7 @@ class ShardedModel:
     """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
 
     def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
-                 as_dtype: str | None) -> None:
+                 as_dtype: str | None, lora: LoraConfig | None = None) -> None:
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
@@ -42,6 +43,8 @@ class ShardedModel:
         with deepspeed_prints_to_debug():
             self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
                                          partition_method="type:TransformerBlock")
+        if lora is not None:  # the weights hold adapters: wrap their linears first, then load base and adapters
+            apply_lora(self.module, m, lora, self.tp, seed=0)
         load_into(self.module, weights, m, self.tp)
         if as_dtype is not None:
             round_to(self.module, as_dtype)

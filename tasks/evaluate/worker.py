@@ -197,7 +197,9 @@ class Evaluation:
         results: dict[str, Any] = {}
         for entry in self.spec["models"]:
             weights = self.weights(entry)
-            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"))
+            # The candidate of a LoRA run is its checkpoint: base + adapters, scored together.
+            lora = self.job.train.lora if entry["name"] == "candidate" else None
+            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"), lora=lora)
             metrics: dict[str, float] = {}
             for suite in self.spec["suites"]:
                 for key, value in self.score_suite(model, dirs[suite["name"]], suite["split"]).items():

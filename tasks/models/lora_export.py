@@ -84,3 +84,20 @@ def merge_layer(lora: LoraConfig, tensors: dict[str, torch.Tensor]) -> dict[str,
             tensor = (tensor.float() + delta).to(tensor.dtype)
         merged[name] = tensor
     return merged
+
+
+def export_lora(m: ModelConfig, lora: LoraConfig, kind: str, checkpoint_dir: str | Path, dest: str | Path, *,
+                stages: int, dtype: str, base_dir: str | Path | None, base_model: str) -> Path:
+    """A LoRA run's artifact directory (`publish.lora_export`): `adapter` the PEFT directory; `merged` the base
+    with the adapter merged in (a normal model directory); `both` the merged directory with the PEFT one in
+    its `adapter/` subdirectory. Each part is written once: a retry reuses what a previous attempt finished."""
+    from tasks.models.export import export_checkpoint
+    from tasks.models.weights import HF_INDEX, CheckpointWeights
+
+    dest = Path(dest)
+    if kind != "adapter" and not (dest / HF_INDEX).is_file():
+        export_checkpoint(m, checkpoint_dir, dest, stages=stages, dtype=dtype, base_dir=base_dir, lora=lora)
+    adapter_dir = dest if kind == "adapter" else dest / "adapter"
+    if kind != "merged" and not (adapter_dir / ADAPTER_CONFIG).is_file():
+        write_adapter(m, lora, CheckpointWeights(checkpoint_dir, m), adapter_dir, base_model=base_model, dtype=dtype)
+    return dest

@@ -116,3 +116,23 @@ def test_vllm_rules_refuse_what_vllm_refuses(lora_run, tmp_path: Path) -> None:
         with pytest.raises(AssertionError):
             check_vllm_rules(good)
         (good / ADAPTER_CONFIG).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("kind", ["adapter", "merged", "both"])
+def test_publish_lora_export_lays_out_what_it_names(lora_run, tmp_path: Path, kind: str) -> None:
+    from tasks.models.lora_export import export_lora
+
+    cfg, checkpoint, base = lora_run
+    dest = export_lora(cfg.model, cfg.train.lora, kind, checkpoint, tmp_path / kind, stages=2, dtype="bf16",
+                       base_dir=base, base_model="s3://store/base-v3")
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    adapter = {"adapter": [ADAPTER_CONFIG, ADAPTER_WEIGHTS], "merged": [],
+               "both": [f"adapter/{ADAPTER_CONFIG}", f"adapter/{ADAPTER_WEIGHTS}"]}[kind]
+    assert set(adapter) <= set(files)
+    assert ("config.json" in files) == (kind != "adapter")
+    if adapter:
+        check_vllm_rules(dest / Path(adapter[0]).parent)
+        assert json.loads((dest / adapter[0]).read_text())["base_model_name_or_path"] == "s3://store/base-v3"
+    again = export_lora(cfg.model, cfg.train.lora, kind, checkpoint, dest, stages=2, dtype="bf16", base_dir=base,
+                        base_model="s3://store/base-v3")  # a retried publish reuses the finished export
+    assert sorted(str(p.relative_to(again)) for p in again.rglob("*") if p.is_file()) == files
