@@ -64,6 +64,20 @@ GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_at
                  "final_logit_softcapping")
 
 
+class BaseModelRef(_Strict):
+    """A registry version as a LoRA run's frozen base (`model.base`): a version number or an alias's version."""
+
+    model: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN, description="registered model name")
+    version: int | None = Field(None, ge=1)
+    alias: str | None = Field(None, min_length=1, max_length=200, pattern=NAME_PATTERN)
+
+    @model_validator(mode="after")
+    def _one(self) -> BaseModelRef:
+        if (self.version is None) == (self.alias is None):
+            raise ValueError("model.base: give exactly one of version and alias")
+        return self
+
+
 class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). Llama-only fields are ignored by gpt."""
 
@@ -106,6 +120,8 @@ class ModelConfig(_Strict):
                     "from its weights",
     )
     pretrained_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    base: BaseModelRef | None = Field(None, description="with train.lora: the registry version the adapter is "
+                                                        "trained on (else model.pretrained is the base)")
 
     @field_validator("family")
     @classmethod
@@ -849,6 +865,11 @@ class JobConfig(_Strict):
             raise ValueError(f"data.replay: the replay sources draw up to {drawn} samples in one step, more than "
                              f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
                              "parallel.dp); use fewer replay sources or a larger batch")
+        if m.base is not None and self.train.lora is None:
+            raise ValueError("model.base names the frozen base of a LoRA adapter: set train.lora (or use "
+                             "train.init_from to fine-tune a version in full)")
+        if m.base is not None and m.pretrained is not None:
+            raise ValueError("model.base and model.pretrained both name the base; give one")
         if (lora := self.train.lora) is not None:
             from tasks.models.lora import check_targets  # imports the family (and torch) only for a LoRA job
 
@@ -867,8 +888,8 @@ class JobConfig(_Strict):
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
-        # Where a pretrained model lives is not what it is: its weights enter the key by digest.
-        model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
+        # Where a pretrained model (or a LoRA base) lives is not what it is: its weights enter the key by digest.
+        model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options", "base"})
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
         for option, plain in (("head_dim", self.model.d_model // self.model.n_heads), ("qk_norm", False),

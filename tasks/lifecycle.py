@@ -270,11 +270,27 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Lau
     run_cfg = cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))})
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
     init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
-                 else fetch_starting_weights(cfg, run.init))
+                 else fetch_starting_weights(cfg, run.init if not lora_continues(cfg, run) else run.base))
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(run_cfg, Path(warm["dataset_dir"]), run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+
+
+def lora_continues(cfg: JobConfig, run: RunIdentity) -> bool:
+    """Whether a LoRA run continues a version's adapter; then the ranks load the base as starting weights and
+    the adapter from the run directory (tasks/lora_runs.py), staged here."""
+    from tasks.launch import get_launcher
+    from tasks.lora_runs import continues_adapter, stage_start_adapter
+
+    if cfg.train.lora is None or not continues_adapter(run.init, run.base):
+        return False
+    if get_launcher(cfg).warms_nodes:
+        raise InvalidInputError(f"train.lora: continuing {run.init.note} on the {cfg.cluster.launcher} launcher "
+                                "(which warms each node) is not supported yet; use init_from: scratch for a fresh "
+                                "adapter on the base")
+    stage_start_adapter(cfg, run.init, run.run_dir(cfg))
+    return True
 
 
 def _trained(run: RunIdentity, summary: dict[str, Any]) -> dict[str, Any]:

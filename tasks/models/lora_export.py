@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tasks.config import LoraConfig, ModelConfig
+from tasks.errors import InvalidInputError
 from tasks.fsutil import atomic_write_json, fresh_dir
 from tasks.models import get_family
 from tasks.models.export import DTYPES
@@ -40,6 +41,28 @@ def peft_name(m: ModelConfig, name: str) -> str:
     `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`."""
     module, part, _ = name.rsplit(".", 2)
     return f"{PEFT_PREFIX}{get_family(m.family).hf_name(f'{module}.weight').removesuffix('.weight')}.{part}.weight"
+
+
+class PeftAdapter:
+    """A PEFT adapter directory read by our reference names (`Weights`' read: a full tensor or a piece)."""
+
+    def __init__(self, directory: str | Path, m: ModelConfig) -> None:
+        from safetensors import safe_open
+
+        self.path, self.m = Path(directory) / ADAPTER_WEIGHTS, m
+        if not self.path.is_file():
+            raise InvalidInputError(f"{directory}: no {ADAPTER_WEIGHTS}")
+        self.file = safe_open(self.path, "pt")
+        self.keys = set(self.file.keys())
+
+    def read(self, name: str, piece: tuple[int, int, int] | None = None) -> torch.Tensor:
+        key = peft_name(self.m, name)
+        if key not in self.keys:
+            raise InvalidInputError(f"{self.path}: no tensor {key} (for {name}): another adapter shape")
+        if piece is None:
+            return self.file.get_tensor(key)
+        dim, start, end = piece
+        return self.file.get_slice(key)[(slice(None),) * dim + (slice(start, end),)]
 
 
 def adapter_config(m: ModelConfig, lora: LoraConfig, base_model: str) -> dict[str, Any]:

@@ -181,6 +181,10 @@ class Trainer:
             wrapped = apply_lora(module, m, lora, tp, cfg.train.seed)
             if self.rank == 0:
                 log.info("LoRA: rank %d adapters on %d linears of this stage, base frozen", lora.rank, wrapped)
+            if self.resume_from is None:
+                from tasks.lora_runs import load_start_adapter
+
+                load_start_adapter(module, cfg, run, tp)
         with deepspeed_prints_to_debug():
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module,
