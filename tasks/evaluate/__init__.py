@@ -66,6 +66,12 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     if live is not None and live_metrics is None:
         from tasks.run import StartingWeights
 
+        if ((live.config or {}).get("publish", {}).get("lora_export") == "adapter"
+                and (live.config or {}).get("train", {}).get("lora") is not None):
+            raise InvalidInputError(f"evaluate: live v{live.version} is a LoRA adapter published alone "
+                                    "(publish.lora_export: adapter); scoring it on its base is not supported yet: "
+                                    "publish with lora_export both (the merged model is scored) or merged")
+
         weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
                                   url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
         models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
