@@ -69,6 +69,22 @@ def adapter_start(cfg: JobConfig, registry: Registry, base: StartingWeights | No
     return replace(base, requested=requested, trained_on=None, note=f"fresh adapter on {_base_note(base)}")
 
 
+def base_of(cfg: JobConfig, record: VersionRecord, run_base: StartingWeights | None) -> StartingWeights:
+    """The base a LoRA version was trained on (to score it on): this run's base when it is the same weights,
+    else the registry version its config names; a pretrained base that changed since is refused."""
+    if run_base is not None and run_base.digest == record.base_digest:
+        return run_base
+    ref = (record.config or {}).get("model", {}).get("base")
+    if record.base_version is None or not ref:
+        raise InvalidInputError(f"v{record.version} is a LoRA adapter on a base that is not a registry version "
+                                f"and not this run's ({(record.base_digest or 'seeded')[:12]}): it cannot be scored")
+    from tasks.registry import Registry
+
+    base = Registry(cfg.publish.registry_url).get_version(ref["model"], record.base_version)
+    return StartingWeights(requested="base", version=base.version, digest=base.artifact_digest,
+                           url=base.artifact_url, kind=base.artifact_kind, note=f"base {ref['model']} v{base.version}")
+
+
 def _cannot_continue(cfg: JobConfig, record: VersionRecord, base: StartingWeights | None) -> str | None:
     """Why `record`'s adapter cannot be continued on `base` with this config, or None."""
     lora = cfg.train.lora
@@ -97,27 +113,30 @@ def continues_adapter(init: StartingWeights, base: StartingWeights | None) -> bo
 
 def stage_start_adapter(cfg: JobConfig, init: StartingWeights, run_dir: Path) -> Path:
     """Put the continued version's PEFT adapter into the run directory (`start_adapter_dir`, where every rank
-    reads it: megabytes), fetched from the store once; its tree is the adapter, or the merged model with the
-    adapter in `adapter/`."""
+    reads it: megabytes)."""
+    return fetch_adapter(init, WeightSources.of(cfg), start_adapter_dir(run_dir))
+
+
+def fetch_adapter(version: StartingWeights, src: WeightSources, dest: Path) -> Path:
+    """A LoRA version's PEFT adapter directory at `dest`, fetched from the store once (its tree is the adapter,
+    or the merged model with the adapter in `adapter/`: only the adapter's files are fetched)."""
     import shutil
     import tempfile
 
     from tasks.models.lora_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
     from tasks.registry import ArtifactStore
 
-    dest = start_adapter_dir(run_dir)
     if (dest / ADAPTER_CONFIG).is_file():
         return dest
-    assert init.digest is not None
-    src = WeightSources.of(cfg)
+    assert version.digest is not None
     with tempfile.TemporaryDirectory(prefix="retrainer-adapter-") as tmp:
-        log.info("LoRA: fetching the adapter of %s (tree %s)", init.note, init.digest[:12])
+        log.info("LoRA: fetching the adapter of %s (tree %s)", version.note, version.digest[:12])
         files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
         tree = ArtifactStore(src.store_url, src.store_options).get_tree(  # the adapter's files only
-            init.digest, Path(tmp) / "tree", only=(*files, *(f"adapter/{f}" for f in files)))
+            version.digest, Path(tmp) / "tree", only=(*files, *(f"adapter/{f}" for f in files)))
         adapter = tree if (tree / ADAPTER_CONFIG).is_file() else tree / "adapter"
         if not (adapter / ADAPTER_CONFIG).is_file():
-            raise InvalidInputError(f"{init.note}: its artifact holds no {ADAPTER_CONFIG}")
+            raise InvalidInputError(f"{version.note}: its artifact holds no {ADAPTER_CONFIG}")
         with fresh_dir(dest) as staged:
             for file in adapter.iterdir():
                 shutil.copyfile(file, staged / file.name)
@@ -130,22 +149,12 @@ def start_adapter_dir(run_dir: str | Path) -> Path:
 
 
 def load_start_adapter(module: Any, cfg: TrainingJob, run: RunIdentity, tp: TPGroup) -> int:
-    """A fresh run that continues a version's adapter: copy this rank's slice of every adapter tensor it holds
-    from the staged PEFT directory (after `apply_lora`); returns the count (0: a fresh adapter)."""
+    """A fresh run that continues a version's adapter: load this rank's adapter slices from the staged PEFT
+    directory (after `apply_lora`); returns the count (0: a fresh adapter)."""
     if not continues_adapter(run.init, run.base):
         return 0
-    import torch
+    from tasks.models.lora_export import PeftAdapter, load_adapter
 
-    from tasks.models.lora import is_adapter_param
-    from tasks.models.lora_export import PeftAdapter
-    from tasks.models.weights import local_named_params, read_slice
-
-    weights = PeftAdapter(start_adapter_dir(cfg.train.output_dir), cfg.model)
-    count = 0
-    with torch.no_grad():
-        for name, param in local_named_params(module):
-            if is_adapter_param(name):
-                param.copy_(read_slice(weights, cfg.model, name, tp))
-                count += 1
+    count = load_adapter(module, PeftAdapter(start_adapter_dir(cfg.train.output_dir), cfg.model), cfg.model, tp)
     log.info("LoRA: continuing the adapter of %s (%d tensors on this rank)", run.init.note, count)
     return count

@@ -66,15 +66,18 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     if live is not None and live_metrics is None:
         from tasks.run import StartingWeights
 
-        if ((live.config or {}).get("publish", {}).get("lora_export") == "adapter"
-                and (live.config or {}).get("train", {}).get("lora") is not None):
-            raise InvalidInputError(f"evaluate: live v{live.version} is a LoRA adapter published alone "
-                                    "(publish.lora_export: adapter); scoring it on its base is not supported yet: "
-                                    "publish with lora_export both (the merged model is scored) or merged")
-
         weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
                                   url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
-        models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
+        live_lora = (live.config or {}).get("train", {}).get("lora")
+        if live_lora is not None and (live.config or {}).get("publish", {}).get("lora_export") == "adapter":
+            from tasks.lora_runs import base_of
+
+            # An adapter published alone is scored on the base it was trained on (this run's, or its own).
+            base = base_of(cfg, live, run.base)
+            models.append({"name": "live", "weights": dataclasses.asdict(base), "as_dtype": None,
+                           "adapter": dataclasses.asdict(weights), "lora": live_lora})
+        else:
+            models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
     launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
     pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
                "live_version": None if live is None else live.version, "live_cached": live_metrics}

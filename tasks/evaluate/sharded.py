@@ -20,8 +20,9 @@ import torch.distributed as tdist
 from tasks.config import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
+from tasks.models.lora_export import PeftAdapter, load_adapter
 from tasks.models.parallel import TPGroup
-from tasks.models.weights import load_into, round_to
+from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.worker import deepspeed_prints_to_debug
 
 
@@ -29,7 +30,9 @@ class ShardedModel:
     """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
 
     def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
-                 as_dtype: str | None, lora: LoraConfig | None = None) -> None:
+                 as_dtype: str | None, lora: LoraConfig | None = None, adapter: Path | None = None) -> None:
+        """`lora`: the model is the base at `weights` plus adapters, read from `weights` too (a LoRA run's
+        checkpoint) or from the PEFT directory `adapter` (a published adapter)."""
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
@@ -43,9 +46,11 @@ class ShardedModel:
         with deepspeed_prints_to_debug():
             self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
                                          partition_method="type:TransformerBlock")
-        if lora is not None:  # the weights hold adapters: wrap their linears first, then load base and adapters
-            apply_lora(self.module, m, lora, self.tp, seed=0)
         load_into(self.module, weights, m, self.tp)
+        if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
+            apply_lora(self.module, m, lora, self.tp, seed=0)
+            load_adapter(self.module, open_weights(weights, m) if adapter is None else PeftAdapter(adapter, m), m,
+                         self.tp)
         if as_dtype is not None:
             round_to(self.module, as_dtype)
         self.module.eval()

@@ -25,6 +25,7 @@ from tasks.fsutil import atomic_write_json, fresh_dir
 from tasks.models import get_family
 from tasks.models.export import DTYPES
 from tasks.models.lora import adapter_full_shapes, is_adapter_param
+from tasks.models.parallel import TPGroup
 from tasks.models.weights import Weights
 from tasks.safetensors_stream import TensorEntry
 from tasks.safetensors_stream import write as write_safetensors
@@ -63,6 +64,20 @@ class PeftAdapter:
             return self.file.get_tensor(key)
         dim, start, end = piece
         return self.file.get_slice(key)[(slice(None),) * dim + (slice(start, end),)]
+
+
+def load_adapter(module: torch.nn.Module, weights: Weights | PeftAdapter, m: ModelConfig, tp: TPGroup) -> int:
+    """Copy this rank's slice of every adapter tensor `module` holds (after `apply_lora`) from `weights` (a
+    checkpoint, or a PEFT directory); returns the count."""
+    from tasks.models.weights import local_named_params, read_slice
+
+    count = 0
+    with torch.no_grad():
+        for name, param in local_named_params(module):
+            if is_adapter_param(name):
+                param.copy_(read_slice(weights, m, name, tp))  # type: ignore[arg-type]
+                count += 1
+    return count
 
 
 def adapter_config(m: ModelConfig, lora: LoraConfig, base_model: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 A base model B is a registry version (`tiny-base`, trained here once); the LoRA job names it
 (`model.base: {model: tiny-base, alias: production}`) with `train.init_from: live`. Week 1 trains a fresh
-adapter on B (v1); week 2 continues v1's adapter on new data (v2); the operator rolls back to v1; then the
+adapter on B (v1); week 2 continues v1's adapter on new data (v2), the gate scoring live v1 as B + its
+adapter; the operator rolls back to v1; then the
 base itself is retrained (B v2) and the next LoRA run starts a fresh adapter on it, saying so.
 """
 
@@ -32,7 +33,7 @@ def configs(tmp: Path) -> tuple[Path, Path]:
     lora.update(name="tiny-lora")
     lora["model"]["base"] = {"model": "tiny-base", "alias": "production"}
     lora["train"].update(init_from="live", lora=LORA, output_dir=str(tmp / "runs" / "lora"))
-    lora["publish"]["lora_export"] = "both"
+    assert "lora_export" not in lora["publish"]  # the default: the adapter alone, scored on its base by the gate
     lora["cluster"]["master_port"] = free_port()
     paths = tmp / "base.yaml", tmp / "lora.yaml"
     for path, cfg in zip(paths, (base, lora), strict=True):
@@ -79,6 +80,8 @@ def test_weekly_lora_continues_on_its_base_rolls_back_and_restarts_on_a_new_base
     assert week2["run"]["init"]["version"] == 1 and week2["run"]["base"]["digest"] == base_v1["artifact_digest"]
     assert week2["experiment_key"] != week1["experiment_key"]
     assert week2["publish"]["version"] == 2 and week2["publish"]["parent_version"] == 1
+    live = week2["evaluate"]["live"]  # the gate scored live v1 (an adapter alone) as B + its adapter
+    assert live["version"] == 1 and not live["cached"] and live["metrics"]["heldout.loss"] > 0
     assert versions("tiny-lora", tmp_path)[2]["base_digest"] == base_v1["artifact_digest"]
 
     # The operator rolls tiny-lora back to v1, as any version.
