@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
 from tasks.models.parallel import TPGroup
 from tasks.plan import plan, search
 from tests.plan.conftest import make_config
+from tests.plan.test_measured import MODEL as MEASURED
+from tests.plan.test_measured import run_layout
 
 # The demo GPT (d=64, 4 heads, kv 4, ffn 256, 4 layers): 236928 parameters (tests/plan/test_formulas.py).
 DEMO = {"family": "gpt", "vocab_size": 256, "seq_len": 64, "n_layers": 4, "d_model": 64, "n_heads": 4,
@@ -48,3 +54,25 @@ def test_search_finds_smaller_layouts_with_lora() -> None:
     assert search(full, 1, device="gpu") == []
     found = search(lora, 1, device="gpu")
     assert found and found[0].fits and found[0].memory.total < 80 * 1024**3
+
+
+@pytest.mark.multiproc
+def test_a_lora_engine_holds_what_the_plan_predicts(tmp_path: Path) -> None:
+    """tp=2 x dp=2 ZeRO-1 with adapters on every linear: per rank, parameters, weights, gradients (only the
+    adapters') and optimizer states (the adapters' partition) within 2% of the planner (tests/plan's
+    measurement worker)."""
+    layout = {"tp": 2, "pp": 1, "dp": 2, "zero_stage": 1, "micro_batches": 1}
+    cfg = make_config(model=MEASURED, parallel=layout, train={"precision": "fp32", "micro_batch_size": 2,
+                                                              "lora": LORA})
+    predicted = plan(cfg)
+    full = plan(cfg.with_overrides({"train.lora": None}))
+    for r in run_layout(layout, tmp_path / "ranks", model=MEASURED, lora_rank=LORA["rank"]):
+        stage, where = predicted.stages[r["stage"]], f"rank {r['rank']}"
+        assert r["params"] == stage["params"], where
+        mem = r["memory"]
+        for term, measured in (("weights", mem["at_inner_step"]["weights"]),
+                               ("gradients", mem["after_backward"]["gradients"]),
+                               ("optimizer_states", mem["at_inner_step"]["optimizer_states"])):
+            assert abs(measured - stage[term]) <= 0.02 * stage[term], f"{where}: {term} {measured} vs {stage[term]}"
+            if term != "weights":  # what LoRA saves: the base's gradients and optimizer states
+                assert measured < 0.5 * full.stages[r["stage"]][term], term
