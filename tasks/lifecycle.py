@@ -268,18 +268,20 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Lau
     from tasks.launch import Launch, get_launcher
 
     run_cfg = cfg.with_overrides({"train.output_dir": str(run.run_dir(cfg))})
+    # A LoRA run that continues a version's adapter starts from the base's weights (and the staged adapter).
+    start = run.base if stage_continued_adapter(cfg, run) else run.init
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
-    init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
-                 else fetch_starting_weights(cfg, run.init if not lora_continues(cfg, run) else run.base))
+    init_path = (weights_path(start, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
+                 else fetch_starting_weights(cfg, start))
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(run_cfg, Path(warm["dataset_dir"]), run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
 
 
-def lora_continues(cfg: JobConfig, run: RunIdentity) -> bool:
-    """Whether a LoRA run continues a version's adapter; then the ranks load the base as starting weights and
-    the adapter from the run directory (tasks/lora_runs.py), staged here."""
+def stage_continued_adapter(cfg: JobConfig, run: RunIdentity) -> bool:
+    """Whether a LoRA run continues a version's adapter; if so, stage that adapter in the run directory, where
+    the ranks read it after loading the base as their starting weights (tasks/lora_runs.py)."""
     from tasks.launch import get_launcher
     from tasks.lora_runs import continues_adapter, stage_start_adapter
 

@@ -54,7 +54,7 @@ def adapter_start(cfg: JobConfig, registry: Registry, base: StartingWeights | No
     if requested not in ("scratch", "pretrained", "live") and not requested.startswith("version:"):
         raise InvalidInputError(f"train.init_from {requested!r}: a LoRA run starts from its base (model.base or "
                                 "model.pretrained) or continues a version's adapter (live, version:N)")
-    if requested in ("live",) or requested.startswith("version:"):
+    if requested == "live" or requested.startswith("version:"):
         start = resolve_starting_weights(cfg, registry)
         if start.version is not None:
             record = registry.get_version(cfg.publish.model_name, start.version)
@@ -108,7 +108,7 @@ def _base_note(base: StartingWeights | None) -> str:
 
 def continues_adapter(init: StartingWeights, base: StartingWeights | None) -> bool:
     """Whether a LoRA run's starting point is a version's adapter (else its init is the base itself)."""
-    return init.version is not None and (base is None or init.digest != base.digest)
+    return base is not None and init.version is not None and init.digest != base.digest
 
 
 def stage_start_adapter(cfg: JobConfig, init: StartingWeights, run_dir: Path) -> Path:

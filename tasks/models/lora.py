@@ -141,7 +141,7 @@ def apply_lora(module: nn.Module, m: ModelConfig, lora: LoraConfig, tp: TPGroup,
     for p in module.parameters():
         p.requires_grad_(False)
     wrapped = 0
-    for layer in [x for x in module.modules() if BLOCK.fullmatch(f"{getattr(x, 'ref_prefix', '')}.x")]:
+    for layer in [x for x in module.modules() if str(getattr(x, "ref_prefix", "")).startswith("blocks.")]:
         for rel in relatives:
             parent_name, attr = rel.rsplit(".", 1) if "." in rel else ("", rel)
             parent = layer.get_submodule(parent_name)
