@@ -257,10 +257,19 @@ def plan(
     dp, zero = p.dp, p.zero_stage
     cpu = on_cpu(device)
 
+    adapter = 0
+    if t.lora is not None:
+        from tasks.models.lora import adapter_params_per_block  # the family's shard rules (torch)
+
+        adapter = adapter_params_per_block(m, t.lora, p.tp)
+
     def stage_memory(st: Stage) -> dict[str, int]:
-        n = st.params(counts)
+        # With train.lora the base is frozen (weights only, in the training dtype) and only the stage's
+        # adapters have gradients and optimizer states (ZeRO as configured).
+        held = st.params(counts) + st.blocks * adapter
+        n = held if t.lora is None else st.blocks * adapter  # trained parameters
         shard = -(-n // dp)  # ZeRO pads partitions to equal size
-        weights = n * b.weight if zero < 3 else shard * b.weight
+        weights = held * b.weight if zero < 3 else -(-held // dp) * b.weight
         # ZeRO-0/1 hold full gradients until the reduction (measured: DeepSpeed 0.19 ZeRO-1 all-reduces
         # the full gradients, then keeps its shard); ZeRO-2/3 keep only their shard (plus the bucket).
         grads = n * b.grad if zero < 2 else shard * b.grad
@@ -285,7 +294,8 @@ def plan(
             "blocks": st.blocks,
             "has_embedding": st.has_embedding,
             "has_head": st.has_head,
-            "params": n,
+            "params": held,
+            "trained_params": n,
             "weights": weights,
             "gradients": grads,
             "optimizer_states": optim,
@@ -402,7 +412,7 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     flops_gpu = flops / p.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
 
-    grads_payload, gather_payload = _dp_payload(busiest["params"], b, p.zero_stage, p.micro_batches, p.dp)
+    grads_payload, gather_payload = _dp_payload(busiest["trained_params"], b, p.zero_stage, p.micro_batches, p.dp)
     ring = (p.dp - 1) / p.dp
     # Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload;
     # all-gather (N-1) x the shard each rank contributes.

@@ -180,6 +180,16 @@ class Trainer:
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
                 log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
+        if (lora := cfg.train.lora) is not None:  # after the base weights, before the optimizer sees requires_grad
+            from tasks.models.lora import apply_lora
+
+            wrapped = apply_lora(module, m, lora, tp, cfg.train.seed)
+            if self.rank == 0:
+                log.info("LoRA: rank %d adapters on %d linears of this stage, base frozen", lora.rank, wrapped)
+            if self.resume_from is None:
+                from tasks.warm.adapter import load_start_adapter
+
+                load_start_adapter(module, cfg, run, tp)
         import_muon_uncompiled()
         with deepspeed_prints_to_debug():
             self.engine, _, _, _ = deepspeed.initialize(

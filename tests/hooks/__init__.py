@@ -11,6 +11,8 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_SAMPLE_LOG=PATH`: each rank appends, per step, the window indices of each of its micro-batches to
   PATH.rank<RANK> (JSON lines: step, dp_rank, dp, micro_batches);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
+- `HOOK_OPTIMIZER_PARAMS=DIR`: every rank records which parameters its engine's optimizer holds (tests/hooks/
+  optimizer.py);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
   `HOOK_PUBLISH_RELEASE` exists (or forever);

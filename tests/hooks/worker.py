@@ -106,6 +106,17 @@ def install() -> None:
 
         async_save.write_file = failing_write
 
+    if directory := os.environ.get("HOOK_OPTIMIZER_PARAMS"):
+        from tests.hooks.optimizer import record
+
+        product_init = worker.Trainer.__init__
+
+        def init(self, *args, **kwargs):
+            product_init(self, *args, **kwargs)
+            record(self, directory)
+
+        worker.Trainer.__init__ = init
+
     if os.environ.get("HOOK_REWORD_LOGS"):
         class Reword(logging.Filter):
             def filter(self, record: logging.LogRecord) -> bool:
