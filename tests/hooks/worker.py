@@ -42,10 +42,12 @@ def install() -> None:
 
     if delay := float(os.environ.get("HOOK_STEP_DELAY_S") or 0):
         product_report = worker.Trainer.report
+        models = set(filter(None, os.environ.get("HOOK_STEP_DELAY_MODELS", "").split(",")))
 
         def report(self, state, at_step, loss):
             product_report(self, state, at_step, loss)
-            if state == "training" and at_step == step["now"]:  # after a step, not the resume point
+            if (state == "training" and at_step == step["now"]  # after a step, not the resume point
+                    and (not models or self.cfg.name in models)):
                 time.sleep(delay)
 
         worker.Trainer.report = report
