@@ -60,14 +60,14 @@ Mutate = Callable[[dict[str, Any]], None]
 @dataclass(frozen=True)
 class Tenant:
     """One test module's share of the standalone: its models (name -> how the module changes the test config),
-    the DAGs it needs parsed, its pools (besides the README's), the test-hook environment its runs need
-    (tests/hooks, installed in every process of the standalone once any tenant asks), and whether its models
-    train on the session's Slurm."""
+    the DAGs it needs parsed, its pools (besides the README's), whether its runs need the test hooks (tests/hooks,
+    then installed in every process of the standalone, their step delay set per model: `set_step_delay`), and
+    whether its models train on the session's Slurm."""
 
     models: dict[str, Mutate | None]
     dag_ids: tuple[str, ...]
     pools: dict[str, int] = field(default_factory=dict)
-    hook_env: dict[str, str] = field(default_factory=dict)
+    hooks: bool = False
     slurm: bool = False
 
 
@@ -125,6 +125,13 @@ class Standalone:
     def model_home(self, model: str) -> Path:
         """Where `model`'s data, runs, cache, registry database and store live."""
         return self.home / model
+
+    def set_step_delay(self, model: str, seconds: float) -> None:
+        """From their next step on, the ranks training `model` sleep `seconds` after each (tests/hooks)."""
+        delays = Path(self.env["HOOK_STEP_DELAY_DIR"])
+        staged = delays / f".{model}"
+        staged.write_text(str(seconds))
+        staged.replace(delays / model)  # whole, never half-written under a reading rank
 
     @property
     def auth(self) -> dict[str, str]:
@@ -250,23 +257,23 @@ def running_standalone(home: Path, tenants: list[Tenant], env: dict[str, str]) -
 
     config_dir = home / "configs"
     pools: dict[str, int] = {}
-    hook_env: dict[str, str] = {}
     for tenant in tenants:
         for name, mutate in tenant.models.items():
             assert not (config_dir / f"{name}.yaml").exists(), f"two tenants name the model {name}"
             write_test_config(config_dir, home / name, name, mutate)
             make_data(str(home / name / "store" / "data"), name="tiny-llama", n_train_shards=2,
                       tokens_per_shard=16384)
-        for key, value in (*tenant.pools.items(), *tenant.hook_env.items()):
-            assert {**pools, **hook_env}.get(key, value) == value, f"tenants disagree on {key}"
-        pools.update(tenant.pools)
-        hook_env.update(tenant.hook_env)
+        for name, slots in tenant.pools.items():
+            assert pools.setdefault(name, slots) == slots, f"tenants disagree on pool {name}"
     python_path = [str(ROOT), os.environ.get("PYTHONPATH")]
-    if hook_env:  # every process imports tests.hooks: the checkout is on the path too
+    hook_env: dict[str, str] = {}
+    if any(t.hooks for t in tenants):  # every process imports tests.hooks: the checkout is on the path too
         site = home / "site"
         site.mkdir()
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         python_path.insert(0, str(site))
+        hook_env["HOOK_STEP_DELAY_DIR"] = str(home / "step-delays")
+        (home / "step-delays").mkdir()
     port = free_port()
     env = {
         **_bare_environment(),

@@ -12,7 +12,8 @@ holds one job at a time.
    in the same try. The second one's task process is SIGKILLed mid-training: the retry cancels the job
    it left and resumes from the checkpoint. Each run publishes exactly one version.
 The ranks of these two models sleep a little after each step (tests/hooks, installed in every process of the
-standalone by its sitecustomize) so there is a mid-training to act in.
+standalone by its sitecustomize) so there is a mid-training to act in; once the act is done, the rest of the
+job runs at full speed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.multiproc
 
 HIGH, LOW = "slurm-llama", "slurm-llama-attached"
 STEPS = 30
+STEP_DELAY_S = 2
 POOL = "training-slurm"
 
 
@@ -41,7 +43,7 @@ def _on_slurm(name: str, priority: int):
     """The test config of model `name` on Slurm, in the pool."""
     def mutate(cfg: dict[str, Any]) -> None:
         cfg["schedule"] = {"cron": None, "priority": priority}
-        # Long enough (2 s a step) to outlive a restart of every Airflow component, and for a retry to find
+        # Long enough (STEP_DELAY_S a step) to outlive a stop of every Airflow component, and for a retry to find
         # the job its SIGKILLed try left still running.
         cfg["train"].update(steps=STEPS, checkpoint_every=2)
         cfg["cluster"].update(launcher="slurm", gpus_per_node=2, hang_timeout_s=300,
@@ -52,8 +54,7 @@ def _on_slurm(name: str, priority: int):
 
 
 TENANT = Tenant(models={HIGH: _on_slurm(HIGH, 10), LOW: _on_slurm(LOW, 1)},
-                dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}"), pools={POOL: 2}, slurm=True,
-                hook_env={"HOOK_STEP_DELAY_S": "2", "HOOK_STEP_DELAY_MODELS": f"{HIGH},{LOW}"})
+                dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}"), pools={POOL: 2}, slurm=True, hooks=True)
 
 
 def _ti(sa: Standalone, name: str, run_id: str, task_id: str) -> dict:
@@ -127,6 +128,7 @@ def _versions(sa: Standalone, name: str) -> list:
 def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
         standalone: Standalone, slurm_cluster: SlurmCluster) -> None:
     sa = standalone
+    sa.set_step_delay(HIGH, STEP_DELAY_S)
     run_id = _trigger(sa, HIGH)
     _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)
     run_dir = _run_dir(sa, HIGH)
@@ -136,6 +138,7 @@ def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
     sa.stop()  # scheduler, triggerer, workers: all gone while the job trains
     assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING"), "the job must not depend on Airflow"
     sa.start()
+    sa.set_step_delay(HIGH, 0)  # the job outlived the stop: the rest of it may run at full speed
 
     run = sa.wait_run(f"retrain_{HIGH}", run_id, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", run_id, "train")
@@ -157,6 +160,7 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     for name in (HIGH, LOW):  # this week's data for both models
         make_data(str(sa.model_home(name) / "store" / "data"), name="tiny-llama", n_train_shards=2,
                   tokens_per_shard=16384, seed=7)
+        sa.set_step_delay(name, STEP_DELAY_S)
     before = {name: len(_versions(sa, name)) for name in (HIGH, LOW)}
 
     def pool(slots: int) -> None:
@@ -177,6 +181,7 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     _wait("high's step-2 checkpoint", lambda: _committed(high_dir, 2), sa)
     first_job = (high_dir / "slurm-job-id").read_text().strip()
     slurm_cluster.run("scancel", first_job)  # the cluster takes the job away (stands in for preemption)
+    sa.set_step_delay(HIGH, 0)  # its next job may run at full speed
 
     # The lower priority runs after it; its task process is SIGKILLed mid-training (no cleanup runs).
     _wait("low trains", lambda: _state(sa, LOW, low_run, "train") == "running", sa)
@@ -184,6 +189,9 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     _wait("low's step-2 checkpoint", lambda: _committed(low_dir, 2), sa)
     orphan = (low_dir / "slurm-job-id").read_text().strip()
     os.kill(_ti(sa, LOW, low_run, "train")["pid"], signal.SIGKILL)
+    _wait("the retry cancels the job the killed try left",
+          lambda: _slurm_state(slurm_cluster, orphan) not in ("PENDING", "RUNNING"), sa)
+    sa.set_step_delay(LOW, 0)  # the retry's own job may run at full speed
 
     run = sa.wait_run(f"retrain_{HIGH}", high_run, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", high_run, "train")
@@ -215,6 +223,7 @@ def test_marking_a_deferred_training_failed_cancels_its_job(standalone: Standalo
     sa = standalone
     make_data(str(sa.model_home(HIGH) / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
               seed=11)
+    sa.set_step_delay(HIGH, STEP_DELAY_S)
     live_before = [v.version for v in _versions(sa, HIGH)]
     run_id = _trigger(sa, HIGH)
     _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)

@@ -6,6 +6,7 @@ import copy
 import logging
 import os
 import time
+from pathlib import Path
 
 from tasks.train import async_save, telemetry, worker
 from tasks.train import checkpoint as ck
@@ -40,15 +41,15 @@ def install() -> None:
 
         worker.get_family = get_family
 
-    if delay := float(os.environ.get("HOOK_STEP_DELAY_S") or 0):
+    delay = float(os.environ.get("HOOK_STEP_DELAY_S") or 0)
+    delays = os.environ.get("HOOK_STEP_DELAY_DIR")
+    if delay or delays:
         product_report = worker.Trainer.report
-        models = set(filter(None, os.environ.get("HOOK_STEP_DELAY_MODELS", "").split(",")))
 
         def report(self, state, at_step, loss):
             product_report(self, state, at_step, loss)
-            if (state == "training" and at_step == step["now"]  # after a step, not the resume point
-                    and (not models or self.cfg.name in models)):
-                time.sleep(delay)
+            if state == "training" and at_step == step["now"]:  # after a step, not the resume point
+                time.sleep(_model_delay_s(delays, self.cfg.name) if delays else delay)
 
         worker.Trainer.report = report
 
@@ -95,6 +96,14 @@ def install() -> None:
 
         for logger in (worker.log, telemetry.log):
             logger.addFilter(Reword())
+
+
+def _model_delay_s(delays: str, model: str) -> float:
+    """The seconds in `<delays>/<model>`, read at every step (the test changes it mid-run); none: 0."""
+    try:
+        return float(Path(delays, model).read_text())
+    except FileNotFoundError:
+        return 0.0
 
 
 if __name__ == "__main__":
