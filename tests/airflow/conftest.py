@@ -11,8 +11,8 @@ process group is stopped at the end.
 
 Several models share one config folder, as the product allows: each module using the standalone declares
 its `TENANT` (its models, each a shrunk copy of the demo config changed by the module, with its own data,
-runs, registry and store under `home/<model>/`; the DAGs it needs; its pools and test-hook environment; and
-whether its models train on Slurm). All are written before the one standalone starts (a start costs a
+runs, registry and store under `home/<model>/`; the DAGs it needs; its pools; whether it needs the test hooks;
+and whether its models train on Slurm). All are written before the one standalone starts (a start costs a
 database migration, pools, the boot and a DAG parse), and the modules using it run last in the package, so
 it idles beside no other test and is stopped when the package ends.
 """
@@ -71,7 +71,7 @@ class Tenant:
     slurm: bool = False
 
 
-def write_test_config(config_dir: Path, model_home: Path, name: str, mutate: Mutate | None = None) -> Path:
+def write_test_config(config_dir: Path, model_home: Path, name: str, mutate: Mutate | None = None) -> None:
     """The demo config as model `name`, shrunk for CPU CI: a few steps, warm-up off so more steps always means
     lower loss; its data, runs, cache, registry and store under `model_home`. `mutate` changes the document
     further (a test module's own settings) before it is written."""
@@ -89,9 +89,7 @@ def write_test_config(config_dir: Path, model_home: Path, name: str, mutate: Mut
     if mutate is not None:
         mutate(cfg)
     config_dir.mkdir(parents=True, exist_ok=True)
-    path = config_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    (config_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
 
 
 @dataclass
