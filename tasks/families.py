@@ -27,7 +27,7 @@ FAMILIES: dict[str, str] = {
 }
 # ModelConfig fields every family has (sizes, where the model comes from): not options.
 NOT_OPTIONS = frozenset({"vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "family",
-                         "pretrained", "pretrained_storage_options"})
+                         "pretrained", "pretrained_storage_options", "base"})
 _ROTARY = ("rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim")
 _GEMMA = (*_ROTARY, "sliding_window", "sliding_window_pattern", "query_pre_attn_scalar", "attn_logit_softcapping",
           "final_logit_softcapping")
