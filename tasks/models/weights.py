@@ -23,7 +23,7 @@ from torch import nn
 
 from tasks.config import LoraConfig, ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.model_files import DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
+from tasks.model_files import CHECKPOINT_BASE_FILE, DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common import no_default_init
@@ -55,7 +55,9 @@ def layer_prefix(index: int, n_layers: int) -> str:
 
 class CheckpointWeights:
     """A committed checkpoint's weights from DeepSpeed's layer files (`layer_LL-model_TT-model_states.pt`,
-    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read."""
+    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read.
+    A LoRA run's checkpoint holds only the adapters: its frozen base tensors are read from the base weights
+    its `CHECKPOINT_BASE_FILE` names, so every reader sees the whole model."""
 
     def __init__(self, directory: str | Path, m: ModelConfig) -> None:
         self.dir, self.m = Path(directory), m
@@ -67,6 +69,7 @@ class CheckpointWeights:
         if not self.files:
             raise InvalidInputError(f"{self.dir}: no DeepSpeed layer files (layer_*-model_states.pt) in checkpoint")
         self.layer_of = {f"{layer_prefix(i, m.n_layers)}.": i for i in self.files}
+        self.base = _checkpoint_base(self.dir, m)
         self._cached: tuple[int, dict[str, torch.Tensor]] | None = None  # readers go layer by layer
 
     def layer(self, index: int) -> dict[str, torch.Tensor]:
@@ -79,8 +82,13 @@ class CheckpointWeights:
         pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
         prefix = layer_prefix(index, self.m.n_layers)
         names = pieces[min(pieces)].keys()
-        return {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
-                for n in names}
+        joined = {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+                  for n in names}
+        if self.base is not None:  # the frozen tensors this adapter-only checkpoint left out
+            for name in get_family(self.m.family).full_shapes(self.m):
+                if name.startswith(f"{prefix}.") and name not in joined:
+                    joined[name] = self.base.read(name)
+        return joined
 
     def layers(self) -> list[int]:
         return sorted(self.files)
@@ -93,6 +101,21 @@ class CheckpointWeights:
         if prefix is None:
             raise InvalidInputError(f"{self.dir}: checkpoint has no tensor {name}")
         return _cut(self.layer(self.layer_of[prefix])[name], piece)
+
+
+def _checkpoint_base(directory: Path, m: ModelConfig) -> Weights | None:
+    """The base weights an adapter-only checkpoint names (None for a checkpoint of the whole model)."""
+    path = directory / CHECKPOINT_BASE_FILE
+    if not path.is_file():
+        return None
+    try:
+        base = Path(json.loads(path.read_text())["path"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError(f"{path}: malformed ({exc})") from None
+    if not base.exists():
+        raise InvalidInputError(f"{path}: the checkpoint's base weights {base} are not on this machine (the "
+                                "checkpoint holds only the LoRA adapters; fetch the run's starting weights there)")
+    return open_weights(base, m)
 
 
 class HFWeights:
