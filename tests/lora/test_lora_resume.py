@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tasks.launch import train
-from tasks.model_files import LEGACY_FILE
 from tasks.models import get_family
 from tasks.models.lora import adapter_full_shapes
-from tasks.models.weights import local_named_params, open_weights, weights_digest
+from tasks.models.weights import open_weights, weights_digest
 from tasks.train import checkpoint as ck
+from tests.checkpoints import write_base_weights
 from tests.train.conftest import tiny_config, write_dataset
 from tests.train.test_faults import _children, _rank_of, _reap, _start, _wait_for
 
@@ -30,17 +30,9 @@ EXPERIMENT = {"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 3, "
               "train.lora": {"rank": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["qkv", "fc2"]}}
 
 
-def write_base(cfg, path: Path) -> Path:
-    """Base weights for the LoRA runs: a seeded model of the config, as a legacy single file."""
-    model = get_family(cfg.model.family).Reference(cfg.model, seed=3)
-    path.mkdir(parents=True)
-    torch.save({n: p.detach().clone() for n, p in local_named_params(model)}, path / LEGACY_FILE)
-    return path / LEGACY_FILE
-
-
 def test_sigkill_then_resume_of_a_lora_run_is_bitwise_exact(tmp_path: Path, hooked, monkeypatch) -> None:
     dataset = write_dataset(tmp_path / "dataset")
-    base = write_base(tiny_config(tmp_path, EXPERIMENT), tmp_path / "base")
+    base = write_base_weights(tiny_config(tmp_path, EXPERIMENT).model, tmp_path / "base")
     straight = train(tiny_config(tmp_path, EXPERIMENT, out="straight"), dataset, init_path=base)
 
     cfg = tiny_config(tmp_path, EXPERIMENT, out="killed")
