@@ -95,15 +95,11 @@ def refusal(m: ModelConfig) -> str | None:
 
 
 def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
-    """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has),
-    or tied embeddings (DeepSpeed all-reduces a tied weight's gradient between its stages, and a frozen one
-    has none); None when it can."""
+    """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has);
+    None when it can. A tied embedding is frozen base weight like any other (tasks/train/pipeline.py)."""
     known = LORA_TARGETS[m.family]
     unknown = [n for n in target_modules if n not in known]
     if unknown:
         return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
                 f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
-    if m.tie_embeddings:
-        return ("train.lora with model.tie_embeddings is not supported yet (the tied embedding is frozen and "
-                "DeepSpeed reduces its gradient); untie it or train in full")
     return None

@@ -15,5 +15,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 # Generation defaults (sampling settings, special token ids), kept whole from the model a run started from.
 GENERATION_CONFIG = "generation_config.json"
+# In a LoRA run's checkpoint (adapters and their optimizer states only): where its frozen base weights are,
+# the run's starting weights (pinned by digest in the run identity); readers take the base tensors from there.
+CHECKPOINT_BASE_FILE = "base_weights.json"
 # Export dtypes as the config names them -> torch's attribute names.
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}

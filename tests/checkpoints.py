@@ -14,6 +14,17 @@ def reference_state(m: ModelConfig, seed: int = 0) -> dict:
     return get_family(m.family).Reference(m, seed).state_dict()
 
 
+def write_base_weights(m: ModelConfig, directory: Path, seed: int = 3) -> Path:
+    """Base weights for a LoRA run to start from (seeded, as a legacy single file); returns the file."""
+    import torch
+
+    from tasks.model_files import LEGACY_FILE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(reference_state(m, seed), directory / LEGACY_FILE)
+    return directory / LEGACY_FILE
+
+
 def write_layer_files(ckpt: Path, m: ModelConfig, state: dict) -> dict:
     """DeepSpeed's per-layer files (`layer_LL-model_00-model_states.pt`, as tp=1 writes them) holding `state`
     (reference names); returns `state`."""

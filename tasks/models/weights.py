@@ -23,7 +23,7 @@ from torch import nn
 
 from tasks.config import LoraConfig, ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.model_files import DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
+from tasks.model_files import CHECKPOINT_BASE_FILE, DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common import no_default_init
@@ -55,7 +55,9 @@ def layer_prefix(index: int, n_layers: int) -> str:
 
 class CheckpointWeights:
     """A committed checkpoint's weights from DeepSpeed's layer files (`layer_LL-model_TT-model_states.pt`,
-    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read."""
+    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read.
+    A LoRA run's checkpoint holds only the adapters: its frozen base tensors are read from the base weights
+    its `CHECKPOINT_BASE_FILE` names, so every reader sees the whole model."""
 
     def __init__(self, directory: str | Path, m: ModelConfig) -> None:
         self.dir, self.m = Path(directory), m
@@ -67,20 +69,45 @@ class CheckpointWeights:
         if not self.files:
             raise InvalidInputError(f"{self.dir}: no DeepSpeed layer files (layer_*-model_states.pt) in checkpoint")
         self.layer_of = {f"{layer_prefix(i, m.n_layers)}.": i for i in self.files}
+        self._base: Weights | None = None  # opened on the first frozen tensor asked for (never, for the adapters)
         self._cached: tuple[int, dict[str, torch.Tensor]] | None = None  # readers go layer by layer
 
     def layer(self, index: int) -> dict[str, torch.Tensor]:
-        """Full (TP-joined) tensors of one pipeline layer, by reference name."""
+        """Full (TP-joined) tensors of one pipeline layer, by reference name (an adapter-only checkpoint's
+        frozen ones from its base)."""
+        layer = dict(self._saved(index))
+        if (self.dir / CHECKPOINT_BASE_FILE).is_file():
+            prefix = f"{layer_prefix(index, self.m.n_layers)}."
+            for name in get_family(self.m.family).full_shapes(self.m):
+                if name.startswith(prefix) and name not in layer:
+                    layer[name] = self.base().read(name)
+        return layer
+
+    def _saved(self, index: int) -> dict[str, torch.Tensor]:
+        """The TP-joined tensors of one pipeline layer that its files hold."""
         if self._cached is None or self._cached[0] != index:
-            self._cached = (index, self._join(index))
+            pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
+            prefix = layer_prefix(index, self.m.n_layers)
+            names = pieces[min(pieces)].keys()
+            self._cached = (index, {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}",
+                                                                      [p[n] for p in pieces.values()])
+                                    for n in names})
         return self._cached[1]
 
-    def _join(self, index: int) -> dict[str, torch.Tensor]:
-        pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
-        prefix = layer_prefix(index, self.m.n_layers)
-        names = pieces[min(pieces)].keys()
-        return {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
-                for n in names}
+    def base(self) -> Weights:
+        """The base weights an adapter-only checkpoint names in its `CHECKPOINT_BASE_FILE`."""
+        if self._base is None:
+            path = self.dir / CHECKPOINT_BASE_FILE
+            try:
+                base = Path(json.loads(path.read_text())["path"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidInputError(f"{path}: malformed ({exc})") from None
+            if not base.exists():
+                raise InvalidInputError(f"{path}: the checkpoint's base weights {base} are not on this machine "
+                                        "(the checkpoint holds only the LoRA adapters; fetch the run's starting "
+                                        "weights there)")
+            self._base = open_weights(base, self.m)
+        return self._base
 
     def layers(self) -> list[int]:
         return sorted(self.files)
@@ -92,7 +119,10 @@ class CheckpointWeights:
         prefix = next((p for p in self.layer_of if name.startswith(p)), None)
         if prefix is None:
             raise InvalidInputError(f"{self.dir}: checkpoint has no tensor {name}")
-        return _cut(self.layer(self.layer_of[prefix])[name], piece)
+        saved = self._saved(self.layer_of[prefix])
+        if name not in saved and (self.dir / CHECKPOINT_BASE_FILE).is_file():
+            return self.base().read(name, piece)  # a frozen tensor, read (and sliced) where the base is
+        return _cut(saved[name], piece)
 
 
 class HFWeights:

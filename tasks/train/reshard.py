@@ -27,6 +27,7 @@ from deepspeed.checkpoint.constants import (
 )
 
 from tasks.errors import InvalidInputError
+from tasks.model_files import CHECKPOINT_BASE_FILE
 from tasks.train import checkpoint as ck
 
 
@@ -70,12 +71,13 @@ def rank_files(engine: Any, ckpt_root: Path, tag: str, available: list[str], old
     """The names (of `available`, the tag's files) this rank loads on resume: its stage's layer files and the
     engine's model-state files (DeepSpeed lists them by pattern and picks its own), its ZeRO partition
     file(s) (at another dp: the old ones overlapping its new share) and its per-rank state (at another dp
-    only rank 0 reads one: the losses so far)."""
+    only rank 0 reads one: the losses so far); with them, an adapter-only checkpoint's note of where its
+    base is, so the checkpoint reads whole there too."""
     module, resharded = engine.module, old_dp != engine.dp_world_size
     layers = tuple(f"layer_{i + module._local_start:02d}-" for i, f in enumerate(module.forward_funcs)
                    if hasattr(f, "load_state_dict"))
     wanted = {n for n in available if n.startswith(layers) or (n.startswith("mp_rank_") and n.endswith(
-        "_model_states.pt"))}
+        "_model_states.pt")) or n == CHECKPOINT_BASE_FILE}
     if engine.zero_optimization():
         own = tdist.get_rank(group=engine.optimizer.dp_process_group)
         dp_ranks = old_zero_ranks(engine, old_dp) if resharded else [own]

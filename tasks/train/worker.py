@@ -36,6 +36,7 @@ from tasks.config import TrainingJob
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
 from tasks.job_status import State, Status, log_for_relay, now, write_status
+from tasks.model_files import CHECKPOINT_BASE_FILE
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
@@ -123,8 +124,9 @@ class Trainer:
     def __init__(self, cfg: TrainingJob, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None,
                  export: dict[str, Any] | None = None) -> None:
         import deepspeed
-        from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+        from tasks.train.pipeline import TrainingPipeline
 
         self.cfg, self.run_identity, self.export = cfg, run, export
         p, m = cfg.parallel, cfg.model
@@ -165,7 +167,7 @@ class Trainer:
 
         self.family = get_family(m.family)
         with deepspeed_prints_to_debug(), no_default_init():  # each layer fills its own weights
-            module = PipelineModule(
+            module = TrainingPipeline(
                 # No seeded draw when the weights are loaded next (a resume, starting weights): at 70B it is
                 # minutes of random numbers and a full-size transient tensor per parameter on every rank.
                 layers=self.family.pipeline_layers(
@@ -175,7 +177,10 @@ class Trainer:
                 partition_method="type:TransformerBlock",
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
             )
-        if self.resume_from is None and init_path is not None:
+        # A LoRA run on starting weights checkpoints only what trains (adapters, their optimizer states): its
+        # frozen base is those starting weights, pinned by digest in the run identity, loaded on resume too.
+        self.base_path = init_path if cfg.train.lora is not None else None
+        if init_path is not None and (self.resume_from is None or self.base_path is not None):
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
@@ -220,7 +225,8 @@ class Trainer:
         tag = ck.tag_for(step)
         tmp = root / f"tmp-{tag}"
         try:  # writes only DeepSpeed's small recovery scripts; the state goes to host memory
-            self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False)
+            self.engine.save_checkpoint(str(root), tag=tmp.name, save_latest=False,
+                                        exclude_frozen_parameters=self.base_path is not None)
         except OSError as exc:
             raise TrainingFailedError(f"checkpoint {tag} failed on rank {self.rank}: {exc}") from exc
         files = self.snapshot.take()
@@ -248,6 +254,8 @@ class Trainer:
             for path, data in files:
                 async_save.write_file(path, data)
             atomic_write_bytes(ck.rank_file(root / f"tmp-{tag}", self.rank), state)
+            if self.base_path is not None and (self.rank == 0 or (self.node_local and self.leader)):
+                atomic_write_json(root / f"tmp-{tag}" / CHECKPOINT_BASE_FILE, {"path": str(self.base_path.resolve())})
         except Exception as exc:  # reported to every rank by _agree, raised on the training thread
             error = f"writing {root / f'tmp-{tag}'}: {type(exc).__name__}: {exc}"
         self._agree(error, f"{tag} write")
@@ -362,7 +370,8 @@ class Trainer:
         if self.mirror is not None:
             self._fetch_rank_files(tag, old_dp)
         load_path, _ = self.engine.load_checkpoint(
-            str(root), tag=tag, load_optimizer_states=not (resharded and zero), load_lr_scheduler_states=True
+            str(root), tag=tag, load_optimizer_states=not (resharded and zero), load_lr_scheduler_states=True,
+            load_module_strict=self.base_path is None,  # adapter-only: the base is already in place
         )
         if load_path is None:
             raise InvalidInputError(f"{root / tag}: DeepSpeed could not load the checkpoint")

@@ -111,6 +111,15 @@ def continues_adapter(init: StartingWeights, base: StartingWeights | None) -> bo
     return base is not None and init.version is not None and init.digest != base.digest
 
 
+def weights_to_load(cfg: JobConfig | TrainingJob, run: RunIdentity) -> StartingWeights:
+    """The weights the ranks load at a fresh start: a LoRA run continuing a version's adapter loads its base
+    (the adapter comes beside it, `start_adapter_dir`); any other run its starting weights."""
+    if cfg.train.lora is not None and continues_adapter(run.init, run.base):
+        assert run.base is not None
+        return run.base
+    return run.init
+
+
 def stage_start_adapter(cfg: JobConfig, init: StartingWeights, run_dir: Path) -> Path:
     """Put the continued version's PEFT adapter into the run directory (`start_adapter_dir`, where every rank
     reads it: megabytes)."""
@@ -137,9 +146,13 @@ def fetch_adapter(version: StartingWeights, src: WeightSources, dest: Path) -> P
         adapter = tree if (tree / ADAPTER_CONFIG).is_file() else tree / "adapter"
         if not (adapter / ADAPTER_CONFIG).is_file():
             raise InvalidInputError(f"{version.note}: its artifact holds no {ADAPTER_CONFIG}")
-        with fresh_dir(dest) as staged:
-            for file in adapter.iterdir():
-                shutil.copyfile(file, staged / file.name)
+        try:
+            with fresh_dir(dest) as staged:
+                for file in adapter.iterdir():
+                    shutil.copyfile(file, staged / file.name)
+        except InvalidInputError:  # another node's warm put it into a shared run directory first
+            if not (dest / ADAPTER_CONFIG).is_file():
+                raise
     return dest
 
 

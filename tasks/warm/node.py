@@ -1,5 +1,5 @@
 """Warm on a training node: the datasets (the primary and any `data.replay` sources) and the starting
-weights onto the node's own `data.cache_dir`.
+weights onto the node's own `data.cache_dir` (and a continued LoRA adapter into the run directory).
 
 Why on the node: the point of warming is that the GPUs read their data from local SSD; a warm on the
 Airflow worker fills the wrong machine's disk. Each launcher runs this once per node before the ranks
@@ -49,10 +49,13 @@ def forwarded_env() -> dict[str, str]:
 
 def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
     """What one node needs to warm for a run: the datasets it must verify (the primary and each replay source
-    of the mixture, with the manifest hash the run planned) and the starting weights."""
+    of the mixture, with the manifest hash the run planned), the weights its ranks load and, for a LoRA run
+    continuing a version's adapter, that adapter (megabytes) and where in the run directory they read it."""
     from dataclasses import asdict
 
-    from tasks.warm.weights import WeightSources  # lazy: the registry's modules load only when nodes warm
+    # lazy: the registry's modules load only when nodes warm
+    from tasks.warm.adapter import continues_adapter, start_adapter_dir, weights_to_load
+    from tasks.warm.weights import WeightSources
 
     d = cfg.data
     replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
@@ -60,8 +63,10 @@ def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
     return {
         "source_url": d.source_url, "manifest": d.manifest, "cache_dir": d.cache_dir,
         "disk_budget_bytes": d.disk_budget_bytes, "storage_options": d.storage_options,
-        "manifest_hash": run.data_manifest_hash, "replay": replay, "init": asdict(run.init),
+        "manifest_hash": run.data_manifest_hash, "replay": replay, "init": asdict(weights_to_load(cfg, run)),
         "weights": asdict(WeightSources.of(cfg)),
+        "adapter": {"version": asdict(run.init), "dest": str(start_adapter_dir(cfg.train.output_dir))}
+        if cfg.train.lora is not None and continues_adapter(run.init, run.base) else None,
     }
 
 
@@ -73,6 +78,7 @@ def node_name() -> str:
 def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm this node for the run; the report, or RetrainerError naming the node."""
     # lazy: launchers import this module for its names; the warm and fetch machinery loads on the node only
+    from tasks.warm.adapter import fetch_adapter
     from tasks.warm.core import warm_sources
     from tasks.warm.weights import WeightSources, fetch_weights
 
@@ -83,6 +89,8 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     for source, result in zip(sources, results, strict=True):
         refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))
+    if (adapter := spec.get("adapter")) is not None:
+        fetch_adapter(StartingWeights(**adapter["version"]), WeightSources(**spec["weights"]), Path(adapter["dest"]))
     r = results[0].report
     return {"node": node, "manifest_hash": results[0].manifest_hash, "dataset_dir": str(results[0].dataset_dir),
             "files": r.files_total, "bytes": r.bytes_total, "files_fetched": r.files_fetched,

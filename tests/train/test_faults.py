@@ -69,11 +69,12 @@ def _rank_of(pid: int) -> int | None:
     return None
 
 
-def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None) -> subprocess.Popen[bytes]:
+def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None,
+           init_path: Path | None = None) -> subprocess.Popen[bytes]:
     """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
     out = Path(cfg.train.output_dir)
-    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(cfg, out,
-                                                                               run or for_dataset(cfg, dataset)))
+    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(
+        cfg, out, run or for_dataset(cfg, dataset), init_path))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, env=torchrun.rank_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -1,5 +1,6 @@
 """Resume at another data-parallel size (issue 27): a dp=2 run that lost a node resumes at dp=1 with the same
-global batch and trains on as if nothing happened; a tp/pp change is refused before any rank starts."""
+global batch and trains on as if nothing happened (a LoRA run too, whose checkpoints hold only the adapters and
+their optimizer states); a tp/pp change is refused before any rank starts."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tasks.launch import train
 from tasks.run import for_dataset
 from tasks.train import checkpoint as ck
 from tasks.train.reshard import overlapping, partition_numel
+from tests.checkpoints import write_base_weights
 from tests.train.conftest import tiny_config, write_dataset
 from tests.train.test_faults import _children, _rank_of, _reap, _start, _wait_for
 
@@ -24,6 +26,7 @@ LLAMA = {"model.family": "llama", "model.n_layers": 2, "train.steps": 6, "train.
          "train.keep_last": 3, "train.micro_batch_size": 2}
 DP2 = {**LLAMA, "parallel.dp": 2, "parallel.micro_batches": 1}
 DP1 = {**LLAMA, "parallel.dp": 1, "parallel.micro_batches": 2}  # the same global batch: 2 x 2 x 1
+LORA = {"train.lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "down_proj"]}}
 
 
 def _global_order(log: Path) -> dict[int, list[int]]:
@@ -39,20 +42,22 @@ def _global_order(log: Path) -> dict[int, list[int]]:
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("lora", [{}, LORA], ids=["full", "lora"])
 def test_dp2_run_killed_resumes_at_dp1_with_the_same_losses_samples_and_only_its_files(
-        tmp_path: Path, hooked, monkeypatch) -> None:
+        tmp_path: Path, hooked, monkeypatch, lora) -> None:
     dataset = write_dataset(tmp_path / "dataset")
+    base = write_base_weights(tiny_config(tmp_path, {**DP2, **lora}).model, tmp_path / "base") if lora else None
     hooked(HOOK_SAMPLE_LOG=str(tmp_path / "straight-samples"))
-    straight = train(tiny_config(tmp_path, DP2, out="straight"), dataset)
+    straight = train(tiny_config(tmp_path, {**DP2, **lora}, out="straight"), dataset, init_path=base)
 
     # The same experiment, mirrored; rank 1's node dies after step 3 reached the mirror.
     mirror = tmp_path / "mirror"
-    cfg2 = tiny_config(tmp_path, {**DP2, "train.checkpoint_url": f"file://{mirror}"}, out="killed")
+    cfg2 = tiny_config(tmp_path, {**DP2, **lora, "train.checkpoint_url": f"file://{mirror}"}, out="killed")
     out, root = Path(cfg2.train.output_dir), ck.ckpt_root(cfg2.train.output_dir)
     out.mkdir(parents=True)
     run = for_dataset(cfg2, dataset)
     hooked(HOOK_STEP_DELAY_S="1.0", HOOK_SAMPLE_LOG=str(tmp_path / "killed-samples"))
-    proc = _start(cfg2, dataset, run)
+    proc = _start(cfg2, dataset, run, base)
     try:
         _wait_for(lambda: (mirror / run.run_id / "step-000003" / ck.MARKER).is_file(), proc, "step 3 in the mirror")
         os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
@@ -62,11 +67,11 @@ def test_dp2_run_killed_resumes_at_dp1_with_the_same_losses_samples_and_only_its
     shutil.rmtree(root)  # the run continues on a replacement machine: an empty disk, one rank
 
     # One node left: dp=1, two micro-batches; the same key, so the same run and its mirrored checkpoint.
-    cfg1 = tiny_config(tmp_path, {**DP1, "train.checkpoint_url": f"file://{mirror}"}, out="killed")
+    cfg1 = tiny_config(tmp_path, {**DP1, **lora, "train.checkpoint_url": f"file://{mirror}"}, out="killed")
     assert for_dataset(cfg1, dataset).experiment_key == run.experiment_key
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
     hooked(HOOK_SAMPLE_LOG=str(tmp_path / "resumed-samples"))
-    proc = _start(cfg1, dataset, run)
+    proc = _start(cfg1, dataset, run, base)
     assert _reap(proc) == 0, (out / "torchrun.log").read_text()[-3000:]
     resumed = json.loads((out / "summary.json").read_text())
 
