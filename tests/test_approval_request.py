@@ -52,7 +52,7 @@ def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_
     assert "| `heldout.loss` | 2.25 | 2.5 | -0.25 (-10.00%) |" in body
     assert "| `heldout.tokens` | 512 | 512 | +0 (+0.00%) |" in body
     assert "**Gate**: passed:" in body
-    assert f"- passed: {gate['rules'][0]['note']}" in body  # every rule with its result
+    assert f"- passed: {gate.rules[0]['note']}" in body  # every rule with its result
     assert "No answer within 2 hours rejects it." in body
 
 
