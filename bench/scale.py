@@ -15,12 +15,24 @@ saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, inte
   pull` command (a new process: imports, database) is timed too, for reference.
 - cache copy: `warm_pretrained` of the directory into a fresh cache (what a run starting from
   `model.pretrained` does), every file hashed; vs `cp -r` + `sync`. Goal >= 0.5.
+- start: `tasks.launch.train` of a fresh run from the directory (2 ranks, pp=2, ZeRO-1, fp32 on CPU),
+  from the call to the moment rank 0 reports "training" (the engine built, the weights in, the first
+  step about to run); vs a new process running transformers' `from_pretrained` (fp32) and reading every
+  weight. Ratio = ours / theirs (goal <= 1.0).
+- evaluate: `tasks.evaluate.evaluate` of that run's checkpoint (2 ranks, pp=2, the whole job: launch,
+  warm, load, score) vs a new process scoring the same windows with transformers (load + forward), one
+  thread like each rank. Ratio = ours / theirs (goal <= 0.7).
+- process memory: each training rank's peak RSS (measured by the rank, `ru_maxrss`, over the run above,
+  which saves a checkpoint) against `retrainer plan`'s per-rank prediction, whose `process` terms are
+  printed too (goal: within 15%).
 The page cache is warm for both sides of each pair (the same source bytes were just read).
+`--only start,evaluate,memory` runs some sections.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -54,6 +66,14 @@ def _pair(name: str, ours: Callable[[], object], theirs: Callable[[], object], r
     print(f"{name:<11} ours {ta:6.2f}s ({mb / ta:5.0f} MB/s)  {theirs_name} {tb:6.2f}s ({mb / tb:5.0f} MB/s)  "
           f"ratio {tb / ta:.2f}   runs ours {[round(x, 2) for x in a]} theirs {[round(x, 2) for x in b]}",
           flush=True)
+
+
+def _reset_out(root: Path) -> Callable[[], None]:
+    def reset() -> None:
+        for name in ("pulled", "copied", "models"):
+            shutil.rmtree(root / name, ignore_errors=True)
+
+    return reset
 
 
 def _cp_sync(src: Path, dest: Path) -> None:
@@ -102,11 +122,180 @@ def _bench_export(root: Path, store: Any, repeat: int) -> None:
     reset_export()
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_config(root: Path, hf: Path, name: str) -> Any:
+    """A fresh 2-rank (pp=2, ZeRO-1) run starting from the directory, its own output directory."""
+    from tasks.config import JobConfig, ModelConfig
+    from tasks.models.pretrained import sizes_from_pretrained
+
+    model = sizes_from_pretrained(ModelConfig(pretrained=str(hf), seq_len=SEQ_LEN), "bench")
+    return JobConfig.model_validate({
+        "name": "bench-scale", "model": model,
+        "data": {"source_url": str(root / "data"), "cache_dir": str(root / "cache")},
+        "parallel": {"tp": 1, "pp": 2, "dp": 1, "zero_stage": 1, "micro_batches": 2},
+        "train": {"output_dir": str(root / name), "steps": 1, "micro_batch_size": 2, "warmup_steps": 1},
+        "evaluate": {"batches": EVAL_BATCHES, "batch_size": EVAL_BATCH_SIZE},
+        "cluster": {"master_port": _free_port()},
+        "publish": {"registry_url": "sqlite://", "store_url": str(root / "store"), "model_name": "bench"},
+    })
+
+
+SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE = 256, 8, 2
+
+_PEER_START = """
+import sys, torch
+torch.set_num_threads(1)
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+total = sum(float(p.detach().sum()) for p in model.parameters())
+"""
+
+_PEER_EVAL = """
+import math, sys, torch
+import torch.nn.functional as F
+torch.set_num_threads(1)
+from transformers import AutoModelForCausalLM
+from tasks.evaluate.spec import window_order
+from tasks.train.data import TokenWindows
+hf, data, seq, batches, size = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+windows = TokenWindows(data, "heldout", seq, model.config.vocab_size)
+order = window_order(len(windows), batches, size)
+nll = n = 0.0
+with torch.no_grad():
+    for b in range(batches):
+        w = windows.get(order[b * size:(b + 1) * size])
+        logits = model(input_ids=w[:, :-1]).logits
+        nll += float(F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum"))
+        n += w[:, 1:].numel()
+print(nll / n)
+"""
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (and theirs: the launcher's ranks)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peer(script: str, *args: object) -> None:
+    subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, cwd=ROOT,
+                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+
+
+def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
+    """Random tokens in the warm stage's format (train/ and heldout/ shards + manifest)."""
+    import numpy as np
+
+    from tasks.fsutil import sha256_bytes
+
+    rng = np.random.default_rng(0)
+    files = []
+    for key, n in (("train/shard-00000.bin", tokens), ("heldout/shard-00000.bin", tokens)):
+        data = rng.integers(0, vocab, n, dtype=np.uint16).astype("<u2").tobytes()
+        (directory / key).parent.mkdir(parents=True, exist_ok=True)
+        (directory / key).write_bytes(data)
+        files.append({"key": key, "size": len(data), "sha256": sha256_bytes(data)})
+    manifest = {"format": "retrainer-dataset/1", "name": "bench", "dtype": "uint16", "vocab_size": vocab,
+                "files": files}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str]) -> None:
+    """Start (launch -> training) and evaluation against transformers, and each rank's peak RSS against the plan."""
+    import threading
+
+    from tasks.evaluate import evaluate
+    from tasks.launch import train
+    from tasks.plan import plan
+    from tasks.run import RunIdentity
+
+    _write_dataset(root / "data", 32000, 200_000)
+    runs: list[dict[str, Any]] = []
+
+    def start() -> None:
+        cfg = _run_config(root, hf, f"run-{len(runs)}")
+        status = Path(cfg.train.output_dir) / "status.json"
+        started = time.perf_counter()
+        seen: dict[str, float] = {}
+
+        def watch() -> None:
+            while "t" not in seen:  # the status file is replaced atomically: whole or absent
+                state = json.loads(status.read_text())["state"] if status.exists() else None
+                if state in ("training", "finished", "failed"):
+                    seen["t"] = time.perf_counter() - started
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        summary = train(cfg, root / "data", init_path=hf)
+        watcher.join()
+        if runs:  # only the last run's checkpoint is evaluated: 16 B a parameter each
+            shutil.rmtree(runs[-1]["cfg"].train.output_dir)
+        runs.append({"cfg": cfg, "summary": summary, "start_s": seen["t"]})
+
+    if "start" in sections or "evaluate" in sections or "memory" in sections:
+        starts, peers = [], []
+        for _ in range(repeat if "start" in sections else 1):
+            start()
+            starts.append(runs[-1]["start_s"])
+            started = time.perf_counter()
+            _peer(_PEER_START, hf)
+            peers.append(time.perf_counter() - started)
+        ta, tb = statistics.median(starts), statistics.median(peers)
+        print(f"{'start':<11} ours {ta:6.2f}s  from_pretrained + read {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}   "
+              f"runs ours {[round(x, 2) for x in starts]} theirs {[round(x, 2) for x in peers]}", flush=True)
+    if "memory" in sections:
+        cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
+        predicted = plan(cfg, device="cpu")
+        for rank, measured in enumerate(summary["peak_rss_bytes"]):
+            stage = predicted.stages[rank]  # pp=2, dp=1: rank r is stage r
+            want = stage["process_total"]
+            terms = ", ".join(f"{k} {stage[k] / 2**30:.2f}" for k in ("weights", "gradients", "optimizer_states",
+                                                                      "activations", "comm_buffers") if stage[k])
+            extra = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in stage["process"].items())
+            print(f"{'memory':<11} rank {rank}: measured peak RSS {measured / 2**30:.2f} GiB, planned "
+                  f"{want / 2**30:.2f} GiB (ratio {want / measured:.3f}); tensors: {terms}; process: {extra}",
+                  flush=True)
+    if "evaluate" in sections:
+        cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
+        run = RunIdentity.from_dict(summary["run"])
+        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
+        for _ in range(repeat):
+            eval_cfg = cfg.with_overrides({"cluster.master_port": _free_port()})
+            started, cpu = time.perf_counter(), _children_cpu_s()
+            got = evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data")
+            ours.append(time.perf_counter() - started)
+            ours_cpu.append(_children_cpu_s() - cpu)
+            shutil.rmtree(Path(summary["checkpoint_dir"]).parent.parent / "eval", ignore_errors=True)
+            started, cpu = time.perf_counter(), _children_cpu_s()
+            _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE)
+            theirs.append(time.perf_counter() - started)
+            theirs_cpu.append(_children_cpu_s() - cpu)
+        ta, tb = statistics.median(ours), statistics.median(theirs)
+        print(f"{'evaluate':<11} ours {ta:6.2f}s  transformers (1 process) {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}"
+              f"   runs ours {[round(x, 2) for x in ours]} theirs {[round(x, 2) for x in theirs]}; CPU seconds ours "
+              f"(2 ranks + torchrun) {[round(x, 1) for x in ours_cpu]} theirs {[round(x, 1) for x in theirs_cpu]}; "
+              f"{got['tokens']} tokens, loss {got['loss']:.4f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default="export,pull,cache,start,evaluate,memory",
+                        help="comma-separated sections")
     args = parser.parse_args()
+    sections = set(args.only.split(","))
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -132,34 +321,36 @@ def main() -> None:
               f"{os.cpu_count()} CPUs", flush=True)
 
         store = ArtifactStore(str(root / "store"))
-        _bench_export(root, store, args.repeat)
+        if "export" in sections:
+            _bench_export(root, store, args.repeat)
+        _bench_start_eval_memory(root, root / "hf", args.repeat, sections)
 
         # -- pull: a published tree version into a new directory --------------------------------------------
-        db = f"sqlite:///{root / 'registry.db'}"
-        upgrade(db)
-        ref = store.put_tree(root / "hf")
-        with Registry(db) as reg:
-            rec = reg.publish_version("bench", ref, Lineage("cfg", "data", "rev", "bench"), {"loss": 1.0}, "bench")
-            reg.switch_alias("bench", "production", rec.version, actor="bench", reason="bench", action="publish")
+        if "pull" in sections:
+            db = f"sqlite:///{root / 'registry.db'}"
+            upgrade(db)
+            ref = store.put_tree(root / "hf")
+            with Registry(db) as reg:
+                rec = reg.publish_version("bench", ref, Lineage("cfg", "data", "rev", "bench"), {"loss": 1.0}, "bench")
+                reg.switch_alias("bench", "production", rec.version, actor="bench", reason="bench", action="publish")
 
-        def reset_out() -> None:
-            for name in ("pulled", "copied", "cache"):
-                shutil.rmtree(root / name, ignore_errors=True)
+            _pair("pull", lambda: ArtifactStore.of_version(rec).pull(rec, root / "pulled"),
+                  lambda: _cp_sync(Path(store.tree_path(ref.digest)), root / "copied"), _reset_out(root),
+                  args.repeat, ref.size, "cp -r + sync")
 
-        _pair("pull", lambda: ArtifactStore.of_version(rec).pull(rec, root / "pulled"),
-              lambda: _cp_sync(Path(store.tree_path(ref.digest)), root / "copied"), reset_out, args.repeat, ref.size,
-              "cp -r + sync")
+            def cli_pull() -> None:
+                subprocess.run([sys.executable, "-m", "tasks.cli", "registry", "pull", "--model", "bench", "--db", db,
+                                str(root / "pulled")], check=True, capture_output=True, cwd=ROOT)
 
-        def cli_pull() -> None:
-            subprocess.run([sys.executable, "-m", "tasks.cli", "registry", "pull", "--model", "bench", "--db", db,
-                            str(root / "pulled")], check=True, capture_output=True, cwd=ROOT)
+            _pair("pull (CLI)", cli_pull, lambda: _cp_sync(Path(store.tree_path(ref.digest)), root / "copied"),
+                  _reset_out(root), args.repeat, ref.size, "cp -r + sync")
 
-        _pair("pull (CLI)", cli_pull, lambda: _cp_sync(Path(store.tree_path(ref.digest)), root / "copied"),
-              reset_out, args.repeat, ref.size, "cp -r + sync")
 
         # -- cache copy: a pretrained directory warmed into a run's cache ------------------------------------
-        _pair("cache copy", lambda: warm_pretrained(str(root / "hf"), {}, root / "cache"),
-              lambda: _cp_sync(root / "hf", root / "copied"), reset_out, args.repeat, hf_bytes, "cp -r + sync")
+        if "cache" in sections:
+            _pair("cache copy", lambda: warm_pretrained(str(root / "hf"), {}, root / "models"),
+                  lambda: _cp_sync(root / "hf", root / "copied"), _reset_out(root), args.repeat, hf_bytes,
+                  "cp -r + sync")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
-from tasks.families import FAMILIES, refusal
+from tasks.families import FAMILIES, lora_refusal, refusal
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -90,6 +90,20 @@ GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_at
                  "final_logit_softcapping")
 
 
+class BaseModelRef(_Strict):
+    """A registry version as a LoRA run's frozen base (`model.base`): a version number or an alias's version."""
+
+    model: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN, description="registered model name")
+    version: int | None = Field(None, ge=1)
+    alias: str | None = Field(None, min_length=1, max_length=200, pattern=NAME_PATTERN)
+
+    @model_validator(mode="after")
+    def _one(self) -> BaseModelRef:
+        if (self.version is None) == (self.alias is None):
+            raise ValueError("model.base: give exactly one of version and alias")
+        return self
+
+
 class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
     refused here (tasks.families), never ignored."""
@@ -133,6 +147,8 @@ class ModelConfig(_Strict):
                     "from its weights",
     )
     pretrained_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    base: BaseModelRef | None = Field(None, description="with train.lora: the registry version the adapter is "
+                                                        "trained on (else model.pretrained is the base)")
 
     @field_validator("family")
     @classmethod
@@ -277,6 +293,27 @@ def format_duration(value: timedelta | float) -> str:
     return " ".join(parts)
 
 
+# The adapter ranks vLLM serves (`--max-lora-rank` choices): an adapter of another rank cannot be deployed.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraConfig(_Strict):
+    """Train a low-rank adapter on the frozen base instead of every weight (tasks/models/lora.py)."""
+
+    rank: int = Field(description=f"adapter rank r, one of vLLM's {VLLM_LORA_RANKS}")
+    alpha: float = Field(gt=0, description="the update is scaled by alpha / rank (PEFT's lora_alpha)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (PEFT's lora_dropout)")
+    target_modules: tuple[str, ...] = Field(min_length=1, description="the family's block linears by their Hugging "
+                                            "Face module names (q_proj, v_proj, ...), as PEFT names them")
+
+    @field_validator("rank")
+    @classmethod
+    def _vllm_rank(cls, rank: int) -> int:
+        if rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"{rank} is not a rank vLLM serves; use one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return rank
+
+
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
     steps: int = Field(50, gt=0)
@@ -296,6 +333,8 @@ class TrainConfig(_Strict):
     seed: int = 1234
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary (default "
                                         "$RETRAINER_HOME/runs/<name>)")
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base; None: full "
+                                                        "fine-tuning")
     deadline: Duration | None = Field(
         None, description=f"alert (the DAG's deadline callback) when a retrain run is still not done this long "
                           f"after it was queued: {DURATION_HELP}; None: no alert")
@@ -641,6 +680,9 @@ class PublishConfig(_Strict):
     alias: str = Field("production", min_length=1, max_length=200, pattern=NAME_PATTERN)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     export_dtype: ExportDtype = Field("bf16", description="dtype of the published safetensors")
+    lora_export: Literal["adapter", "merged", "both"] = Field(
+        "adapter", description="with train.lora: a PEFT adapter directory (served by vLLM --enable-lora), the base "
+                               "with the adapter merged in (a normal model directory), or both")
     approval: ApprovalMode | dict[str, ApprovalMode] = Field(
         "none", description="required: a person approves (Airflow human-in-the-loop) before publish moves the "
                             "alias; one mode for every alias, or per alias ({production: required}; an alias "
@@ -841,6 +883,13 @@ class JobConfig(_Strict):
             raise ValueError(f"data.replay: the replay sources draw up to {drawn} samples in one step, more than "
                              f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
                              "parallel.dp); use fewer replay sources or a larger batch")
+        if m.base is not None and self.train.lora is None:
+            raise ValueError("model.base names the frozen base of a LoRA adapter: set train.lora (or use "
+                             "train.init_from to fine-tune a version in full)")
+        if m.base is not None and m.pretrained is not None:
+            raise ValueError("model.base and model.pretrained both name the base; give one")
+        if self.train.lora is not None and (problem := lora_refusal(m, self.train.lora.target_modules)):
+            raise ValueError(problem)
         if p.tp > 1 and p.zero_stage == 0 and self.train.grad_clip > 0:
             # DeepSpeed's non-ZeRO clipping path mis-counts TP-sharded parameters: the weights drift from
             # the single-process reference (seen in the 3D-equality test). ZeRO-1 clips exactly.
@@ -855,8 +904,8 @@ class JobConfig(_Strict):
         `train.init_from` (a request; the weights it resolves to enter the experiment key by digest)
         are left out: changing them does not change the result.
         """
-        # Where a pretrained model lives is not what it is: its weights enter the key by digest.
-        model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options"})
+        # Where a pretrained model (or a LoRA base) lives is not what it is: its weights enter the key by digest.
+        model = self.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options", "base"})
         # Attention options added after keys were first recorded enter the key only where they change the maths:
         # a run resumed across the upgrade keeps its key, its checkpoints and its reuse.
         if model.get("rope_scaling"):  # likewise the rope fields of the types added after llama3 (null: not its)
@@ -870,7 +919,9 @@ class JobConfig(_Strict):
             "model": model,
             "parallel": self._keyed_layout(),
             "train": self.train.model_dump(mode="json", exclude={"output_dir", "init_from", "checkpoint_url",
-                                                                "checkpoint_storage_options", "deadline"}),
+                                                                "checkpoint_storage_options", "deadline",
+                                                                # absent LoRA keeps the keys recorded before it
+                                                                *(("lora",) if self.train.lora is None else ())}),
         }
         return sha256_json(defining)
 

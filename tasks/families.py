@@ -27,7 +27,7 @@ FAMILIES: dict[str, str] = {
 }
 # ModelConfig fields every family has (sizes, where the model comes from): not options.
 NOT_OPTIONS = frozenset({"vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "family",
-                         "pretrained", "pretrained_storage_options"})
+                         "pretrained", "pretrained_storage_options", "base"})
 _ROTARY = ("rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim")
 _GEMMA = (*_ROTARY, "sliding_window", "sliding_window_pattern", "query_pre_attn_scalar", "attn_logit_softcapping",
           "final_logit_softcapping")
@@ -39,6 +39,17 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "mistral": (*_ROTARY, "sliding_window"),
     "gemma3": (*_GEMMA, "qk_norm", "rope_local_base_freq"),
     "gemma2": _GEMMA,
+}
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# family -> the module names `train.lora.target_modules` may name: PEFT's (the last part of each block linear's
+# Hugging Face name). tests/lora/test_config.py holds each against the linears the built family has.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "gpt": ("qkv", "out", "fc1", "fc2"),
+    "llama": _PROJ,
+    "qwen3": _PROJ,
+    "mistral": _PROJ,
+    "gemma3": _PROJ,
+    "gemma2": _PROJ,
 }
 # family -> the boolean options its maths always has (they must be true).
 ALWAYS: dict[str, tuple[str, ...]] = {"qwen3": ("qk_norm",), "gemma3": ("qk_norm",)}
@@ -80,4 +91,19 @@ def refusal(m: ModelConfig) -> str | None:
     if m.rope_scaling is not None and m.rope_scaling.rope_type not in ROPE_TYPES.get(family, ()):
         return (f"model.rope_scaling.rope_type {m.rope_scaling.rope_type!r} is not supported by model.family "
                 f"{family!r} (supported: {rope_types_text(family)})")
+    return None
+
+
+def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
+    """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has),
+    or tied embeddings (DeepSpeed all-reduces a tied weight's gradient between its stages, and a frozen one
+    has none); None when it can."""
+    known = LORA_TARGETS[m.family]
+    unknown = [n for n in target_modules if n not in known]
+    if unknown:
+        return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
+                f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
+    if m.tie_embeddings:
+        return ("train.lora with model.tie_embeddings is not supported yet (the tied embedding is frozen and "
+                "DeepSpeed reduces its gradient); untie it or train in full")
     return None

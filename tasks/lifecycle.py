@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 from tasks.audit import default_actor
 from tasks.config import JobConfig
 from tasks.endpoints import registry_for
-from tasks.errors import PlanDoesNotFitError, RetrainerError
+from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
 from tasks.publish import PublishResult
 from tasks.resolve import ConfigSnapshot, load_config
 from tasks.run import RunIdentity, claim_run_dir, nothing_new
-from tasks.warm.weights import fetch_starting_weights, resolve_identity, weights_path
+from tasks.warm.identity import resolve_identity
+from tasks.warm.weights import fetch_starting_weights, weights_path
 
 if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
@@ -262,12 +263,31 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
     from tasks.launch import Launch, get_launcher
 
     run_cfg = cfg.with_output_dir(run.run_dir(cfg))
+    # A LoRA run that continues a version's adapter starts from the base's weights (and the staged adapter).
+    start = run.base if stage_continued_adapter(cfg, run) else run.init
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
-    init_path = (weights_path(run.init, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
-                 else fetch_starting_weights(cfg, run.init))
-    export, secret_env = export_spec(cfg)
+    init_path = (weights_path(start, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
+                 else fetch_starting_weights(cfg, start))
+    # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
+    export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(run_cfg, warm.dataset_dir, run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+
+
+def stage_continued_adapter(cfg: JobConfig, run: RunIdentity) -> bool:
+    """Whether a LoRA run continues a version's adapter; if so, stage that adapter in the run directory, where
+    the ranks read it after loading the base as their starting weights (tasks/warm/adapter.py)."""
+    from tasks.launch import get_launcher
+    from tasks.warm.adapter import continues_adapter, stage_start_adapter
+
+    if cfg.train.lora is None or not continues_adapter(run.init, run.base):
+        return False
+    if get_launcher(cfg).warms_nodes:
+        raise InvalidInputError(f"train.lora: continuing {run.init.note} on the {cfg.cluster.launcher} launcher "
+                                "(which warms each node) is not supported yet; use init_from: scratch for a fresh "
+                                "adapter on the base")
+    stage_start_adapter(cfg, run.init, run.run_dir(cfg))
+    return True
 
 
 def _trained(run: RunIdentity, summary: dict[str, Any]) -> Trained:

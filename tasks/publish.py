@@ -94,6 +94,7 @@ def publish(
     before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
     from tasks.run import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
+    from tasks.warm.adapter import continues_adapter
     from tasks.warm.weights import WeightSources, fetch_model_files
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -116,13 +117,23 @@ def publish(
                                  f"candidate with {then}: not published (run again to judge it against "
                                  "what is live)")
     with tempfile.TemporaryDirectory(prefix="retrainer-base-") as tmp:  # the parent's config and tokenizer
-        base_dir = fetch_model_files(run.init, WeightSources.of(cfg), Path(tmp) / "base")
-        ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged)
+        files_of = run.base if cfg.train.lora is not None and run.base is not None else run.init
+        base_dir = fetch_model_files(files_of, WeightSources.of(cfg), Path(tmp) / "base")
+        ref = artifact(cfg, ArtifactStore(pub.store_url, pub.storage_options), checkpoint_dir, base_dir, staged,
+                       base_model=(run.base.url or "") if run.base is not None else "")
+    # A LoRA version's parent is the version whose adapter it continued (a fresh adapter has none); its
+    # base is recorded beside it (tasks/warm/adapter.py).
+    lora = cfg.train.lora is not None
+    continued = not lora or continues_adapter(run.init, run.base)
+    parent = run.init.version if continued else None
     lineage = Lineage(
         config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
-        checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=run.init.version,
+        checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=parent,
         init_digest=run.init.digest, data_url=run.data_url, data_replay=[asdict(r) for r in run.replay],
-        config=redact(cfg.model_dump(mode="json")), started_from=redact(run.init.origin),
+        config=redact(cfg.model_dump(mode="json")),
+        started_from=redact(run.init.origin if continued else run.init.note),  # "fresh adapter on base ..."
+        base_version=run.base.version if lora and run.base is not None else None,
+        base_digest=run.base.digest if lora and run.base is not None else None,
     )
     record = reg.publish_version(pub.model_name, ref, lineage, metrics, created_by=actor)
     switched = False
@@ -133,14 +144,23 @@ def publish(
     return PublishResult(
         model=pub.model_name, alias=pub.alias, version=record.version, previous_version=previous,
         artifact_url=ref.url, digest=ref.digest, created=record.created, switched=switched,
-        asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=run.init.version,
+        asset_uri=alias_asset_uri(pub.model_name, pub.alias), parent_version=parent,
         started_from=record.started_from or redact(run.init.origin),
     )
 
 
 def artifact(cfg: JobConfig, store: ArtifactStore, checkpoint_dir: Path, base_dir: Path | None,
-             staged: dict[str, Any] | None) -> ArtifactRef:
-    """The version's tree: the ranks' staged shards committed with the small files, else exported here."""
+             staged: dict[str, Any] | None, base_model: str = "") -> ArtifactRef:
+    """The version's tree: the ranks' staged shards committed with the small files, else exported here (a
+    LoRA run's: its adapter and/or merged model, tasks/models/lora_export.py)."""
+    if cfg.train.lora is not None:
+        from tasks.models.lora_export import export_lora
+
+        dest = export_dir(checkpoint_dir, f"{cfg.publish.export_dtype}-lora-{cfg.publish.lora_export}")
+        return store.put_tree(export_lora(
+            cfg.model, cfg.train.lora, cfg.publish.lora_export, checkpoint_dir, dest, stages=cfg.parallel.pp,
+            dtype=cfg.publish.export_dtype, base_dir=base_dir if base_dir is not None and base_dir.is_dir() else None,
+            base_model=base_model))
     wanted = (checkpoint_dir.name, cfg.publish.export_dtype)
     if staged and staged.get("shards") and (staged.get("tag"), staged.get("dtype")) == wanted:
         try:

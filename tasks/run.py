@@ -76,6 +76,7 @@ class RunIdentity:
     data_url: str
     init: StartingWeights
     replay: tuple[ReplayData, ...] = ()
+    base: StartingWeights | None = None  # a LoRA run's frozen base (tasks/warm/adapter.py); None: none or seeded
 
     @property
     def run_id(self) -> str:
@@ -92,7 +93,8 @@ class RunIdentity:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunIdentity:
         replay = tuple(ReplayData(**r) for r in data.get("replay", ()))
-        return cls(**{**data, "init": StartingWeights(**data["init"]), "replay": replay})
+        base = StartingWeights(**data["base"]) if data.get("base") else None
+        return cls(**{**data, "init": StartingWeights(**data["init"]), "replay": replay, "base": base})
 
 
 def nothing_new(run: RunIdentity) -> str | None:
@@ -108,25 +110,29 @@ def nothing_new(run: RunIdentity) -> str | None:
 
 
 def experiment_key(config_fingerprint: str, data_manifest_hash: str, init_digest: str | None,
-                   replay: tuple[ReplayData, ...] = ()) -> str:
+                   replay: tuple[ReplayData, ...] = (), base_digest: str | None = None) -> str:
     """The replay sources enter as (manifest hash, weight) in order (the order seeds their streams), and only
-    when there are any: a run without replay keeps the key it always had. Their URLs are where, not what."""
+    when there are any: a run without replay keeps the key it always had. Their URLs are where, not what.
+    A LoRA run's base enters by digest (its adapter settings are in the config fingerprint)."""
     key: dict[str, Any] = {"config": config_fingerprint, "data": data_manifest_hash, "init": init_digest or "scratch"}
     if replay:
         key["replay"] = [[r.manifest_hash, r.weight] for r in replay]
+    if base_digest is not None:
+        key["base"] = base_digest
     return sha256_json(key)
 
 
 def identity(cfg: JobConfig, data_manifest_hash: str, init: StartingWeights,
-             replay_hashes: list[str] | None = None) -> RunIdentity:
+             replay_hashes: list[str] | None = None, base: StartingWeights | None = None) -> RunIdentity:
     """`replay_hashes`: the manifest hash of each `data.replay` source, in config order."""
     replay = tuple(ReplayData(url=r.source_url, manifest_hash=h, weight=r.weight)
                    for r, h in zip(cfg.data.replay, replay_hashes or [], strict=True))
     fingerprint = cfg.fingerprint()
     return RunIdentity(
-        experiment_key=experiment_key(fingerprint, data_manifest_hash, init.digest, replay),
+        experiment_key=experiment_key(fingerprint, data_manifest_hash, init.digest, replay,
+                                      None if base is None else base.digest),
         config_fingerprint=fingerprint, data_manifest_hash=data_manifest_hash, data_url=cfg.data.source_url,
-        init=init, replay=replay,
+        init=init, replay=replay, base=base,
     )
 
 

@@ -106,7 +106,16 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
 
         weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
                                   url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
-        models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
+        live_lora = (live.config or {}).get("train", {}).get("lora")
+        if live_lora is not None and (live.config or {}).get("publish", {}).get("lora_export") == "adapter":
+            from tasks.warm.adapter import base_of
+
+            # An adapter published alone is scored on the base it was trained on (this run's, or its own).
+            base = base_of(cfg, live, run.base)
+            models.append({"name": "live", "weights": dataclasses.asdict(base), "as_dtype": None,
+                           "adapter": dataclasses.asdict(weights), "lora": live_lora})
+        else:
+            models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
     launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
     pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
                "live_version": None if live is None else live.version, "live_cached": live_metrics}

@@ -17,10 +17,13 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from tasks.config import ModelConfig
+from tasks.config import LoraConfig, ModelConfig
 from tasks.models import get_family
+from tasks.models.common import no_default_init
+from tasks.models.lora import apply_lora
+from tasks.models.lora_export import PeftAdapter, load_adapter
 from tasks.models.parallel import TPGroup
-from tasks.models.weights import load_into, round_to
+from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
 
 
@@ -28,7 +31,9 @@ class ShardedModel:
     """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
 
     def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
-                 as_dtype: str | None) -> None:
+                 as_dtype: str | None, lora: LoraConfig | None = None, adapter: Path | None = None) -> None:
+        """`lora`: the model is the base at `weights` plus adapters, read from `weights` too (a LoRA run's
+        checkpoint) or from the PEFT directory `adapter` (a published adapter)."""
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
@@ -39,10 +44,14 @@ class ShardedModel:
         self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
         self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
         family = get_family(m.family)
-        with deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
             self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
                                          partition_method="type:TransformerBlock")
         load_into(self.module, weights, m, self.tp)
+        if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
+            apply_lora(self.module, m, lora, self.tp, seed=0)
+            load_adapter(self.module, open_weights(weights, m) if adapter is None else PeftAdapter(adapter, m), m,
+                         self.tp)
         if as_dtype is not None:
             round_to(self.module, as_dtype)
         self.module.eval()

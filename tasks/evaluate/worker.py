@@ -26,7 +26,7 @@ import torch
 import torch.distributed as tdist
 
 from tasks.comm_ops import load_shm_op
-from tasks.config import TrainingJob, load_entry_point
+from tasks.config import LoraConfig, TrainingJob, load_entry_point
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
@@ -101,6 +101,21 @@ class Evaluation:
             return Path(self.on_leaders(lambda: str(self.checkpoint(entry))))
         init = StartingWeights(**entry["weights"])
         return Path(self.on_leaders(lambda: str(fetch_weights(init, self.sources()))))
+
+    def adapter(self, entry: dict[str, Any]) -> tuple[LoraConfig | None, Path | None]:
+        """(LoRA settings, PEFT directory) of a model scored as base + adapter: a LoRA run's candidate (its
+        checkpoint holds both: no directory) or a live adapter published alone (fetched once per node)."""
+        if entry["name"] == "candidate":
+            return self.job.train.lora, None
+        if "adapter" not in entry:
+            return None, None
+        from tasks.run import StartingWeights
+        from tasks.warm.adapter import fetch_adapter
+
+        version = StartingWeights(**entry["adapter"])
+        dest = Path(self.job.train.output_dir) / "live-adapter" / str(version.digest)
+        path = self.on_leaders(lambda: str(fetch_adapter(version, self.sources(), dest)))
+        return LoraConfig.model_validate(entry["lora"]), Path(path)
 
     def sources(self) -> Any:
         s = self.spec
@@ -188,7 +203,9 @@ class Evaluation:
         results: dict[str, Any] = {}
         for entry in self.spec["models"]:
             weights = self.weights(entry)
-            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"))
+            lora, adapter = self.adapter(entry)
+            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"),
+                                 lora=lora, adapter=adapter)
             metrics: dict[str, float] = {}
             for suite in self.spec["suites"]:
                 for key, value in self.score_suite(model, dirs[suite["name"]], suite["split"]).items():

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ModelConfig
+from tasks.config import LoraConfig, ModelConfig
 from tasks.fsutil import atomic_write_json, fresh_dir
 from tasks.model_files import DTYPES, GENERATION_CONFIG, HF_CONFIG, HF_INDEX, TOKENIZER_FILES
 from tasks.models import get_family
@@ -44,26 +44,32 @@ def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
 
 
 def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], path: str,
-                dtype: str) -> dict[str, int]:
+                dtype: str, lora: dict[str, Any] | None = None) -> dict[str, int]:
     """One stage's tensors, TP-joined and renamed to Hugging Face names, into one safetensors shard.
-    Returns {HF name: bytes}. Runs in its own process: its memory is one stage."""
+    Returns {HF name: bytes}. Runs in its own process: its memory is one stage. `lora`: the run's
+    train.lora: its adapters are merged into their weights (tasks/models/lora_export.py)."""
     import torch
     from safetensors.torch import save_file
 
+    from tasks.models.lora import merge_layer
+
     m = ModelConfig.model_validate(model)
     family, weights = get_family(m.family), CheckpointWeights(checkpoint_dir, m)
+    adapter = None if lora is None else LoraConfig.model_validate(lora)
     torch_dtype = getattr(torch, DTYPES[dtype])
     tensors = {}
     for index in layers:
-        for name, tensor in weights.layer(index).items():
+        layer = weights.layer(index)
+        for name, tensor in (layer if adapter is None else merge_layer(adapter, layer)).items():
             tensors[family.hf_name(name)] = tensor.to(torch_dtype).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
     return {name: t.numel() * t.element_size() for name, t in tensors.items()}
 
 
 def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Path, *, stages: int,
-                      dtype: str = "bf16", base_dir: str | Path | None = None) -> Path:
-    """Write the checkpoint's weights as a Hugging Face directory at `dest` (absent or empty), atomically.
+                      dtype: str = "bf16", base_dir: str | Path | None = None, lora: LoraConfig | None = None) -> Path:
+    """Write the checkpoint's weights as a Hugging Face directory at `dest` (absent or empty), atomically
+    (`lora`: a LoRA run's, with its adapters merged in).
 
     `stages`: shards to write in parallel, one per training pipeline stage. `base_dir`: the Hugging Face
     directory the run started from (pretrained or a published version), whose tokenizer files,
@@ -74,7 +80,8 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
         with ProcessPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1), mp_context=ctx) as pool:
             futures = [
                 pool.submit(write_stage, str(checkpoint_dir), m.model_dump(mode="json"), layers,
-                            str(tmp / shard_name(i, len(groups))), dtype)
+                            str(tmp / shard_name(i, len(groups))), dtype,
+                            None if lora is None else lora.model_dump(mode="json"))
                 for i, layers in enumerate(groups)
             ]
             weight_map, total = {}, 0

@@ -71,9 +71,10 @@ def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return ReduceFromTP.apply(x, tp) if tp.size > 1 else x
 
 
-def row_parallel(x: torch.Tensor, lin: nn.Linear, tp: TPGroup) -> torch.Tensor:
-    """Local matmul, all-reduce across TP, then the (unsharded) bias if the linear has one."""
-    y = reduce_from_tp(F.linear(x, lin.weight), tp)
+def row_parallel(x: torch.Tensor, lin: nn.Module, tp: TPGroup) -> torch.Tensor:
+    """Local matmul, all-reduce across TP, then the (unsharded) bias if the linear has one. A linear carrying a
+    LoRA adapter (tasks/models/lora.py LoRALinear) gives its partial output with the adapter's update."""
+    y = reduce_from_tp(F.linear(x, lin.weight) if isinstance(lin, nn.Linear) else lin.partial(x), tp)
     return y if lin.bias is None else y + lin.bias
 
 

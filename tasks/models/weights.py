@@ -21,10 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from tasks.config import ModelConfig
+from tasks.config import LoraConfig, ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.model_files import DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
 from tasks.models import get_family
+from tasks.models import lora as lora_mod
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
@@ -56,7 +58,7 @@ class CheckpointWeights:
     one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read."""
 
     def __init__(self, directory: str | Path, m: ModelConfig) -> None:
-        self.dir, self.m, self.family = Path(directory), m, get_family(m.family)
+        self.dir, self.m = Path(directory), m
         self.files: dict[int, dict[int, Path]] = {}
         for path in self.dir.iterdir():
             match = _LAYER_FILE.fullmatch(path.name)
@@ -77,7 +79,7 @@ class CheckpointWeights:
         pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
         prefix = layer_prefix(index, self.m.n_layers)
         names = pieces[min(pieces)].keys()
-        return {f"{prefix}.{n}": self.family.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+        return {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
                 for n in names}
 
     def layers(self) -> list[int]:
@@ -173,10 +175,11 @@ def open_weights(path: str | Path, m: ModelConfig) -> Weights:
     return CheckpointWeights(path, m)
 
 
-def check_shapes(path: str | Path, m: ModelConfig) -> None:
-    """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts)."""
+def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = None) -> None:
+    """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts);
+    `lora`: the weights hold these adapters too."""
     have = open_weights(path, m).shapes()
-    expected = get_family(m.family).full_shapes(m)
+    expected = get_family(m.family).full_shapes(m) | ({} if lora is None else lora_mod.adapter_full_shapes(m, lora))
     for name, shape in expected.items():
         if name not in have:
             raise InvalidInputError(f"{path}: starting weights lack tensor {name} (model config needs {shape})")
@@ -201,7 +204,7 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
     """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
-    spec = get_family(m.family).shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
+    spec = lora_mod.shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
     if spec is None:
         return weights.read(name)
     dim, indices = spec
@@ -220,11 +223,16 @@ def load_into(module: nn.Module, path: str | Path, m: ModelConfig, tp: TPGroup) 
     return count
 
 
-def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = None) -> nn.Module:
+def load_reference(path: str | Path, m: ModelConfig, *, as_dtype: str | None = None,
+                   lora: LoraConfig | None = None) -> nn.Module:
     """A single-process fp32 reference model of the config's family holding the weights at `path`; with
-    `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it."""
-    check_shapes(path, m)
-    model = get_family(m.family).Reference(m, seed=None)  # no seeded draw: every weight is loaded next
+    `as_dtype` ("bf16", "fp32") each weight is first rounded to it, as an export in that dtype stores it;
+    `lora`: the weights are a LoRA run's, base and adapters."""
+    check_shapes(path, m, lora)
+    with no_default_init():  # no draw at all: every weight is loaded next
+        model = get_family(m.family).Reference(m, seed=None)
+        if lora is not None:
+            lora_mod.apply_lora(model, m, lora, TPGroup(), seed=0)  # the adapters are loaded next too
     load_into(model, path, m, TPGroup())
     if as_dtype is not None:
         round_to(model, as_dtype)

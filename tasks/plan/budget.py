@@ -15,6 +15,7 @@ from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget
 from tasks.plan.layout import ranks_per_node, validate_layout
+from tasks.plan.process import process_memory
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,15 @@ def resolve_precision(cfg: JobConfig, device: str | None = None) -> Precision:
     return "bf16" if device in ("cuda", "gpu") else "fp32"
 
 
+def on_cpu(device: str | None = None) -> bool:
+    """Whether the ranks run on CPU (`device` "cpu", or None and torch sees no GPU)."""
+    if device is None:
+        import torch  # local: only needed without a hint
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
 @dataclass
 class Memory:
     """Bytes held by the most loaded rank."""
@@ -68,6 +78,11 @@ class Memory:
     total: int
     capacity: int
     headroom: int
+    # The rank's process beyond its tensors (tasks/plan/process.py), on the stage where its peak is highest.
+    process_runtime: int = 0
+    zero_step_buffers: int = 0
+    checkpoint_snapshot: int = 0
+    process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
 
 
 @dataclass
@@ -240,11 +255,21 @@ def plan(
     counts = get_family(m.family).param_counts(m, p.tp)
     stages = pipeline_stages(m.n_layers, p.pp)
     dp, zero = p.dp, p.zero_stage
+    cpu = on_cpu(device)
+
+    adapter = 0
+    if t.lora is not None:
+        from tasks.models.lora import adapter_params_per_block  # the family's shard rules (torch)
+
+        adapter = adapter_params_per_block(m, t.lora, p.tp)
 
     def stage_memory(st: Stage) -> dict[str, int]:
-        n = st.params(counts)
+        # With train.lora the base is frozen (weights only, in the training dtype) and only the stage's
+        # adapters have gradients and optimizer states (ZeRO as configured).
+        held = st.params(counts) + st.blocks * adapter
+        n = held if t.lora is None else st.blocks * adapter  # trained parameters
         shard = -(-n // dp)  # ZeRO pads partitions to equal size
-        weights = n * b.weight if zero < 3 else shard * b.weight
+        weights = held * b.weight if zero < 3 else -(-held // dp) * b.weight
         # ZeRO-0/1 hold full gradients until the reduction (measured: DeepSpeed 0.19 ZeRO-1 all-reduces
         # the full gradients, then keeps its shard); ZeRO-2/3 keep only their shard (plus the bucket).
         grads = n * b.grad if zero < 2 else shard * b.grad
@@ -261,12 +286,16 @@ def plan(
         tp_buf = b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.tp > 1 else 0
         comm = bucket + p2p + tp_buf
         grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
+        tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
+                   "activations": act, "comm_buffers": comm}
+        process = process_memory(tensors, zero, b.grad, dp, cpu)
         return {
             "stage": st.index,
             "blocks": st.blocks,
             "has_embedding": st.has_embedding,
             "has_head": st.has_head,
-            "params": n,
+            "params": held,
+            "trained_params": n,
             "weights": weights,
             "gradients": grads,
             "optimizer_states": optim,
@@ -275,6 +304,8 @@ def plan(
             "activations_with_recompute": act_re,
             "comm_buffers": comm,
             "total": weights + grads + optim + act + comm,
+            "process": process["terms"],
+            "process_total": process["peak"],
             "dp_grad_payload_bytes": grad_payload,
             "dp_param_allgather_payload_bytes": gather_payload,
             "tp_payload_bytes": _tp_payload(cfg, st, b),
@@ -282,6 +313,7 @@ def plan(
 
     per_stage = [stage_memory(st) for st in stages]
     busiest = max(per_stage, key=lambda s: (s["total"], -s["stage"]))
+    process_stage = max(per_stage, key=lambda s: (s["process_total"], -s["stage"]))
     capacity = int((c.gpu_memory_gib - reserve_gib) * GIB)
     mem = Memory(
         weights=busiest["weights"],
@@ -294,16 +326,25 @@ def plan(
         total=busiest["total"],
         capacity=capacity,
         headroom=capacity - busiest["total"],
+        process_runtime=process_stage["process"]["runtime"],
+        zero_step_buffers=process_stage["process"]["zero_step_buffers"],
+        checkpoint_snapshot=process_stage["process"]["checkpoint_snapshot"],
+        process_peak=process_stage["process_total"],
     )
 
     step = _step(cfg, busiest, b)
     n_total = get_family(m.family).total_params(m)
 
     evaluation = evaluation_budget(cfg, capacity)
-    fits = mem.total <= capacity and evaluation["fits"]
+    # On CPU the capacity is the host's, and the process peak is what it must hold.
+    process_fits = not cpu or mem.process_peak <= capacity
+    fits = mem.total <= capacity and evaluation["fits"] and process_fits
     overflow = None
     warnings: list[str] = []
-    if not evaluation["fits"] and mem.total <= capacity:
+    if not process_fits and mem.total <= capacity:
+        overflow = {"term": "process", "term_bytes": mem.process_peak, "by_bytes": mem.process_peak - capacity,
+                    "total_bytes": mem.process_peak, "capacity_bytes": capacity, "stage": process_stage["stage"]}
+    elif not evaluation["fits"] and mem.total <= capacity:
         overflow = {"term": "evaluation", "term_bytes": evaluation["total"], "by_bytes": evaluation["total"] - capacity,
                     "total_bytes": evaluation["total"], "capacity_bytes": capacity, "stage": evaluation["stage"]}
     elif not fits:
@@ -371,7 +412,7 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     flops_gpu = flops / p.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
 
-    grads_payload, gather_payload = _dp_payload(busiest["params"], b, p.zero_stage, p.micro_batches, p.dp)
+    grads_payload, gather_payload = _dp_payload(busiest["trained_params"], b, p.zero_stage, p.micro_batches, p.dp)
     ring = (p.dp - 1) / p.dp
     # Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload;
     # all-gather (N-1) x the shard each rank contributes.
@@ -430,4 +471,7 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "inter-node bandwidth (GB/s) / ranks per node",
         f"capacity {capacity} B = gpu_memory_gib GiB minus reserve; comm buffers = DeepSpeed bucket "
         f"(min({DS_BUCKET_ELEMENTS} elements, params)) + p2p/TP staging",
+        "process (host RSS per rank, tasks/plan/process.py): runtime + the larger of the step (tensors, with "
+        "ZeRO-1/2's two gradient-sized partition copies in place of the freed activations) and a save (weights, "
+        "gradients, optimizer states and their host snapshot); on CPU it must fit the capacity",
     ]

@@ -115,6 +115,9 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lines.append(f"  {'total':<18} {_gib(m.total):>14}  of {_gib(m.capacity)} ({m.total / m.capacity:.1%})")
     lines.append(f"  (activations without / with recompute: {_gib(m.activations_without_recompute)} / "
                  f"{_gib(m.activations_with_recompute)})")
+    lines.append(f"process per rank (host RSS): runtime {_gib(m.process_runtime)}, ZeRO step buffers "
+                 f"{_gib(m.zero_step_buffers)}, checkpoint snapshot {_gib(m.checkpoint_snapshot)}; "
+                 f"peak {_gib(m.process_peak)}")
     lines += [
         "per step:",
         f"  FLOPs {s.flops_total:.3e} ({s.flops_per_gpu:.3e}/GPU), compute {_ms(s.compute_s)}",

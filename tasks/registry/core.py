@@ -281,7 +281,8 @@ class Registry:
             checkpoint_tag=m["checkpoint_tag"], metrics=m["metrics"], serving_bytes=m["serving_bytes"],
             created_by=m["created_by"], created_at=_iso(m["created_at"]) or "", parent_version=m["parent_version"],
             init_digest=m["init_digest"], data_url=m["data_url"], artifact_kind=m["artifact_kind"],
-            data_replay=m["data_replay"] or [], config=m["config"], started_from=m["started_from"], created=created,
+            data_replay=m["data_replay"] or [], config=m["config"], started_from=m["started_from"],
+            base_version=m["base_version"], base_digest=m["base_digest"], created=created,
         )
 
     @staticmethod
@@ -331,6 +332,10 @@ class Registry:
         check_text(artifact.url, "artifact.url", max_len=4096)
         if lineage.started_from is not None:
             check_text(lineage.started_from, "lineage.started_from", max_len=4096)
+        if lineage.base_version is not None:
+            check_version(lineage.base_version, "lineage.base_version")
+        if lineage.base_digest is not None:
+            check_digest(lineage.base_digest, "lineage.base_digest")
         replay = check_replay(lineage.data_replay)
         config = check_config(lineage.config)
         metrics = check_metrics(metrics)
@@ -361,6 +366,7 @@ class Registry:
                 "data_url": lineage.data_url, "artifact_kind": artifact.kind,
                 "data_replay": replay or None,  # NULL: no replay, as for every version before revision 0005
                 "config": config, "started_from": lineage.started_from,
+                "base_version": lineage.base_version, "base_digest": lineage.base_digest,
             }
             conn.execute(sa.insert(t.versions).values(**values))
         log.info("model %r: published version %d (%s)", model, number, artifact.digest[:12])

@@ -44,6 +44,9 @@ class Lineage:
     config: dict[str, Any] | None = None
     # Where training started, one line: "scratch", "pretrained <dir>", "version <N>", "weights directory <path>".
     started_from: str | None = None
+    # A LoRA adapter's frozen base (migration 0008): its registry version (None: not one) and weights digest.
+    base_version: int | None = None
+    base_digest: str | None = None
 
 
 def origin(started_from: str | None, parent_version: int | None, init_digest: str | None) -> str:
@@ -80,6 +83,8 @@ class VersionRecord:
     data_replay: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] | None = None  # None: published before revision 0006, which did not record it
     started_from: str | None = None
+    base_version: int | None = None  # the base a LoRA adapter needs (migration 0008); None: not an adapter
+    base_digest: str | None = None
     created: bool = field(default=False, compare=False)  # this call inserted it (publish's answer, not a fact)
 
     @property

@@ -20,7 +20,7 @@ from tasks.registry.errors import SchemaVersionError
 # alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
 VERSION_TABLE = "retrainer_schema_version"
 # The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
-HEAD = "0007"
+HEAD = "0008"
 
 metadata = sa.MetaData()
 
@@ -55,6 +55,8 @@ versions = sa.Table(
     sa.Column("data_replay", sa.JSON, nullable=True),
     sa.Column("config", sa.JSON, nullable=True),
     sa.Column("started_from", sa.Text, nullable=True),
+    sa.Column("base_version", sa.Integer, nullable=True),
+    sa.Column("base_digest", sa.String(64), nullable=True),
     sa.UniqueConstraint("model_id", "artifact_digest"),
 )
 

@@ -3,7 +3,8 @@
 Why: it is the yardstick. The 3D-equality tests compare the DeepSpeed engine's
 losses against it, and `bench/trainer.py` compares step times with it. It uses
 the same initial weights (seeded per layer), the same global batches (the
-`Sampler`), AdamW, the warmup-cosine schedule and gradient-norm clipping.
+`Sampler`), AdamW, the warmup-cosine schedule and gradient-norm clipping (with train.lora: the same
+adapters on a frozen base).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from tasks.config import JobConfig
 from tasks.models import get_family
+from tasks.models.lora import apply_lora
 from tasks.models.parallel import TPGroup
 from tasks.train.data import Sampler, TokenWindows, split_inputs
 from tasks.train.worker import WarmupCosine
@@ -39,9 +41,12 @@ def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None =
     sampler = Sampler(len(windows), t.micro_batch_size, p.micro_batches, p.dp, t.seed)
     family = get_family(m.family)
     model = start if start is not None else family.Reference(m, t.seed)
+    if t.lora is not None:
+        apply_lora(model, m, t.lora, TPGroup(), t.seed)
+    trainable = [q for q in model.parameters() if q.requires_grad]
     lm_loss = family.make_loss_fn(TPGroup())
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    opt = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(t.warmup_steps, t.steps))
     run = ReferenceRun(model=model)
     for step0 in range(steps or t.steps):
@@ -51,7 +56,7 @@ def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None =
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainable, t.grad_clip)
         opt.step()
         sched.step()
         run.step_seconds.append(time.perf_counter() - started)

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import random
+import resource
 import time
 import uuid
 from datetime import timedelta
@@ -36,6 +37,7 @@ from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.fsutil import atomic_write_bytes, atomic_write_json
 from tasks.job_status import State, Status, log_for_relay, now, write_status
 from tasks.models import get_family
+from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
@@ -43,6 +45,7 @@ from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
 from tasks.train.export import export_stage, read_reports
+from tasks.train.lean_start import import_muon_uncompiled
 from tasks.train.mirror import Mirror, assign_uploads
 from tasks.train.rank import (
     deepspeed_prints_to_debug,
@@ -161,7 +164,7 @@ class Trainer:
         self.resume_from = self._resume_point()
 
         self.family = get_family(m.family)
-        with deepspeed_prints_to_debug():
+        with deepspeed_prints_to_debug(), no_default_init():  # each layer fills its own weights
             module = PipelineModule(
                 # No seeded draw when the weights are loaded next (a resume, starting weights): at 70B it is
                 # minutes of random numbers and a full-size transient tensor per parameter on every rank.
@@ -177,6 +180,17 @@ class Trainer:
             loaded = load_into(module, init_path, m, tp)
             if self.rank == 0:
                 log.info("starting weights: %s (%d tensors per rank from %s)", run.init.note, loaded, init_path)
+        if (lora := cfg.train.lora) is not None:  # after the base weights, before the optimizer sees requires_grad
+            from tasks.models.lora import apply_lora
+
+            wrapped = apply_lora(module, m, lora, tp, cfg.train.seed)
+            if self.rank == 0:
+                log.info("LoRA: rank %d adapters on %d linears of this stage, base frozen", lora.rank, wrapped)
+            if self.resume_from is None:
+                from tasks.warm.adapter import load_start_adapter
+
+                load_start_adapter(module, cfg, run, tp)
+        import_muon_uncompiled()
         with deepspeed_prints_to_debug():
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module,
@@ -469,6 +483,8 @@ class Trainer:
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
                 exported: dict[str, Any] | None = None) -> dict[str, Any]:
         p = self.cfg.parallel
+        peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the planner's process term)
+        tdist.all_gather_object(peak_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
         summary = {
             "experiment_key": self.run_identity.experiment_key,
             "run": self.run_identity.to_dict(),
@@ -487,6 +503,7 @@ class Trainer:
             "export": exported,
             "checkpoint_saves": self.saves,
             "resharded": self.resharded,
+            "peak_rss_bytes": peak_rss,
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)

@@ -22,8 +22,7 @@ from tasks.model_files import GENERATION_CONFIG, HF_CONFIG, TOKENIZER_FILES
 from tasks.models.pretrained import listing_digest, model_dir, warm_pretrained
 from tasks.registry import ArtifactStore, NotFoundError, Registry
 from tasks.registry.store import local_tree_manifest
-from tasks.run import RunIdentity, StartingWeights, identity, scratch
-from tasks.warm.core import remote_manifest_hash
+from tasks.run import StartingWeights, scratch
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +81,6 @@ def pretrained(cfg: JobConfig, requested: str) -> StartingWeights:
 def local_tree_digest(path: Path) -> str:
     """The tree digest of a local directory (the registry's: a manifest of path, size, sha256)."""
     return local_tree_manifest(path).digest
-
-
-def resolve_identity(cfg: JobConfig, registry: Registry) -> RunIdentity:
-    """The identity of a run starting now: the data at `data.source_url` as it is, `train.init_from` resolved."""
-    data_hash = remote_manifest_hash(cfg.data.source_url, cfg.data.manifest, cfg.data.storage_options)
-    replay = [remote_manifest_hash(r.source_url, r.manifest, r.storage_options) for r in cfg.data.replay]
-    return identity(cfg, data_hash, resolve_starting_weights(cfg, registry), replay)
 
 
 def fetch_starting_weights(cfg: JobConfig, init: StartingWeights) -> Path | None:

@@ -1,13 +1,20 @@
-"""Fixtures for the Airflow tests: one real `airflow standalone` for the module that needs it.
+"""Fixtures for the Airflow tests: one real `airflow standalone` for the whole package, shared by every module.
 
 The standalone is started as the README tells a user to (`README_AIRFLOW_COMMANDS`, run through the
 venv's `retrainer airflow` wrapper; tests/airflow/test_airflow_cmd.py checks they are the README's lines),
 in an environment stripped of every AIRFLOW_*/RETRAINER_* variable and of the venv's bin on PATH, so
 whatever the wrapper fails to set fails every standalone test. On top it gets only settings the README
-names (its own AIRFLOW_HOME, RETRAINER_HOME, config folder with a shrunk copy of the demo config, and
-a free AIRFLOW__API__PORT, without the base URL) and harness tuning the instructions do not depend on
-(a fast DAG-folder refresh, one API worker, one OpenMP thread, this checkout first on PYTHONPATH). It is
-started in its own session so the whole process group is stopped at the end.
+names (its own AIRFLOW_HOME, RETRAINER_HOME, config folder, and a free AIRFLOW__API__PORT, without the
+base URL) and harness tuning the instructions do not depend on (a fast DAG-folder refresh, one API worker,
+one OpenMP thread, this checkout first on PYTHONPATH). It is started in its own session so the whole
+process group is stopped at the end.
+
+Several models share one config folder, as the product allows: each module using the standalone declares
+its `TENANT` (its models, each a shrunk copy of the demo config changed by the module, with its own data,
+runs, registry and store under `home/<model>/`; the DAGs it needs; its pools; whether it needs the test hooks;
+and whether its models train on Slurm). All are written before the one standalone starts (a start costs a
+database migration, pools, the boot and a DAG parse), and the modules using it run last in the package, so
+it idles beside no other test and is stopped when the package ends.
 """
 
 from __future__ import annotations
@@ -47,25 +54,42 @@ def under_airflow_bash_blocks() -> list[str]:
     return [block.split("```", 1)[0] for block in section.split("```bash\n")[1:]]
 
 
-def write_test_config(home: Path, mutate: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """The demo config, shrunk for CPU CI: a few steps, warm-up off so more steps always means lower loss.
-    `mutate` changes the document further (a test module's own settings) before it is written."""
+Mutate = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One test module's share of the standalone: its models (name -> how the module changes the test config),
+    the DAGs it needs parsed, its pools (besides the README's), whether its runs need the test hooks (tests/hooks,
+    then installed in every process of the standalone, their step delay set per model: `set_step_delay`), and
+    whether its models train on the session's Slurm."""
+
+    models: dict[str, Mutate | None]
+    dag_ids: tuple[str, ...]
+    pools: dict[str, int] = field(default_factory=dict)
+    hooks: bool = False
+    slurm: bool = False
+
+
+def write_test_config(config_dir: Path, model_home: Path, name: str, mutate: Mutate | None = None) -> None:
+    """The demo config as model `name`, shrunk for CPU CI: a few steps, warm-up off so more steps always means
+    lower loss; its data, runs, cache, registry and store under `model_home`. `mutate` changes the document
+    further (a test module's own settings) before it is written."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
+    cfg["name"] = cfg["publish"]["model_name"] = name
     cfg["schedule"] = None  # runs only when the test triggers them
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=64, seq_len=32, dropout=0.0)
     cfg["train"].update(steps=4, checkpoint_every=2, micro_batch_size=4, warmup_steps=0, lr=1.0e-2,
-                        output_dir=str(home / "runs"))
-    cfg["data"].update(source_url=str(home / "store" / "data"), cache_dir=str(home / "cache"))
+                        output_dir=str(model_home / "runs"))
+    cfg["data"].update(source_url=str(model_home / "store" / "data"), cache_dir=str(model_home / "cache"))
     cfg["cluster"]["master_port"] = free_port()
     cfg["evaluate"].update(batches=2, batch_size=4)
-    cfg["publish"].update(registry_url=f"sqlite:///{home / 'registry.db'}", store_url=str(home / "store" / "models"))
+    cfg["publish"].update(registry_url=f"sqlite:///{model_home / 'registry.db'}",
+                          store_url=str(model_home / "store" / "models"))
     if mutate is not None:
         mutate(cfg)
-    config_dir = home / "configs"
-    config_dir.mkdir(parents=True)
-    path = config_dir / "tiny-llama.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
 
 
 @dataclass
@@ -75,7 +99,7 @@ class Standalone:
     proc: subprocess.Popen
     base_url: str
     home: Path
-    config_path: Path
+    config_dir: Path
     log_path: Path
     token: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -92,6 +116,20 @@ class Standalone:
     def stop(self) -> None:
         """Stop the scheduler, triggerer, workers, DAG processor and API server (the whole process group)."""
         _stop_group(self.proc)
+
+    def config_path(self, model: str) -> Path:
+        return self.config_dir / f"{model}.yaml"
+
+    def model_home(self, model: str) -> Path:
+        """Where `model`'s data, runs, cache, registry database and store live."""
+        return self.home / model
+
+    def set_step_delay(self, model: str, seconds: float) -> None:
+        """From their next step on, the ranks training `model` sleep `seconds` after each (tests/hooks)."""
+        delays = Path(self.env["HOOK_STEP_DELAY_DIR"])
+        staged = delays / f".{model}"
+        staged.write_text(str(seconds))
+        staged.replace(delays / model)  # whole, never half-written under a reading rank
 
     @property
     def auth(self) -> dict[str, str]:
@@ -112,7 +150,7 @@ class Standalone:
                 if run["state"] in ("success", "failed"):
                     return run
                 assert self.proc.poll() is None, f"airflow standalone died:\n{self.log_tail()}"
-                time.sleep(2)
+                time.sleep(0.5)
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout}s:\n{self.log_tail()}")
 
     def run_ids(self, dag_id: str) -> set[str]:
@@ -127,7 +165,7 @@ class Standalone:
             new = sorted(self.run_ids(dag_id) - known)
             if new:
                 return new[0]
-            time.sleep(1)
+            time.sleep(0.5)
         raise AssertionError(f"no new {dag_id} run in {timeout}s:\n{self.log_tail()}")
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
@@ -168,56 +206,95 @@ def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> Non
     raise AssertionError(f"airflow standalone not ready in {timeout}s:\n{sa.log_tail()}")
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    with run_standalone(tmp_path_factory) as sa:
+SITECUSTOMIZE = '''"""Test-only: every Python process of this standalone installs the launcher-side test hooks."""
+from tests.hooks import install
+
+install()
+'''
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules using the standalone run after the package's others (stable, file order kept): the
+    standalone starts at their first test and idles beside none of the rest."""
+    package = Path(__file__).parent
+    ours = [i for i, item in enumerate(items) if package in item.path.parents]
+    if ours:
+        block = [items[i] for i in ours]
+        block.sort(key=lambda item: "standalone" in item.fixturenames)
+        for i, item in zip(ours, block, strict=True):
+            items[i] = item
+
+
+@pytest.fixture(scope="package")
+def standalone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    """One standalone for every selected module's `TENANT`. Without the session's Slurm (missing: skipped, or
+    failed under CI) the tenants that train on it are left out; their own tests meet the same refusal."""
+    modules = {item.module for item in request.session.items if "standalone" in item.fixturenames}
+    tenants = []
+    for module in sorted(modules, key=lambda m: m.__name__):
+        assert isinstance(getattr(module, "TENANT", None), Tenant), f"{module.__name__} declares no TENANT"
+        tenants.append(module.TENANT)
+    env: dict[str, str] = {}
+    if any(t.slurm for t in tenants):
+        try:
+            env.update(request.getfixturevalue("slurm_cluster").env)
+        except (pytest.skip.Exception, pytest.fail.Exception):
+            tenants = [t for t in tenants if not t.slurm]
+    home = tmp_path_factory.mktemp("standalone")
+    with running_standalone(home, tenants, env) as sa:
         yield sa
 
 
 @contextlib.contextmanager
-def run_standalone(tmp_path_factory: pytest.TempPathFactory,
-                   mutate: Callable[[dict[str, Any]], None] | None = None,
-                   dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
-    """A started standalone on the test config (changed by `mutate`) and its data, stopped on exit (once the
-    DAGs `dag_ids` are parsed)."""
+def running_standalone(home: Path, tenants: list[Tenant], env: dict[str, str]) -> Iterator[Standalone]:
+    """A real `airflow standalone` for the tenants' models (configs and data written first), started by the
+    README's lines (registries: each model's SQLite database, created by its first use as the README's
+    embedded default is; the tenants' pools beside the README's, created the same way), `env` added to the
+    harness's; stopped, whole process group, on exit."""
     from tasks.data import make_data
 
-    home = tmp_path_factory.mktemp("standalone")
-    config_path = write_test_config(home, mutate)
-    make_data(str(home / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
-    # The training pool the retrain DAG's train task occupies (README: create it once per cluster).
-    with running_standalone(home, config_path, dag_ids=dag_ids) as sa:
-        yield sa
-
-
-@contextlib.contextmanager
-def running_standalone(home: Path, config_path: Path, *, pools: dict[str, int] | None = None,
-                       extra_env: dict[str, str] | None = None,
-                       dag_ids: tuple[str, ...] = ("retrain_tiny-llama", "rollback_model")) -> Iterator[Standalone]:
-    """A real `airflow standalone` for the job configs in `config_path`'s folder, started by the README's lines
-    (registry: the home's SQLite database, created by its first use as the README's embedded default is;
-    `pools` instead of the README's pool, created the same way); stopped, whole process group, on exit."""
+    config_dir = home / "configs"
+    pools: dict[str, int] = {}
+    for tenant in tenants:
+        for name, mutate in tenant.models.items():
+            assert not (config_dir / f"{name}.yaml").exists(), f"two tenants name the model {name}"
+            write_test_config(config_dir, home / name, name, mutate)
+            make_data(str(home / name / "store" / "data"), name="tiny-llama", n_train_shards=2,
+                      tokens_per_shard=16384)
+        for name, slots in tenant.pools.items():
+            assert pools.setdefault(name, slots) == slots, f"tenants disagree on pool {name}"
+    python_path = [str(ROOT), os.environ.get("PYTHONPATH")]
+    hook_env: dict[str, str] = {}
+    if any(t.hooks for t in tenants):  # every process imports tests.hooks: the checkout is on the path too
+        site = home / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        python_path.insert(0, str(site))
+        hook_env["HOOK_STEP_DELAY_DIR"] = str(home / "step-delays")
+        (home / "step-delays").mkdir()
     port = free_port()
     env = {
         **_bare_environment(),
         # What the README names for a user to set:
         "AIRFLOW_HOME": str(home / "airflow"),
         "AIRFLOW__API__PORT": str(port),  # and not AIRFLOW__API__BASE_URL: the wrapper derives it
-        "RETRAINER_CONFIG_DIR": str(config_path.parent),
+        "RETRAINER_CONFIG_DIR": str(config_dir),
         "RETRAINER_HOME": str(home / "retrainer"),
         # Harness tuning for 2 busy cores:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__API__WORKERS": "1",
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        **(extra_env or {}),
+        "PYTHONPATH": os.pathsep.join(p for p in python_path if p),
+        **env,
+        **hook_env,
     }
+    dag_ids = tuple(dict.fromkeys(d for t in tenants for d in t.dag_ids))
     sa = Standalone(proc=None, base_url=f"http://127.0.0.1:{port}", home=home,  # type: ignore[arg-type]
-                    config_path=config_path, log_path=home / "standalone.log", env=env, dag_ids=dag_ids)
+                    config_dir=config_dir, log_path=home / "standalone.log", env=env, dag_ids=dag_ids)
     migrate, readme_pool, _ = README_AIRFLOW_COMMANDS
-    # The README's pool line; another module's pools in the same form (a deferred training holds its GPUs).
-    pool_lines = [readme_pool] if pools is None else [
-        [*readme_pool[:3], name, str(slots), *readme_pool[5:]] for name, slots in pools.items()]
+    # The README's pool line, and the tenants' pools in the same form (a deferred training holds its GPUs).
+    pool_lines = [readme_pool, *([*readme_pool[:3], name, str(slots), *readme_pool[5:]]
+                                 for name, slots in pools.items())]
     for command in (migrate, *pool_lines):
         done = subprocess.run([RETRAINER, *command], env=env, cwd=home, capture_output=True, text=True,
                               timeout=600)

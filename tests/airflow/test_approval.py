@@ -1,9 +1,10 @@
-"""Human approval before production and the deadline alert, under one real `airflow standalone`.
+"""Human approval before production and the deadline alert, on the package's real `airflow standalone`.
 
-The config requires approval for `production` only (`publish.approval: {production: required}`), gives a
-person 60 s to answer, and sets `train.deadline: 20s`. All four runs train on the same data from the same
-starting point (nothing is live on either alias when they start), so only the first one trains; the others
-reuse its checkpoint and evaluate again. In file order, sharing the standalone, as a user would:
+The model is the README's `tiny-llama` (its REST lines start a run of it). Its config requires approval for
+`production` only (`publish.approval: {production: required}`), gives a person 30 s to answer, and sets
+`train.deadline: 20s`. All four runs train on the same data from the same starting point (nothing is live on
+either alias when they start), so only the first one trains; the others reuse its checkpoint and evaluate
+again. In file order, as a user would:
 nobody answers the first run in time (rejected, noted, nothing published; its deadline alert fires);
 the second is rejected through the HITL REST endpoint with a comment (the run's note says who and why);
 the third, started by the README's REST lines as written, is approved through it (published, the approver
@@ -18,16 +19,15 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.airflow.conftest import Standalone, run_standalone, under_airflow_bash_blocks
+from tests.airflow.conftest import Standalone, Tenant, under_airflow_bash_blocks
 
 RETRAIN = "retrain_tiny-llama"
 MODEL, ALIAS = "tiny-llama", "production"
-TIMEOUT_S = 60
+TIMEOUT_S = 30  # the shortest that leaves a person's answer seconds to spare on a busy CI box
 
 pytestmark = pytest.mark.multiproc
 
@@ -37,17 +37,14 @@ def _requires_approval(cfg: dict[str, Any]) -> None:
     cfg["train"]["deadline"] = "20s"
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    with run_standalone(tmp_path_factory, _requires_approval) as sa:
-        yield sa  # unpaused: `retrainer airflow` creates DAGs so
+TENANT = Tenant(models={MODEL: _requires_approval}, dag_ids=(RETRAIN,))  # unpaused: `retrainer airflow` creates DAGs so
 
 
 def _registry(sa: Standalone):
     from tasks.registry import Registry
     from tasks.resolve import load_config
 
-    return Registry(load_config(sa.config_path).publish.registry_url)
+    return Registry(load_config(sa.config_path(MODEL)).publish.registry_url)
 
 
 def _hitl_path(run_id: str) -> str:
@@ -144,7 +141,7 @@ def _poll_log(sa: Standalone, text: str, timeout: float = 300) -> str:
         for line in sa.log_path.read_text(errors="replace").splitlines():
             if text in line:
                 return line
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"no log line with {text!r} in {timeout}s:\n{sa.log_tail()}")
 
 
@@ -156,12 +153,12 @@ def test_no_answer_in_time_rejects_and_the_deadline_alert_fires(standalone: Stan
     body = request["body"]
     for text in ("`heldout.loss`", "`heldout.perplexity`", "| metric | candidate | live | change |",
                  f"Live on `{ALIAS}`: nothing yet", "**Gate**: passed:", "- passed: evaluate.gate.rules[0]",
-                 "No answer within 1 minute rejects it."):
+                 "No answer within 30 seconds rejects it."):
         assert text in body, (text, body)
 
     run = _finished(standalone, run_id)  # nobody answers: the scheduler's timeout sweep applies Reject
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "skipped"
-    assert run["note"] == ("approval: nobody answered within 1 minute (publish.approval_timeout_s): timed out, "
+    assert run["note"] == ("approval: nobody answered within 30 seconds (publish.approval_timeout_s): timed out, "
                            "rejected; not published")
     assert _registry(standalone).models() == []  # nothing published, no alias
 

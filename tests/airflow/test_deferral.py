@@ -1,8 +1,9 @@
 """Deferrable training under a real scheduler on a real Slurm: what a platform team running multi-day jobs sees.
 
-One `airflow standalone` (scheduler, triggerer, workers, DAG processor, API server) and one single-node
-Slurm. Two models: `tiny-llama` defers while its jobs run (the slurm default), `tiny-llama-attached` keeps
-its task attached (`cluster.deferrable: false`, today's behaviour). The pool holds one job at a time.
+The package's `airflow standalone` (scheduler, triggerer, workers, DAG processor, API server) and one
+single-node Slurm. Two models: `slurm-llama` defers while its jobs run (the slurm default),
+`slurm-llama-attached` keeps its task attached (`cluster.deferrable: false`, today's behaviour). Their pool
+holds one job at a time.
 1. A run defers, then every Airflow component is stopped and started again while its job trains: the
    job never notices, the same try collects it and the version is published.
 2. New data for both models, both triggered while the pool is closed: the higher `schedule.priority`
@@ -10,8 +11,9 @@ its task attached (`cluster.deferrable: false`, today's behaviour). The pool hol
    scheduler's feet (standing in for preemption): it is submitted again and resumes from its checkpoint,
    in the same try. The second one's task process is SIGKILLed mid-training: the retry cancels the job
    it left and resumes from the checkpoint. Each run publishes exactly one version.
-The ranks sleep a little after each step (tests/hooks, installed in every process of this standalone by
-its sitecustomize) so there is a mid-training to act in.
+The ranks of these two models sleep a little after each step (tests/hooks, installed in every process of the
+standalone by its sitecustomize) so there is a mid-training to act in; once the act is done, the rest of the
+job runs at full speed.
 """
 
 from __future__ import annotations
@@ -21,63 +23,38 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
-from tests.airflow.conftest import RETRAINER, ROOT, Standalone, running_standalone, write_test_config
+from tests.airflow.conftest import RETRAINER, Standalone, Tenant
 from tests.slurm import SlurmCluster
 
 pytestmark = pytest.mark.multiproc
 
-HIGH, LOW = "tiny-llama", "tiny-llama-attached"
+HIGH, LOW = "slurm-llama", "slurm-llama-attached"
 STEPS = 30
+STEP_DELAY_S = 2
 POOL = "training-slurm"
-SITECUSTOMIZE = '''"""Test-only: every Python process of this standalone installs the launcher-side test hooks."""
-from tests.hooks import install
-
-install()
-'''
 
 
-def _configs(home: Path) -> Path:
-    """Both models' configs: the standalone's test config on Slurm, each with its own data, runs and name."""
-    path = write_test_config(home)
-    base = yaml.safe_load(path.read_text())
-    for name, extra in ((HIGH, {"priority": 10}), (LOW, {"priority": 1})):
-        cfg = json.loads(json.dumps(base))
-        cfg["name"] = cfg["publish"]["model_name"] = name
-        cfg["schedule"] = {"cron": None, **extra}
-        # Long enough (2 s a step) to outlive a restart of every Airflow component, and for a retry to find
+def _on_slurm(name: str, priority: int):
+    """The test config of model `name` on Slurm, in the pool."""
+    def mutate(cfg: dict[str, Any]) -> None:
+        cfg["schedule"] = {"cron": None, "priority": priority}
+        # Long enough (STEP_DELAY_S a step) to outlive a stop of every Airflow component, and for a retry to find
         # the job its SIGKILLed try left still running.
-        cfg["train"].update(steps=STEPS, checkpoint_every=2, output_dir=str(home / "runs" / name))
-        cfg["data"]["source_url"] = str(home / "store" / f"data-{name}")
+        cfg["train"].update(steps=STEPS, checkpoint_every=2)
         cfg["cluster"].update(launcher="slurm", gpus_per_node=2, hang_timeout_s=300,
                               slurm={"time_limit": "00:20:00"})
         if name == LOW:
             cfg["cluster"]["deferrable"] = False
-        (path.parent / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
-    return path
+    return mutate
 
 
-@pytest.fixture(scope="module")
-def deferring(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: SlurmCluster) -> Iterator[Standalone]:
-    from tasks.data import make_data
-
-    home = tmp_path_factory.mktemp("deferral")
-    config_path = _configs(home)
-    for name in (HIGH, LOW):
-        make_data(str(home / "store" / f"data-{name}"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384)
-    site = home / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "2",  # every process imports tests.hooks: the checkout too
-           "PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    with running_standalone(home, config_path, pools={POOL: 2}, extra_env=env,
-                            dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}")) as sa:
-        yield sa
+TENANT = Tenant(models={HIGH: _on_slurm(HIGH, 10), LOW: _on_slurm(LOW, 1)},
+                dag_ids=(f"retrain_{HIGH}", f"retrain_{LOW}"), pools={POOL: 2}, slurm=True, hooks=True)
 
 
 def _ti(sa: Standalone, name: str, run_id: str, task_id: str) -> dict:
@@ -106,7 +83,7 @@ def _wait(what: str, check, sa: Standalone, timeout_s: float = 600):
         if result := check():
             return result
         assert sa.proc.poll() is None, f"airflow standalone died:\n{sa.log_tail()}"
-        time.sleep(1)
+        time.sleep(0.5)
     raise AssertionError(f"{what}: not within {timeout_s}s\n{sa.log_tail()}")
 
 
@@ -121,7 +98,7 @@ def _state(sa: Standalone, name: str, run_id: str, task_id: str) -> str | None:
 def _run_dir(sa: Standalone, name: str) -> Path:
     """The newest run directory of a model (each run has its own; the train task creates it)."""
     def newest() -> Path | None:
-        runs = sorted((sa.home / "runs" / name).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+        runs = sorted((sa.model_home(name) / "runs").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
         return runs[-1].parent if runs else None
 
     return _wait(f"a run directory of {name}", newest, sa)
@@ -143,14 +120,15 @@ def _versions(sa: Standalone, name: str) -> list:
     from tasks.registry import NotFoundError, Registry
 
     try:
-        return Registry(f"sqlite:///{sa.home / 'registry.db'}").list_versions(name)
+        return Registry(f"sqlite:///{sa.model_home(name) / 'registry.db'}").list_versions(name)
     except NotFoundError:  # nothing published yet
         return []
 
 
 def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
-        deferring: Standalone, slurm_cluster: SlurmCluster) -> None:
-    sa = deferring
+        standalone: Standalone, slurm_cluster: SlurmCluster) -> None:
+    sa = standalone
+    sa.set_step_delay(HIGH, STEP_DELAY_S)
     run_id = _trigger(sa, HIGH)
     _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)
     run_dir = _run_dir(sa, HIGH)
@@ -164,7 +142,8 @@ def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
     run = sa.wait_run(f"retrain_{HIGH}", run_id, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", run_id, "train")
     train = _ti(sa, HIGH, run_id, "train")
-    assert train["try_number"] == 1, "collected by the same try, never retried"
+    assert train["try_number"] == 1, ("collected by the same try, never retried:\n"
+                                      + sa.task_log(f"retrain_{HIGH}", run_id, "train")[-4000:])
     assert (run_dir / "slurm-job-id").read_text().strip() == job_id, "the one job, not a second"
     assert _slurm_state(slurm_cluster, job_id) == "COMPLETED"
     summary = _xcom(sa, HIGH, run_id, "train")
@@ -174,13 +153,14 @@ def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
 
 
 def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_checkpoint(
-        deferring: Standalone, slurm_cluster: SlurmCluster) -> None:
+        standalone: Standalone, slurm_cluster: SlurmCluster) -> None:
     from tasks.data import make_data
 
-    sa = deferring
+    sa = standalone
     for name in (HIGH, LOW):  # this week's data for both models
-        make_data(str(sa.home / "store" / f"data-{name}"), name="tiny-llama", n_train_shards=2,
+        make_data(str(sa.model_home(name) / "store" / "data"), name="tiny-llama", n_train_shards=2,
                   tokens_per_shard=16384, seed=7)
+        sa.set_step_delay(name, STEP_DELAY_S)
     before = {name: len(_versions(sa, name)) for name in (HIGH, LOW)}
 
     def pool(slots: int) -> None:
@@ -201,6 +181,7 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     _wait("high's step-2 checkpoint", lambda: _committed(high_dir, 2), sa)
     first_job = (high_dir / "slurm-job-id").read_text().strip()
     slurm_cluster.run("scancel", first_job)  # the cluster takes the job away (stands in for preemption)
+    sa.set_step_delay(HIGH, 0)  # its next job may run at full speed
 
     # The lower priority runs after it; its task process is SIGKILLed mid-training (no cleanup runs).
     _wait("low trains", lambda: _state(sa, LOW, low_run, "train") == "running", sa)
@@ -208,6 +189,9 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     _wait("low's step-2 checkpoint", lambda: _committed(low_dir, 2), sa)
     orphan = (low_dir / "slurm-job-id").read_text().strip()
     os.kill(_ti(sa, LOW, low_run, "train")["pid"], signal.SIGKILL)
+    _wait("the retry cancels the job the killed try left",
+          lambda: _slurm_state(slurm_cluster, orphan) not in ("PENDING", "RUNNING"), sa)
+    sa.set_step_delay(LOW, 0)  # the retry's own job may run at full speed
 
     run = sa.wait_run(f"retrain_{HIGH}", high_run, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", high_run, "train")
@@ -231,14 +215,15 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
     assert len(_versions(sa, LOW)) == before[LOW] + 1
 
 
-def test_marking_a_deferred_training_failed_cancels_its_job(deferring: Standalone,
+def test_marking_a_deferred_training_failed_cancels_its_job(standalone: Standalone,
                                                             slurm_cluster: SlurmCluster) -> None:
     """An operator stops a run from the UI (mark failed): the job must not train on unseen for days."""
     from tasks.data import make_data
 
-    sa = deferring
-    make_data(str(sa.home / "store" / f"data-{HIGH}"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
+    sa = standalone
+    make_data(str(sa.model_home(HIGH) / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,
               seed=11)
+    sa.set_step_delay(HIGH, STEP_DELAY_S)
     live_before = [v.version for v in _versions(sa, HIGH)]
     run_id = _trigger(sa, HIGH)
     _wait("train deferred", lambda: _state(sa, HIGH, run_id, "train") == "deferred", sa)

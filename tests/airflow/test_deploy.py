@@ -1,6 +1,6 @@
-"""Deploy on model events under a real scheduler (one `airflow standalone`, its config with `deploy.enabled`).
+"""Deploy on model events under a real scheduler (the package's `airflow standalone`; this model has `deploy.enabled`).
 
-A manual retrain publishes v1; its alias-moved event starts `deploy_tiny-llama`, whose smoke test loads the export
+A manual retrain publishes v1; its alias-moved event starts `deploy_deploy-llama`, whose smoke test loads the export
 with transformers and reproduces the evaluated loss, and whose hook (`tests.hooks.deploy:record`) receives v1's
 verified directory. Then a broken export is published as v2 from outside Airflow and its event announced through
 the REST API: the smoke test fails, the `rollback` task moves the alias back to v1 with the failure as the audited
@@ -10,16 +10,15 @@ reason, and the rollback's own event deploys v1 again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.airflow.conftest import Standalone, run_standalone
+from tests.airflow.conftest import Standalone, Tenant
 
-RETRAIN, DEPLOY = "retrain_tiny-llama", "deploy_tiny-llama"
-MODEL, ALIAS = "tiny-llama", "production"
+MODEL, ALIAS = "deploy-llama", "production"
+RETRAIN, DEPLOY = f"retrain_{MODEL}", f"deploy_{MODEL}"
 
 pytestmark = pytest.mark.multiproc
 
@@ -28,20 +27,17 @@ def _deploys(cfg: dict[str, Any]) -> None:
     cfg["deploy"] = {"enabled": True, "entry_point": "tests.hooks.deploy:record"}
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    with run_standalone(tmp_path_factory, _deploys, dag_ids=(RETRAIN, DEPLOY)) as sa:
-        yield sa
+TENANT = Tenant(models={MODEL: _deploys}, dag_ids=(RETRAIN, DEPLOY))
 
 
 def _cfg(sa: Standalone):
     from tasks.resolve import load_config
 
-    return load_config(sa.config_path)
+    return load_config(sa.config_path(MODEL))
 
 
 def _hook_calls(sa: Standalone) -> list[dict[str, Any]]:
-    path = sa.home / "cache" / "deploy" / MODEL / "hook.jsonl"  # deploy.models_dir's default
+    path = sa.model_home(MODEL) / "cache" / "deploy" / MODEL / "hook.jsonl"  # deploy.models_dir's default
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 

@@ -1,4 +1,4 @@
-"""One real `airflow standalone` (parallelism 4): retraining on data arrival, rollback, the registry page.
+"""The package's real `airflow standalone` (parallelism 4): retraining on data arrival, rollback, the registry page.
 
 Through the REST API, under the real scheduler: bad Params are refused with HTTP 400 naming the
 field; a manual run publishes v1; the `publish_dataset` producer writes a new snapshot and its Asset
@@ -10,7 +10,7 @@ triggered them, the data-triggered version only its run.
 Then the plugin's registry page: refused without a token, lists the versions with one; a second Roll back
 (v2 was rolled back, v1 was the first) is refused by its run, which the page follows until it ends; in a
 headless Chromium a person forces v2 back with a reason and the page reloads itself until the alias
-moved, and a screenshot of it is not blank. The tests run in file order and share the one standalone.
+moved, and a screenshot of it is not blank. The tests run in file order on this module's model.
 """
 
 from __future__ import annotations
@@ -21,22 +21,24 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 
 from tests.airflow.browser import browser, chromium_binary, pixel_stats, screenshot, section
-from tests.airflow.conftest import Standalone
+from tests.airflow.conftest import Standalone, Tenant
 from tests.services import free_port, require
 
-RETRAIN = "retrain_tiny-llama"
+MODEL, ALIAS = "plain-llama", "production"
+RETRAIN = f"retrain_{MODEL}"
 ROLLBACK = "rollback_model"
 PRODUCER = "publish_dataset"
-MODEL, ALIAS = "tiny-llama", "production"
 
 pytestmark = pytest.mark.multiproc
+
+TENANT = Tenant(models={MODEL: None}, dag_ids=(RETRAIN, ROLLBACK, PRODUCER))
 
 
 def _registry(sa: Standalone):
     from tasks.registry import Registry
     from tasks.resolve import load_config
 
-    return Registry(load_config(sa.config_path).publish.registry_url)
+    return Registry(load_config(sa.config_path(MODEL)).publish.registry_url)
 
 
 def test_page_and_api_refuse_anonymous_callers(standalone: Standalone) -> None:
@@ -92,7 +94,7 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
 
     # Week 2: the producer writes a snapshot and announces it; the scheduler starts a retrain on it.
     known = standalone.run_ids(RETRAIN)
-    resp = standalone.trigger(PRODUCER, {"job": "tiny-llama", "seed": 2})
+    resp = standalone.trigger(PRODUCER, {"job": MODEL, "seed": 2})
     assert resp.status_code == 200, resp.text
     assert standalone.wait_run(PRODUCER, resp.json()["dag_run_id"])["state"] == "success"
     arrived = standalone.next_run(RETRAIN, known)
@@ -101,7 +103,7 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     snapshot = v2.data_url
     assert v2.version == 2 and v2.parent_version == 1
     assert v2.created_by == f"airflow {RETRAIN}/{arrived}"  # the data started it: no person to name
-    assert snapshot.startswith(str(standalone.home / "store" / "data") + "-snapshots/")
+    assert snapshot.startswith(str(standalone.model_home(MODEL) / "store" / "data") + "-snapshots/")
     assert f"data arrived at {snapshot}" in standalone.task_log(RETRAIN, arrived, "plan")
 
     resp = standalone.trigger(ROLLBACK, {"model": MODEL, "reason": "standalone test"})
@@ -116,7 +118,7 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     # The same snapshot announced again from outside Airflow: that run is v2 again, which was rolled back.
     known = standalone.run_ids(RETRAIN)
     with standalone.client() as c:
-        # The README's lookup: by pattern, since Airflow stores the URI as retrainer-data://tiny-llama/.
+        # The README's lookup: by pattern, since Airflow stores the URI as retrainer-data://<model>/.
         assets = c.get("/api/v2/assets", params={"uri_pattern": f"retrainer-data://{MODEL}"}).raise_for_status()
         [asset] = assets.json()["assets"]
         assert asset["uri"] == f"retrainer-data://{MODEL}/"
@@ -135,8 +137,8 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
 
 def test_registry_page_lists_versions_and_its_button_triggers_rollback(standalone: Standalone) -> None:
     with standalone.client() as c:
-        models = c.get("/retrainer/api/models").raise_for_status().json()
-        assert models == [{"model": MODEL, "versions": 2, "aliases": {ALIAS: 1}}]
+        models = c.get("/retrainer/api/models").raise_for_status().json()  # the other modules' models besides
+        assert [m for m in models if m["model"] == MODEL] == [{"model": MODEL, "versions": 2, "aliases": {ALIAS: 1}}]
         detail = c.get(f"/retrainer/api/models/{MODEL}").raise_for_status().json()
         assert [v["version"] for v in detail["versions"]] == [1, 2]
         assert [len(v["train_losses"]) for v in detail["versions"]] == [4, 4]

@@ -2,6 +2,8 @@
 
 Each hook is switched on by a `HOOK_*` environment variable that only this package reads:
 - `HOOK_STEP_DELAY_S=S`: every rank sleeps S seconds after each step (time to kill or hang a run);
+- `HOOK_STEP_DELAY_DIR=D`: instead, every rank sleeps the seconds written in `D/<model name>` (none: 0), read
+  after each step: per model and changeable mid-run (one standalone training several models);
 - `HOOK_NAN_AT_STEP=N`: the loss of step N is NaN;
 - `HOOK_CKPT_DELAY=STEP:S`: rank 0 pauses S seconds inside the commit of step STEP's checkpoint (its files
   written, not committed);
@@ -11,6 +13,8 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_SAMPLE_LOG=PATH`: each rank appends, per step, the window indices of each of its micro-batches to
   PATH.rank<RANK> (JSON lines: step, dp_rank, dp, micro_batches);
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
+- `HOOK_OPTIMIZER_PARAMS=DIR`: every rank records which parameters its engine's optimizer holds (tests/hooks/
+  optimizer.py);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
   `HOOK_PUBLISH_RELEASE` exists (or forever);

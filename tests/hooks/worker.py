@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 
 from tasks.train import async_save, data, telemetry, worker
 from tasks.train import checkpoint as ck
@@ -61,13 +62,15 @@ def install() -> None:
 
         worker.get_family = get_family
 
-    if delay := float(os.environ.get("HOOK_STEP_DELAY_S") or 0):
+    delay = float(os.environ.get("HOOK_STEP_DELAY_S") or 0)
+    delays = os.environ.get("HOOK_STEP_DELAY_DIR")
+    if delay or delays:
         product_report = worker.Trainer.report
 
         def report(self, state, at_step, loss):
             product_report(self, state, at_step, loss)
             if state == "training" and at_step == step["now"]:  # after a step, not the resume point
-                time.sleep(delay)
+                time.sleep(_model_delay_s(delays, self.cfg.name) if delays else delay)
 
         worker.Trainer.report = report
 
@@ -106,6 +109,17 @@ def install() -> None:
 
         async_save.write_file = failing_write
 
+    if directory := os.environ.get("HOOK_OPTIMIZER_PARAMS"):
+        from tests.hooks.optimizer import record
+
+        product_init = worker.Trainer.__init__
+
+        def init(self, *args, **kwargs):
+            product_init(self, *args, **kwargs)
+            record(self, directory)
+
+        worker.Trainer.__init__ = init
+
     if os.environ.get("HOOK_REWORD_LOGS"):
         class Reword(logging.Filter):
             def filter(self, record: logging.LogRecord) -> bool:
@@ -114,6 +128,14 @@ def install() -> None:
 
         for logger in (worker.log, telemetry.log):
             logger.addFilter(Reword())
+
+
+def _model_delay_s(delays: str, model: str) -> float:
+    """The seconds in `<delays>/<model>`, read at every step (the test changes it mid-run); none: 0."""
+    try:
+        return float(Path(delays, model).read_text())
+    except FileNotFoundError:
+        return 0.0
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def main() -> None:
               "vocab", "seq"):
         ap.add_argument(f"--{k.replace('_', '-')}", type=int, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank on every linear")
     a = ap.parse_args()
     for name in COLLECTIVES:
         if hasattr(tdist, name):
@@ -114,7 +115,13 @@ def main() -> None:
     tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), a.tp)
     module = PipelineModule(layers=pipeline_layers(m, 1234, tp), topology=topo, loss_fn=lm_loss,
                             partition_method="type:TransformerBlock", activation_checkpoint_interval=0)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    if a.lora_rank:
+        from tasks.config import LoraConfig
+        from tasks.models.lora import apply_lora
+
+        lora = LoraConfig(rank=a.lora_rank, alpha=16, target_modules=("qkv", "out", "fc1", "fc2"))
+        apply_lora(module, m, lora, tp, 1234)
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-3)
     ds_config = {
         "train_micro_batch_size_per_gpu": a.mbs,
         "gradient_accumulation_steps": a.micro_batches,

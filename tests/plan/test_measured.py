@@ -37,15 +37,17 @@ LAYOUTS = {
 }
 
 
-def run_layout(layout: dict[str, int], out: Path, mbs: int = 2, model: dict | None = None) -> list[dict]:
-    """Launch the measurement worker for one layout; return each rank's report."""
+def run_layout(layout: dict[str, int], out: Path, mbs: int = 2, model: dict | None = None,
+               lora_rank: int = 0) -> list[dict]:
+    """Launch the measurement worker for one layout (`lora_rank`: a LoRA adapter on every linear); return each
+    rank's report."""
     model = model or MODEL
     world = layout["tp"] * layout["pp"] * layout["dp"]
     args = {
         "tp": layout["tp"], "pp": layout["pp"], "dp": layout["dp"], "zero": layout["zero_stage"],
         "micro-batches": layout["micro_batches"], "mbs": mbs, "layers": model["n_layers"],
         "d-model": model["d_model"], "heads": model["n_heads"], "kv-heads": model["n_kv_heads"],
-        "ffn": model["d_ff"], "vocab": model["vocab_size"], "seq": model["seq_len"],
+        "ffn": model["d_ff"], "vocab": model["vocab_size"], "seq": model["seq_len"], "lora-rank": lora_rank,
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
            f"--master-port={free_port()}", str(WORKER), "--out", str(out)]
