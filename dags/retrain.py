@@ -39,8 +39,11 @@ from tasks import lifecycle
 from tasks.alerts import deadline_missed
 from tasks.approval import MAX_COMMENT, publish_attribution
 from tasks.config import NAME_PATTERN, JobConfig, format_duration
+from tasks.evaluate import Evaluated
+from tasks.gate import GateDecision
 from tasks.launch import pool_for
 from tasks.plan.evaluation import evaluation_layout
+from tasks.publish import PublishResult
 from tasks.registry import alias_asset_uri
 from tasks.resolve import ConfigSnapshot
 
@@ -130,7 +133,7 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
         @task(execution_timeout=timedelta(hours=6), retries=3, retry_delay=timedelta(seconds=5),
               retry_exponential_backoff=True, outlets=[Asset(f"dataset://{cfg.name}")])
         def warm(plan_out: dict) -> dict:
-            return lifecycle.stage_warm(*frozen(plan_out))
+            return lifecycle.stage_warm(*frozen(plan_out)).to_xcom()
 
         @task.short_circuit
         def not_dry_run(_warm: dict) -> bool:
@@ -154,32 +157,34 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict) -> bool:
-            decision = lifecycle.stage_gate(*frozen(plan_out), metrics)
-            get_current_context()["ti"].xcom_push(key="decision", value=decision)  # publish records the rules
-            if not decision["publish"]:
-                note_run(get_current_context()["ti"], f"gate: {decision['reason']}")
-            return decision["publish"]
+            decision = lifecycle.stage_gate(*frozen(plan_out), Evaluated.from_xcom(metrics))
+            ti = get_current_context()["ti"]
+            ti.xcom_push(key="decision", value=decision.to_xcom())  # publish records the rules
+            if not decision.publish:
+                note_run(ti, f"gate: {decision.reason}")
+            return decision.publish
 
         @task(execution_timeout=timedelta(hours=1), retries=2, retry_delay=timedelta(seconds=5),
               outlets=[MODEL_EVENTS])
         def publish(plan_out: dict, summary: dict, metrics: dict, *, outlet_events=None) -> dict:
             ctx = get_current_context()
             ti = ctx["ti"]
-            decision = ti.xcom_pull(task_ids="gate", key="decision")
+            decision = GateDecision.from_xcom(ti.xcom_pull(task_ids="gate", key="decision"))
             actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), run_name(ctx), triggering_user(ctx))
             with refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
-                result = lifecycle.stage_publish(*frozen(plan_out), summary, metrics, gate=decision,
-                                                 actor=actor, reason=reason)
-            if result["switched"]:  # the event says the alias moved: only when it did
-                outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
-                                                extra={"version": result["version"],
-                                                       "parent_version": result["parent_version"]})
+                result = lifecycle.stage_publish(*frozen(plan_out), lifecycle.Trained.from_xcom(summary),
+                                                 Evaluated.from_xcom(metrics), gate=decision, actor=actor,
+                                                 reason=reason)
+            if result.switched:  # the event says the alias moved: only when it did
+                outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result.model, result.alias)),
+                                                extra={"version": result.version,
+                                                       "parent_version": result.parent_version})
             note_run(ti, lifecycle.publish_note(result))  # the run's note: what, from what
-            return result
+            return result.to_xcom()
 
         @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless
         def housekeeping(plan_out: dict, published_out: dict) -> dict:
-            return lifecycle.stage_housekeeping(*frozen(plan_out), published_out)
+            return lifecycle.stage_housekeeping(*frozen(plan_out), PublishResult.from_xcom(published_out))
 
         go >> train
         summary, metrics = train.output, evaluate.output

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tasks.config import GateRule
@@ -34,8 +34,12 @@ class GateDecision:
     candidate_version: int | None = None  # set when the candidate is an already published version
     rules: tuple[dict, ...] = ()  # every rule's result (recorded with the version)
 
-    def to_dict(self) -> dict:
+    def to_xcom(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> GateDecision:
+        return cls(**{**data, "rules": tuple(data.get("rules", ()))})
 
 
 def check_rule(index: int, rule: GateRule, candidate: dict[str, float], live: dict[str, float] | None,

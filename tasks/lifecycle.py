@@ -1,14 +1,16 @@
-"""The lifecycle stages as JSON-in/JSON-out functions, and the whole run chained for the CLI.
+"""The lifecycle stages as typed functions, and the whole run chained for the CLI.
 
-The Airflow DAG calls each `stage_*` function from its own task (outputs travel
-as XCom), and `retrainer run` / `retrainer demo` chain the same functions in one
-process. Each stage receives the previous stage's output by value, never by
-reaching into another stage's internals.
+The Airflow DAG calls each `stage_*` function from its own task (outputs travel as XCom: each result's
+`to_xcom`/`from_xcom`, called only by the Airflow plugin), and `retrainer run` / `retrainer demo` chain the
+same functions in one process. Each stage receives the previous stage's result (a frozen dataclass: Planned,
+Warmed, Trained, Evaluated, GateDecision, PublishResult) by value, never by reaching into another stage's
+internals.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from tasks.endpoints import registry_for
 from tasks.errors import PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
+from tasks.publish import PublishResult
 from tasks.resolve import ConfigSnapshot, load_config
 from tasks.run import RunIdentity, claim_run_dir, nothing_new
 from tasks.warm.adapter import weights_to_load
@@ -28,6 +31,7 @@ from tasks.warm.identity import resolve_identity
 from tasks.warm.weights import fetch_starting_weights, weights_path
 
 if TYPE_CHECKING:
+    from tasks.evaluate import Evaluated
     from tasks.launch import Launch
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,61 @@ class Planned:
     def from_dict(cls, data: dict[str, Any]) -> Planned:
         return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]), data["budget"],
                    data["skip"])
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """The run's data on this cluster: the primary source's dataset directory and manifest, and each replay
+    source's warm (JSON as the warm reported it: only read to show it)."""
+
+    dataset_dir: Path
+    manifest_hash: str
+    report: dict[str, Any]
+    replay: tuple[dict[str, Any], ...]
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {"dataset_dir": str(self.dataset_dir), "manifest_hash": self.manifest_hash, "report": self.report,
+                "replay": list(self.replay)}
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> Warmed:
+        return cls(Path(data["dataset_dir"]), data["manifest_hash"], data["report"], tuple(data["replay"]))
+
+
+@dataclass(frozen=True)
+class Trained:
+    """The run's finished training: how it got there (`outcome`: trained, resumed, reused), its final
+    checkpoint, the ranks' staged export, and the loss curve; `summary` keeps the rest of what the ranks
+    reported (layout, telemetry, saves), shown, never read by a later stage."""
+
+    outcome: str
+    checkpoint_dir: Path
+    checkpoint_tag: str
+    trained_steps: int
+    resumed_from_step: int | None
+    first_loss: float | None
+    final_loss: float | None
+    losses: tuple[float, ...]
+    export: dict[str, Any] | None
+    summary: dict[str, Any]
+
+    @classmethod
+    def of(cls, summary: dict[str, Any], outcome: str, **changes: Any) -> Trained:
+        """From the ranks' summary (summary.json) of the run's training."""
+        return cls.from_xcom({**summary, "outcome": outcome, **changes})
+
+    def to_xcom(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "summary"}
+        return {**self.summary, **fields, "checkpoint_dir": str(self.checkpoint_dir), "losses": list(self.losses)}
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> Trained:
+        typed = {f.name for f in dataclasses.fields(cls)} - {"summary"}
+        return cls(outcome=data["outcome"], checkpoint_dir=Path(data["checkpoint_dir"]),
+                   checkpoint_tag=data["checkpoint_tag"], trained_steps=data["trained_steps"],
+                   resumed_from_step=data.get("resumed_from_step"), first_loss=data.get("first_loss"),
+                   final_loss=data.get("final_loss"), losses=tuple(data.get("losses", ())),
+                   export=data.get("export"), summary={k: v for k, v in data.items() if k not in typed})
 
 
 def stage_plan_run(job: ConfigSnapshot, *, force: bool = False) -> Planned:
@@ -118,7 +177,7 @@ def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
     return result.to_dict()
 
 
-def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
+def stage_warm(cfg: JobConfig, run: RunIdentity) -> Warmed:
     """Warm every source of the run's data (the primary, then each replay source), each verified against
     the manifest the run was identified with."""
     from tasks.warm import warm_mixture
@@ -130,16 +189,11 @@ def stage_warm(cfg: JobConfig, run: RunIdentity) -> dict[str, Any]:
             raise RetrainerError(
                 f"{url}: the dataset changed since this run started (manifest "
                 f"{then[:12]} then, {result.manifest_hash[:12]} now); a new run trains on it")
-    return {
-        "dataset_dir": str(primary.dataset_dir),
-        "manifest_hash": primary.manifest_hash,
-        "report": primary.report.to_dict(),
-        "replay": [{"url": url, **result.to_dict()} for (url, _), result in zip(planned[1:], replay, strict=True)],
-    }
+    return Warmed(primary.dataset_dir, primary.manifest_hash, primary.report.to_dict(),
+                  tuple({"url": url, **result.to_dict()} for (url, _), result in zip(planned[1:], replay, strict=True)))
 
 
-def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
-                holder: str | None = None) -> dict[str, Any]:
+def stage_train(cfg: JobConfig, run: RunIdentity, warm: Warmed, *, holder: str | None = None) -> Trained:
     """Train this run in its own directory; a finished run of the same key is reused, a killed one resumed."""
     with _train_lock(cfg, run, holder):
         done = _finished(cfg, run)
@@ -149,25 +203,25 @@ def stage_train(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
     return _trained(run, summary)
 
 
-def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], *,
-                       holder: str | None = None) -> dict[str, Any]:
-    """`stage_train` for a job that outlives the caller (an Airflow task that defers): {"result": the stage's
-    output} when the run has finished already, else {"job": the submitted job's handle} to follow
-    (tasks.launch.follow) and hand to `stage_train_collect`. The experiment lock is held while submitting;
+def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: Warmed, *,
+                       holder: str | None = None) -> Trained | dict[str, Any]:
+    """`stage_train` for a job that outlives the caller (an Airflow task that defers): the stage's result when
+    the run has finished already, else the submitted job's handle (JSON) to follow (tasks.launch.follow) and
+    hand to `stage_train_collect`. The experiment lock is held while submitting;
     while the job runs the engine holds the run (one job name per run: a later attempt cancels a job an
     earlier one left before starting its own)."""
     with _train_lock(cfg, run, holder):
         done = _finished(cfg, run)
         if done is not None:
-            return {"result": done}
-        return {"job": _train_launch(cfg, run, warm).submit()}
+            return done
+        return _train_launch(cfg, run, warm).submit()
 
 
-def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], job: dict[str, Any],
-                        outcome: dict[str, Any], *, holder: str | None = None) -> dict[str, Any]:
-    """The trained run from its followed job's outcome ({"result": ...}); a job the cluster took away is
-    submitted again and resumes from its last checkpoint ({"job": ...} again), as long as each attempt gets
-    further than the one before."""
+def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: Warmed, job: dict[str, Any],
+                        outcome: dict[str, Any], *, holder: str | None = None) -> Trained | dict[str, Any]:
+    """The trained run from its followed job's outcome; a job the cluster took away is submitted again and
+    resumes from its last checkpoint (its new handle), as long as each attempt gets further than the one
+    before."""
     from tasks.errors import TrainingFailedError
     from tasks.launch import JobPreempted, collect
 
@@ -180,11 +234,11 @@ def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any], 
                                       "submitting it a third time") from None
         log.warning("train: %s: submitting it again; it resumes from its last checkpoint", exc)
         again = stage_train_submit(cfg, run, warm, holder=holder)
-        if "job" in again:
-            again["job"].update(preempted_at_step=step, preemptions=job.get("preemptions", 0) + 1,
-                                deadline=job.get("deadline"))
-        return again
-    return {"result": _trained(run, summary)}
+        if isinstance(again, Trained):
+            return again
+        return {**again, "preempted_at_step": step, "preemptions": job.get("preemptions", 0) + 1,
+                "deadline": job.get("deadline")}
+    return _trained(run, summary)
 
 
 def _train_lock(cfg: JobConfig, run: RunIdentity, holder: str | None):
@@ -195,7 +249,7 @@ def _train_lock(cfg: JobConfig, run: RunIdentity, holder: str | None):
     return experiment_lock(cfg.publish.registry_url, run.experiment_key, holder or default_holder("cli"))
 
 
-def _finished(cfg: JobConfig, run: RunIdentity) -> dict[str, Any] | None:
+def _finished(cfg: JobConfig, run: RunIdentity) -> Trained | None:
     """The stage's output of this run's finished training, if it has one (then nothing trains)."""
     from tasks.train.checkpoint import finished_summary
 
@@ -203,10 +257,10 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> dict[str, Any] | None:
     if done is None:
         return None
     log.info("train: run %s already finished (%s): reusing it, no training", run.run_id, done["checkpoint_tag"])
-    return {**done, "outcome": "reused", "trained_steps": 0}
+    return Trained.of(done, "reused", trained_steps=0)
 
 
-def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Launch:
+def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
     from tasks.launch import Launch, get_launcher
 
     run_cfg = cfg.with_output_dir(run.run_dir(cfg))
@@ -217,7 +271,7 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: dict[str, Any]) -> Lau
                  else fetch_starting_weights(cfg, start))
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
-    return Launch(run_cfg, Path(warm["dataset_dir"]), run,
+    return Launch(run_cfg, warm.dataset_dir, run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
 
 
@@ -233,10 +287,10 @@ def stage_continued_adapter(cfg: JobConfig, run: RunIdentity) -> None:
     stage_start_adapter(cfg, run.init, run.run_dir(cfg))
 
 
-def _trained(run: RunIdentity, summary: dict[str, Any]) -> dict[str, Any]:
-    outcome = "resumed" if summary.get("resumed_from_step") else "trained"
-    log.info("train: %s %d steps from %s", outcome, summary["trained_steps"], run.init.note)
-    return {**summary, "outcome": outcome}
+def _trained(run: RunIdentity, summary: dict[str, Any]) -> Trained:
+    trained = Trained.of(summary, "resumed" if summary.get("resumed_from_step") else "trained")
+    log.info("train: %s %d steps from %s", trained.outcome, trained.trained_steps, run.init.note)
+    return trained
 
 
 def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -252,78 +306,76 @@ def export_spec(cfg: JobConfig) -> tuple[dict[str, Any], dict[str, str]]:
             "storage_options": public}, secret_env
 
 
-def stage_evaluate(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+def stage_evaluate(cfg: JobConfig, run: RunIdentity, trained: Trained, warm: Warmed) -> Evaluated:
     """Score the run's checkpoint and the live model on every suite, as rank jobs on the cluster."""
-    launch, pending = _evaluation_launch(cfg, run, summary, warm)
+    launch, pending = _evaluation_launch(cfg, run, trained, warm)
     return _evaluated(cfg, pending, launch.run_here())
 
 
-def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any],
-                          warm: dict[str, Any]) -> dict[str, Any]:
-    """`stage_evaluate` for a job that outlives the caller: {"job": handle} for `stage_evaluate_collect`."""
-    launch, pending = _evaluation_launch(cfg, run, summary, warm)
-    return {"job": {**launch.submit(), "pending": pending}}
+def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, trained: Trained, warm: Warmed) -> dict[str, Any]:
+    """`stage_evaluate` for a job that outlives the caller: its handle (JSON) for `stage_evaluate_collect`."""
+    launch, pending = _evaluation_launch(cfg, run, trained, warm)
+    return {**launch.submit(), "pending": pending}
 
 
-def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
-    """The evaluation's metrics from its followed job's outcome ({"result": ...})."""
+def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> Evaluated:
+    """The evaluation's metrics from its followed job's outcome."""
     from tasks.launch import collect
 
-    return {"result": _evaluated(cfg, job["pending"], collect(cfg, job, outcome))}
+    return _evaluated(cfg, job["pending"], collect(cfg, job, outcome))
 
 
-def _evaluation_launch(cfg: JobConfig, run: RunIdentity, summary: dict[str, Any], warm: dict[str, Any]):
+def _evaluation_launch(cfg: JobConfig, run: RunIdentity, trained: Trained, warm: Warmed):
     from tasks.evaluate import evaluation_launch
 
     live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
-    return evaluation_launch(cfg, run, Path(summary["checkpoint_dir"]), Path(warm["dataset_dir"]), live=live)
+    return evaluation_launch(cfg, run, trained.checkpoint_dir, warm.dataset_dir, live=live)
 
 
-def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:
     from tasks.evaluate import evaluation_result
 
     metrics = evaluation_result(cfg, pending, summary)
-    log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics["metrics"].items()))
-    if metrics["live"] is not None:
-        log.info("evaluate: live v%d (%s): %s", metrics["live"]["version"],
-                 "cached" if metrics["live"]["cached"] else "scored in this job",
-                 ", ".join(f"{k} {v:.4f}" for k, v in metrics["live"]["metrics"].items()))
+    log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics.metrics.items()))
+    if metrics.live is not None:
+        log.info("evaluate: live v%d (%s): %s", metrics.live.version,
+                 "cached" if metrics.live.cached else "scored in this job",
+                 ", ".join(f"{k} {v:.4f}" for k, v in metrics.live.metrics.items()))
     return metrics
 
 
-def _live_metrics(cfg: JobConfig, live: Any, metrics: dict[str, Any]) -> dict[str, float] | None:
+def _live_metrics(cfg: JobConfig, live: Any, metrics: Evaluated) -> dict[str, float] | None:
     """The live version's numbers on this evaluation's suites: scored by the evaluate stage, or cached."""
     from tasks.evaluate.cache import read_cached
 
-    scored = metrics.get("live")
-    if scored is not None and scored["version"] == live.version:
-        return scored["metrics"]
-    return read_cached(cfg, live.version, metrics["suite_hash"])
+    if metrics.live is not None and metrics.live.version == live.version:
+        return metrics.live.metrics
+    return read_cached(cfg, live.version, metrics.suite_hash)
 
 
-def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any]) -> dict[str, Any]:
+def stage_gate(cfg: JobConfig, run: RunIdentity, metrics: Evaluated) -> GateDecision:
     model, alias = cfg.publish.model_name, cfg.publish.alias
     registry = registry_for(cfg)
     live = registry.live_version(model, alias)
-    candidate = registry.find_version(model, run.experiment_key, metrics["checkpoint_tag"])
-    new_loss = float(metrics["loss"])
+    candidate = registry.find_version(model, run.experiment_key, metrics.checkpoint_tag)
+    new_loss = float(metrics.loss)
     decision = known_candidate(model, alias, new_loss, candidate, live, registry.rollbacks(model, alias))
     if decision is None:
         live_metrics = None if live is None else _live_metrics(cfg, live, metrics)
         if live is not None and live_metrics is None:
-            seen = metrics.get("live")
+            seen = metrics.live
             decision = GateDecision(False, f"the live model of {alias} is v{live.version} now, evaluate scored "
-                                    f"{'v' + str(seen['version']) if seen else 'no live model'}: not published "
+                                    f"{'v' + str(seen.version) if seen else 'no live model'}: not published "
                                     "(run evaluate again)", new_loss, None, live.version)
         else:
-            decision = judge(cfg.evaluate.rules(), metrics["metrics"], live_metrics,
+            decision = judge(cfg.evaluate.rules(), metrics.metrics, live_metrics,
                              live.version if live else None, f"{cfg.evaluate.suites[0].name}.loss")
     (log.info if decision.publish else log.warning)("gate: %s", decision.reason)
-    return decision.to_dict()
+    return decision
 
 
-def stage_approval_request(cfg: JobConfig, run: RunIdentity, metrics: dict[str, Any],
-                           gate: dict[str, Any]) -> dict[str, str]:
+def stage_approval_request(cfg: JobConfig, run: RunIdentity, metrics: Evaluated,
+                           gate: GateDecision) -> dict[str, str]:
     """What a person reads before approving this run's publish: subject and markdown body, with the version
     live on the run's alias now."""
     from tasks.approval import request_body, request_subject
@@ -331,7 +383,8 @@ def stage_approval_request(cfg: JobConfig, run: RunIdentity, metrics: dict[str, 
     model, alias = cfg.publish.model_name, cfg.publish.alias
     live = registry_for(cfg).live_version(model, alias)
     return {"subject": request_subject(model, alias),
-            "body": request_body(model, alias, run, metrics, gate, live, cfg.publish.approval_timeout_s)}
+            "body": request_body(model, alias, run, dataclasses.asdict(metrics), dataclasses.asdict(gate), live,
+                                 cfg.publish.approval_timeout_s)}
 
 
 def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
@@ -343,13 +396,13 @@ def loss_curve(losses: list[float], max_points: int = 1000) -> list[float]:
 def stage_publish(
     cfg: JobConfig,
     run: RunIdentity,
-    summary: dict[str, Any],
-    metrics: dict[str, Any],
+    trained: Trained,
+    metrics: Evaluated,
     *,
-    gate: dict[str, Any] | None = None,
+    gate: GateDecision | None = None,
     actor: str | None = None,
     reason: str = "retrain",
-) -> dict[str, Any]:
+) -> PublishResult:
     """Publish the run's export as a version (with its metrics and the gate's rule results) and switch the
     alias; the version's numbers on these suites are cached (it was scored exactly as exported)."""
     from tasks.evaluate.cache import write_cached
@@ -359,31 +412,29 @@ def stage_publish(
     serving = serving_estimate(cfg)
     result = publish(
         cfg,
-        Path(summary["checkpoint_dir"]),
-        {**metrics, "train_losses": loss_curve(summary.get("losses", [])),
-         "gate": list(gate["rules"]) if gate else []},
+        trained.checkpoint_dir,
+        {**dataclasses.asdict(metrics), "train_losses": loss_curve(list(trained.losses)),
+         "gate": list(gate.rules) if gate else []},
         experiment_key=run.experiment_key,
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_actor(),
         reason=reason,
-        staged=summary.get("export"),
-        judged_live=gate["live_version"] if gate else ...,
+        staged=trained.export,
+        judged_live=gate.live_version if gate else ...,
     )
-    out = result.to_dict()
-    if "suite_hash" in metrics:
-        write_cached(cfg, out["version"], metrics["suite_hash"], metrics["metrics"])
-    log.info("publish: %s (artifact %s)", publish_note(out), out["artifact_url"])
-    return out
+    write_cached(cfg, result.version, metrics.suite_hash, metrics.metrics)
+    log.info("publish: %s (artifact %s)", publish_note(result), result.artifact_url)
+    return result
 
 
-def publish_note(published: dict[str, Any]) -> str:
+def publish_note(published: PublishResult) -> str:
     """One line on a publish (its log, the run's note): the version, where its training started, the alias."""
-    verb = "published" if published["switched"] else "already live:"
-    return (f"{verb} {published['model']} v{published['version']} (from {published['started_from']}) -> alias "
-            f"{published['alias']!r}")
+    verb = "published" if published.switched else "already live:"
+    return (f"{verb} {published.model} v{published.version} (from {published.started_from}) -> alias "
+            f"{published.alias!r}")
 
 
-def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, Any]) -> dict[str, Any]:
+def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResult) -> dict[str, Any]:
     """Once the alias points at the published version: its run's other checkpoints go (locally and in the
     mirror), the one it came from stays (`retention.prune_checkpoints`; tasks/gc.py). A deletion that fails
     is logged, never raised: the publish stands, and `retrainer gc` reclaims what is left."""
@@ -391,8 +442,8 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: dict[str, An
 
     if not cfg.retention.prune_checkpoints:
         return {"pruned": [], "bytes": 0}
-    label = f"{published['model']} v{published['version']}"
-    record = registry_for(cfg).get_version(published["model"], published["version"])
+    label = f"{published.model} v{published.version}"
+    record = registry_for(cfg).get_version(published.model, published.version)
     tag = record.checkpoint_tag if record.config_hash == run.experiment_key else None
     try:
         items = prune_published(cfg, run, tag, label)
@@ -423,7 +474,8 @@ def stage_rollback(
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process."""
+    """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process; the
+    report `retrainer run --json` prints: each stage's result in the JSON form its XCom has."""
     run = stage_identify(cfg)
     out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
     if (reason := refused_before_training(cfg, run)) is not None:
@@ -431,15 +483,17 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         out["skipped"] = reason
         return out
     out["plan"] = stage_plan(cfg, force=force)
-    out["warm"] = stage_warm(cfg, run)
+    warmed = stage_warm(cfg, run)
+    out["warm"] = warmed.to_xcom()
     if dry_run:
         return out
-    out["train"] = stage_train(cfg, run, out["warm"])
-    out["evaluate"] = stage_evaluate(cfg, run, out["train"], out["warm"])
-    out["gate"] = stage_gate(cfg, run, out["evaluate"])
-    if out["gate"]["publish"]:
-        out["publish"] = stage_publish(cfg, run, out["train"], out["evaluate"], gate=out["gate"])
-        out["housekeeping"] = stage_housekeeping(cfg, run, out["publish"])
+    trained = stage_train(cfg, run, warmed)
+    evaluated = stage_evaluate(cfg, run, trained, warmed)
+    decision = stage_gate(cfg, run, evaluated)
+    out.update(train=trained.to_xcom(), evaluate=evaluated.to_xcom(), gate=decision.to_xcom())
+    if decision.publish:
+        published = stage_publish(cfg, run, trained, evaluated, gate=decision)
+        out.update(publish=published.to_xcom(), housekeeping=stage_housekeeping(cfg, run, published))
     return out
 
 
@@ -465,7 +519,7 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
         lines.append(f"held-out loss {out['evaluate']['loss']:.4f}; gate: {out['gate']['reason']}")
     if "publish" in out:
         pub = out["publish"]
-        lines.append(f"{publish_note(pub)}: {pub['artifact_url']}")
+        lines.append(f"{publish_note(PublishResult.from_xcom(pub))}: {pub['artifact_url']}")
         if pruned := out.get("housekeeping", {}).get("pruned"):
             names = ", ".join(sorted({i["url"].rstrip("/").rsplit("/", 1)[-1] for i in pruned}))
             lines.append(f"housekeeping: deleted {names} ({out['housekeeping']['bytes'] / 1e6:.1f} MB); the "

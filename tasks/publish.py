@@ -46,8 +46,12 @@ class PublishResult:
     parent_version: int | None
     started_from: str  # the version's record: scratch, pretrained <dir>, version <N>, weights <path>
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_xcom(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> PublishResult:
+        return cls(**data)
 
 
 def code_revision() -> str:

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_path: Path) -> None:
+    from tasks.evaluate import Evaluated, LiveScore
     from tasks.gate import judge
     from tasks.lifecycle import stage_approval_request
     from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
@@ -34,10 +35,12 @@ def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_
                                  {"metrics": live_numbers}, created_by="alice")
         reg.switch_alias("tiny-llama", "production", v1.version, actor="alice", reason="first")
     candidate = {"heldout.loss": 2.25, "heldout.perplexity": 9.4877, "heldout.tokens": 512}
-    gate = judge(cfg.evaluate.rules(), candidate, live_numbers, 1, "heldout.loss").to_dict()
+    gate = judge(cfg.evaluate.rules(), candidate, live_numbers, 1, "heldout.loss")
     run = identity(cfg, "d" * 64, scratch(cfg))
-    metrics = {"metrics": candidate, "checkpoint_tag": "step-40",
-               "live": {"version": 1, "metrics": live_numbers, "cached": True}}
+    metrics = Evaluated(metrics=candidate, live=LiveScore(1, live_numbers, cached=True), suite_hash="s" * 64,
+                        suites=(), loss=2.25, perplexity=9.4877, tokens=512, batches=8, batch_size=8,
+                        checkpoint_dir="/runs/d/checkpoints/step-40", checkpoint_tag="step-40", step=40,
+                        experiment_key=run.experiment_key)
 
     request = stage_approval_request(cfg, run, metrics, gate)
 
@@ -49,7 +52,7 @@ def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_
     assert "| `heldout.loss` | 2.25 | 2.5 | -0.25 (-10.00%) |" in body
     assert "| `heldout.tokens` | 512 | 512 | +0 (+0.00%) |" in body
     assert "**Gate**: passed:" in body
-    assert f"- passed: {gate['rules'][0]['note']}" in body  # every rule with its result
+    assert f"- passed: {gate.rules[0]['note']}" in body  # every rule with its result
     assert "No answer within 2 hours rejects it." in body
 
 

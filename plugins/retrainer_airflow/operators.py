@@ -27,6 +27,8 @@ from retrainer_airflow.contract import note_run
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks import lifecycle
 from tasks.approval import ApprovalAnswer
+from tasks.evaluate import Evaluated
+from tasks.gate import GateDecision
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +47,18 @@ class RankJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         planned = lifecycle.Planned.from_dict(self.plan_out)
-        cfg, run = planned.config(), planned.run
+        cfg, run, warmed = planned.config(), planned.run, lifecycle.Warmed.from_xcom(self.warm_out)
         if self.stage == "train":
             if not cfg.cluster.defers:
-                return lifecycle.stage_train(cfg, run, self.warm_out, holder=self._holder(context))
-            step = lifecycle.stage_train_submit(cfg, run, self.warm_out, holder=self._holder(context))
+                return lifecycle.stage_train(cfg, run, warmed, holder=self._holder(context)).to_xcom()
+            step = lifecycle.stage_train_submit(cfg, run, warmed, holder=self._holder(context))
         else:
+            trained = lifecycle.Trained.from_xcom(self.summary)
             if not cfg.cluster.defers:
-                return lifecycle.stage_evaluate(cfg, run, self.summary, self.warm_out)
-            step = lifecycle.stage_evaluate_submit(cfg, run, self.summary, self.warm_out)
-        if "job" in step and self.execution_timeout is not None:
-            step["job"]["deadline"] = time.time() + self.execution_timeout.total_seconds()
+                return lifecycle.stage_evaluate(cfg, run, trained, warmed).to_xcom()
+            step = lifecycle.stage_evaluate_submit(cfg, run, trained, warmed)
+        if isinstance(step, dict) and self.execution_timeout is not None:
+            step = {**step, "deadline": time.time() + self.execution_timeout.total_seconds()}
         return self._next(step)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
@@ -63,15 +66,17 @@ class RankJobOperator(BaseOperator):
         cfg, run = planned.config(), planned.run
         job, outcome = event["job"], event["outcome"]
         if self.stage == "train":
-            step = lifecycle.stage_train_collect(cfg, run, self.warm_out, job, outcome, holder=self._holder(context))
+            step = lifecycle.stage_train_collect(cfg, run, lifecycle.Warmed.from_xcom(self.warm_out), job, outcome,
+                                                 holder=self._holder(context))
         else:
             step = lifecycle.stage_evaluate_collect(cfg, job, outcome)
         return self._next(step)
 
-    def _next(self, step: dict[str, Any]) -> Any:
-        if "result" in step:
-            return step["result"]
-        self.defer(trigger=RankJobTrigger(snapshot=self.plan_out["job"], job=step["job"]), method_name="resume")
+    def _next(self, step: lifecycle.Trained | Evaluated | dict[str, Any]) -> Any:
+        """The stage's result as its XCom, or (a submitted job's handle) defer until the job ends."""
+        if not isinstance(step, dict):
+            return step.to_xcom()
+        self.defer(trigger=RankJobTrigger(snapshot=self.plan_out["job"], job=step), method_name="resume")
 
 
 class PublishApproval(ApprovalOperator):
@@ -102,7 +107,8 @@ class PublishApproval(ApprovalOperator):
         if not cfg.publish.approval_required:
             log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
             return None
-        request = lifecycle.stage_approval_request(cfg, planned.run, self.metrics, self.decision)
+        request = lifecycle.stage_approval_request(cfg, planned.run, Evaluated.from_xcom(self.metrics),
+                                                   GateDecision.from_xcom(self.decision))
         self.subject, self.body = request["subject"], request["body"]
         self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
         # Airflow's own reckoning (its sensors' first reschedule): a clear restarts the series of tries.

@@ -11,6 +11,7 @@ every other verb checks it and, on a database that is not at the newest revision
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                      reason=args.reason, registry_url=args.db)
     verb = "published" if result.created else "already published as"
     prev = "nothing" if result.previous_version is None else f"version {result.previous_version}"
-    _emit(args, result.to_dict(),
+    _emit(args, dataclasses.asdict(result),
           f"{result.model}: {verb} version {result.version} ({result.digest[:12]}); "
           f"{result.alias}: {prev} -> version {result.version}")
     return 0

@@ -8,9 +8,9 @@ will be served (each weight rounded to `publish.export_dtype`, exactly as the ex
 it). The live model is scored in the same job on the same windows (unless its numbers on
 these suites are cached: tasks/evaluate/cache.py), so the gate compares like with like.
 
-Output (the stage's XCom): `metrics` {"<suite>.<name>": value} of the candidate; `live`
-(version, metrics, cached) or None; `suite_hash`; and, for the first suite, the flat `loss`,
-`perplexity`, `tokens` every earlier reader knows.
+Output (`Evaluated`; its JSON form is the stage's XCom): `metrics` {"<suite>.<name>": value} of the
+candidate; `live` (version, metrics, cached) or None; `suite_hash`; and, for the first suite, the flat
+`loss`, `perplexity`, `tokens` every earlier reader knows.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,45 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LiveScore:
+    """The live version's numbers on this evaluation's suites: scored in its job, or `cached` from before."""
+
+    version: int
+    metrics: dict[str, float]
+    cached: bool
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """What the evaluate stage hands the gate and publish: the candidate's metrics on every suite, the live
+    version's on the same suites, and which checkpoint was scored."""
+
+    metrics: dict[str, float]
+    live: LiveScore | None
+    suite_hash: str
+    suites: tuple[dict[str, Any], ...]
+    loss: float
+    perplexity: float
+    tokens: int
+    batches: int
+    batch_size: int
+    checkpoint_dir: str
+    checkpoint_tag: str | None
+    step: int | None
+    experiment_key: str
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "suites": list(self.suites)}
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> Evaluated:
+        live = data.get("live")
+        return cls(**{**data, "live": None if live is None else LiveScore(**live), "suites": tuple(data["suites"])})
+
+
 def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
-             live: VersionRecord | None = None) -> dict[str, Any]:
+             live: VersionRecord | None = None) -> Evaluated:
     """Score the run's checkpoint (and `live`, unless cached) on every suite; InvalidInputError for incomplete
     checkpoints, another model's or another run's."""
     launch, pending = evaluation_launch(cfg, run, checkpoint_dir, dataset_dir, live=live)
@@ -84,7 +122,7 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     return launch, pending
 
 
-def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:
     """The stage's output from the ranks' summary; a live model scored in this job has its numbers cached."""
     from tasks.evaluate.cache import write_cached
 
@@ -95,22 +133,21 @@ def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str
         write_cached(cfg, live_version, pending["suite_hash"], live_metrics)
     metrics = scored["candidate"]
     first = cfg.evaluate.suites[0].name
-    return {
-        "metrics": metrics,
-        "live": None if live_version is None else {"version": live_version, "metrics": live_metrics,
-                                                   "cached": "live" not in scored},
-        "suite_hash": pending["suite_hash"],
-        "suites": pending["suites"],
-        "loss": metrics[f"{first}.loss"],
-        "perplexity": metrics[f"{first}.perplexity"],
-        "tokens": int(metrics[f"{first}.tokens"]),
-        "batches": cfg.evaluate.batches,
-        "batch_size": cfg.evaluate.batch_size,
-        "checkpoint_dir": pending["checkpoint_dir"],
-        "checkpoint_tag": marker.get("tag"),
-        "step": marker.get("step"),
-        "experiment_key": marker["experiment_key"],
-    }
+    return Evaluated(
+        metrics=metrics,
+        live=None if live_version is None else LiveScore(live_version, live_metrics, "live" not in scored),
+        suite_hash=pending["suite_hash"],
+        suites=tuple(pending["suites"]),
+        loss=metrics[f"{first}.loss"],
+        perplexity=metrics[f"{first}.perplexity"],
+        tokens=int(metrics[f"{first}.tokens"]),
+        batches=cfg.evaluate.batches,
+        batch_size=cfg.evaluate.batch_size,
+        checkpoint_dir=pending["checkpoint_dir"],
+        checkpoint_tag=marker.get("tag"),
+        step=marker.get("step"),
+        experiment_key=marker["experiment_key"],
+    )
 
 
 def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
@@ -185,7 +222,7 @@ def _handle(args: argparse.Namespace) -> int:
         from tasks.warm import warm_for_config
 
         dataset_dir = warm_for_config(cfg).dataset_dir
-    metrics = evaluate(cfg, run, args.checkpoint, dataset_dir)
+    metrics = evaluate(cfg, run, args.checkpoint, dataset_dir).to_xcom()  # the same JSON as the stage's XCom
     if args.output:
         atomic_write_json(args.output, metrics)
     print(json.dumps(metrics, indent=2, sort_keys=True))

@@ -78,17 +78,17 @@ def test_every_layout_gives_the_same_numbers(trained) -> None:
     reference = single_process_loss(cfg, ckpt)
     e = cfg.evaluate
     for layout, out in results.items():
-        m = out["metrics"]
+        m = out.metrics
         assert m["heldout.loss"] == pytest.approx(reference, rel=1e-6, abs=0), layout
-        assert m["heldout.loss"] == out["loss"] and math.isclose(out["perplexity"], math.exp(out["loss"]))
-        assert m["heldout.tokens"] == out["tokens"] == e.batches * e.batch_size * cfg.model.seq_len
+        assert m["heldout.loss"] == out.loss and math.isclose(out.perplexity, math.exp(out.loss))
+        assert m["heldout.tokens"] == out.tokens == e.batches * e.batch_size * cfg.model.seq_len
         assert 0 < m["heldout.token_prob"] < 1  # the user metric ran and was recorded
         assert m["heldout.tokenizer_vocab"] == vocab  # the starting model's tokenizer reached it
-        assert m["heldout.token_prob"] == pytest.approx(results[(1, 1, 1)]["metrics"]["heldout.token_prob"],
+        assert m["heldout.token_prob"] == pytest.approx(results[(1, 1, 1)].metrics["heldout.token_prob"],
                                                         rel=1e-6), layout
-        assert out["checkpoint_tag"] == "step-000020" and out["step"] == 20 and out["live"] is None
-        assert out["experiment_key"] == run.experiment_key
-    assert len({out["suite_hash"] for out in results.values()}) == 1  # the layout is not part of what is scored
+        assert out.checkpoint_tag == "step-000020" and out.step == 20 and out.live is None
+        assert out.experiment_key == run.experiment_key
+    assert len({out.suite_hash for out in results.values()}) == 1  # the layout is not part of what is scored
 
 
 def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tasks.data import make_data
-from tasks.lifecycle import run_lifecycle, stage_evaluate, stage_identify
+from tasks.lifecycle import Trained, Warmed, run_lifecycle, stage_evaluate, stage_identify
 from tasks.registry import Registry
 from tasks.resolve import load_config
 from tests.services import free_port
@@ -89,6 +89,6 @@ def test_candidate_that_forgot_the_frozen_suite_is_refused_and_live_numbers_are_
     # An Airflow retry of week 2's evaluate: the live model's numbers on these suites come from the cache.
     cfg2 = load_config(path)
     run = stage_identify(cfg2)
-    again = stage_evaluate(cfg2, run, second["train"], second["warm"])
-    assert again["live"]["cached"] is True and again["live"]["metrics"] == ev["live"]["metrics"]
-    assert again["metrics"] == pytest.approx(ev["metrics"], rel=1e-9)
+    again = stage_evaluate(cfg2, run, Trained.from_xcom(second["train"]), Warmed.from_xcom(second["warm"]))
+    assert again.live.cached is True and again.live.metrics == ev["live"]["metrics"]
+    assert again.metrics == pytest.approx(ev["metrics"], rel=1e-9)

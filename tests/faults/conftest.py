@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -217,8 +218,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
 
 def metrics_file(tmp: Path, trained_state: Path) -> Path:
-    """Publish-only tests record the run's final training loss as the version's metrics."""
+    """Publish-only tests record the run's final training loss as the version's metrics (an evaluate stage's
+    result, in its XCom's JSON form, without scoring anything)."""
     summary = read_json(trained_state / "train.json")
+    loss = summary["final_loss"]
     path = tmp / "metrics.json"
-    path.write_text(json.dumps({"loss": summary["final_loss"], "source": "train summary"}))
+    path.write_text(json.dumps({
+        "metrics": {"heldout.loss": loss}, "live": None, "suite_hash": "0" * 64, "suites": [], "loss": loss,
+        "perplexity": math.exp(loss), "tokens": 0, "batches": 0, "batch_size": 0,
+        "checkpoint_dir": summary["checkpoint_dir"], "checkpoint_tag": summary["checkpoint_tag"],
+        "step": summary["steps"], "experiment_key": summary["experiment_key"]}))
     return path

@@ -23,6 +23,7 @@ from typing import Any
 from tasks import lifecycle
 from tasks.config import ConfigError
 from tasks.errors import RetrainerError
+from tasks.evaluate import Evaluated
 from tasks.fsutil import atomic_write_json
 from tasks.resolve import load_config
 from tasks.run import RunIdentity
@@ -45,17 +46,20 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
     if not plan_path.exists() or prior("plan")["run"]["config_fingerprint"] != cfg.fingerprint():
         atomic_write_json(plan_path, run_stage("plan", config, state, metrics_file))
     run = RunIdentity.from_dict(prior("plan")["run"])
+    # Each stage's result is kept as the JSON its XCom has, as between Airflow tasks.
     if stage == "warm":
-        return lifecycle.stage_warm(cfg, run)
+        return lifecycle.stage_warm(cfg, run).to_xcom()
+    warmed = lifecycle.Warmed.from_xcom(prior("warm"))
     if stage == "train":
-        return lifecycle.stage_train(cfg, run, prior("warm"), holder=f"fault-suite driver {state.name}")
+        return lifecycle.stage_train(cfg, run, warmed, holder=f"fault-suite driver {state.name}").to_xcom()
     if stage == "evaluate":
-        return lifecycle.stage_evaluate(cfg, run, prior("train"), prior("warm"))
+        return lifecycle.stage_evaluate(cfg, run, lifecycle.Trained.from_xcom(prior("train")), warmed).to_xcom()
     if stage == "gate":
-        return lifecycle.stage_gate(cfg, run, prior("evaluate"))
+        return lifecycle.stage_gate(cfg, run, Evaluated.from_xcom(prior("evaluate"))).to_xcom()
     if stage == "publish":
         metrics = json.loads(metrics_file.read_text()) if metrics_file else prior("evaluate")
-        return lifecycle.stage_publish(cfg, run, prior("train"), metrics, actor="fault-suite")
+        return lifecycle.stage_publish(cfg, run, lifecycle.Trained.from_xcom(prior("train")),
+                                       Evaluated.from_xcom(metrics), actor="fault-suite").to_xcom()
     raise ValueError(stage)
 
 

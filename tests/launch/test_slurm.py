@@ -144,7 +144,7 @@ def test_evaluation_runs_as_a_slurm_job(slurm_cluster: SlurmCluster, tmp_path: P
     for name, value in slurm_cluster.env.items():
         monkeypatch.setenv(name, value)
     under_slurm = evaluate(cfg, run, ckpt, cfg.data.source_url)
-    assert under_slurm["metrics"] == pytest.approx(local["metrics"], rel=1e-9)
+    assert under_slurm.metrics == pytest.approx(local.metrics, rel=1e-9)
     (script,) = (ckpt.parent.parent / "eval").glob("*/slurm-job.sbatch")
     assert "tasks.evaluate.worker" in script.read_text() and "tasks.train.worker" not in script.read_text()
     job_id = (script.parent / "slurm-job-id").read_text().strip()

@@ -244,8 +244,8 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     for name, value in netns_hosts.env.items():
         monkeypatch.setenv(name, value)
     scored = evaluate(cfg, for_dataset(cfg, dataset), netns_hosts.node_run / "ckpt" / "step-000006", dataset)
-    assert scored["metrics"] == pytest.approx(expected["metrics"], rel=1e-9)
-    assert scored["checkpoint_tag"] == "step-000006" and scored["step"] == 6
+    assert scored.metrics == pytest.approx(expected.metrics, rel=1e-9)
+    assert scored.checkpoint_tag == "step-000006" and scored.step == 6
     fetched = list(netns_hosts.host_runs[1].glob("eval/*/weights/step-000006/layer_*"))
     assert fetched and not list(netns_hosts.host_runs[1].glob("eval/*/weights/step-000006/*optim*"))
     assert not list(netns_hosts.host_runs[0].glob("eval/*/weights"))  # host 1 had them: nothing fetched
@@ -267,6 +267,6 @@ def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: Net
         monkeypatch.setenv(name, value)
     remote = evaluate(cfg.with_overrides({"evaluate.parallel": {"tp": 2, "pp": 2, "dp": 1}}), run, ckpt,
                       cfg.data.source_url)
-    assert remote["metrics"]["heldout.loss"] == pytest.approx(local["metrics"]["heldout.loss"], rel=1e-6, abs=0)
-    assert remote["tokens"] == local["tokens"]
+    assert remote.metrics["heldout.loss"] == pytest.approx(local.metrics["heldout.loss"], rel=1e-6, abs=0)
+    assert remote.tokens == local.tokens
     assert netns_hosts.left_behind() == []

@@ -32,8 +32,8 @@ def test_stage_warm_warms_every_source_and_refuses_a_replay_snapshot_that_change
     primary, replay = warm_mixture(cfg, progress=False)
     run = identity(cfg, primary.manifest_hash, scratch(cfg), [replay.manifest_hash])
     out = stage_warm(cfg, run)
-    assert out["dataset_dir"] == str(primary.dataset_dir)
-    assert [(r["url"], r["manifest_hash"]) for r in out["replay"]] == [(old, replay.manifest_hash)]
+    assert out.dataset_dir == primary.dataset_dir
+    assert [(r["url"], r["manifest_hash"]) for r in out.replay] == [(old, replay.manifest_hash)]
     # The ranks find the replay source beside the primary, by the hash the run planned.
     assert replay_dataset_dir(primary.dataset_dir, old, replay.manifest_hash) == replay.dataset_dir
     with pytest.raises(InvalidInputError, match=f"replay source {old}: not warmed at"):
