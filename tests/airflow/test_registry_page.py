@@ -21,6 +21,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from tasks.publish import PublishResult
 from tests.airflow.browser import section
 from tests.airflow.conftest import ROOT
 
@@ -176,11 +177,12 @@ GATE_RULES = [{"metric": "heldout.loss", "tolerance": 0.05},
               {"metric": "heldout.perplexity", "against": "absolute", "threshold": 500.0}]
 
 
-def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: float | None) -> dict[str, Any]:
+def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: float | None) -> PublishResult:
     """One retrain run as the DAG records it, minus the training and scoring: a committed checkpoint of the
     run (starting from the live version), the evaluate stage's output shape (the live model scored in the
     same evaluation), then the real gate and the real publish with the DAG's actor."""
     from tasks import lifecycle
+    from tasks.evaluate import Evaluated
     from tasks.registry import Registry
     from tasks.run import StartingWeights, identity, scratch
     from tests.checkpoints import commit_reference, reference_state
@@ -204,10 +206,12 @@ def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: 
         "live": None if live is None else {"version": live.version, "cached": False, "metrics": {
             "heldout.loss": live_heldout, "heldout.perplexity": math.exp(live_heldout), "heldout.tokens": 4096}},
     }
-    decision = lifecycle.stage_gate(cfg, run, metrics)
-    assert decision["publish"], decision
-    summary = {"checkpoint_dir": str(ckpt), "losses": losses}
-    return lifecycle.stage_publish(cfg, run, summary, metrics, gate=decision,
+    evaluated = Evaluated.from_xcom(metrics)
+    decision = lifecycle.stage_gate(cfg, run, evaluated)
+    assert decision.publish, decision
+    trained = lifecycle.Trained.from_xcom({"outcome": "trained", "checkpoint_dir": str(ckpt),
+                                           "checkpoint_tag": ckpt.name, "trained_steps": steps, "losses": losses})
+    return lifecycle.stage_publish(cfg, run, trained, evaluated, gate=decision,
                                    actor=f"airflow retrain_{cfg.name}/{RETRAIN_RUNS[week]}", reason="retrain")
 
 
@@ -236,8 +240,8 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     cfg = load_config(folder / "job.yaml")
     upgrade(sqlite_url)
     curves = {1: [6.0, 5.0, 4.5, 4.25], 2: [4.4, 3.9, 3.7, 3.5]}
-    assert _retrain(cfg, 1, curves[1], heldout=4.3, live_heldout=None)["version"] == 1
-    assert _retrain(cfg, 2, curves[2], heldout=3.6, live_heldout=4.0)["parent_version"] == 1
+    assert _retrain(cfg, 1, curves[1], heldout=4.3, live_heldout=None).version == 1
+    assert _retrain(cfg, 2, curves[2], heldout=3.6, live_heldout=4.0).parent_version == 1
     auth = {"Authorization": f"Bearer {token}"}
     # Before the click, the button says where it goes (the registry's rollback target); nothing to force.
     before = section(client.get("/retrainer/models/tiny-llama", headers=auth).text, "aliases")
