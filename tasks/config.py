@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
-from tasks.families import FAMILIES, lora_refusal, refusal
+from tasks.families import ALWAYS, FAMILIES, LORA_TARGETS, NOT_OPTIONS, ROPE_TYPES, rope_types_text, supported_options
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -102,6 +102,38 @@ class BaseModelRef(_Strict):
         if (self.version is None) == (self.alias is None):
             raise ValueError("model.base: give exactly one of version and alias")
         return self
+
+def family_refusal(m: ModelConfig) -> str | None:
+    """Why `m` cannot be trained as its family: the first option set that the family does not express,
+    named with the family's supported ones; None when every option it sets is one the family has."""
+    family, supported = m.family, supported_options(m.family)
+    for field, info in type(m).model_fields.items():
+        if field in NOT_OPTIONS or field == "rope_scaling":  # rope_scaling: by its type, below
+            continue
+        value = getattr(m, field)
+        if field in ALWAYS.get(family, ()):
+            if value is not True:
+                return f"model.{field} must be true for model.family {family!r} (its attention always has it)"
+            continue
+        plain = m.d_model // m.n_heads if field == "head_dim" else info.default
+        if value != plain and field not in supported:
+            return (f"model.{field} ({value!r}) is not supported by model.family {family!r} "
+                    f"(its options: {', '.join(supported)})")
+    if m.rope_scaling is not None and m.rope_scaling.rope_type not in ROPE_TYPES.get(family, ()):
+        return (f"model.rope_scaling.rope_type {m.rope_scaling.rope_type!r} is not supported by model.family "
+                f"{family!r} (supported: {rope_types_text(family)})")
+    return None
+
+
+def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
+    """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has);
+    None when it can. A tied embedding is frozen base weight like any other (tasks/train/pipeline.py)."""
+    known = LORA_TARGETS[m.family]
+    unknown = [n for n in target_modules if n not in known]
+    if unknown:
+        return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
+                f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
+    return None
 
 
 class ModelConfig(_Strict):
@@ -172,7 +204,7 @@ class ModelConfig(_Strict):
         # config.json decides the family (checked again once it has).
         if not (self.pretrained and "family" not in self.model_fields_set):
 
-            problem = refusal(self)
+            problem = family_refusal(self)
             if problem:
                 raise ValueError(problem)
         if self.family != "gpt" and self.head_dim % 2:  # the llama-style families: rotary
@@ -1092,3 +1124,4 @@ def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
     """Expand `${VAR}`s and validate a resolved config document (tasks/resolve.py: a pretrained model's sizes
     already in it); no I/O, and validated once per process by content."""
     return _validate(expand_vars(document), source=source)
+

@@ -3,17 +3,12 @@ config, so the config can check `model.family` and its options at load without i
 
 Why here: an option a family would ignore, or could not write into its config.json, must be refused when
 the config is loaded (tasks.config), before anything is planned or trained, never trained with silently
-different maths; the families' Hugging Face readers refuse the same rope types in a config.json. One
-table, read by both. An option is "set" when it differs from its plain value (the ModelConfig default;
+different maths; the families' Hugging Face readers refuse the same rope types in a config.json. These
+are the tables; the checks are the config's (`family_refusal`, `lora_refusal`). An option is "set" when it differs from its plain value (the ModelConfig default;
 head_dim: d_model / n_heads). A new ModelConfig field is an option no family has until listed here.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tasks.config import ModelConfig
 
 # name -> package whose `FAMILY` is the family object (tasks.models.get_family imports it on demand).
 # Adding a family = its package + one line here (and in OPTIONS below).
@@ -70,36 +65,3 @@ def rope_types_text(family: str) -> str:
 def supported_options(family: str) -> tuple[str, ...]:
     """Every option `family` expresses (rope_scaling where it implements a rope type)."""
     return (*OPTIONS[family], *(("rope_scaling",) if family in ROPE_TYPES else ()))
-
-
-def refusal(m: ModelConfig) -> str | None:
-    """Why `m` cannot be trained as its family: the first option set that the family does not express,
-    named with the family's supported ones; None when every option it sets is one the family has."""
-    family, supported = m.family, supported_options(m.family)
-    for field, info in type(m).model_fields.items():
-        if field in NOT_OPTIONS or field == "rope_scaling":  # rope_scaling: by its type, below
-            continue
-        value = getattr(m, field)
-        if field in ALWAYS.get(family, ()):
-            if value is not True:
-                return f"model.{field} must be true for model.family {family!r} (its attention always has it)"
-            continue
-        plain = m.d_model // m.n_heads if field == "head_dim" else info.default
-        if value != plain and field not in supported:
-            return (f"model.{field} ({value!r}) is not supported by model.family {family!r} "
-                    f"(its options: {', '.join(supported)})")
-    if m.rope_scaling is not None and m.rope_scaling.rope_type not in ROPE_TYPES.get(family, ()):
-        return (f"model.rope_scaling.rope_type {m.rope_scaling.rope_type!r} is not supported by model.family "
-                f"{family!r} (supported: {rope_types_text(family)})")
-    return None
-
-
-def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
-    """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has);
-    None when it can. A tied embedding is frozen base weight like any other (tasks/train/pipeline.py)."""
-    known = LORA_TARGETS[m.family]
-    unknown = [n for n in target_modules if n not in known]
-    if unknown:
-        return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
-                f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
-    return None
