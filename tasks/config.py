@@ -929,6 +929,13 @@ class JobConfig(_Strict):
                              "wrong gradient norm; use zero_stage 1")
         return self
 
+    @property
+    def lora_saves_adapters_only(self) -> bool:
+        """Whether this run's checkpoints hold only the adapters and their optimizer states: a LoRA run whose
+        frozen base is weights (model.base or model.pretrained, tasks/warm/adapter.py `resolve_base`) reloads
+        that base on resume; on a seeded base it saves everything."""
+        return self.train.lora is not None and (self.model.base is not None or self.model.pretrained is not None)
+
     def fingerprint(self) -> str:
         """sha256 of the config fields that define what training computes (tasks/run.py adds data and weights).
 

@@ -270,6 +270,9 @@ def plan(
         n = held if t.lora is None else st.blocks * adapter  # trained parameters
         shard = -(-n // dp)  # ZeRO pads partitions to equal size
         weights = held * b.weight if zero < 3 else -(-held // dp) * b.weight
+        # A LoRA run on base weights saves only what trains (the worker's exclude_frozen_parameters).
+        kept = n if cfg.lora_saves_adapters_only else held
+        saved_weights = kept * b.weight if zero < 3 else -(-kept // dp) * b.weight
         # ZeRO-0/1 hold full gradients until the reduction (measured: DeepSpeed 0.19 ZeRO-1 all-reduces
         # the full gradients, then keeps its shard); ZeRO-2/3 keep only their shard (plus the bucket).
         grads = n * b.grad if zero < 2 else shard * b.grad
@@ -287,7 +290,7 @@ def plan(
         comm = bucket + p2p + tp_buf
         grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
-                   "activations": act, "comm_buffers": comm}
+                   "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
         process = process_memory(tensors, zero, b.grad, dp, cpu)
         return {
             "stage": st.index,

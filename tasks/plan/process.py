@@ -8,8 +8,9 @@ tests/plan/test_process_memory.py and bench/scale.py. Three terms, printed by `r
   partition into a per-parameter averaged copy and then into one flat partition, while the gradients
   are still alive (deepspeed/runtime/zero/stage_1_and_2.py `step`): two gradient-sized copies of the shard.
   Activations are freed by then, so the training peak holds the larger of the two.
-- checkpoint snapshot: a save copies the weights and optimizer states to host memory and trains on while
-  a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
+- checkpoint snapshot: a save copies the weights it keeps (`saved_weights`: all of them, or a LoRA run on
+  base weights only its adapters, whose base is those weights) and the optimizer states to host memory and
+  trains on while a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
   steps, the rank also still holds one gradient-sized block (DeepSpeed frees its gradients after the
   step, the RSS does not drop by them), so the saving peak counts the gradients too.
 On a GPU the tensors live in device memory: the host holds the runtime and the snapshot only.
@@ -23,11 +24,11 @@ RUNTIME_BYTES = 360 * 1024**2
 
 
 def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: int, on_cpu: bool) -> dict[str, Any]:
-    """The process terms of one pipeline stage's rank (`stage`: the budget's per-stage tensor terms) and the
-    peak host memory they add up to."""
+    """The process terms of one pipeline stage's rank (`stage`: the budget's per-stage tensor terms, with
+    `saved_weights`, the weight bytes a save copies) and the peak host memory they add up to."""
     shard = -(-stage["params"] // dp)
     step_buffers = 2 * grad_bytes * shard if zero_stage in (1, 2) else 0
-    snapshot = stage["weights"] + stage["optimizer_states"]
+    snapshot = stage["saved_weights"] + stage["optimizer_states"]
     terms = {"runtime": RUNTIME_BYTES, "zero_step_buffers": step_buffers, "checkpoint_snapshot": snapshot}
     if not on_cpu:
         return {"terms": terms, "peak": RUNTIME_BYTES + snapshot}

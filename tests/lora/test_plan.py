@@ -33,6 +33,21 @@ def test_lora_memory_terms_by_hand() -> None:
     assert r.memory.total < full.memory.total
 
 
+def test_a_lora_save_on_base_weights_snapshots_only_the_adapters() -> None:
+    """exclude_frozen_parameters: a LoRA run on model.pretrained (or model.base) checkpoints the adapters and
+    their optimizer states; on a seeded base, and in a full run, every weight."""
+    train = {"precision": "fp32", "lora": LORA}
+    seeded = make_config(model=DEMO, parallel={"dp": 2, "zero_stage": 1}, train=train)
+    on_base = make_config(model={**DEMO, "pretrained": "/nonexistent/hf"}, parallel={"dp": 2, "zero_stage": 1},
+                          train=train)
+    base, adapters = 236928, 4 * 8192
+    optim = 12 * (adapters // 2)  # ZeRO-1, fp32: master + 2 moments of the adapters' partition
+    assert plan(on_base).memory.checkpoint_snapshot == 4 * adapters + optim
+    assert plan(seeded).memory.checkpoint_snapshot == 4 * (base + adapters) + optim
+    full = plan(on_base.with_overrides({"train.lora": None}))
+    assert full.memory.checkpoint_snapshot == 4 * base + 12 * (base // 2)
+
+
 def test_the_counted_adapters_are_the_ones_a_tp_rank_builds() -> None:
     """column-parallel qkv/fc1 (B split), row-parallel out/fc2 (A split), counted as the model holds them."""
     for tp in (1, 2):
