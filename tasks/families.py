@@ -5,7 +5,8 @@ Why here: an option a family would ignore, or could not write into its config.js
 the config is loaded (tasks.config), before anything is planned or trained, never trained with silently
 different maths; the families' Hugging Face readers refuse the same rope types in a config.json. These
 are the tables; the checks are the config's (`family_refusal`, `lora_refusal`). An option is "set" when
-it differs from its plain value (the ModelConfig default; head_dim: d_model / n_heads). A new ModelConfig field is an option no family has until listed here.
+it differs from its plain value (the ModelConfig default; head_dim: d_model / n_heads). A new ModelConfig
+field is an option no family has until listed here.
 """
 
 from __future__ import annotations
