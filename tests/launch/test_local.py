@@ -57,7 +57,9 @@ def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hook
 
     hung = tiny_config(tmp_path, {"train.steps": 50, "cluster.hang_timeout_s": 4, "cluster.startup_timeout_s": 300},
                        out="hung")
-    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="0", HOOK_STEP_DELAY_S="60")  # step 1, then a stall
+    # Each step (and the start) is followed by a 10 s pause: step 1 comes within the startup allowance, the
+    # pause after it outlasts hang_timeout_s.
+    hooked(HOOK_REWORD_LOGS="1", HOOK_NAN_AT_STEP="0", HOOK_STEP_DELAY_S="10")  # step 1, then a stall
     with pytest.raises(TrainingFailedError, match=r"hung .*last finished step 1\b"):
         train(hung, dataset)
     assert training_processes(hung.train.output_dir) == []

@@ -61,7 +61,7 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
                                                                     hooked) -> None:
     dataset = write_dataset(tmp_path / "dataset")
     cfg = ssh_config(tmp_path, netns_hosts, "hung", **{"parallel.dp": 2, "train.steps": 100,
-                                                       "cluster.hang_timeout_s": 20, "cluster.startup_timeout_s": 300})
+                                                       "cluster.hang_timeout_s": 10, "cluster.startup_timeout_s": 300})
     hooked(HOOK_STEP_DELAY_S="0.3")
     env = netns_hosts.env
     stopped: list[int] = []

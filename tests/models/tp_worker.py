@@ -17,6 +17,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
+from tasks.comm_ops import load_shm_op
 from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
@@ -99,6 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    load_shm_op()  # as a rank does: the venv's prebuilt op, never a fresh build in the user's cache
     deepspeed.init_distributed(dist_backend="gloo")
     topo = PipeModelDataParallelTopology(num_pp=1, num_mp=tdist.get_world_size(), num_dp=1)
     grid = PipelineParallelGrid(topology=topo)

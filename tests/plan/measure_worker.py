@@ -100,11 +100,13 @@ def main() -> None:
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
+    from tasks.comm_ops import load_shm_op
     from tasks.config import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.parallel import TPGroup
 
     torch.manual_seed(0)
+    load_shm_op()  # as a rank does: the venv's prebuilt op, never a fresh build in the user's cache
     deepspeed.init_distributed(dist_backend="gloo")
     rank = tdist.get_rank()
     m = ModelConfig(family="gpt",

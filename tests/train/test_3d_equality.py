@@ -21,10 +21,10 @@ from tasks.train.reference import train_reference
 
 pytestmark = pytest.mark.multiproc
 
+# No pp2-dp2 run of its own: pp2-tp2-dp2 has that pipeline and data parallelism, with tp on top.
 LAYOUTS = {
     "pp2-tp2-dp2": {"parallel.pp": 2, "parallel.tp": 2, "parallel.dp": 2, "parallel.micro_batches": 2},
     "tp2": {"parallel.tp": 2},
-    "pp2-dp2": {"parallel.pp": 2, "parallel.dp": 2, "parallel.micro_batches": 2},
     "llama-tied-pp2-tp2": {"model.family": "llama", "model.tie_embeddings": True, "parallel.pp": 2,
                            "parallel.tp": 2, "parallel.micro_batches": 2},
 }
