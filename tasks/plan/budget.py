@@ -82,6 +82,7 @@ class Memory:
     process_runtime: int = 0
     zero_step_buffers: int = 0
     checkpoint_snapshot: int = 0
+    weights_file_pages: int = 0
     process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
 
 
@@ -263,6 +264,10 @@ def plan(
 
         adapter = adapter_params_per_block(m, t.lora, p.tp)
 
+    # A run that may start from weights (a pretrained directory, a LoRA base, a version or path) reads its stage
+    # from a file at start: a peak of its own (tasks/plan/process.py).
+    loads_weights = m.pretrained is not None or m.base is not None or t.init_from != "scratch"
+
     def stage_memory(st: Stage) -> dict[str, int]:
         # With train.lora the base is frozen (weights only, in the training dtype) and only the stage's
         # adapters have gradients and optimizer states (ZeRO as configured).
@@ -291,7 +296,7 @@ def plan(
         grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
                    "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
-        process = process_memory(tensors, zero, b.grad, dp, cpu)
+        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights)
         return {
             "stage": st.index,
             "blocks": st.blocks,
@@ -332,6 +337,7 @@ def plan(
         process_runtime=process_stage["process"]["runtime"],
         zero_step_buffers=process_stage["process"]["zero_step_buffers"],
         checkpoint_snapshot=process_stage["process"]["checkpoint_snapshot"],
+        weights_file_pages=process_stage["process"]["weights_file_pages"],
         process_peak=process_stage["process_total"],
     )
 

@@ -116,7 +116,8 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lines.append(f"  (activations without / with recompute: {_gib(m.activations_without_recompute)} / "
                  f"{_gib(m.activations_with_recompute)})")
     lines.append(f"process per rank (host RSS): runtime {_gib(m.process_runtime)}, ZeRO step buffers "
-                 f"{_gib(m.zero_step_buffers)}, checkpoint snapshot {_gib(m.checkpoint_snapshot)}; "
+                 f"{_gib(m.zero_step_buffers)}, checkpoint snapshot {_gib(m.checkpoint_snapshot)}, "
+                 f"weights file pages {_gib(m.weights_file_pages)}; "
                  f"peak {_gib(m.process_peak)}")
     lines += [
         "per step:",

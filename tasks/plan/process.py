@@ -1,7 +1,7 @@
 """A training rank's process memory beyond the tensors the budget counts: what its RSS holds at its peak.
 
 Measured on CPU (issue 27: a 300M Llama planned at 3.5 GB per rank peaked at 6.3 GB), now checked by
-tests/plan/test_process_memory.py and bench/scale.py. Three terms, printed by `retrainer plan`:
+tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `retrainer plan`:
 - runtime: an idle rank after its imports and process group (Python, torch, DeepSpeed, gloo, our code;
   measured 327 MiB with `/proc/self/status` VmRSS, 340-380 MiB in running ranks).
 - ZeRO step buffers (ZeRO-1/2): at the optimizer step DeepSpeed copies the gradients of this rank's
@@ -13,7 +13,11 @@ tests/plan/test_process_memory.py and bench/scale.py. Three terms, printed by `r
   trains on while a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
   steps, the rank also still holds one gradient-sized block (DeepSpeed frees its gradients after the
   step, the RSS does not drop by them), so the saving peak counts the gradients too.
-On a GPU the tensors live in device memory: the host holds the runtime and the snapshot only.
+- weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
+  stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
+  load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
+On a GPU the tensors live in device memory: the host holds the runtime and the larger of the snapshot and the
+weights file pages.
 """
 
 from __future__ import annotations
@@ -23,16 +27,23 @@ from typing import Any
 RUNTIME_BYTES = 360 * 1024**2
 
 
-def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: int, on_cpu: bool) -> dict[str, Any]:
+def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: int, on_cpu: bool,
+                   loads_weights: bool = False) -> dict[str, Any]:
     """The process terms of one pipeline stage's rank (`stage`: the budget's per-stage tensor terms, with
-    `saved_weights`, the weight bytes a save copies) and the peak host memory they add up to."""
+    `saved_weights`, the weight bytes a save copies) and the peak host memory they add up to;
+    `loads_weights`: the rank reads its starting weights from a file at start."""
     shard = -(-stage["params"] // dp)
     step_buffers = 2 * grad_bytes * shard if zero_stage in (1, 2) else 0
     snapshot = stage["saved_weights"] + stage["optimizer_states"]
-    terms = {"runtime": RUNTIME_BYTES, "zero_step_buffers": step_buffers, "checkpoint_snapshot": snapshot}
+    # The file's pages, read through a memory map, count in the RSS until the load ends (taken as the stage's
+    # weights in the training dtype).
+    file_pages = stage["weights"] if loads_weights else 0
+    terms = {"runtime": RUNTIME_BYTES, "zero_step_buffers": step_buffers, "checkpoint_snapshot": snapshot,
+             "weights_file_pages": file_pages}
     if not on_cpu:
-        return {"terms": terms, "peak": RUNTIME_BYTES + snapshot}
+        return {"terms": terms, "peak": RUNTIME_BYTES + max(snapshot, file_pages)}
     training = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"] \
         + max(stage["activations"], step_buffers)
     saving = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + snapshot
-    return {"terms": terms, "peak": RUNTIME_BYTES + max(training, saving)}
+    loading = stage["weights"] + file_pages
+    return {"terms": terms, "peak": RUNTIME_BYTES + max(training, saving, loading)}
