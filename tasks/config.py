@@ -185,7 +185,6 @@ class ModelConfig(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, name: str) -> str:
-
         if name not in FAMILIES:
             raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}")
         return name
@@ -203,7 +202,6 @@ class ModelConfig(_Strict):
         # An option the family would ignore or could not export is refused. Without model.family a pretrained
         # config.json decides the family (checked again once it has).
         if not (self.pretrained and "family" not in self.model_fields_set):
-
             problem = family_refusal(self)
             if problem:
                 raise ValueError(problem)
