@@ -111,7 +111,7 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
     )
     def retrain():
         def frozen(plan_out: dict):
-            planned = lifecycle.Planned.from_dict(plan_out)
+            planned = lifecycle.Planned.from_xcom(plan_out)
             return planned.config(), planned.run
 
         @task(execution_timeout=timedelta(minutes=10))
@@ -121,7 +121,7 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
                 # Paths that skip the REST trigger's check (CLI, dag.test, other DAGs) stop here.
                 job = ConfigSnapshot.take(config_path, run_overrides(ctx))  # resolved once, for the whole run
                 # Skips a run with no new data, or whose result the gate refuses.
-                return lifecycle.stage_plan_run(job, force=bool(ctx["params"]["force"])).to_dict()
+                return lifecycle.stage_plan_run(job, force=bool(ctx["params"]["force"])).to_xcom()
 
         @task.short_circuit
         def new_data(plan_out: dict) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,14 @@ def registry_url(cfg: JobConfig | None = None, given: str | None = None) -> str:
     if cfg is not None:
         return cfg.publish.registry_url
     return os.environ.get("RETRAINER_DB_URL") or f"sqlite:///{retrainer_home() / 'registry.db'}"
+
+
+def shown_registry_urls(cfgs: Iterable[JobConfig]) -> list[str]:
+    """The registries a view over several jobs reads (the registry page): $RETRAINER_DB_URL when set, one
+    database named for all of them, else each job's `publish.registry_url` once."""
+    if env_url := os.environ.get("RETRAINER_DB_URL"):
+        return [env_url]
+    return list(dict.fromkeys(cfg.publish.registry_url for cfg in cfgs))
 
 
 @cache

@@ -52,11 +52,11 @@ class Planned:
     def config(self) -> JobConfig:
         return self.job.config()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_xcom(self) -> dict[str, Any]:
         return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget, "skip": self.skip}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Planned:
+    def from_xcom(cls, data: dict[str, Any]) -> Planned:
         return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]), data["budget"],
                    data["skip"])
 

@@ -91,14 +91,14 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
     run = RunIdentity(experiment_key="k" * 64, config_fingerprint=cfg.fingerprint(), data_url=cfg.data.source_url,
                       data_manifest_hash="m" * 64,
                       init=scratch(cfg))
-    plan_out = json.loads(json.dumps(Planned(job, run, {}, None).to_dict()))  # as XCom carries it
+    plan_out = json.loads(json.dumps(Planned(job, run, {}, None).to_xcom()))  # as XCom carries it
     shutil.rmtree(tmp_path / "hf")  # the pretrained model is gone (or its store unreachable) after the plan
 
     # warm, gate, approval, publish, housekeeping: the frozen config, nothing else.
     for _task in ("warm", "gate", "approval", "publish", "housekeeping"):
         new_process(monkeypatch)
         before = len(validations)
-        assert Planned.from_dict(plan_out).config() == cfg
+        assert Planned.from_xcom(plan_out).config() == cfg
         assert len(validations) - before == 1
     # train and evaluate submit their jobs in their own directories; the triggerer and the resumed task follow
     # the job by its handle: each builds the frozen config once, and what it derives costs no validation.
@@ -109,7 +109,7 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
         derived = evaluation_layout(frozen_cfg) if what == "evaluate" else frozen_cfg
         job_cfg, _ = launch._for_handle(derived, {"output_dir": str(tmp_path / "runs" / what)})
         assert job_cfg.train.output_dir == str(tmp_path / "runs" / what)
-        assert Planned.from_dict(plan_out).config() == cfg  # built again in the same process: the same one
+        assert Planned.from_xcom(plan_out).config() == cfg  # built again in the same process: the same one
         assert len(validations) - before == 1, what
     # A config file whose pretrained model is gone cannot be planned: only the frozen run went on.
     with pytest.raises(ConfigError, match=r"model\.pretrained: .* has no config\.json"):

@@ -46,7 +46,7 @@ class RankJobOperator(BaseOperator):
         return f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
 
     def execute(self, context: Any) -> Any:
-        planned = lifecycle.Planned.from_dict(self.plan_out)
+        planned = lifecycle.Planned.from_xcom(self.plan_out)
         cfg, run, warmed = planned.config(), planned.run, lifecycle.Warmed.from_xcom(self.warm_out)
         if self.stage == "train":
             if not cfg.cluster.defers:
@@ -62,7 +62,7 @@ class RankJobOperator(BaseOperator):
         return self._next(step)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
-        planned = lifecycle.Planned.from_dict(self.plan_out)
+        planned = lifecycle.Planned.from_xcom(self.plan_out)
         cfg, run = planned.config(), planned.run
         job, outcome = event["job"], event["outcome"]
         if self.stage == "train":
@@ -102,7 +102,7 @@ class PublishApproval(ApprovalOperator):
 
     def execute(self, context):
         ti = context["ti"]
-        planned = lifecycle.Planned.from_dict(self.plan_out)
+        planned = lifecycle.Planned.from_xcom(self.plan_out)
         cfg = planned.config()
         if not cfg.publish.approval_required:
             log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
@@ -131,7 +131,7 @@ class PublishApproval(ApprovalOperator):
         if answer.approved:
             log.info("retrainer: approved by %s", answer.by)
         else:  # noted first: the operator ends a rejection by raising (that skips publish)
-            cfg = lifecycle.Planned.from_dict(self.plan_out).config()
+            cfg = lifecycle.Planned.from_xcom(self.plan_out).config()
             note = answer.run_note(cfg.publish.approval_timeout_s)
             log.warning("retrainer: %s", note)
             note_run(context["ti"], note)

@@ -1,7 +1,7 @@
 """Where the page reads the registry from, which job config owns each model, and what a version's record says.
 
-The registry URL is $RETRAINER_DB_URL, else the `publish.registry_url` of the job
-configs in $RETRAINER_CONFIG_DIR (default: the project's configs/). The configs also
+The registries shown: `tasks.endpoints.shown_registry_urls` over the job configs in
+$RETRAINER_CONFIG_DIR (default: the project's configs/). The configs also
 tell the page which `rollback_model` form value (the job name) moves a given model.
 `VersionFacts` picks the numbers a person compares out of a version's recorded metrics
 (the evaluate stage's output plus what publish adds: the loss curve and the gate's rules).
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +20,11 @@ from retrainer_airflow.configs import job_configs
 
 from retrainer_registry.render import number
 from tasks.config import JobConfig
+from tasks.endpoints import shown_registry_urls
 from tasks.registry.records import origin
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Sources:
@@ -39,11 +40,7 @@ def load_sources() -> Sources:
     jobs: dict[str, JobConfig] = {}
     for cfg in job_configs(skip_invalid=True).values():
         jobs.setdefault(cfg.publish.model_name, cfg)
-    if env_url := os.environ.get("RETRAINER_DB_URL"):
-        urls = [env_url]
-    else:
-        urls = list(dict.fromkeys(cfg.publish.registry_url for cfg in jobs.values()))
-    return Sources(registry_urls=urls, jobs_by_model=jobs)
+    return Sources(registry_urls=shown_registry_urls(jobs.values()), jobs_by_model=jobs)
 
 
 def training_losses(version: dict[str, Any], job: JobConfig | None) -> list[float]:
