@@ -21,15 +21,28 @@ from tests.slurm import SlurmCluster, slurm_daemons  # noqa: E402
 # Keep torch from oversubscribing 2 cores when several ranks run at once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# One private Airflow home for the whole test session, set before anything imports airflow
-# (Airflow reads its configuration once, at import). Tests never touch the user's ~/airflow.
-if "RETRAINER_TEST_AIRFLOW_HOME" not in os.environ:
-    os.environ["RETRAINER_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="retrainer-airflow-")
-os.environ["AIRFLOW_HOME"] = os.environ["RETRAINER_TEST_AIRFLOW_HOME"]
+# One private Airflow home for the whole test session (each xdist worker its own: its SQLite metadata database
+# is migrated by the worker's `airflow_db`), set before anything imports airflow (Airflow reads its
+# configuration once, at import). Tests never touch the user's ~/airflow.
+_AIRFLOW_HOME_VAR = f"RETRAINER_TEST_AIRFLOW_HOME_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+if _AIRFLOW_HOME_VAR not in os.environ:
+    os.environ[_AIRFLOW_HOME_VAR] = tempfile.mkdtemp(prefix="retrainer-airflow-")
+os.environ["AIRFLOW_HOME"] = os.environ[_AIRFLOW_HOME_VAR]
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
 os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (`scripts/test.sh`: two workers, `--dist loadgroup`), a test file is one unit of work, so its
+    module fixtures start once, and every test of the shared Airflow standalone (tests/airflow/conftest.py) is
+    one unit, so one worker starts it; the other worker runs the rest meanwhile."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        group = "airflow-standalone" if "standalone" in item.fixturenames else str(item.path.relative_to(ROOT))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
