@@ -106,7 +106,9 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
             "slurm_time_limit": Param(None, type=["null", "string"], minLength=1, maxLength=32,
                                       description="Slurm time limit (cluster.slurm.time_limit), e.g. 2-00:00:00"),
             "dry_run": Param(False, type="boolean", description="plan and warm only"),
-            "force": Param(False, type="boolean", description="launch even if the plan says it cannot fit"),
+            "force": Param(False, type="boolean",
+                           description="launch even if the plan says it cannot fit, or a stopped run at another "
+                                       "global batch would be left behind"),
         },
     )
     def retrain():

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.audit import default_actor
 from tasks.config import JobConfig
 from tasks.endpoints import registry_for
-from tasks.errors import PlanDoesNotFitError, RetrainerError
+from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
 from tasks.publish import PublishResult
@@ -120,7 +120,7 @@ def stage_plan_run(job: ConfigSnapshot, *, force: bool = False) -> Planned:
     """identify + plan: the run frozen (config, data, starting weights) and whether it trains at all."""
     cfg = job.config()
     run = stage_identify(cfg)
-    budget = stage_plan(cfg, force=force)
+    budget = stage_plan(cfg, run, force=force)
     return Planned(job, run, budget, refused_before_training(cfg, run))
 
 
@@ -163,9 +163,16 @@ def refused_before_training(cfg: JobConfig, run: RunIdentity) -> str | None:
     return f"gate: {rolled_back_reason(model, alias, candidate.version, back)}"
 
 
-def stage_plan(cfg: JobConfig, *, force: bool = False) -> dict[str, Any]:
+def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict[str, Any]:
+    """The run's memory and communication budget; a launch that cannot fit, or a fresh run that would start
+    over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced."""
     from tasks.plan import plan
+    from tasks.train.other_batch import stopped_at_another_batch
 
+    if (lost := stopped_at_another_batch(cfg, run)) is not None:
+        if not force:
+            raise InvalidInputError(lost)
+        log.warning("plan: %s; starting the new run anyway because force is set", lost)
     result = plan(cfg)
     log.info("plan: %s", result.verdict)
     for warning in result.warnings:
@@ -482,7 +489,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         log.info("run %s: %s", run.run_id, reason)
         out["skipped"] = reason
         return out
-    out["plan"] = stage_plan(cfg, force=force)
+    out["plan"] = stage_plan(cfg, run, force=force)
     warmed = stage_warm(cfg, run)
     out["warm"] = warmed.to_xcom()
     if dry_run:
@@ -542,7 +549,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the whole lifecycle for one config in this process")
     p.add_argument("config", help="job config YAML")
     p.add_argument("--steps", type=int, help="override train.steps")
-    p.add_argument("--force", action="store_true", help="launch even if the plan says it cannot fit")
+    p.add_argument("--force", action="store_true", help="launch even if the plan says it cannot fit, or a "
+                   "stopped run at another global batch would be left behind")
     p.add_argument("--dry-run", action="store_true", help="plan and warm only")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_run)

@@ -39,7 +39,8 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
         return json.loads((state / f"{name}.json").read_text())
 
     if stage == "plan":
-        return {"run": lifecycle.stage_identify(cfg).to_dict(), "budget": lifecycle.stage_plan(cfg)}
+        run = lifecycle.stage_identify(cfg)
+        return {"run": run.to_dict(), "budget": lifecycle.stage_plan(cfg, run)}
     if stage == "rollback":
         return lifecycle.stage_rollback(cfg, actor="fault-suite")
     plan_path = state / "plan.json"

@@ -128,3 +128,47 @@ def test_the_key_follows_the_global_batch_not_the_layout(tmp_path: Path) -> None
     assert all(base.with_overrides(o).fingerprint() == base.fingerprint() for o in same)
     other = [{"parallel.dp": 2}, {"train.micro_batch_size": 2}, {"parallel.zero_stage": 0}]
     assert all(base.with_overrides(o).fingerprint() != base.fingerprint() for o in other)
+
+
+def test_lowering_dp_without_raising_micro_batches_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    """A dp=2 run stopped at step 4 of 8 (its node died); the person edits the config to dp=1 and forgets the
+    micro-batches: the global batch halves, which is a new experiment that would start over from step 0. The
+    run is refused before anything starts, naming the setting that resumes the stopped run; with it set, the
+    run is the stopped one again; forced, the new run may start; a finished run at another batch is no loss."""
+    import yaml
+
+    from tasks.data import make_data
+    from tasks.lifecycle import stage_identify, stage_plan
+    from tasks.resolve import load_config
+    from tests.test_weekly_retrain import retrainer, week_config
+
+    config = week_config(tmp_path)
+    doc = yaml.safe_load(config.read_text())
+
+    def edit(**parallel: int) -> Path:
+        doc["parallel"].update(parallel)
+        config.write_text(yaml.safe_dump(doc))
+        return config
+
+    cfg2 = load_config(edit(dp=2, micro_batches=1))
+    make_data(cfg2.data.source_url, name=cfg2.name, n_train_shards=2, tokens_per_shard=16384)
+    stopped = stage_identify(cfg2)
+    root = ck.ckpt_root(stopped.run_dir(cfg2))
+    (root / "tmp-step-000004").mkdir(parents=True)
+    ck.finalize(root, "step-000004", ck.make_marker(cfg2, stopped, "step-000004", 4, 1), keep_last=2)
+
+    done = retrainer("run", str(edit(dp=1)), tmp=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"run {stopped.run_id}" in done.stderr and "stopped at step 4 of 8" in done.stderr
+    assert "set parallel.micro_batches: 2" in done.stderr
+    assert [p.name for p in Path(cfg2.train.output_dir).iterdir()] == [stopped.run_id]  # nothing else started
+
+    fixed = load_config(edit(dp=1, micro_batches=2))
+    assert stage_identify(fixed).run_id == stopped.run_id  # the stopped run, which resumes
+    assert stage_plan(fixed, stopped)["fits"]
+
+    forgot = load_config(edit(dp=1, micro_batches=1))
+    assert stage_plan(forgot, stage_identify(forgot), force=True)["fits"]  # forced: the new run may start
+    (root / "tmp-step-000008").mkdir()
+    ck.finalize(root, "step-000008", ck.make_marker(cfg2, stopped, "step-000008", 8, 1), keep_last=2)
+    assert stage_plan(forgot, stage_identify(forgot))["fits"]  # the dp=2 run finished: another experiment
