@@ -8,6 +8,6 @@ bash scripts/system-deps.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .
 .venv/bin/lint-imports  # the package layers in pyproject.toml [tool.importlinter]: a new upward import or cycle fails
-# Two workers (RETRAINER_TEST_WORKERS): a test file, or all of the shared Airflow standalone's tests, to one
+# Two workers (RETRAINER_TEST_WORKERS): a test file, or all the modules of the shared Airflow standalone, to one
 # worker at a time (tests/conftest.py); the standalone's tests mostly wait on its scheduler, the rest use the cores.
-exec .venv/bin/pytest -n "${RETRAINER_TEST_WORKERS:-2}" --dist loadgroup --durations=15 "$@"
+exec .venv/bin/pytest -n "${RETRAINER_TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,15 +37,30 @@ os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
 os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist (`scripts/test.sh`: two workers, `--dist loadgroup`), a test file is one unit of work, so its
-    module fixtures start once, and every test of the shared Airflow standalone (tests/airflow/conftest.py) is
-    one unit, so one worker starts it; the other worker runs the rest meanwhile."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    for item in items:
-        group = "airflow-standalone" if "standalone" in item.fixturenames else str(item.path.relative_to(ROOT))
-        item.add_marker(pytest.mark.xdist_group(group))
+@functools.cache
+def _shares_the_standalone(module: str) -> bool:
+    """Whether a test module runs on the package's shared Airflow standalone: it declares its `TENANT`
+    (tests/airflow/conftest.py asserts every module using the fixture does)."""
+    path = ROOT / module
+    return path.is_file() and re.search(r"^TENANT = ", path.read_text(), re.MULTILINE) is not None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadscope` (`scripts/test.sh`: two workers) a test file is one unit of work, so its module
+    fixtures start once, and all the modules sharing the Airflow standalone are one unit, so one worker starts
+    it and runs them while the other worker runs the rest (they mostly wait on its scheduler). By file here,
+    not by xdist_group marks: xdist 3.8 cannot rename node ids under pytest 9.2."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/airflow (the shared standalone)" if _shares_the_standalone(module) else module
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")
