@@ -268,9 +268,8 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> Trained | None:
 
 
 def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
-    from tasks.launch import Launch, get_launcher
+    from tasks.launch import JobSpec, Launch, get_launcher
 
-    run_cfg = cfg.with_output_dir(run.run_dir(cfg))
     stage_continued_adapter(cfg, run)
     start = weights_to_load(cfg, run)
     # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
@@ -278,7 +277,7 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
                  else fetch_starting_weights(cfg, start))
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
-    return Launch(run_cfg, warm.dataset_dir, run,
+    return Launch(cfg, JobSpec(run.run_id, run.run_dir(cfg)), warm.dataset_dir, run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
 
 

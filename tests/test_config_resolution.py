@@ -72,6 +72,7 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_it_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validations: list[object]) -> None:
     from tasks import launch
+    from tasks.launch.torchrun import write_worker_config
     from tasks.lifecycle import Planned
     from tasks.plan.evaluation import evaluation_layout
     from tasks.resolve import ConfigSnapshot, load_config
@@ -107,8 +108,10 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
         before = len(validations)
         frozen_cfg = ConfigSnapshot.from_dict(plan_out["job"]).config()
         derived = evaluation_layout(frozen_cfg) if what == "evaluate" else frozen_cfg
-        job_cfg, _ = launch._for_handle(derived, {"output_dir": str(tmp_path / "runs" / what)})
-        assert job_cfg.train.output_dir == str(tmp_path / "runs" / what)
+        spec = launch.JobSpec.from_handle({"job_name": what, "output_dir": str(tmp_path / "runs" / what)})
+        launch.get_launcher(derived)
+        ranks_input = json.loads(write_worker_config(derived, spec, run).read_text())  # where the ranks write
+        assert ranks_input["job"]["train"]["output_dir"] == str(tmp_path / "runs" / what)
         assert Planned.from_xcom(plan_out).config() == cfg  # built again in the same process: the same one
         assert len(validations) - before == 1, what
     # A config file whose pretrained model is gone cannot be planned: only the frozen run went on.

@@ -154,15 +154,14 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
                  key: str, dataset_dir: Path, eval_root: Path) -> Launch:
     """The evaluation ranks' job (the job's launcher, the evaluation layout), whose summary has each model's
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
-    directory's `eval/`)."""
+    directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.credentials import split_credentials
-    from tasks.launch import Launch
+    from tasks.launch import JobSpec, Launch
     from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
     eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
-    out = eval_root / eval_id[:16]
-    eval_cfg = evaluation_layout(cfg).with_output_dir(out)
+    eval_cfg = evaluation_layout(cfg)
     layout = eval_cfg.parallel
     fields = {"data": "data.storage_options", "store": "publish.storage_options",
               "pretrained": "model.pretrained_storage_options"}
@@ -181,8 +180,8 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     }
     log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
              len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
-    eval_run = dataclasses.replace(run, experiment_key=eval_id)  # its own job name on Slurm / Kubernetes
-    return Launch(eval_cfg, dataset_dir, eval_run, {"secret_env": secret_env, "evaluation": spec})
+    job = JobSpec(f"eval-{eval_id[:12]}", eval_root / eval_id[:16])
+    return Launch(eval_cfg, job, dataset_dir, run, {"secret_env": secret_env, "evaluation": spec})
 
 
 def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Multi-node launchers: one implementation per engine, picked by `cluster.launcher`.
 
-`get_launcher(cfg).run(cfg, dataset_dir)` trains and returns the trainer's
-summary, whichever engine runs the ranks: `local` (torchrun here), `ssh`
+`get_launcher(cfg).run(cfg, dataset_dir, job=JobSpec(name, output_dir))` runs
+one rank job (the job's name on the engine, its directory) and returns the
+ranks' summary, whichever engine runs them: `local` (torchrun here), `ssh`
 (torchrun per node over SSH), `slurm` (`sbatch` + `srun torchrun`),
 `kubernetes` (a Kubeflow PyTorchJob). Each engine takes its typed config section
 (`cluster.ssh`, `cluster.slurm`, `cluster.kubernetes`), validated at load.
@@ -17,55 +18,50 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
 from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
+from tasks.launch.spec import JobSpec
 
 if TYPE_CHECKING:
     from tasks.run import RunIdentity
 
-__all__ = ["Job", "JobPreempted", "Launch", "LaunchCancelled", "Launcher", "cancel", "collect", "follow",
+__all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "Launcher", "cancel", "collect", "follow",
            "get_launcher", "pool_for", "train"]
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One rank job a stage starts: the config it runs under (its output dir, its layout) and what
-    `Launcher.run` / `Launcher.submit` take besides."""
+    """One rank job a stage starts: the config it runs under (its layout), what names it and where it writes
+    (`job`), and what `Launcher.run` / `Launcher.submit` take besides."""
 
     cfg: JobConfig
+    job: JobSpec
     dataset_dir: Path
     run: RunIdentity
     options: Mapping[str, Any]  # init_path, node_warm, export, secret_env, evaluation
 
     def run_here(self) -> dict[str, Any]:
         """Start and supervise it from this process; its summary."""
-        return get_launcher(self.cfg).run(self.cfg, self.dataset_dir, run=self.run, **self.options)
+        return get_launcher(self.cfg).run(self.cfg, self.dataset_dir, job=self.job, run=self.run, **self.options)
 
     def submit(self) -> dict[str, Any]:
         """Start it and return its handle, to follow from elsewhere (`follow`, `collect`)."""
-        return get_launcher(self.cfg).submit(self.cfg, self.dataset_dir, run=self.run, **self.options)
-
-
-def _for_handle(cfg: JobConfig, handle: Mapping[str, Any]) -> tuple[JobConfig, Launcher]:
-    """The config and launcher a submitted job is followed with: the job's engine and timeouts, its output dir."""
-    job_cfg = cfg.with_output_dir(handle["output_dir"])
-    return job_cfg, get_launcher(job_cfg)
+        return get_launcher(self.cfg).submit(self.cfg, self.dataset_dir, job=self.job, run=self.run,
+                                             **self.options)
 
 
 async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
-    """Wait for a submitted job (see Launcher.follow); `cfg` is the run's config."""
-    job_cfg, launcher = _for_handle(cfg, handle)
-    return await launcher.follow(job_cfg, handle, deadline=deadline)
+    """Wait for a submitted job (see Launcher.follow); `cfg` is its config (engine, timeouts), the handle names
+    the job and its directory."""
+    return await get_launcher(cfg).follow(cfg, handle, deadline=deadline)
 
 
 def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
     """The summary of a followed job, or the failure (see Launcher.collect)."""
-    job_cfg, launcher = _for_handle(cfg, handle)
-    return launcher.collect(job_cfg, handle, outcome)
+    return get_launcher(cfg).collect(cfg, handle, outcome)
 
 
 def cancel(cfg: JobConfig, handle: Mapping[str, Any]) -> None:
     """Stop a submitted job on every node (a killed Airflow task's trigger calls this)."""
-    _, launcher = _for_handle(cfg, handle)
-    launcher.stop_job(handle)
+    get_launcher(cfg).stop_job(handle)
 
 
 def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], **run: Any) -> dict[str, Any]:

@@ -7,8 +7,8 @@ logs stream into `logging`, the exit status becomes the result or a
 (the status's step does not move for `cluster.hang_timeout_s`) fails the task
 naming the last step, and SIGTERM, a timeout exception or any other error
 cancels the job on every node and waits until nothing is left. Before starting,
-a launcher cancels a job of the same run an earlier attempt left alive. Engines
-only say how to start, poll, read the status of and stop a job.
+a launcher cancels a job of the same name (`JobSpec`) an earlier attempt left
+alive. Engines only say how to start, poll, read the status of and stop a job.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tasks.data import read_manifest
 from tasks.errors import RetrainerError, TrainingFailedError
 from tasks.job_status import STATUS_FILE, Status
 from tasks.launch.procs import new_tag
+from tasks.launch.spec import JobSpec
 from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
 from tasks.run import RunIdentity, for_dataset
@@ -102,33 +103,37 @@ class Launcher(ABC):
     evaluation = False  # set by run(): the ranks are evaluation ranks (tasks/evaluate/worker.py)
 
     @abstractmethod
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        """Start the job; every process it creates must carry the launch tag (see procs.TAG_VAR)."""
+    def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
+              run: RunIdentity) -> Job:
+        """Start the job `spec` names, in its directory; every process it creates must carry the launch tag (see
+        procs.TAG_VAR)."""
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
-    def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
+    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, Any]]:
         """Warm every node that will train (tasks/warm/node.py) and return their reports, refusing (naming the
         node) one that failed or verified other data. Engines that warm inside the job (Slurm's staging
         step, Kubernetes' init container) or on this machine (local: the warm task did) return []."""
         return []
 
-    def node_reports(self, cfg: JobConfig) -> list[dict[str, Any]]:
-        """The per-node warm reports a finished job left (engines that warm inside the job)."""
+    def node_reports(self, spec: JobSpec) -> list[dict[str, Any]]:
+        """The per-node warm reports a finished job left in its directory (engines that warm inside the job)."""
         return []
 
-    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:  # noqa: B027 (optional hook)
-        """Cancel a job of this run that an earlier, killed attempt left on the engine (say so), and wait
+    def cancel_earlier(self, cfg: JobConfig, spec: JobSpec) -> None:  # noqa: B027 (optional hook)
+        """Cancel a job of this name that an earlier, killed attempt left on the engine (say so), and wait
         until it is gone: two jobs of one run would race on its checkpoints. Engines whose jobs die with
         the launcher (local, ssh: parent-death signal, agent on the ssh channel) have nothing to do."""
 
-    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
-            init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
-            secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Train into `cfg.train.output_dir`, supervising the job from this process; return the trainer's summary
-        (with `node_warm`: each node's warm report under "nodes").
+    def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, job: JobSpec | None = None,
+            run: RunIdentity | None = None, init_path: Path | None = None, node_warm: bool = False,
+            export: dict[str, Any] | None = None, secret_env: dict[str, str] | None = None,
+            evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run the job `job` names into its directory, supervising it from this process; return the ranks'
+        summary (with `node_warm`: each node's warm report under "nodes").
 
+        `job` defaults to the run's training straight into `cfg.train.output_dir` (the `train` verb, tests).
         `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
         starting weights a fresh run loads. `node_warm`: first warm `data.source_url` (and the starting
         weights) on every training node into its own `data.cache_dir` (the lifecycle does; a caller that
@@ -138,50 +143,51 @@ class Launcher(ABC):
         launch (imports, rendezvous, one-off op builds) the allowance is `cluster.startup_timeout_s`
         (default: cluster.hang_timeout_s). `evaluation`: run the evaluation ranks on this spec instead
         (tasks/evaluate: same engine, same supervision, their summary returned)."""
-        dataset_dir, run, config_json, reports = self._before_start(
-            cfg, dataset_dir, run=run, init_path=init_path, node_warm=node_warm, export=export,
+        spec, dataset_dir, run, config_json, reports = self._before_start(
+            cfg, dataset_dir, job=job, run=run, init_path=init_path, node_warm=node_warm, export=export,
             secret_env=secret_env, evaluation=evaluation)
         what = self._what()
         watcher = _watcher(cfg)
         try:
             with _sigterm_cancels() as cancel:
                 with cancel.deferred():  # never leave a half-started job untracked
-                    job = self.start(cfg, dataset_dir, config_json, new_tag(), run)
+                    started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run)
                 try:
-                    rc = self._supervise(cfg, job, watcher, what)
+                    rc = self._supervise(cfg, started, watcher, what)
                 finally:
                     with _sigterm_ignored():
-                        job.stop()
+                        started.stop()
         finally:
             config_json.unlink(missing_ok=True)
-        watcher.observe(job.status())  # a rank's last word (its failure reason) lands as it exits
-        return self._result(cfg, job, rc, watcher.failure, what, reports if node_warm else None,
-                            preempted=rc != 0 and job.preempted())
+        watcher.observe(started.status())  # a rank's last word (its failure reason) lands as it exits
+        return self._result(cfg, spec, started, rc, watcher.failure, what, reports if node_warm else None,
+                            preempted=rc != 0 and started.preempted())
 
     def submit(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity,
-               init_path: Path | None = None, node_warm: bool = False, export: dict[str, Any] | None = None,
-               secret_env: dict[str, str] | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+               job: JobSpec | None = None, init_path: Path | None = None, node_warm: bool = False,
+               export: dict[str, Any] | None = None, secret_env: dict[str, str] | None = None,
+               evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start the job as `run()` does and return at once with its handle (JSON, no credentials): for engines
         whose jobs outlive this process (`detachable`). `follow()` waits for it (anywhere: Airflow's
         triggerer), `collect()` turns the outcome into the summary, `stop_job()` stops it."""
         if not self.detachable:
             raise RetrainerError(f"the {self.name} launcher's ranks die with the process that started them: "
                                  "its jobs cannot be submitted and followed from elsewhere")
-        dataset_dir, run, config_json, reports = self._before_start(
-            cfg, dataset_dir, run=run, init_path=init_path, node_warm=node_warm, export=export,
+        spec, dataset_dir, run, config_json, reports = self._before_start(
+            cfg, dataset_dir, job=job, run=run, init_path=init_path, node_warm=node_warm, export=export,
             secret_env=secret_env, evaluation=evaluation)
         with _sigterm_cancels() as cancel:
             with cancel.deferred():  # a SIGTERM while starting: cancel what started, once it has
-                job = self.start(cfg, dataset_dir, config_json, new_tag(), run)
-                handle = {"engine": self.name, **job.handle(), "output_dir": cfg.train.output_dir,
+                started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run)
+                handle = {"engine": self.name, **started.handle(), **spec.handle_fields(),
                           "config_json": str(config_json), "what": self._what(), "node_warm": node_warm,
                           "reports": reports, "submitted_at": time.time()}
                 if cancel.pending:
                     with _sigterm_ignored():
-                        job.stop()
-            job.close()
-        log.info("%s: %s job submitted (%s); following it from elsewhere", self.name, handle["what"],
-                 ", ".join(f"{k} {v}" for k, v in job.handle().items()))
+                        started.stop()
+            started.close()
+        log.info("%s: %s job %s submitted (%s); following it from elsewhere", self.name, handle["what"], spec.name,
+                 ", ".join(f"{k} {v}" for k, v in started.handle().items()))
         return handle
 
     def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
@@ -231,7 +237,7 @@ class Launcher(ABC):
         if outcome["preempted"]:
             raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
                                f"cluster after step {outcome['last_step'] or 0}")
-        return self._result(cfg, job, outcome["rc"], outcome["failure"], what,
+        return self._result(cfg, JobSpec.from_handle(handle), job, outcome["rc"], outcome["failure"], what,
                             handle["reports"] if handle["node_warm"] else None, preempted=False)
 
     def stop_job(self, handle: Mapping[str, Any]) -> None:
@@ -246,33 +252,35 @@ class Launcher(ABC):
     def _what(self) -> str:
         return "evaluation" if self.evaluation else "training"
 
-    def _before_start(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None,
-                      init_path: Path | None, node_warm: bool, export: dict[str, Any] | None,
-                      secret_env: dict[str, str] | None, evaluation: dict[str, Any] | None,
-                      ) -> tuple[Path, RunIdentity, Path, list[dict[str, Any]]]:
-        """Everything before the job starts: inputs checked, stale summary and status gone, a job of this run an
+    def _before_start(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, job: JobSpec | None,
+                      run: RunIdentity | None, init_path: Path | None, node_warm: bool,
+                      export: dict[str, Any] | None, secret_env: dict[str, str] | None,
+                      evaluation: dict[str, Any] | None,
+                      ) -> tuple[JobSpec, Path, RunIdentity, Path, list[dict[str, Any]]]:
+        """Everything before the job starts: inputs checked, stale summary and status gone, a job of this name an
         earlier attempt left cancelled, the nodes warmed, the ranks' input written."""
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(str(dataset_dir))  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
-        if evaluation is None:
-            refuse_layout_change(cfg, run)  # a tp/pp change against the run's checkpoint: before any node
-        self.prepare(cfg, dataset_dir)
-        out = Path(cfg.train.output_dir)
+        spec = job or JobSpec(run.run_id, Path(cfg.train.output_dir))
+        self.evaluation = evaluation is not None
+        if not self.evaluation:  # a tp/pp change against the run's checkpoint: before any node
+            refuse_layout_change(cfg, run, spec.output_dir)
+        self.prepare(cfg, spec, dataset_dir)
+        out = spec.output_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").unlink(missing_ok=True)  # a stale summary must never describe this run
         (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
-        self.cancel_earlier(cfg, run)
+        self.cancel_earlier(cfg, spec)
         _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         self.node_warm, self.secret_env = node_warm, {**(secret_env or {}), **mirror_env}
-        self.evaluation = evaluation is not None
-        reports = self.warm_nodes(cfg, run) if node_warm else []
-        return dataset_dir, run, write_worker_config(cfg, out, run, init_path, export, evaluation), reports
+        reports = self.warm_nodes(cfg, spec, run) if node_warm else []
+        return spec, dataset_dir, run, write_worker_config(cfg, spec, run, init_path, export, evaluation), reports
 
-    def _result(self, cfg: JobConfig, job: Job, rc: int, failure: str | None, what: str,
+    def _result(self, cfg: JobConfig, spec: JobSpec, job: Job, rc: int, failure: str | None, what: str,
                 reports: list[dict[str, Any]] | None, *, preempted: bool) -> dict[str, Any]:
         """The ended job's summary (`reports`: the nodes' warm reports, None when the nodes were not warmed)."""
-        summary_path = Path(cfg.train.output_dir) / "summary.json"
+        summary_path = spec.output_dir / "summary.json"
         if rc != 0:
             summary_path.unlink(missing_ok=True)
             if preempted:
@@ -285,7 +293,7 @@ class Launcher(ABC):
         except FileNotFoundError:
             raise TrainingFailedError(f"{what} of {cfg.name} exited 0 but wrote no {summary_path}") from None
         if reports is not None:
-            summary["nodes"] = reports or self.node_reports(cfg)
+            summary["nodes"] = reports or self.node_reports(spec)
         return summary
 
     def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher, what: str) -> int:

@@ -15,8 +15,8 @@ lifecycle, an init container `warm` in every pod first warms the dataset and
 the starting weights into it (tasks/warm/node.py, like Kubeflow's dataset and
 model initializers: the pods that warm are the pods that train; storage
 credentials reach it only through `env_from_secrets`), writes its report to
-`<output_dir>/warm/<node>.json`, and on failure the reason to the status file. The output dir a
-shared PersistentVolumeClaim mounted at `train.output_dir` (same paths as
+`<output_dir>/warm/<node>.json`, and on failure the reason to the status file. The job's directory
+(`JobSpec.output_dir`) a shared PersistentVolumeClaim mounted there (same paths as
 here), /dev/shm an in-memory emptyDir. `cluster.kubernetes.env` is rendered as
 values, `env_from_secrets` as `valueFrom.secretKeyRef`: a secret's value never
 passes through the launcher or the manifest. Status is followed until a Succeeded
@@ -45,6 +45,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
+from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 from tasks.warm.node import REPORT_DIR, SPEC_VAR, node_spec
 
@@ -59,17 +60,22 @@ KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue admits the job from this Loca
 _PREEMPTED_REASONS = ("Preempt", "Evict")
 
 
-def job_name(cfg: JobConfig, run_id: str) -> str:
-    """The PyTorchJob name of one run (a DNS label): how a later attempt finds the job an earlier one left."""
-    base = re.sub(r"[^a-z0-9-]+", "-", cfg.name.lower()).strip("-")[:40] or "job"
-    return f"retrainer-{base}-{run_id[:12]}"
+def job_name(cfg: JobConfig, spec: JobSpec) -> str:
+    """The PyTorchJob name of one rank job (a DNS label, at most 63 characters): how a later attempt finds the
+    job an earlier one left. The spec name's last part is cut to 12 characters (a training's:
+    `retrainer-<config>-<run id[:12]>`), a prefix before it (`eval-`) is kept and the config's part shortened."""
+    prefix, _, ident = spec.name.rpartition("-")
+    tail = f"{prefix}-{ident[:12]}" if prefix else ident[:12]
+    base = re.sub(r"[^a-z0-9-]+", "-", cfg.name.lower()).strip("-")[:52 - len(tail)] or "job"
+    return f"retrainer-{base}-{tail}"
 
 
-def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, config_json: Path, tag: str,
-                      run_id: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None,
+def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, dataset_dir: Path, config_json: Path,
+                      tag: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None,
                       evaluation: bool = False) -> dict[str, Any]:
-    """The PyTorchJob manifest as the API server receives it (a plain dict); with `warm_spec` (tasks/warm/node.py)
-    every pod's init container warms its node first."""
+    """The PyTorchJob manifest of the job `spec` names as the API server receives it (a plain dict), the shared
+    output claim mounted at the job's directory; with `warm_spec` (tasks/warm/node.py) every pod's init
+    container warms its node first."""
     from kubernetes import client as k
 
     if not cfg.cluster.image:
@@ -79,7 +85,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
     agent = [k8s.python, "-m", "tasks.launch.agent", "run", "--tag", tag, "--relay-status",
-             str(Path(cfg.train.output_dir) / STATUS_FILE), "--"]
+             str(spec.output_dir / STATUS_FILE), "--"]
     per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // k8s.nodes
     gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
     wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
@@ -97,13 +103,13 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
         resources=k.V1ResourceRequirements(limits=limits or None, requests=dict(limits) or None),
         volume_mounts=[
             k.V1VolumeMount(name="ssd-cache", mount_path=cfg.data.cache_dir),
-            k.V1VolumeMount(name="output", mount_path=cfg.train.output_dir),
+            k.V1VolumeMount(name="output", mount_path=str(spec.output_dir)),
             k.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
         ],
     )
     init_containers = None
     if warm_spec is not None:
-        out = Path(cfg.train.output_dir)
+        out = spec.output_dir
         node = k.V1EnvVar(name="NODE_NAME", value_from=k.V1EnvVarSource(
             field_ref=k.V1ObjectFieldSelector(field_path="spec.nodeName")))
         init_containers = [k.V1Container(
@@ -128,7 +134,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
             claim_name=k8s.output_claim)),
         k.V1Volume(name="dshm", empty_dir=k.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
     ]
-    labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, run_id)}
+    labels = {"app.kubernetes.io/name": "retrainer", "retrainer/job": job_name(cfg, spec)}
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels=labels),
         spec=k.V1PodSpec(containers=[container], init_containers=init_containers, volumes=volumes,
@@ -142,7 +148,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, dataset_dir: Path, 
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "PyTorchJob",
-        "metadata": {"name": job_name(cfg, run_id), "namespace": cfg.cluster.namespace,
+        "metadata": {"name": job_name(cfg, spec), "namespace": cfg.cluster.namespace,
                      "labels": {**labels, **({KUEUE_QUEUE: k8s.kueue_queue} if k8s.kueue_queue else {})}},
         "spec": {
             # Retries are Airflow's (they resume from the latest checkpoint); the job itself never restarts.
@@ -276,10 +282,10 @@ class KubernetesLauncher(Launcher):
             self._connect()
         return self._core
 
-    def manifest(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run_id: str,
+    def manifest(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
                  warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
-        manifest = render_pytorchjob(cfg, self.section, dataset_dir, config_json, tag, run_id, warm_spec=warm_spec,
-                                    evaluation=self.evaluation)
+        manifest = render_pytorchjob(cfg, self.section, spec, dataset_dir, config_json, tag, warm_spec=warm_spec,
+                                     evaluation=self.evaluation)
         validate_manifest(manifest)
         return manifest
 
@@ -313,22 +319,23 @@ class KubernetesLauncher(Launcher):
     def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
         return KubernetesJob(self, handle["name"], handle["namespace"], logs=output)
 
-    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:
-        name = job_name(cfg, run.run_id)
+    def cancel_earlier(self, cfg: JobConfig, spec: JobSpec) -> None:
+        name = job_name(cfg, spec)
         if self.delete(name, cfg.cluster.namespace):
-            log.warning("kubernetes: PyTorchJob %s of this run was still there from an earlier attempt: deleted "
-                        "it before launching", name)
+            log.warning("kubernetes: PyTorchJob %s was still there from an earlier attempt: deleted it before "
+                        "launching", name)
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        self.manifest(cfg, dataset_dir, Path(cfg.train.output_dir) / "config.json", "0" * 32, "0" * 16)
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
+        self.manifest(cfg, spec, dataset_dir, spec.output_dir / "config.json", "0" * 32)
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+    def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
+              run: RunIdentity) -> Job:
         if self.secret_env:
             raise InvalidInputError("publish.storage_options: key/secret/token would be written into the "
                                     "PyTorchJob; give the pods the store's credentials by "
                                     "cluster.kubernetes.env_from_secrets instead")
-        warm_spec = node_spec(cfg, run) if self.node_warm else None
-        body = self.manifest(cfg, dataset_dir, config_json, tag, run.run_id, warm_spec)
+        warm_spec = node_spec(cfg, run, spec.output_dir) if self.node_warm else None
+        body = self.manifest(cfg, spec, dataset_dir, config_json, tag, warm_spec)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         log.info("kubernetes: created PyTorchJob %s/%s (%d pod(s))", namespace, name,

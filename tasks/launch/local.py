@@ -18,6 +18,7 @@ from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
+from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,9 @@ class LocalLauncher(Launcher):
     def __init__(self, *, env: dict[str, str] | None = None, grace_s: float = 15.0) -> None:
         self.env, self.grace_s = dict(env or {}), grace_s
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+    def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
+              run: RunIdentity) -> Job:
         cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
         return LocalJob(cmd, torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
-                        Path(cfg.train.output_dir) / STATUS_FILE, grace_s=self.grace_s)
+                        spec.output_dir / STATUS_FILE, grace_s=self.grace_s)

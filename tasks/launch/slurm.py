@@ -38,6 +38,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
+from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 from tasks.warm.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
 
@@ -51,23 +52,24 @@ PREEMPTED = {"PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
-def job_name(cfg: JobConfig, run_id: str) -> str:
-    """The Slurm job name of one run: how a later attempt finds (and cancels) a job an earlier one left."""
-    return f"retrainer-{cfg.name}-{run_id}"
+def job_name(cfg: JobConfig, spec: JobSpec) -> str:
+    """The Slurm job name of one rank job (a training's: `retrainer-<config>-<run id>`): how a later attempt
+    finds (and cancels) a job an earlier one left."""
+    return f"retrainer-{cfg.name}-{spec.name}"
 
 
-def render_script(cfg: JobConfig, slurm: SlurmConfig, dataset_dir: Path, config_json: Path, run_id: str, *,
+def render_script(cfg: JobConfig, slurm: SlurmConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, *,
                   warm: bool = False, evaluation: bool = False) -> str:
-    """The batch script: (with `warm`) a staging step per node, then one torchrun per node, node rank and
-    master from Slurm."""
+    """The batch script of the job `spec` names, writing into its directory: (with `warm`) a staging step per
+    node, then one torchrun per node, node rank and master from Slurm."""
     nodes = slurm.nodes
     cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
                            evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
-    out = Path(cfg.train.output_dir)
+    out = spec.output_dir
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={job_name(cfg, run_id)}",
+        f"#SBATCH --job-name={job_name(cfg, spec)}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={out}/slurm-%j.out",
@@ -194,40 +196,41 @@ class SlurmLauncher(Launcher):
                                      "scancel; check the nodes")
             time.sleep(0.5)
 
-    def cancel_earlier(self, cfg: JobConfig, run: RunIdentity) -> None:
-        name = job_name(cfg, run.run_id)
+    def cancel_earlier(self, cfg: JobConfig, spec: JobSpec) -> None:
+        name = job_name(cfg, spec)
         listed = self.slurm("squeue", "-h", "--name", name, "-o", "%i", check=True)
         for job_id in listed.stdout.split():
-            log.warning("slurm: job %s (%s) of this run is still alive from an earlier attempt: cancelling it "
+            log.warning("slurm: job %s (%s) is still alive from an earlier attempt: cancelling it "
                         "before launching", job_id, name)
             self.cancel(job_id)
 
     detachable = True
 
     def attach(self, handle: Mapping[str, Any], *, output: bool = False) -> Job:
-        out = Path(handle["output_dir"])
+        out = JobSpec.from_handle(handle).output_dir
         return SlurmJob(self, handle["job_id"], out / f"slurm-{handle['job_id']}.out", out / STATUS_FILE,
                         tail=output)
 
-    def node_reports(self, cfg: JobConfig) -> list[dict[str, object]]:
-        reports = [json.loads(p.read_text()) for p in sorted((Path(cfg.train.output_dir) / REPORT_DIR).glob("*.json"))]
+    def node_reports(self, spec: JobSpec) -> list[dict[str, object]]:
+        reports = [json.loads(p.read_text()) for p in sorted((spec.output_dir / REPORT_DIR).glob("*.json"))]
         for report in reports:
             log.info("slurm: %s", describe(report))
         return reports
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
-        render_script(cfg, self.section, dataset_dir, Path("config.json"), "0" * 16)  # validates the node split
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
+        render_script(cfg, self.section, spec, dataset_dir, Path("config.json"))  # validates the node split
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
-        out = Path(cfg.train.output_dir)
+    def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
+              run: RunIdentity) -> Job:
+        out = spec.output_dir
         script = out / "slurm-job.sbatch"
-        script_text = render_script(cfg, self.section, dataset_dir, config_json, run.run_id, warm=self.node_warm,
+        script_text = render_script(cfg, self.section, spec, dataset_dir, config_json, warm=self.node_warm,
                                     evaluation=self.evaluation)
         atomic_write_bytes(script, script_text.encode())
         env = torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
         if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
             shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
-            env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run))}
+            env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run, out))}
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)
         if done.returncode != 0:

@@ -33,6 +33,7 @@ from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, die_with_parent, new_tag, stop_all
+from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 
@@ -111,10 +112,10 @@ class SshLauncher(Launcher):
         self.section, self.env = section, dict(env or {})
         self.datasets: dict[str, str] = {}  # host -> the dataset dir its warm verified
 
-    def warm_nodes(self, cfg: JobConfig, run: RunIdentity) -> list[dict[str, object]]:
+    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, object]]:
         """Warm every host in parallel; refuse (naming the host) one that failed or verified other data."""
         hosts, tag = self._hosts(cfg), new_tag()
-        spec = json.dumps(node_spec(cfg, run))
+        warm_spec = json.dumps(node_spec(cfg, run, spec.output_dir))
         forwarded = forwarded_env()
         results: dict[str, tuple[int, dict[str, object] | None, list[str]]] = {}
 
@@ -128,7 +129,7 @@ class SshLauncher(Launcher):
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                     preexec_fn=die_with_parent)
             assert proc.stdin is not None and proc.stdout is not None
-            env = {**forwarded, **self.node_env(node, i), SPEC_VAR: spec, "NODE_NAME": host}
+            env = {**forwarded, **self.node_env(node, i), SPEC_VAR: warm_spec, "NODE_NAME": host}
             proc.stdin.write(json.dumps(env) + "\n")
             proc.stdin.flush()
             report, tail = None, []
@@ -183,12 +184,12 @@ class SshLauncher(Launcher):
                                     f"reaches (usually the first host), not {cfg.cluster.master_addr!r}")
         return hosts
 
-    def prepare(self, cfg: JobConfig, dataset_dir: Path) -> None:
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
         hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
         torchrun.torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
                          evaluation=self.evaluation)
 
-    def remote_command(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str,
+    def remote_command(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
         """The node's command line: the agent (env from stdin, stdin = liveness) running torchrun. No values."""
         cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
@@ -196,7 +197,7 @@ class SshLauncher(Launcher):
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
         if node_rank == 0:  # rank 0 runs there: its agent relays the status file and the summary
-            out = Path(cfg.train.output_dir)
+            out = spec.output_dir
             agent += ["--relay-status", str(out / STATUS_FILE), "--relay-summary", str(out / "summary.json")]
         return f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [*agent, "--",
                                                                                                      *cmd])
@@ -206,10 +207,12 @@ class SshLauncher(Launcher):
         env = {**torchrun.portable_env(torchrun.rank_env(self.env)), **self.env}
         return {**env, **self.secret_env, TAG_VAR: node_tag(tag, node_rank)}
 
-    def start(self, cfg: JobConfig, dataset_dir: Path, config_json: Path, tag: str, run: RunIdentity) -> Job:
+    def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
+              run: RunIdentity) -> Job:
         hosts = self._hosts(cfg)
         datasets = [Path(self.datasets.get(h, dataset_dir)) for h in hosts]  # each node's own, once warmed there
-        remotes = [self.remote_command(cfg, datasets[i], config_json, tag, len(hosts), i) for i in range(len(hosts))]
+        remotes = [self.remote_command(cfg, spec, datasets[i], config_json, tag, len(hosts), i)
+                   for i in range(len(hosts))]
         envs = [self.node_env(tag, i) for i in range(len(hosts))]
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,

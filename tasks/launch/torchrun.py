@@ -28,6 +28,7 @@ from typing import Any
 from tasks.comm_ops import EXTENSIONS_VAR, default_extensions_dir, load_shm_op
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
+from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 
 # The rank modules torchrun runs on every node: training and evaluation (tests swap in their hooked workers).
@@ -89,15 +90,18 @@ def portable_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in PORTABLE_ENV_NAMES or k.startswith(PORTABLE_ENV_PREFIXES)}
 
 
-def write_worker_config(cfg: JobConfig, directory: Path, run: RunIdentity, init_path: Path | None = None,
+def write_worker_config(cfg: JobConfig, spec: JobSpec, run: RunIdentity, init_path: Path | None = None,
                         export: dict[str, Any] | None = None, evaluation: dict[str, Any] | None = None) -> Path:
-    """The ranks' input file: the training job (no credentials), the run's identity, the starting weights,
-    where the final weights' export goes (store URL, staging area, dtype, options without credentials), and
-    for evaluation ranks what they evaluate (tasks/evaluate)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix="worker-config.", suffix=".json", dir=directory)
+    """The ranks' input file, in the job's directory: the training job (no credentials), the run's identity, the
+    starting weights, where the final weights' export goes (store URL, staging area, dtype, options without
+    credentials), and for evaluation ranks what they evaluate (tasks/evaluate).
+
+    The one place the ranks learn where to write: their job's `train.output_dir` is `spec.output_dir`."""
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="worker-config.", suffix=".json", dir=spec.output_dir)
+    job = cfg.with_output_dir(spec.output_dir).training_job()
     with os.fdopen(fd, "w") as fh:
-        json.dump({"job": cfg.training_job().model_dump(mode="json"), "run": run.to_dict(),
+        json.dump({"job": job.model_dump(mode="json"), "run": run.to_dict(),
                    "init_path": str(init_path) if init_path else None, "export": export,
                    "evaluation": evaluation}, fh)
     return Path(path)

@@ -149,10 +149,10 @@ def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -
             "start over")
 
 
-def refuse_layout_change(cfg: JobConfig, run: RunIdentity) -> None:
+def refuse_layout_change(cfg: JobConfig, run: RunIdentity, run_dir: Path) -> None:
     """Before any rank starts: refuse a tp/pp change against the checkpoint this run would resume from (its
     own directory's `latest`, else its mirror's). Another run's checkpoint there is the ranks' to refuse."""
-    root = ckpt_root(cfg.train.output_dir)
+    root = ckpt_root(run_dir)
     tag = read_latest(root)
     if tag is not None and (root / tag / MARKER).is_file():
         marker, where = read_marker(root / tag), str(root / tag)

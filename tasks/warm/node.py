@@ -47,10 +47,10 @@ def forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES)}
 
 
-def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
+def node_spec(cfg: Any, run: Any, run_dir: Path) -> dict[str, Any]:
     """What one node needs to warm for a run: the datasets it must verify (the primary and each replay source
     of the mixture, with the manifest hash the run planned), the weights its ranks load and, for a LoRA run
-    continuing a version's adapter, that adapter (megabytes) and where in the run directory they read it."""
+    continuing a version's adapter, that adapter (megabytes) and where in `run_dir` they read it."""
     from dataclasses import asdict
 
     # lazy: the registry's modules load only when nodes warm
@@ -65,7 +65,7 @@ def node_spec(cfg: Any, run: Any) -> dict[str, Any]:
         "disk_budget_bytes": d.disk_budget_bytes, "storage_options": d.storage_options,
         "manifest_hash": run.data_manifest_hash, "replay": replay, "init": asdict(weights_to_load(cfg, run)),
         "weights": asdict(WeightSources.of(cfg)),
-        "adapter": {"version": asdict(run.init), "dest": str(start_adapter_dir(cfg.train.output_dir))}
+        "adapter": {"version": asdict(run.init), "dest": str(start_adapter_dir(run_dir))}
         if cfg.train.lora is not None and continues_adapter(run.init, run.base) else None,
     }
 

@@ -12,7 +12,7 @@ import pytest
 
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
-from tasks.launch import get_launcher
+from tasks.launch import JobSpec, get_launcher
 from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
 from tasks.launch.kubernetes import KubernetesLauncher, validate_manifest
 from tests.launch.conftest import tiny_config
@@ -28,8 +28,8 @@ def render(tmp_path: Path, **overrides: object) -> dict:
     cfg = k8s_config(tmp_path, **overrides)
     launcher = get_launcher(cfg)
     assert isinstance(launcher, KubernetesLauncher)
-    return launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
-                             "0123456789abcdef")
+    spec = JobSpec("0123456789abcdef", Path(cfg.train.output_dir))
+    return launcher.manifest(cfg, spec, tmp_path / "cache" / "ds", spec.output_dir / "job.json", "ab" * 16)
 
 
 def pod_spec(job: dict, replica: str = "Master") -> dict:
@@ -142,7 +142,8 @@ def test_bad_quantity_and_missing_container_name_are_refused(tmp_path: Path) -> 
 def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "kubernetes"})
     with pytest.raises(InvalidInputError, match=r"cluster\.image"):
-        get_launcher(cfg).manifest(cfg, tmp_path / "ds", tmp_path / "job.json", "ef" * 16, "0123456789abcdef")
+        get_launcher(cfg).manifest(cfg, JobSpec("0123456789abcdef", tmp_path / "run"), tmp_path / "ds",
+                                   tmp_path / "job.json", "ef" * 16)
 
 
 def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_manifest(tmp_path: Path) -> None:
@@ -157,8 +158,9 @@ def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_ma
                                       "AWS_SECRET_ACCESS_KEY": {"secret": "s3-creds", "key": "secret"}}})
     run = identity(cfg, "e" * 64, scratch(cfg))
     launcher = get_launcher(cfg)
-    job = launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
-                            run.run_id, node_spec(cfg, run))
+    out = Path(cfg.train.output_dir)
+    job = launcher.manifest(cfg, JobSpec(run.run_id, out), tmp_path / "cache" / "ds", out / "job.json", "ab" * 16,
+                            node_spec(cfg, run, out))
     for replica in ("Master", "Worker"):
         pod = pod_spec(job, replica)
         (init,) = pod["initContainers"]
@@ -178,20 +180,40 @@ def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_ma
                                                             "client_kwargs": {"endpoint_url": "http://s3:9000"}}})
     with pytest.raises(InvalidInputError, match=r"data\.storage_options: key, secret would be written into the "
                                                 r"PyTorchJob.*env_from_secrets"):
-        get_launcher(leaky).manifest(leaky, tmp_path / "cache" / "ds", Path("job.json"), "ab" * 16, run.run_id,
-                                     node_spec(leaky, identity(leaky, "e" * 64, scratch(leaky))))
+        get_launcher(leaky).manifest(leaky, JobSpec(run.run_id, out), tmp_path / "cache" / "ds", Path("job.json"),
+                                     "ab" * 16, node_spec(leaky, identity(leaky, "e" * 64, scratch(leaky)), out))
 
 
 def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: Path) -> None:
+    """The evaluate stage's job (tasks/evaluate ranks_launch) is named for the evaluation and writes in its
+    `eval/<id>` directory; the run's training job is named for the run. Both under the run's real identity."""
+    from tasks.evaluate import ranks_launch
+    from tasks.run import identity, scratch
+
     cfg = k8s_config(tmp_path)
-    launcher = get_launcher(cfg)
+    run = identity(cfg, "e" * 64, scratch(cfg))
+    models = [{"name": "candidate", "path": str(run.run_dir(cfg) / "ckpt" / "step-3")}]
+    launch = ranks_launch(cfg, run, models, [{"name": "heldout"}], "s" * 64, tmp_path / "ds",
+                          run.run_dir(cfg) / "eval")
+    assert launch.run == run and launch.job.output_dir.parent == run.run_dir(cfg) / "eval"
+    launcher = get_launcher(launch.cfg)
     launcher.evaluation = True  # what Launcher.run sets for an evaluation spec
-    job = launcher.manifest(cfg, tmp_path / "cache" / "ds", Path(cfg.train.output_dir) / "job.json", "ab" * 16,
-                            "fedcba9876543210")
+    job = launcher.manifest(launch.cfg, launch.job, tmp_path / "cache" / "ds", launch.job.output_dir / "job.json",
+                            "ab" * 16)
     jsonschema.validate(job, PYTORCHJOB_SCHEMA)
-    words = shlex.split(pod_spec(job)["containers"][0]["command"][2])
+    container = pod_spec(job)["containers"][0]
+    words = shlex.split(container["command"][2])
     assert "tasks.evaluate.worker" in words and "tasks.train.worker" not in words
-    assert job["metadata"]["name"] == "retrainer-tiny-test-fedcba987654"  # not the training job's name
+    assert words[words.index("--relay-status") + 1] == str(launch.job.output_dir / "status.json")
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["output"] == str(launch.job.output_dir)
+    eval_name = job["metadata"]["name"]
+    assert eval_name == f"retrainer-tiny-test-{launch.job.name}" and eval_name.startswith("retrainer-tiny-test-eval-")
+    assert len(eval_name) <= 63 and job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"][
+        "labels"]["retrainer/job"] == eval_name
+    launcher.evaluation = False
+    training = launcher.manifest(cfg, JobSpec(run.run_id, run.run_dir(cfg)), tmp_path / "cache" / "ds",
+                                 run.run_dir(cfg) / "job.json", "ab" * 16)
+    assert training["metadata"]["name"] == f"retrainer-tiny-test-{run.run_id[:12]}" != eval_name
 
 
 def test_priority_class_and_kueue_queue_reach_the_job(tmp_path: Path) -> None:

@@ -150,6 +150,10 @@ def test_evaluation_runs_as_a_slurm_job(slurm_cluster: SlurmCluster, tmp_path: P
     job_id = (script.parent / "slurm-job-id").read_text().strip()
     job = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
     assert "JobState=COMPLETED" in job and job_processes(job_id) == []
+    # Named for the evaluation in its eval/<id> directory, not as the run's training job (a retry of the
+    # training would cancel that one), under the run's own identity.
+    assert f"JobName=retrainer-{cfg.name}-eval-{script.parent.name[:12]} " in job
+    assert f"retrainer-{cfg.name}-{run.run_id}" not in job
 
 
 

@@ -16,7 +16,7 @@ import pytest
 from tasks.config import ConfigError, SlurmConfig
 from tasks.errors import InvalidInputError
 from tasks.job_status import Status
-from tasks.launch import get_launcher, pool_for
+from tasks.launch import JobSpec, get_launcher, pool_for
 from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged
 from tasks.launch.slurm import render_script
@@ -93,7 +93,8 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
                                  "cluster.slurm": {"nodes": 2, "time_limit": "1-02:00", "gpus_per_node": 2,
                                                    "sbatch_args": ["--account=ml", "--exclusive"],
                                                    "python": "/opt/py", "workdir": "/srv"}})
-    script = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json", "0123456789abcdef")
+    script = render_script(cfg, cfg.cluster.slurm, JobSpec("0123456789abcdef", tmp_path / "run"), tmp_path / "ds",
+                           tmp_path / "c.json")
     lines = script.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --partition=gpu" in lines
     assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --time=1-02:00" in lines
@@ -103,7 +104,9 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
     assert "--nnodes=2" in srun and "--nproc-per-node=2" in srun and "--kill-on-bad-exit=1" in srun
     assert srun.split("bash -c ")[1].startswith("'/opt/py -m torch.distributed.run")
     assert "#SBATCH --job-name=retrainer-tiny-test-0123456789abcdef" in lines  # how a retry finds this run's job
-    default = render_script(tiny_config(tmp_path), SlurmConfig(), tmp_path / "ds", tmp_path / "c.json", "0" * 16)
+    assert f"#SBATCH --output={tmp_path / 'run'}/slurm-%j.out" in lines
+    default = render_script(tiny_config(tmp_path), SlurmConfig(), JobSpec("0" * 16, tmp_path / "run"),
+                            tmp_path / "ds", tmp_path / "c.json")
     assert "#SBATCH --time=24:00:00" in default and "--gpus-per-node" not in default  # CPU partitions ask none
     assert "--qos" not in default and "--priority" not in default
 
@@ -111,7 +114,8 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
 def test_slurm_script_carries_the_qos_and_with_job_priority_the_schedule_priority(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "schedule": {"cron": "@daily", "priority": 40},
                                  "cluster.slurm": {"qos": "prod-retrain", "job_priority": True}})
-    lines = render_script(cfg, cfg.cluster.slurm, tmp_path / "ds", tmp_path / "c.json", "0" * 16).splitlines()
+    lines = render_script(cfg, cfg.cluster.slurm, JobSpec("0" * 16, tmp_path / "run"), tmp_path / "ds",
+                          tmp_path / "c.json").splitlines()
     assert "#SBATCH --qos=prod-retrain" in lines and "#SBATCH --priority=40" in lines
 
 
@@ -127,7 +131,8 @@ def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> No
     assert cmd[:3] == ["ssh", "-p", "2222"] and cmd[-1] == "ml@10.0.0.2"
     assert {"ConnectTimeout=7", "ProxyJump=bastion", "IdentitiesOnly=yes", "BatchMode=yes"} <= pairs
     assert cmd[cmd.index("-i") + 1] == "/keys/id"
-    remote = launcher.remote_command(cfg, tmp_path / "ds", tmp_path / "c.json", "ab" * 16, 2, 1)
+    remote = launcher.remote_command(cfg, JobSpec("0" * 16, tmp_path / "run"), tmp_path / "ds", tmp_path / "c.json",
+                                     "ab" * 16, 2, 1)
     words = shlex.split(remote)
     assert words[:2] == ["cd", "/srv/retrainer"]
     # The environment travels on the agent's stdin, never on its command line (`ps` would show it).

@@ -45,14 +45,14 @@ def test_each_node_warm_fetches_the_continued_adapter_beside_the_base(tmp_path: 
     base = StartingWeights(requested="base", digest=sha256_file(base_file), url=str(base_file), note="the base")
     v1 = StartingWeights(requested="live", version=1, digest=ref.digest, url=ref.url, kind="tree", note="v1")
     run = identity(cfg, primary.manifest_hash, v1, base=base)
-    run_cfg = cfg.with_output_dir(run.run_dir(cfg))
 
     stage_continued_adapter(cfg, run)  # not on this machine: the nodes fetch it
-    staged = start_adapter_dir(run_cfg.train.output_dir)
+    staged = start_adapter_dir(run.run_dir(cfg))
     assert not staged.exists()
     for node in ("node-a", "node-b"):  # one run directory both nodes see: the second finds it there
         monkeypatch.setenv("NODE_NAME", node)
-        report = warm_node(node_spec(run_cfg.with_overrides({"data.cache_dir": str(tmp_path / node)}), run))
+        node_cfg = cfg.with_overrides({"data.cache_dir": str(tmp_path / node)})
+        report = warm_node(node_spec(node_cfg, run, run.run_dir(cfg)))
         assert report["weights_dir"] == str(base_file)  # the ranks load the base, never the adapter tree
     assert sorted(p.name for p in staged.iterdir()) == sorted(p.name for p in published.iterdir())
     for file in published.iterdir():

@@ -24,7 +24,7 @@ import yaml
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.job_status import STATUS_FILE, read_status
-from tasks.launch import torchrun, train
+from tasks.launch import JobSpec, torchrun, train
 from tasks.models.weights import weights_digest
 from tasks.run import RunIdentity, for_dataset
 from tasks.train import checkpoint as ck
@@ -73,8 +73,9 @@ def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None,
            init_path: Path | None = None) -> subprocess.Popen[bytes]:
     """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
     out = Path(cfg.train.output_dir)
+    run = run or for_dataset(cfg, dataset)
     cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(
-        cfg, out, run or for_dataset(cfg, dataset), init_path))
+        cfg, JobSpec(run.run_id, out), run, init_path))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, env=torchrun.rank_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

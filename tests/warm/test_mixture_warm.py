@@ -50,14 +50,14 @@ def test_node_warm_verifies_every_source_naming_node_and_url(tmp_path: Path, mon
     run = identity(cfg, primary.manifest_hash, scratch(cfg), [replay.manifest_hash])
     monkeypatch.setenv("NODE_NAME", "node-7")
     node_cfg = cfg.with_overrides({"data.cache_dir": str(tmp_path / "node-cache")})  # the node's own disk
-    report = warm_node(node_spec(node_cfg, run))
+    report = warm_node(node_spec(node_cfg, run, run.run_dir(cfg)))
     assert [r["manifest_hash"] for r in report["replay"]] == [replay.manifest_hash]
     assert Path(report["replay"][0]["dataset_dir"]).parent == Path(report["dataset_dir"]).parent
     assert f"replay {replay.manifest_hash[:12]}" in describe(report)
 
     make_data(old, name="tiny-test", seed=3, n_train_shards=1, tokens_per_shard=4096)
     with pytest.raises(RetrainerError, match=f"node node-7: the dataset at {old} verified as manifest"):
-        warm_node(node_spec(node_cfg, run))
+        warm_node(node_spec(node_cfg, run, run.run_dir(cfg)))
 
 
 def test_a_budget_never_evicts_one_source_of_the_mixture_for_another(tmp_path: Path) -> None:
