@@ -10,4 +10,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/lint-imports  # the package layers in pyproject.toml [tool.importlinter]: a new upward import or cycle fails
 # Two workers (RETRAINER_TEST_WORKERS): a test file, or all the modules of the shared Airflow standalone, to one
 # worker at a time (tests/conftest.py); the standalone's tests mostly wait on its scheduler, the rest use the cores.
-exec .venv/bin/pytest -n "${RETRAINER_TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"
+# In collection order: the standalone's unit, the longest, is handed out within the first minute (tests/airflow).
+exec .venv/bin/pytest -n "${RETRAINER_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder --durations=15 "$@"
