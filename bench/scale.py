@@ -180,6 +180,7 @@ def _train_watched(cfg: Any, dataset: Path, hf: Path) -> tuple[dict[str, Any], f
     watcher.join()
     return summary, seen["t"]
 
+
 _PEER_START = """
 import sys, torch
 torch.set_num_threads(1)
