@@ -22,11 +22,16 @@ saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, inte
 - evaluate: `tasks.evaluate.evaluate` of that run's checkpoint (2 ranks, pp=2, the whole job: launch,
   warm, load, score) vs a new process scoring the same windows with transformers (load + forward), one
   thread like each rank. Ratio = ours / theirs (goal <= 0.7).
+- resume: a run (the same 2 ranks) trains 2 steps with a checkpoint each, then is made to look killed after
+  step 1 (`latest` names step 1, step 2, the summary and the status gone) and launched again: from the
+  `tasks.launch.train` call to the moment rank 0 reports "training" with the step-1 checkpoint loaded (its
+  summary says resumed from step 1); vs a new process `torch.load`ing every file of that checkpoint (weights,
+  optimizer states, the ranks' states), one thread. Ratio = ours / theirs (goal <= 1.0).
 - process memory: each training rank's peak RSS (measured by the rank, `ru_maxrss`, over the run above,
   which saves a checkpoint) against `retrainer plan`'s per-rank prediction, whose `process` terms are
   printed too (goal: within 15%).
 The page cache is warm for both sides of each pair (the same source bytes were just read).
-`--only start,evaluate,memory` runs some sections.
+`--only start,evaluate,memory,resume` runs some sections.
 """
 
 from __future__ import annotations
@@ -149,12 +154,51 @@ def _run_config(root: Path, hf: Path, name: str) -> Any:
 
 SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE = 256, 8, 2
 
+
+def _train_watched(cfg: Any, dataset: Path, hf: Path) -> tuple[dict[str, Any], float]:
+    """Train `cfg` through the launcher: its summary and the seconds from the call until rank 0's status first
+    says "training" (the engine built, the weights or the checkpoint in, the next step about to run)."""
+    import threading
+
+    from tasks.job_status import STATUS_FILE, read_status
+    from tasks.launch import train
+
+    status = Path(cfg.train.output_dir) / STATUS_FILE
+    started = time.perf_counter()
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        while "t" not in seen:  # the status file is replaced atomically: whole or absent
+            got = read_status(status)
+            if got is not None and got.state in ("training", "finished", "failed"):
+                seen["t"] = time.perf_counter() - started
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    summary = train(cfg, dataset, init_path=hf)
+    watcher.join()
+    return summary, seen["t"]
+
+
 _PEER_START = """
 import sys, torch
 torch.set_num_threads(1)
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 total = sum(float(p.detach().sum()) for p in model.parameters())
+"""
+
+_PEER_TORCH_LOAD = """
+import sys, torch
+from pathlib import Path
+torch.set_num_threads(1)
+for path in sorted(Path(sys.argv[1]).iterdir()):
+    if path.suffix == ".pt":
+        torch.load(path, map_location="cpu", weights_only=False)
+    elif path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        load_file(path)
 """
 
 _PEER_EVAL = """
@@ -212,36 +256,18 @@ def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
 
 def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str]) -> None:
     """Start (launch -> training) and evaluation against transformers, and each rank's peak RSS against the plan."""
-    import threading
-
     from tasks.evaluate import evaluate
-    from tasks.launch import train
     from tasks.plan import plan
     from tasks.run import RunIdentity
 
-    _write_dataset(root / "data", 32000, 200_000)
     runs: list[dict[str, Any]] = []
 
     def start() -> None:
         cfg = _run_config(root, hf, f"run-{len(runs)}")
-        status = Path(cfg.train.output_dir) / "status.json"
-        started = time.perf_counter()
-        seen: dict[str, float] = {}
-
-        def watch() -> None:
-            while "t" not in seen:  # the status file is replaced atomically: whole or absent
-                state = json.loads(status.read_text())["state"] if status.exists() else None
-                if state in ("training", "finished", "failed"):
-                    seen["t"] = time.perf_counter() - started
-                time.sleep(0.01)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        summary = train(cfg, root / "data", init_path=hf)
-        watcher.join()
+        summary, start_s = _train_watched(cfg, root / "data", hf)
         if runs:  # only the last run's checkpoint is evaluated: 16 B a parameter each
             shutil.rmtree(runs[-1]["cfg"].train.output_dir)
-        runs.append({"cfg": cfg, "summary": summary, "start_s": seen["t"]})
+        runs.append({"cfg": cfg, "summary": summary, "start_s": start_s})
 
     if "start" in sections or "evaluate" in sections or "memory" in sections:
         starts, peers = [], []
@@ -288,11 +314,67 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
               f"{got['tokens']} tokens, loss {got['loss']:.4f}", flush=True)
 
 
+def _rewind(cfg: Any, step: int) -> None:
+    """Leave the run as one killed right after committing `step`: `latest` names it, no newer checkpoint, no
+    summary, no status (a killed rank 0's last status would read "training")."""
+    from tasks.fsutil import atomic_write_bytes
+    from tasks.job_status import STATUS_FILE
+    from tasks.train import checkpoint as ck
+    from tasks.train.commit import LATEST
+
+    out = Path(cfg.train.output_dir)
+    root = ck.ckpt_root(out)
+    for path in root.iterdir():
+        if ck.is_tag(path.name) and int(path.name.split("-")[1]) > step:
+            shutil.rmtree(path)
+    atomic_write_bytes(root / LATEST, (ck.tag_for(step) + "\n").encode())
+    (out / "summary.json").unlink(missing_ok=True)
+    (out / STATUS_FILE).unlink(missing_ok=True)
+
+
+def _read_all(paths: list[Path]) -> None:
+    """Read every byte (untimed): the page cache holds the checkpoint for either side."""
+    for path in paths:
+        with path.open("rb") as f:
+            while f.read(8 << 20):
+                pass
+
+
+def _bench_resume(root: Path, hf: Path, repeat: int) -> None:
+    """Launch -> first resumed step of a run killed after its step-1 checkpoint vs torch.load of that checkpoint."""
+    from tasks.launch import train
+    from tasks.train import checkpoint as ck
+
+    cfg = _run_config(root, hf, "resume").with_overrides(
+        {"train.steps": 2, "train.checkpoint_every": 1, "train.keep_last": 2})
+    train(cfg, root / "data", init_path=hf)
+    ckdir = ck.ckpt_root(cfg.train.output_dir) / ck.tag_for(1)
+    files = sorted(p for p in ckdir.iterdir() if p.suffix in (".pt", ".safetensors"))
+    nbytes = sum(p.stat().st_size for p in files)
+    ours, theirs = [], []
+    for _ in range(repeat):
+        _rewind(cfg, 1)
+        _read_all(files)
+        summary, took = _train_watched(cfg.with_overrides({"cluster.master_port": _free_port()}), root / "data", hf)
+        if summary["resumed_from_step"] != 1:
+            raise RuntimeError(f"the relaunch resumed from step {summary['resumed_from_step']}, not 1")
+        ours.append(took)
+        _read_all(files)
+        started = time.perf_counter()
+        _peer(_PEER_TORCH_LOAD, ckdir)
+        theirs.append(time.perf_counter() - started)
+    ta, tb = statistics.median(ours), statistics.median(theirs)
+    print(f"{'resume':<11} ours {ta:6.2f}s  torch.load of the checkpoint ({nbytes / 1e9:.1f} GB, {len(files)} files) "
+          f"{tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}   runs ours {[round(x, 2) for x in ours]} "
+          f"theirs {[round(x, 2) for x in theirs]}", flush=True)
+    shutil.rmtree(cfg.train.output_dir)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", default="export,pull,cache,start,evaluate,memory",
+    parser.add_argument("--only", default="export,pull,cache,start,evaluate,memory,resume",
                         help="comma-separated sections")
     args = parser.parse_args()
     sections = set(args.only.split(","))
@@ -323,7 +405,10 @@ def main() -> None:
         store = ArtifactStore(str(root / "store"))
         if "export" in sections:
             _bench_export(root, store, args.repeat)
+        _write_dataset(root / "data", 32000, 200_000)
         _bench_start_eval_memory(root, root / "hf", args.repeat, sections)
+        if "resume" in sections:
+            _bench_resume(root, root / "hf", args.repeat)
 
         # -- pull: a published tree version into a new directory --------------------------------------------
         if "pull" in sections:
