@@ -4,6 +4,7 @@ the launcher tests and the Airflow deferral tests share one per session (fixture
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -49,6 +50,9 @@ def slurm_daemons(root: Path) -> Iterator[SlurmCluster]:
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "MpiDefault=none", "ReturnToService=2",
         "SchedulerType=sched/backfill", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "KillWait=10", "MinJobAge=600",
+        # Job ids of its own: each pytest-xdist worker may run a cluster, and tests find a job's processes by
+        # SLURM_JOB_ID (tests/launch/test_slurm.py), which must not match the other cluster's job.
+        f"FirstJobId={random.randrange(1, 60_000) * 1000}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         f"PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES", "",

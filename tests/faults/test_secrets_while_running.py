@@ -50,7 +50,7 @@ def test_no_secret_on_disk_in_argv_or_rank_env_while_training_and_after_a_sigkil
         assert (run_dir / "status.json").exists() and list(run_dir.glob("worker-config.*.json"))  # really running
         assert files_containing(roots, values) == []
         assert argv_containing(values) == []
-        ranks = [p.pid for p in tagged_ranks()]
+        ranks = [p.pid for p in tagged_ranks(tmp_path)]
         assert len(ranks) >= 2
         assert environments_containing(ranks, values) == []
     finally:
@@ -59,8 +59,9 @@ def test_no_secret_on_disk_in_argv_or_rank_env_while_training_and_after_a_sigkil
     assert files_containing(roots, values) == []  # nothing left behind by the killed task either
 
 
-def tagged_ranks():
-    """Live processes of any launch on this machine that are training ranks (their launch tag is set)."""
+def tagged_ranks(under: Path):
+    """Live training ranks (their launch tag set) of this test's launch: their command line names a path under
+    `under` (another test's ranks may run beside them)."""
     import psutil
 
     from tasks.launch.procs import TAG_VAR
@@ -68,7 +69,7 @@ def tagged_ranks():
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "tests.hooks.worker" in cmd and "torch.distributed.run" not in cmd:
+        if "tests.hooks.worker" in cmd and "torch.distributed.run" not in cmd and str(under) in " ".join(cmd):
             try:
                 if f"{TAG_VAR}=".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes():
                     found.append(proc)
