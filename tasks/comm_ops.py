@@ -6,14 +6,22 @@ that window leaves the file behind, and every later load on that environment (a 
 prebuild) waits for it forever. Here every load of ours holds an flock (released by the kernel when its
 holder dies) on a file beside the op's folder; a torch lock file found while holding it has no live
 owner, so it is removed. DeepSpeed caches the loaded op per process: its own later load returns it at once.
+
+Torch builds (and on every load checks) the op with whichever `ninja` is first on PATH. Two ninja versions
+hash a build's commands differently (pip's 1.13 and Debian's 1.11 here), so each takes the other's build for
+a stale one and rebuilds it (a minute of CPU, under the lock above, on each alternation: an Airflow worker
+without the venv on PATH beside a CLI run with it). Every load of ours uses this environment's own ninja
+(DeepSpeed's dependency) when it has one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,5 +53,21 @@ def load_shm_op() -> bool:
             log.warning("removing %s: a process died while loading %s (no loader holds it)", stale, builder.name)
             stale.unlink(missing_ok=True)
         os.environ.setdefault(EXTENSIONS_VAR, str(root))
-        builder.load(verbose=False)
+        with _own_ninja_first():
+            builder.load(verbose=False)
     return True
+
+
+@contextlib.contextmanager
+def _own_ninja_first() -> Iterator[None]:
+    """PATH with this environment's bin first while the op loads, where that bin holds a ninja."""
+    own = Path(sys.executable).parent
+    path = os.environ.get("PATH", "")
+    if not (own / "ninja").is_file() or path.split(os.pathsep)[:1] == [str(own)]:
+        yield
+        return
+    os.environ["PATH"] = os.pathsep.join([str(own), path])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
