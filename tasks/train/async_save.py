@@ -49,7 +49,8 @@ def write_file(path: str, state: Any) -> None:
 
 
 class SnapshotEngine(TorchCheckpointEngine):
-    """DeepSpeed's checkpoint engine that snapshots instead of writing: `take()` hands the files over."""
+    """DeepSpeed's checkpoint engine that snapshots instead of writing (`take()` hands the files over), and
+    maps instead of reading."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,6 +58,12 @@ class SnapshotEngine(TorchCheckpointEngine):
 
     def save(self, state_dict: Any, path: str) -> None:
         self.pending.append((path, to_host(state_dict)))
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """A resume maps each file instead of reading it into fresh buffers: every tensor is copied once, from
+        the page cache into the engine's parameter or optimizer state (a private mapping: a tensor DeepSpeed
+        keeps and updates gets pages of its own)."""
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
 
     def preserves_storage_sharing(self) -> bool:
         return False  # to_host copies each tensor alone: DeepSpeed need not clone first
