@@ -63,6 +63,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByModule(config, log)
 
 
+@pytest.hookimpl(trylast=True)  # after tests/airflow/conftest.py put the standalone's modules last in their package
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """On an xdist worker, the order units are handed out in (`--no-loadscope-reorder`): the standalone's
+    modules first (the longest unit), then the modules that start several processes, then the rest, so the
+    last minutes are short units on both workers. A module's tests stay together and in file order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    first: dict[Path, int] = {}
+    heavy: set[Path] = set()
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+        if item.get_closest_marker("multiproc") is not None:
+            heavy.add(item.path)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = str(item.path.relative_to(ROOT))
+        return (0 if _shares_the_standalone(module) else 1 if item.path in heavy else 2), first[item.path]
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     require(PgCluster.available(), "PostgreSQL server binaries (initdb, pg_ctl)")

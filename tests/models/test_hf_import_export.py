@@ -137,7 +137,10 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     from tasks.train.reference import train_reference
 
     hf = make_hf_llama(tmp_path / "hf", arch=arch)
-    config = _write(tmp_path, _config(tmp_path, hf))
+    doc = _config(tmp_path, hf)
+    if arch != "llama":  # the evaluation ranks' 3D path is Llama's run here (and tests/evaluate): one rank for the rest
+        doc["evaluate"]["parallel"] = {"tp": 1, "pp": 1, "dp": 1}
+    config = _write(tmp_path, doc)
     db = f"sqlite:///{tmp_path / 'registry.db'}"
     assert retrainer("db", "upgrade", "--db", db, tmp=tmp_path).returncode == 0
     made = retrainer("make-data", str(config), "--seed", "3", "--tokens-per-shard", "16384", tmp=tmp_path)
