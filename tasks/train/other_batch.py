@@ -9,7 +9,7 @@ that resumes the stopped run.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from pathlib import Path
 
 import fsspec
@@ -18,6 +18,8 @@ from tasks.config import JobConfig
 from tasks.run import RunIdentity, identity
 from tasks.train.checkpoint import ckpt_root, read_latest
 from tasks.train.mirror import Mirror
+
+log = logging.getLogger(__name__)
 
 # Global batches (in micro-batches of `train.micro_batch_size`) looked for besides this config's: up to this
 # many times it, and at least up to MIN_SEARCHED (a 64-node job that lost all but one node is still found).
@@ -39,13 +41,20 @@ def _latest_step(cfg: JobConfig, run_id: str, local: bool, mirrored: bool) -> in
 
 
 def _mirrored_run_ids(cfg: JobConfig) -> set[str]:
-    """The run ids with a folder in the checkpoint mirror (one listing), none without a mirror."""
+    """The run ids with a folder in the checkpoint mirror (one listing), none without a mirror. A mirror this
+    machine cannot list (its credentials may be the nodes' alone) is only the local directories' loss: said,
+    never a failed plan."""
     if not cfg.train.checkpoint_url:
         return set()
-    fs, root = fsspec.core.url_to_fs(cfg.train.checkpoint_url, **cfg.train.checkpoint_storage_options)
-    with contextlib.suppress(FileNotFoundError):
+    try:
+        fs, root = fsspec.core.url_to_fs(cfg.train.checkpoint_url, **cfg.train.checkpoint_storage_options)
         return {path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(root, detail=False)}
-    return set()
+    except FileNotFoundError:
+        return set()
+    except Exception as exc:  # any store's error: credentials, network, permissions
+        log.warning("plan: cannot list the checkpoint mirror %s (%s): only this machine's run directories were "
+                    "searched for a stopped run at another global batch", cfg.train.checkpoint_url, exc)
+        return set()
 
 
 def stopped_at_another_batch(cfg: JobConfig, run: RunIdentity) -> str | None:
