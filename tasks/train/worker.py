@@ -46,7 +46,7 @@ from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
 from tasks.train.export import export_stage, read_reports
-from tasks.train.lean_start import import_muon_uncompiled
+from tasks.train.lean_start import eager_adamw, import_muon_uncompiled
 from tasks.train.mirror import Mirror, assign_uploads
 from tasks.train.rank import (
     deepspeed_prints_to_debug,
@@ -98,7 +98,7 @@ def deepspeed_config(cfg: TrainingJob) -> dict[str, Any]:
 
 
 def make_optimizer(params: Any, cfg: TrainingJob) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    return eager_adamw(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
 
 def make_scheduler(cfg: TrainingJob):
