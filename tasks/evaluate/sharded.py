@@ -3,7 +3,7 @@
 Why not DeepSpeed's engine: evaluation needs only the forward pass, and an engine
 would allocate gradients and optimizer states (12 bytes a parameter at 70B). Each
 rank builds its stage's layers with the training code (`PipelineModule` over the
-family's layer specs: the same partition, the same tensor-parallel slices), loads its
+family's layer specs: the same tensor-parallel slices; stages balanced for a forward pass, `EVALUATION_PARTITION`), loads its
 slice of the weights, and the stages hand activations along with point-to-point sends
 between ranks of the same (data, model) coordinates. Every DP replica is a complete
 model; replicas score different batches.
@@ -23,6 +23,7 @@ from tasks.models.common import no_default_init
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
 from tasks.models.parallel import TPGroup
+from tasks.models.shapes import EVALUATION_PARTITION
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
 
@@ -46,7 +47,7 @@ class ShardedModel:
         family = get_family(m.family)
         with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
             self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
-                                         partition_method="type:TransformerBlock")
+                                         partition_method=EVALUATION_PARTITION)
         load_into(self.module, weights, m, self.tp)
         if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
             apply_lora(self.module, m, lora, self.tp, seed=0)

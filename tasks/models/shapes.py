@@ -62,6 +62,13 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
 # [embedding, block x n_layers, head]; "type:TransformerBlock" gives blocks weight 1.
 EMBED, BLOCK, HEAD = "embedding", "block", "head"
 
+# DeepSpeed `partition_method`s (a regex over the layer classes' names; matched layers weigh 1, others 0).
+TRAINING_PARTITION = "type:TransformerBlock"
+# Evaluation runs forward only, so compute sets its pace: the head (logits over the vocabulary and their
+# cross entropy) weighs like one more block, not nothing -- at 20 layers the last stage did 1.28x the first's
+# work and the pipeline waited on it (issue 27). (An 8B Llama's head is ~2.4 blocks of compute, a 70B's ~1.2.)
+EVALUATION_PARTITION = "type:^(TransformerBlock|Head)$"
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -80,12 +87,15 @@ class Stage:
         )
 
 
-def pipeline_stages(n_layers: int, pp: int) -> list[Stage]:
-    """Stages as DeepSpeed's partition_method="type:TransformerBlock" would build them."""
+def pipeline_stages(n_layers: int, pp: int, partition: str = TRAINING_PARTITION) -> list[Stage]:
+    """Stages as DeepSpeed's PipelineModule builds them with `partition` (one of the two above)."""
+    if partition not in (TRAINING_PARTITION, EVALUATION_PARTITION):
+        raise ValueError(f"unknown partition {partition!r}")
     specs = [EMBED] + [BLOCK] * n_layers + [HEAD]
     if pp == 1:
         return [Stage(0, n_layers, True, True)]
-    parts = partition_balanced([1 if s == BLOCK else 0 for s in specs], pp)
+    weighed = {BLOCK, HEAD} if partition == EVALUATION_PARTITION else {BLOCK}
+    parts = partition_balanced([1 if s in weighed else 0 for s in specs], pp)
     stages = []
     for i in range(pp):
         held = specs[parts[i] : parts[i + 1]]

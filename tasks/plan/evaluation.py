@@ -13,7 +13,7 @@ from typing import Any
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.models import get_family
-from tasks.models.shapes import pipeline_stages
+from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages
 from tasks.plan.layout import validate_layout
 
 FP32 = 4
@@ -42,7 +42,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
     counts = get_family(m.family).param_counts(m, p.tp)
     tokens = e.batch_size * m.seq_len
     best: dict[str, Any] | None = None
-    for stage in pipeline_stages(m.n_layers, p.pp):
+    for stage in pipeline_stages(m.n_layers, p.pp, EVALUATION_PARTITION):
         weights = stage.params(counts) * FP32
         # One block at a time: input, normed input, q/k/v/attention output, MLP gate/up/product (TP slices).
         hidden = tokens * m.d_model * FP32

@@ -81,4 +81,8 @@ def eager_adamw(params: Any, *, lr: float, weight_decay: float) -> torch.optim.O
     for method in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
                    torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict):
         _resolve_to_eager(method)
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    if _EagerAdamW not in ZERO_SUPPORTED_OPTIMIZERS:  # ZeRO checks the exact type; this is torch's AdamW
+        ZERO_SUPPORTED_OPTIMIZERS.append(_EagerAdamW)
     return _EagerAdamW(params, lr=lr, weight_decay=weight_decay)

@@ -40,6 +40,7 @@ from tasks.model_files import CHECKPOINT_BASE_FILE
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.parallel import TPGroup
+from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import load_into
 from tasks.run import RunIdentity
 from tasks.train import async_save, reshard
@@ -174,7 +175,7 @@ class Trainer:
                     m, None if self.resume_from is not None or init_path is not None else cfg.train.seed, tp),
                 loss_fn=self.family.make_loss_fn(tp),
                 topology=topo,
-                partition_method="type:TransformerBlock",
+                partition_method=TRAINING_PARTITION,
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
             )
         # A LoRA run on starting weights checkpoints only what trains (adapters, their optimizer states): its

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from tasks.models import get_family
-from tasks.models.shapes import pipeline_stages
+from tasks.models.parallel import TPGroup
+from tasks.models.shapes import EVALUATION_PARTITION, TRAINING_PARTITION, pipeline_stages
 from tasks.plan import plan, search, serving_estimate
 from tests.plan.conftest import make_config
 
@@ -49,6 +50,32 @@ def test_pipeline_stages_follow_deepspeed_type_partition() -> None:
     stages = pipeline_stages(5, 2)
     assert [(s.blocks, s.has_embedding, s.has_head) for s in stages] == [(3, True, False), (2, False, True)]
     assert [s.blocks for s in pipeline_stages(6, 4)] == [2, 2, 1, 1]
+
+
+@pytest.mark.parametrize(("family", "tied"), [("gpt", False), *((f, t) for f in ("llama", "qwen3", "mistral", "gemma3",
+                                                                                "gemma2") for t in (False, True))])
+def test_pipeline_stages_are_what_deepspeed_builds_from_each_familys_layers(family: str, tied: bool) -> None:
+    """Both partitions, as DeepSpeed's PipelineModule reads them (its name regex over the family's real layer
+    classes, its balancer), against `pipeline_stages`, which the planner and export use."""
+    import regex
+    from deepspeed.runtime.utils import partition_balanced
+
+    model = {**DEMO, "family": family, "n_layers": 7, **({"tie_embeddings": True} if tied else {}),
+             **({"qk_norm": True} if family in ("qwen3", "gemma3") else {})}
+    m = make_config(model=model).model
+    specs = get_family(family).pipeline_layers(m, None, TPGroup())
+    names = [spec.typename.__name__ for spec in specs]
+    for partition in (TRAINING_PARTITION, EVALUATION_PARTITION):
+        pattern = regex.compile(partition.split(":")[1], regex.IGNORECASE)
+        for pp in (2, 3, 4):
+            parts = partition_balanced(weights=[1 if pattern.search(n) else 0 for n in names], num_parts=pp)
+            built = [names[parts[i]:parts[i + 1]] for i in range(pp)]
+            got = [(held.count("TransformerBlock"), "Head" in held) for held in built]
+            want = [(s.blocks, s.has_head) for s in pipeline_stages(m.n_layers, pp, partition)]
+            assert got == want, (partition, pp, built)
+    # Evaluation weighs the head as a block: 7 blocks + head over 2 stages is 4 | 3 + head, not 4 | 3 alone
+    assert [(s.blocks, s.has_head) for s in pipeline_stages(20, 2, EVALUATION_PARTITION)] == [(11, False), (9, True)]
+    assert [(s.blocks, s.has_head) for s in pipeline_stages(20, 2)] == [(10, False), (10, True)]
 
 
 def test_memory_terms_bf16_zero1_by_hand() -> None:
