@@ -2,8 +2,9 @@
 
 An evaluation rank holds its pipeline stage's tensor-parallel slice of the weights in fp32 (the ranks
 compute in fp32 so every layout gives the same numbers), no gradients or optimizer states, and the
-temporaries of one forward at `evaluate.batch_size` windows: a layer's hidden states, its attention
-and MLP intermediates, and on the last stage the vocab-parallel logits with their fp32 softmax terms.
+temporaries of one forward (`windows_per_forward`: a batch on one stage, a window across stages): a
+layer's hidden states, its attention and MLP intermediates, and on the last stage the vocab-parallel
+logits with their fp32 softmax terms.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from tasks.config import JobConfig
 from tasks.errors import InvalidInputError
 from tasks.models import get_family
-from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages
+from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_per_forward
 from tasks.plan.layout import validate_layout
 
 FP32 = 4
@@ -40,7 +41,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
             raise InvalidInputError(f"evaluate.parallel: {exc}") from None
     m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
     counts = get_family(m.family).param_counts(m, p.tp)
-    tokens = e.batch_size * m.seq_len
+    tokens = windows_per_forward(e.batch_size, p.pp) * m.seq_len
     best: dict[str, Any] | None = None
     for stage in pipeline_stages(m.n_layers, p.pp, EVALUATION_PARTITION):
         weights = stage.params(counts) * FP32

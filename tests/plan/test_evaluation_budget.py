@@ -54,3 +54,8 @@ def test_small_model_by_hand() -> None:
     assert ev["weights"] == get_family("gpt").total_params(make_config(model=m).model) * 4
     assert ev["logits"] == 2 * tokens * 4 * 256 and ev["comm_buffers"] == 0
     assert ev["activations"] == tokens * 64 * 4 * 3 + tokens * 4 * (64 + 2 * 4 * 16) + tokens * 4 * 3 * 256
+    # Across 2 stages the windows go one at a time (tasks/evaluate/sharded.py): a forward holds one, not 8
+    piped = plan(make_config(model=m, parallel={"pp": 2}, evaluate={"batch_size": 8})).evaluation
+    one = 64
+    assert piped["activations"] == one * 64 * 4 * 3 + one * 4 * (64 + 2 * 4 * 16) + one * 4 * 3 * 256
+    assert piped["logits"] == (2 * one * 4 * 256 if piped["stage"] == 1 else 0)
