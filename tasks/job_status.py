@@ -53,7 +53,15 @@ class Status:
 
 
 def write_status(output_dir: str | Path, status: Status) -> None:
-    atomic_write_bytes(Path(output_dir) / STATUS_FILE, status.to_json().encode(), durable=False)
+    """Replace the job's status; a failure stays: a rank that has not yet noticed another rank's failure
+    must not write progress over the reason the launcher reports (seen: "exit status 1" instead of the
+    failed rank's "No space left on device")."""
+    path = Path(output_dir) / STATUS_FILE
+    if status.state != "failed":
+        current = read_status(path)
+        if current is not None and current.state == "failed":
+            return
+    atomic_write_bytes(path, status.to_json().encode(), durable=False)
 
 
 def read_status(path: str | Path) -> Status | None:

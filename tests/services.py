@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -38,10 +39,25 @@ def require_binary(name: str) -> str:
     return path
 
 
+# Ports handed to servers a test starts: above the product's default rendezvous ports (tasks.config
+# MASTER_PORTS) and below Linux's ephemeral range (32768+). A port the OS picks from the ephemeral range is
+# free when picked but can be taken, before the server binds it, as the local port of any outgoing
+# connection (seen: torchrun's rendezvous failing with EADDRINUSE while the other xdist worker ran).
+TEST_PORTS = range(30000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, from TEST_PORTS, at random so two workers rarely pick the same one."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(TEST_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 def stop_daemon(proc: subprocess.Popen, timeout_s: float) -> None:

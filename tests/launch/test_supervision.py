@@ -177,3 +177,18 @@ def test_pool_is_per_cluster_and_sized_in_ranks(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "a100", "parallel.dp": 4})
     assert pool_for(cfg) == ("training-slurm-a100", 4)
     assert pool_for(tiny_config(tmp_path)) == ("training-local", 1)
+
+
+def test_a_ranks_failure_is_not_overwritten_by_another_ranks_progress(tmp_path: Path) -> None:
+    """Rank 1 fails; rank 0, not yet aware, reports its next step: the launcher must still read rank 1's reason."""
+    from tasks.job_status import read_status, write_status
+
+    write_status(tmp_path, Status(state="training", step=3, steps=6, at=1.0, rank=0))
+    write_status(tmp_path, Status(state="failed", step=4, steps=6, at=2.0, reason="No space left on device", rank=1))
+    write_status(tmp_path, Status(state="training", step=4, steps=6, at=3.0, rank=0))
+    got = read_status(tmp_path / "status.json")
+    assert got is not None and (got.state, got.reason, got.rank) == ("failed", "No space left on device", 1)
+    # a second failure's reason is as true: it replaces the first (each rank says what it knows)
+    write_status(tmp_path, Status(state="failed", step=4, steps=6, at=4.0, reason="peer gone", rank=0))
+    got = read_status(tmp_path / "status.json")
+    assert got is not None and got.reason == "peer gone"
