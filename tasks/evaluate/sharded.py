@@ -4,9 +4,9 @@ Why not DeepSpeed's engine: evaluation needs only the forward pass, and an engin
 would allocate gradients and optimizer states (12 bytes a parameter at 70B). Each
 rank builds its stage's layers with the training code (`PipelineModule` over the
 family's layer specs: the same tensor-parallel slices; stages balanced for a forward pass,
-`EVALUATION_PARTITION`), loads its slice of the weights, and the stages hand activations along with point-to-point sends
-between ranks of the same (data, model) coordinates. Every DP replica is a complete
-model; replicas score different batches.
+`EVALUATION_PARTITION`), loads its slice of the weights, and the stages hand activations along,
+one window at a time, with point-to-point sends between ranks of the same (data, model) coordinates.
+Every DP replica is a complete model; replicas score different batches.
 """
 
 from __future__ import annotations

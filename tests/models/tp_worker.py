@@ -21,6 +21,7 @@ from tasks.comm_ops import load_shm_op
 from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
+from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import local_named_params
 
 SEED = 5
@@ -58,7 +59,7 @@ def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
     family = get_family(m.family)
     tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size())
     module = PipelineModule(layers=family.pipeline_layers(m, SEED, tp), loss_fn=family.make_loss_fn(tp), topology=topo,
-                            partition_method="type:TransformerBlock")
+                            partition_method=TRAINING_PARTITION)
     reference = family.Reference(m, SEED)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)

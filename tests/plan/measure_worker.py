@@ -104,6 +104,7 @@ def main() -> None:
     from tasks.config import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.parallel import TPGroup
+    from tasks.models.shapes import TRAINING_PARTITION
 
     torch.manual_seed(0)
     load_shm_op()  # as a rank does: the venv's prebuilt op, never a fresh build in the user's cache
@@ -116,7 +117,7 @@ def main() -> None:
     grid = PipelineParallelGrid(topology=topo)
     tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), a.tp)
     module = PipelineModule(layers=pipeline_layers(m, 1234, tp), topology=topo, loss_fn=lm_loss,
-                            partition_method="type:TransformerBlock", activation_checkpoint_interval=0)
+                            partition_method=TRAINING_PARTITION, activation_checkpoint_interval=0)
     if a.lora_rank:
         from tasks.config import LoraConfig
         from tasks.models.lora import apply_lora
