@@ -117,7 +117,7 @@ def log_for_relay(who: str | None = None) -> None:
 
 
 def split_level(line: str) -> tuple[int, str]:
-    """A relayed line's level and the rest of it; INFO for a line without one (torchrun's own, a shell's)."""
+    """A relayed line's level and the rest of it; INFO for a line without one (the spawner's own, a shell's)."""
     word, _, rest = line.partition(" ")
     if word in LEVELS:
         return logging.getLevelNamesMapping()[word], rest

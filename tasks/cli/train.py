@@ -10,7 +10,7 @@ from tasks.errors import InvalidInputError
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train a model with DeepSpeed (torchrun, tp x pp x dp ranks)")
+    p = subparsers.add_parser("train", help="train a model with DeepSpeed (tp x pp x dp ranks)")
     p.add_argument("config", help="job config YAML")
     p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it, and any data.replay sources, "
                                          "from the config)")

@@ -44,13 +44,13 @@ from tasks.dataset_format import TOKEN_DTYPES, window_starts
 from tasks.endpoints import registry_for
 from tasks.errors import RetrainerError
 from tasks.evaluate.spec import suite_hash, window_order
-from tasks.launch.procs import die_with_parent
 from tasks.launch.torchrun import rank_env
 from tasks.lifecycle import stage_rollback
 from tasks.lock import default_holder
 from tasks.model_files import HF_CONFIG, LEGACY_FILE
 from tasks.registry import ArtifactStore, ConflictError, NothingToRollBackError
 from tasks.resolve import load_config
+from tasks.spawn import die_with_parent
 
 if TYPE_CHECKING:
     from tasks.registry import VersionRecord

@@ -1,4 +1,4 @@
-"""One evaluation rank, started by torchrun like a training rank: `python -m tasks.evaluate.worker --config C`.
+"""One evaluation rank, started like a training rank: `python -m tasks.evaluate.worker --config C`.
 
 Why ranks: a 7B+ model does not fit one process, so evaluation runs on the cluster through the
 training launcher, in `evaluate.parallel` (default: the training layout). Each node's first rank

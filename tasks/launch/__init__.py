@@ -2,8 +2,8 @@
 
 `get_launcher(cfg).run(cfg, dataset_dir, job=JobSpec(name, output_dir))` runs
 one rank job (the job's name on the engine, its directory) and returns the
-ranks' summary, whichever engine runs them: `local` (torchrun here), `ssh`
-(torchrun per node over SSH), `slurm` (`sbatch` + `srun torchrun`),
+ranks' summary, whichever engine runs them: `local` (`tasks.spawn` here), `ssh`
+(one `tasks.spawn` per node over SSH), `slurm` (`sbatch` + `srun python -m tasks.spawn`),
 `kubernetes` (a Kubeflow PyTorchJob). Each engine takes its typed config section
 (`cluster.ssh`, `cluster.slurm`, `cluster.kubernetes`), validated at load.
 """

@@ -1,8 +1,8 @@
-"""The per-node agent: runs torchrun on a node, guarantees cleanup there, and relays the run's status.
+"""The per-node agent: runs the node's ranks (`tasks.spawn`), guarantees cleanup there, and relays the run's status.
 
 Why an agent: killing an ssh client does not kill what it started on the
-remote host (no tty, no signal is forwarded), and torchrun puts every rank in
-its own session. The agent runs on the node, holds the job as a child, and
+remote host (no tty, no signal is forwarded), and a rank may start processes in
+their own session. The agent runs on the node, holds the job as a child, and
 stops every process carrying the launch tag when its stdin closes (the
 launcher cancelled, or the launcher/ssh connection died; `--watch-stdin`), or on
 SIGTERM/SIGHUP. With `--env-stdin` the first line on stdin is the ranks'
@@ -37,7 +37,8 @@ from pathlib import Path
 
 from tasks.fsutil import atomic_write_bytes
 from tasks.job_status import log_for_relay, read_status, relay_line, summary_line
-from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all, tagged
+from tasks.launch.procs import TAG_VAR, stop_all, tagged
+from tasks.spawn import die_with_parent
 
 log = logging.getLogger("tasks.launch.agent")
 

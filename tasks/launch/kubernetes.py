@@ -1,4 +1,4 @@
-"""`kubernetes`: a Kubeflow `PyTorchJob` (kubeflow.org/v1): one Master pod plus Workers, torchrun in each.
+"""`kubernetes`: a Kubeflow `PyTorchJob` (kubeflow.org/v1): one Master pod plus Workers, `tasks.spawn` in each.
 
 Why build the pod template from the official client's models: the `kubernetes`
 package's V1* classes check required fields as they are built, and
@@ -8,7 +8,7 @@ The whole object is then checked against the PyTorchJob CRD's structure
 
 In each pod the training operator sets MASTER_ADDR, MASTER_PORT (from the
 container port named `pytorchjob-port`) and RANK (the pod's index); the
-trainer's torchrun command gets node rank and rendezvous from them. The SSD
+trainer's node command gets node rank and rendezvous from them. The SSD
 cache is mounted at `data.cache_dir` (`cache_volume`: the node's hostPath, a
 PersistentVolumeClaim such as a local PV, or an emptyDir); run from the
 lifecycle, an init container `warm` in every pod first warms the dataset and
@@ -80,7 +80,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
 
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
-    cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
+    cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
                            evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).

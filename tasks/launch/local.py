@@ -1,8 +1,8 @@
-"""`local`: torchrun on this machine (the default, and what tests use).
+"""`local`: the ranks on this machine (`tasks.spawn`) (the default, and what tests use).
 
-It is the trainer's own path (`tasks.launch.torchrun.torchrun_command` and
+It is the trainer's own path (`tasks.launch.torchrun.node_command` and
 `rank_env`) behind the launcher interface, plus what the trainer alone does
-not give: hang detection and a cleanup that also reaches ranks torchrun put in
+not give: hang detection and a cleanup that also reaches processes a rank put in
 their own sessions.
 """
 
@@ -17,9 +17,10 @@ from tasks.job_status import STATUS_FILE, Status, read_status
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
-from tasks.launch.procs import TAG_VAR, die_with_parent, stop_all
+from tasks.launch.procs import TAG_VAR, stop_all
 from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
+from tasks.spawn import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class LocalJob(Job):
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                      preexec_fn=die_with_parent)
         assert self.proc.stdout is not None
-        self.reader = pump(self.proc.stdout, self.sink, name="torchrun-log")
+        self.reader = pump(self.proc.stdout, self.sink, name="ranks-log")
         self._stopped = False
 
     def status(self) -> Status | None:
@@ -60,7 +61,7 @@ class LocalLauncher(Launcher):
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
               run: RunIdentity) -> Job:
-        cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
+        cmd = torchrun.node_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
         return LocalJob(cmd, torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
                         spec.output_dir / STATUS_FILE, grace_s=self.grace_s)

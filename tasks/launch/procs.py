@@ -1,8 +1,8 @@
 """Find and stop every process of one launch, even those that escaped their process group.
 
-Why a tag and not only a process group: torchrun starts each rank in a new
-session (`start_new_session=True`), so `killpg` on torchrun misses the ranks, and
-a rank whose parent died is re-parented to init where a tree walk cannot see it.
+Why a tag and not only a process group: a rank may start processes in a new session
+(`start_new_session=True`), which `killpg` misses, and a process whose parent died
+is re-parented to init where a tree walk cannot see it.
 Every process a launcher starts carries `RETRAINER_LAUNCH_ID=<id>` in its
 environment, which children inherit; `/proc/<pid>/environ` finds them all.
 """
@@ -20,21 +20,6 @@ import psutil
 log = logging.getLogger(__name__)
 
 TAG_VAR = "RETRAINER_LAUNCH_ID"
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """`preexec_fn` for the processes a launcher starts: SIGTERM them when the launcher dies.
-
-    A SIGKILLed Airflow task process runs no cleanup; without this, torchrun (in its own
-    session) would keep training next to the retry. On SIGTERM torchrun stops its ranks, an
-    ssh client's exit closes the remote agent's stdin (which then reaps its node).
-    """
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def new_tag() -> str:

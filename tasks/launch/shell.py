@@ -1,6 +1,6 @@
-"""Turn the trainer's torchrun command into a shell line whose node rank and rendezvous come from the engine.
+"""Turn the trainer's node command into a shell line whose node rank and rendezvous come from the engine.
 
-Why: `tasks.launch.torchrun.torchrun_command` builds one node's command with fixed values; under
+Why: `tasks.launch.torchrun.node_command` builds one node's command with fixed values; under
 Slurm or Kubernetes each node learns its rank and the master address only at run time (from
 SLURM_NODEID, or RANK/MASTER_ADDR/MASTER_PORT set by the PyTorchJob operator). The builder's
 output is reused as is, with just those flags filled from shell variables.
@@ -28,5 +28,5 @@ def per_node_line(cmd: Sequence[str], *, node_rank: str, master_addr: str, maste
             words.append(f'{flag}"{flags[flag]}"')
     missing = set(flags) - seen
     if missing:
-        raise ValueError(f"torchrun command lacks {sorted(missing)}: {list(cmd)}")
+        raise ValueError(f"node command lacks {sorted(missing)}: {list(cmd)}")
     return " ".join(words)

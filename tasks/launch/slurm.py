@@ -1,7 +1,7 @@
-"""`slurm`: an `sbatch` script: a staging step warming every node, then `srun torchrun ...`, one per node.
+"""`slurm`: an `sbatch` script: a staging step warming every node, then `srun python -m tasks.spawn ...`, one per node.
 
 Why this shape: Slurm owns the allocation and the processes (it tracks and
-kills every process of a step), torchrun owns the ranks on each node, and the
+kills every process of a step), `tasks.spawn` owns the ranks on each node, and the
 rendezvous is the first node of the allocation (`scontrol show hostnames`),
 at `cluster.master_port`. The job id is written to `<output_dir>/slurm-job-id`
 and logged; the job's output file (on the shared output dir) is tailed into
@@ -61,9 +61,9 @@ def job_name(cfg: JobConfig, spec: JobSpec) -> str:
 def render_script(cfg: JobConfig, slurm: SlurmConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, *,
                   warm: bool = False, evaluation: bool = False) -> str:
     """The batch script of the job `spec` names, writing into its directory: (with `warm`) a staging step per
-    node, then one torchrun per node, node rank and master from Slurm."""
+    node, then one `tasks.spawn` per node, node rank and master from Slurm."""
     nodes = slurm.nodes
-    cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
+    cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
                            evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = spec.output_dir

@@ -1,10 +1,10 @@
-"""`ssh`: one `torchrun --nnodes N --node-rank i` per host, each started over SSH under the node agent.
+"""`ssh`: one `tasks.spawn --nnodes N --node-rank i` per host, each started over SSH under the node agent.
 
-Why per-node torchrun over plain ssh (and not the DeepSpeed launcher's pdsh
+Why one spawn per node over plain ssh (and not the DeepSpeed launcher's pdsh
 fan-out): every node's job runs under `tasks.launch.agent`, whose stdin is our
 ssh channel, so a cancelled or killed launcher always takes the ranks with it,
 and each node's exit status comes back separately. The rendezvous is
-torchrun's static one at `cluster.master_addr:cluster.master_port` (the first
+static, at `cluster.master_addr:cluster.master_port` (the first
 host). The environment the ranks need (the OMP/NCCL/GLOO/TORCH/PYTHON/CUDA/MKL part
 of the ranks' allow-listed environment, and explicit extras) goes to each agent as
 the first line on its stdin: never on a command line (`ps` on a node shows those),
@@ -32,9 +32,10 @@ from tasks.job_status import STATUS_FILE, Status
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
-from tasks.launch.procs import TAG_VAR, die_with_parent, new_tag, stop_all
+from tasks.launch.procs import TAG_VAR, new_tag, stop_all
 from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
+from tasks.spawn import die_with_parent
 from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 
 log = logging.getLogger(__name__)
@@ -185,14 +186,14 @@ class SshLauncher(Launcher):
         return hosts
 
     def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
-        hosts = self._hosts(cfg)  # and torchrun_command validates the node/process split
-        torchrun.torchrun_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
+        hosts = self._hosts(cfg)  # and node_command validates the node/process split
+        torchrun.node_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
                          evaluation=self.evaluation)
 
     def remote_command(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
-        """The node's command line: the agent (env from stdin, stdin = liveness) running torchrun. No values."""
-        cmd = torchrun.torchrun_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
+        """The node's command line: the agent (env from stdin, stdin = liveness) running the node's ranks. No values."""
+        cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
                                python=self.section.python, evaluation=self.evaluation)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]

@@ -1,4 +1,5 @@
-"""How every launcher starts the ranks: the `torchrun` command, the ranks' environment, their input file.
+"""How every launcher starts the ranks: one node's command (torchrun's flags and rank environment, run by
+`tasks.spawn`), the ranks' environment, their input file.
 
 Every launcher (local, ssh, slurm, kubernetes) builds its per-node command here, so the
 ranks start the same way everywhere. What reaches a rank is only what training needs:
@@ -31,7 +32,7 @@ from tasks.errors import InvalidInputError
 from tasks.launch.spec import JobSpec
 from tasks.run import RunIdentity
 
-# The rank modules torchrun runs on every node: training and evaluation (tests swap in their hooked workers).
+# The rank modules `tasks.spawn` runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
@@ -49,7 +50,7 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def torchrun_command(
+def node_command(
     cfg: JobConfig,
     dataset_dir: str | os.PathLike[str],
     config_json: str | os.PathLike[str],
@@ -60,14 +61,15 @@ def torchrun_command(
     python: str = sys.executable,
     evaluation: bool = False,
 ) -> list[str]:
-    """The torchrun invocation for one node (static rendezvous at cluster.master_addr:master_port) of the
-    training ranks, or with `evaluation` of the evaluation ranks."""
+    """One node's command for the training ranks, or with `evaluation` the evaluation ranks: torchrun's flags
+    (static rendezvous at cluster.master_addr:master_port), run by `tasks.spawn`, which starts the ranks
+    without importing torch itself."""
     world = cfg.parallel.world_size
     per_node = nproc_per_node or cfg.cluster.nproc_per_node or world // nnodes
     if per_node * nnodes != world:
         raise InvalidInputError(f"cluster: {nnodes} node(s) x {per_node} processes != tp x pp x dp = {world}")
     return [
-        python, "-m", "torch.distributed.run",
+        python, "-m", "tasks.spawn",
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={per_node}",

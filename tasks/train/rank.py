@@ -1,8 +1,8 @@
 """What every rank program (training, evaluation) does around its work: a quiet start-up, the failure it
 reports, an orderly end, and an exit without interpreter teardown.
 
-Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by torchrun under the
-same launchers, which supervise them through the status file; the two must start and end the same way.
+Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by `tasks.spawn` under
+the same launchers, which supervise them through the status file; the two must start and end the same way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One training rank, started by torchrun: `python -m tasks.train.worker --config C.json --dataset-dir D`.
+"""One training rank, started by `tasks.spawn`: `python -m tasks.train.worker --config C.json --dataset-dir D`.
 
 D is the primary dataset; a run's replay sources (its identity's `replay`) are the warmed datasets
 beside D in the same cache, found by manifest hash.

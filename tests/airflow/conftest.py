@@ -178,6 +178,18 @@ class Standalone:
             url = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
             return c.get(url, params={"full_content": True}).raise_for_status().text
 
+    def tries_logs(self, dag_id: str, run_id: str, task_id: str, tail_chars: int = 3000) -> str:
+        """Every try's log tail, for a failure message (a try without a log says so), and the standalone's."""
+        with self.client() as c:
+            ti = c.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}").raise_for_status().json()
+            parts = [f"{task_id}: state {ti['state']}, try {ti['try_number']}"]
+            for attempt in range(1, ti["try_number"] + 1):
+                url = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}"
+                resp = c.get(url, params={"full_content": True})
+                text = resp.text[-tail_chars:] if resp.status_code == 200 else f"(no log: HTTP {resp.status_code})"
+                parts.append(f"--- try {attempt} ---\n{text}")
+        return "\n".join([*parts, "--- standalone ---", self.log_tail(120)])
+
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.multiproc
 HIGH, LOW = "slurm-llama", "slurm-llama-attached"
 STEPS = 30
 STEP_DELAY_S = 2
+HOLD_S = 240  # a job on hold (below the config's hang_timeout_s: it is not taken for hung)
 POOL = "training-slurm"
 
 
@@ -135,16 +136,20 @@ def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
     job_id = (run_dir / "slurm-job-id").read_text().strip()
     assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING")
 
+    # The job holds (ranks sleep after their step) until every component is back: were it to end while the API
+    # server is still starting, the resumed try's worker would fail to reach it and Airflow would retry the task.
+    sa.set_step_delay(HIGH, HOLD_S)
     sa.stop()  # scheduler, triggerer, workers: all gone while the job trains
     assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING"), "the job must not depend on Airflow"
-    sa.set_step_delay(HIGH, 0)  # it outlived the stop: the rest of the job (during the restart, or after) at full speed
     sa.start()
+    assert _slurm_state(slurm_cluster, job_id) in ("PENDING", "RUNNING"), "the job outlived the restart"
+    sa.set_step_delay(HIGH, 0)  # the rest of the job at full speed
 
     run = sa.wait_run(f"retrain_{HIGH}", run_id, timeout=900)
     assert run["state"] == "success", sa.task_log(f"retrain_{HIGH}", run_id, "train")
     train = _ti(sa, HIGH, run_id, "train")
     assert train["try_number"] == 1, ("collected by the same try, never retried:\n"
-                                      + sa.task_log(f"retrain_{HIGH}", run_id, "train")[-4000:])
+                                      + sa.tries_logs(f"retrain_{HIGH}", run_id, "train"))
     assert (run_dir / "slurm-job-id").read_text().strip() == job_id, "the one job, not a second"
     assert _slurm_state(slurm_cluster, job_id) == "COMPLETED"
     summary = _xcom(sa, HIGH, run_id, "train")

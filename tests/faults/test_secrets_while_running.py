@@ -69,7 +69,7 @@ def tagged_ranks(under: Path):
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "tests.hooks.worker" in cmd and "torch.distributed.run" not in cmd and str(under) in " ".join(cmd):
+        if "tests.hooks.worker" in cmd and "tasks.spawn" not in cmd and str(under) in " ".join(cmd):
             try:
                 if f"{TAG_VAR}=".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes():
                     found.append(proc)

@@ -3,7 +3,8 @@
 Each hook is switched on by a `HOOK_*` environment variable that only this package reads:
 - `HOOK_STEP_DELAY_S=S`: every rank sleeps S seconds after each step (time to kill or hang a run);
 - `HOOK_STEP_DELAY_DIR=D`: instead, every rank sleeps the seconds written in `D/<model name>` (none: 0), read
-  after each step: per model and changeable mid-run (one standalone training several models);
+  again while it sleeps: per model and changeable mid-run (one standalone training several models; a long
+  delay holds a job until the test lowers it);
 - `HOOK_NAN_AT_STEP=N`: the loss of step N is NaN;
 - `HOOK_CKPT_DELAY=STEP:S`: rank 0 pauses S seconds inside the commit of step STEP's checkpoint (its files
   written, not committed);

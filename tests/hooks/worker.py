@@ -70,7 +70,10 @@ def install() -> None:
         def report(self, state, at_step, loss):
             product_report(self, state, at_step, loss)
             if state == "training" and at_step == step["now"]:  # after a step, not the resume point
-                time.sleep(_model_delay_s(delays, self.cfg.name) if delays else delay)
+                if delays:
+                    _wait_model_delay(delays, self.cfg.name)
+                else:
+                    time.sleep(delay)
 
         worker.Trainer.report = report
 
@@ -131,11 +134,19 @@ def install() -> None:
 
 
 def _model_delay_s(delays: str, model: str) -> float:
-    """The seconds in `<delays>/<model>`, read at every step (the test changes it mid-run); none: 0."""
+    """The seconds in `<delays>/<model>` (the test changes it mid-run); none: 0."""
     try:
         return float(Path(delays, model).read_text())
     except FileNotFoundError:
         return 0.0
+
+
+def _wait_model_delay(delays: str, model: str) -> None:
+    """Sleep the model's delay after a step, reading it again as it goes: a test holds a job with a long one
+    and releases it at once by lowering it."""
+    since = time.monotonic()
+    while time.monotonic() - since < _model_delay_s(delays, model):
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,9 @@ def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[byte
 
 
 def is_rank(cmdline: list[str]) -> bool:
-    """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not torchrun or an agent."""
+    """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not its spawner or agent."""
     return bool({"tasks.train.worker", "tests.hooks.worker"} & set(cmdline)) and not (
-        {"torch.distributed.run", "tasks.launch.agent"} & set(cmdline))
+        {"tasks.spawn", "tasks.launch.agent"} & set(cmdline))
 
 
 def training_processes(output_dir: str | Path) -> list[psutil.Process]:

@@ -1,5 +1,4 @@
-"""The local launcher (torchrun here): SIGTERM mid-training leaves no rank behind, although torchrun puts
-every rank in its own session."""
+"""The local launcher (`tasks.spawn` here): SIGTERM mid-training leaves no rank behind."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ def test_sigterm_to_local_launcher_leaves_no_rank(tmp_path: Path) -> None:
     with launched(cfg, dataset, {"HOOK_STEP_DELAY_S": "0.3"}, tmp_path / "l.log") as launcher:
         wait_for_step(cfg.train.output_dir, 2, launcher)
         running = training_processes(cfg.train.output_dir)
-        assert len(running) >= 3  # torchrun + 2 ranks
+        assert len(running) >= 3  # the spawner + 2 ranks
         assert len({p.pid for p in running if is_rank(p.cmdline())}) >= 2
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(timeout=120)
@@ -52,7 +51,7 @@ def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hook
     assert all(r.getMessage().startswith("[rank ") for r in warned), [r.getMessage() for r in warned]
     assert any(r.levelno == logging.ERROR and "[rank " in r.getMessage() for r in relayed)  # the failure itself
     assert not [r for r in relayed if "Using topology" in r.getMessage()]
-    ranks = [r.getMessage() for r in relayed if r.getMessage().startswith("[rank ")]  # not torchrun's own report
+    ranks = [r.getMessage() for r in relayed if r.getMessage().startswith("[rank ")]  # not the spawner's own report
     assert ranks and not [m for m in ranks if re.search(r"\d\d:\d\d:\d\d", m)], ranks
 
     hung = tiny_config(tmp_path, {"train.steps": 50, "cluster.hang_timeout_s": 4, "cluster.startup_timeout_s": 300},

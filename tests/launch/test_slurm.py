@@ -115,7 +115,7 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
 
     out = Path(cfg.train.output_dir)
     script = (out / "slurm-job.sbatch").read_text()
-    order = [script.index(s) for s in ("-m tasks.warm.node", "unset RETRAINER_WARM_SPEC", "torch.distributed.run")]
+    order = [script.index(s) for s in ("-m tasks.warm.node", "unset RETRAINER_WARM_SPEC", "-m tasks.spawn")]
     assert order == sorted(order)
     assert run.data_manifest_hash not in script  # the spec travels in sbatch's environment, not in the file
     (node,) = summary["nodes"]

@@ -88,7 +88,7 @@ def test_missing_dataset_fails_before_any_launch(tmp_path: Path) -> None:
     assert not Path(cfg.train.output_dir).exists()
 
 
-def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_slurm(tmp_path: Path) -> None:
+def test_slurm_script_runs_one_spawn_per_node_with_rank_and_rendezvous_from_slurm(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.partition": "gpu", "parallel.dp": 4,
                                  "cluster.slurm": {"nodes": 2, "time_limit": "1-02:00", "gpus_per_node": 2,
                                                    "sbatch_args": ["--account=ml", "--exclusive"],
@@ -102,7 +102,7 @@ def test_slurm_script_runs_one_torchrun_per_node_with_rank_and_rendezvous_from_s
     srun = next(line for line in lines if line.startswith("srun "))
     assert '--node-rank="$SLURM_NODEID"' in srun and '--master-addr="$RETRAINER_MASTER_ADDR"' in srun
     assert "--nnodes=2" in srun and "--nproc-per-node=2" in srun and "--kill-on-bad-exit=1" in srun
-    assert srun.split("bash -c ")[1].startswith("'/opt/py -m torch.distributed.run")
+    assert srun.split("bash -c ")[1].startswith("'/opt/py -m tasks.spawn")
     assert "#SBATCH --job-name=retrainer-tiny-test-0123456789abcdef" in lines  # how a retry finds this run's job
     assert f"#SBATCH --output={tmp_path / 'run'}/slurm-%j.out" in lines
     default = render_script(tiny_config(tmp_path), SlurmConfig(), JobSpec("0" * 16, tmp_path / "run"),

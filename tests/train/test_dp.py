@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.launch.torchrun import torchrun_command
+from tasks.launch.torchrun import node_command
 from tasks.models import get_family
 from tasks.models.weights import load_reference
 from tasks.run import for_dataset
@@ -82,12 +82,12 @@ def test_cli_dp2_run_commits_checkpoints_and_summary(make_config, dataset_dir: P
         assert r["compute_s"] >= 0 and abs(r["compute_s"] + r["comm_s"] - r["step_s"]) < 1e-6
 
 
-def test_torchrun_command_matches_layout(make_config, tmp_path: Path) -> None:
+def test_node_command_matches_layout(make_config, tmp_path: Path) -> None:
     cfg = make_config({"parallel.tp": 2, "parallel.pp": 2, "parallel.dp": 2, "cluster.master_port": 29611})
-    cmd = torchrun_command(cfg, tmp_path / "ds", tmp_path / "cfg.json")
+    cmd = node_command(cfg, tmp_path / "ds", tmp_path / "cfg.json")
     assert "--nproc-per-node=8" in cmd and "--master-port=29611" in cmd and "--nnodes=1" in cmd
     assert cmd[cmd.index("-m", 3) + 1] == "tasks.train.worker"
     assert cmd[cmd.index("--config") + 1] == str(tmp_path / "cfg.json")
     assert cmd[cmd.index("--dataset-dir") + 1] == str(tmp_path / "ds")
-    two_nodes = torchrun_command(cfg, "ds", "c.json", nnodes=2, node_rank=1)
+    two_nodes = node_command(cfg, "ds", "c.json", nnodes=2, node_rank=1)
     assert "--nproc-per-node=4" in two_nodes and "--node-rank=1" in two_nodes

@@ -74,7 +74,7 @@ def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None,
     """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
     out = Path(cfg.train.output_dir)
     run = run or for_dataset(cfg, dataset)
-    cmd = torchrun.torchrun_command(cfg, dataset, torchrun.write_worker_config(
+    cmd = torchrun.node_command(cfg, dataset, torchrun.write_worker_config(
         cfg, JobSpec(run.run_id, out), run, init_path))
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, env=torchrun.rank_env(), stdout=log, stderr=subprocess.STDOUT,
