@@ -310,7 +310,7 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
         ta, tb = statistics.median(ours), statistics.median(theirs)
         print(f"{'evaluate':<11} ours {ta:6.2f}s  transformers (1 process) {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}"
               f"   runs ours {[round(x, 2) for x in ours]} theirs {[round(x, 2) for x in theirs]}; CPU seconds ours "
-              f"(2 ranks + torchrun) {[round(x, 1) for x in ours_cpu]} theirs {[round(x, 1) for x in theirs_cpu]}; "
+              f"(2 ranks + spawner) {[round(x, 1) for x in ours_cpu]} theirs {[round(x, 1) for x in theirs_cpu]}; "
               f"{got.tokens} tokens, loss {got.loss:.4f}", flush=True)
 
 

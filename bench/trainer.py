@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/trainer.py [--steps N] [--gpu]`.
 
-CPU (always): median step time of our engine with DP=1 (torchrun, one rank,
+CPU (always): median step time of our engine with DP=1 (tasks.spawn, one rank,
 PipelineModule + ZeRO-1 + telemetry) vs `tasks.train.reference.train_reference`
 (the plain loop: forward, backward, clip, AdamW, scheduler) on the same model,
 batches and initial weights, one thread each. Goal: ratio <= 1.15.
