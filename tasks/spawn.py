@@ -76,14 +76,15 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def rank_environment(args: argparse.Namespace, local_rank: int) -> dict[str, str]:
     """What torchrun sets for one of its workers (static rendezvous, no restarts)."""
     world = args.nnodes * args.nproc_per_node
+    rank = args.node_rank * args.nproc_per_node + local_rank
     return {
-        "RANK": str(args.node_rank * args.nproc_per_node + local_rank),
+        "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
         "GROUP_RANK": str(args.node_rank),
         "GROUP_WORLD_SIZE": str(args.nnodes),
-        "ROLE_RANK": str(args.node_rank * args.nproc_per_node + local_rank),
+        "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
         "ROLE_NAME": "default",
         "MASTER_ADDR": args.master_addr,

@@ -81,7 +81,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
     if not cfg.cluster.image:
         raise InvalidInputError("cluster.image: the kubernetes launcher needs a container image")
     cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=k8s.nodes, node_rank=0, python=k8s.python,
-                           evaluation=evaluation)
+                                evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$RANK", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT")
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
     agent = [k8s.python, "-m", "tasks.launch.agent", "run", "--tag", tag, "--relay-status",

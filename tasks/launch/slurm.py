@@ -64,7 +64,7 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, spec: JobSpec, dataset_dir
     node, then one `tasks.spawn` per node, node rank and master from Slurm."""
     nodes = slurm.nodes
     cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
-                           evaluation=evaluation)
+                                evaluation=evaluation)
     line = per_node_line(cmd, node_rank="$SLURM_NODEID", master_addr="$RETRAINER_MASTER_ADDR")
     out = spec.output_dir
     lines = [

@@ -188,13 +188,13 @@ class SshLauncher(Launcher):
     def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
         hosts = self._hosts(cfg)  # and node_command validates the node/process split
         torchrun.node_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
-                         evaluation=self.evaluation)
+                              evaluation=self.evaluation)
 
     def remote_command(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
                        nnodes: int, node_rank: int) -> str:
         """The node's command line: the agent (env from stdin, stdin = liveness) running the node's ranks. No values."""
         cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
-                               python=self.section.python, evaluation=self.evaluation)
+                                    python=self.section.python, evaluation=self.evaluation)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
         if node_rank == 0:  # rank 0 runs there: its agent relays the status file and the summary

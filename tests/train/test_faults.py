@@ -71,7 +71,7 @@ def _rank_of(pid: int) -> int | None:
 
 def _start(cfg: JobConfig, dataset: Path, run: RunIdentity | None = None,
            init_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """torchrun of the (hooked, see the `hooked` fixture) worker, outside any launcher: a test can kill one rank."""
+    """The node command of the hooked worker (see the `hooked` fixture), outside any launcher: one rank can die."""
     out = Path(cfg.train.output_dir)
     run = run or for_dataset(cfg, dataset)
     cmd = torchrun.node_command(cfg, dataset, torchrun.write_worker_config(
