@@ -73,9 +73,9 @@ class _Pieces:
 
 
 def write(sink: Any, entries: Sequence[TensorEntry], tensors: Iterable[tuple[str, torch.Tensor]],
-          metadata: dict[str, str] | None = None) -> None:
+          metadata: dict[str, str] | None = None, piece_bytes: int = PIECE) -> None:
     """Write the header of `entries`, then each tensor `tensors` yields, in the same order, checked against
-    its entry (name, shape), converted to the entry's dtype on the host piece by piece (`PIECE` bytes):
+    its entry (name, shape), converted to the entry's dtype on the host piece by piece (`piece_bytes`):
     host memory holds a few pieces, not a tensor in the file's dtype, and a slow sink overlaps the
     conversion. Each piece goes to `sink.write`, which may hold it until its next write returns
     (`tasks.fastcopy.HashingWriter` does)."""
@@ -89,7 +89,7 @@ def write(sink: Any, entries: Sequence[TensorEntry], tensors: Iterable[tuple[str
             said = "nothing" if entry is None else (entry.name, entry.shape)
             raise InvalidInputError(f"safetensors: tensor {count} is {got}, the header says {said}")
         flat = tensor.detach().reshape(-1)
-        step = max(1, PIECE // entry.dtype.itemsize)
+        step = max(1, piece_bytes // entry.dtype.itemsize)
         as_is = flat.device.type == "cpu" and flat.dtype == entry.dtype
         for start in range(0, flat.numel(), step):
             piece = flat[start:start + step]

@@ -2,7 +2,7 @@
 
 Why stage by stage: a 70B model must never pass through one process whole. Each pipeline stage's
 layers are read from the checkpoint's per-layer, per-TP-rank files, joined across TP ranks one
-tensor at a time, and written to that stage's own safetensors shard by its own process; the parent
+tensor at a time, and written to that stage's own safetensors files by its own process; the parent
 only writes the index, config.json, generation_config.json and the tokenizer files the model came
 with. The result loads with `AutoModelForCausalLM.from_pretrained` (llama family) or our evaluate
 (both families), and serves with vLLM.
@@ -10,11 +10,13 @@ with. The result loads with `AutoModelForCausalLM.from_pretrained` (llama family
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import multiprocessing
 import os
 import shutil
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,32 @@ from tasks.models.weights import CheckpointWeights
 log = logging.getLogger(__name__)
 
 
-def shard_name(index: int, count: int) -> str:
-    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+FILES_PER_STAGE = 4
+"""Safetensors files each pipeline stage's weights are written to: runs of its tensors (sorted by name) of about
+equal bytes. Why not one: a file's sha256 is one core's work (1.1-2 GB/s), where a node's disk takes 2-7 GB/s;
+four files are hashed on four cores at once (four TP ranks' or four threads of one rank). A 70B model on pp=8
+gets 32 files of ~4.4 GB, as published Llama checkpoints come (30 of ~5 GB). A stage holds at least one block,
+so at least four tensors in every family."""
+
+
+def shard_name(stage: int, part: int, stages: int) -> str:
+    """File `part` of pipeline stage `stage`'s weights, numbered across the model as Hugging Face numbers shards."""
+    return f"model-{stage * FILES_PER_STAGE + part + 1:05d}-of-{stages * FILES_PER_STAGE:05d}.safetensors"
+
+
+def split_stage(nbytes: Sequence[int], parts: int = FILES_PER_STAGE) -> list[range]:
+    """The tensors (by position) of each of a stage's `parts` files: contiguous runs of about equal bytes, none
+    empty; a function of the sizes alone, so every export of the same weights cuts them alike."""
+    if len(nbytes) < parts:
+        raise ValueError(f"a stage of {len(nbytes)} tensors cannot fill {parts} files")
+    prefix = list(itertools.accumulate(nbytes, initial=0))
+    cuts = [0]
+    for k in range(1, parts):
+        low, high = cuts[-1] + 1, len(nbytes) - (parts - k)  # leave each later file one tensor at least
+        target = k * prefix[-1]  # times `parts`: integers only
+        cuts.append(min(range(low, high + 1), key=lambda i: (abs(prefix[i] * parts - target), i)))
+    cuts.append(len(nbytes))
+    return [range(a, b) for a, b in itertools.pairwise(cuts)]
 
 
 def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
@@ -43,11 +69,11 @@ def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
     return out
 
 
-def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], path: str,
-                dtype: str, lora: dict[str, Any] | None = None) -> dict[str, int]:
-    """One stage's tensors, TP-joined and renamed to Hugging Face names, into one safetensors shard.
-    Returns {HF name: bytes}. Runs in its own process: its memory is one stage. `lora`: the run's
-    train.lora: its adapters are merged into their weights (tasks/models/lora_export.py)."""
+def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], stage: int, stages: int,
+                dest_dir: str, dtype: str, lora: dict[str, Any] | None = None) -> dict[str, tuple[str, int]]:
+    """One stage's tensors, TP-joined and renamed to Hugging Face names, into its `FILES_PER_STAGE` safetensors
+    files in `dest_dir`. Returns {HF name: (file, bytes)}. Runs in its own process: its memory is one stage.
+    `lora`: the run's train.lora: its adapters are merged into their weights (tasks/models/lora_export.py)."""
     import torch
     from safetensors.torch import save_file
 
@@ -62,8 +88,13 @@ def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], p
         layer = weights.layer(index)
         for name, tensor in (layer if adapter is None else merge_layer(adapter, layer)).items():
             tensors[family.hf_name(name)] = tensor.to(torch_dtype).contiguous()
-    save_file(tensors, path, metadata={"format": "pt"})
-    return {name: t.numel() * t.element_size() for name, t in tensors.items()}
+    names = sorted(tensors)  # as the ranks' export orders them (tasks/train/export.py): the same bytes
+    written = {}
+    for part, run in enumerate(split_stage([tensors[n].numel() * tensors[n].element_size() for n in names])):
+        file = shard_name(stage, part, stages)
+        save_file({names[i]: tensors[names[i]] for i in run}, os.path.join(dest_dir, file), metadata={"format": "pt"})
+        written.update({names[i]: (file, tensors[names[i]].numel() * tensors[names[i]].element_size()) for i in run})
+    return written
 
 
 def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Path, *, stages: int,
@@ -71,26 +102,26 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
     """Write the checkpoint's weights as a Hugging Face directory at `dest` (absent or empty), atomically
     (`lora`: a LoRA run's, with its adapters merged in).
 
-    `stages`: shards to write in parallel, one per training pipeline stage. `base_dir`: the Hugging Face
-    directory the run started from (pretrained or a published version), whose tokenizer files,
-    context length and special token ids the export keeps."""
+    `stages`: the training pipeline stages, written in parallel (each to `FILES_PER_STAGE` files). `base_dir`:
+    the Hugging Face directory the run started from (pretrained or a published version), whose tokenizer
+    files, context length and special token ids the export keeps."""
     groups = [g for g in stage_layers(m, stages) if g]
     with fresh_dir(dest) as tmp:
         ctx = multiprocessing.get_context("spawn")  # no inherited torch threads or locks
         with ProcessPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1), mp_context=ctx) as pool:
             futures = [
-                pool.submit(write_stage, str(checkpoint_dir), m.model_dump(mode="json"), layers,
-                            str(tmp / shard_name(i, len(groups))), dtype,
-                            None if lora is None else lora.model_dump(mode="json"))
+                pool.submit(write_stage, str(checkpoint_dir), m.model_dump(mode="json"), layers, i, len(groups),
+                            str(tmp), dtype, None if lora is None else lora.model_dump(mode="json"))
                 for i, layers in enumerate(groups)
             ]
             weight_map, total = {}, 0
-            for i, fut in enumerate(futures):
-                for name, size in fut.result().items():
-                    weight_map[name] = shard_name(i, len(groups))
+            for fut in futures:
+                for name, (file, size) in fut.result().items():
+                    weight_map[name] = file
                     total += size
         write_metadata(tmp, m, weight_map, total, dtype=dtype, base_dir=base_dir)
-    log.info("export: %s -> %s (%d shards, %d bytes of %s weights)", checkpoint_dir, dest, len(groups), total, dtype)
+    log.info("export: %s -> %s (%d shards, %d bytes of %s weights)", checkpoint_dir, dest,
+             len(set(weight_map.values())), total, dtype)
     return Path(dest)
 
 

@@ -1,28 +1,34 @@
-"""The export phase of a training job: the ranks of each pipeline stage write that stage's shard of the
+"""The export phase of a training job: the ranks of each pipeline stage write that stage's files of the
 Hugging Face export straight into the artifact store's staging area.
 
 Why here and not on the Airflow worker: at 70B the export is 140 GB; reading the checkpoint on the
 Airflow worker would copy the whole model through one machine. After the last checkpoint the ranks
-hold the final weights already, sharded: in each stage the data-parallel rank-0 tensor-parallel
-group gathers each tensor's TP slices onto its TP rank 0 (one tensor at a time), which streams the
-stage's shard (`model-0000s-of-0000n.safetensors`) straight into the staging area: the header first
-(the shapes are known before any byte), then tensor by tensor, hashed while written, written once
-(`ArtifactStore.stage_stream`, `tasks.safetensors_stream`), converted to the export dtype piece by
-piece: host memory holds the stage's own weights and a few pieces more, never a second copy.
-It imports `tasks.registry.store`, never the registry's database layer (sqlalchemy). It reports the file
-(path, size, sha256) and its tensors (gathered into rank 0's summary, and kept in
-`<run dir>/export/<tag>/shard-<stage>.json` so a retry on the same disks reuses them); publish adds the
+hold the final weights already, sharded. A stage's tensors go to `FILES_PER_STAGE` files
+(`model-0000k-of-0000n.safetensors`, tasks/models/export.py), spread over the data-parallel rank-0
+tensor-parallel group: file k is written by TP rank k mod tp, which gathers each of its tensors' TP slices
+(one tensor at a time) and streams the file straight into the staging area: the header first (the shapes
+are known before any byte), then tensor by tensor, hashed while written, written once
+(`ArtifactStore.stage_stream`, `tasks.safetensors_stream`), converted to the export dtype piece by piece.
+A rank writing several files writes them at once, a thread each: a sha256 is one core's work, the disk is
+faster. Host memory holds the stage's own weights and a few pieces and gathered tensors more, never a
+second copy. It imports `tasks.registry.store`, never the registry's database layer (sqlalchemy). Each file
+is reported (path, size, sha256, its tensors), gathered into rank 0's summary and kept in
+`<run dir>/export/<tag>/shard-<file>.json` so a retry on the same disks reuses them; publish adds the
 small files (index, config.json, tokenizer) and commits the tree: the Airflow worker never touches a
 weight. Credentials for the store reach the ranks as AWS_* environment variables, never in a file.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import queue
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as tdist
@@ -31,12 +37,15 @@ from tasks.config import ModelConfig
 from tasks.fsutil import atomic_write_json
 from tasks.model_files import DTYPES
 from tasks.models import get_family
-from tasks.models.export import shard_name
+from tasks.models.export import FILES_PER_STAGE, shard_name, split_stage
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
 from tasks.run import EXPORT_DIR
-from tasks.safetensors_stream import TensorEntry
+from tasks.safetensors_stream import PIECE, TensorEntry
 from tasks.safetensors_stream import write as write_safetensors
+
+if TYPE_CHECKING:
+    from tasks.registry.tree import TreeFile
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +54,74 @@ def reports_dir(output_dir: str | Path, tag: str) -> Path:
     return Path(output_dir) / EXPORT_DIR / tag
 
 
-def read_reports(output_dir: str | Path, tag: str, stages: int) -> list[dict[str, Any]] | None:
-    """Every stage's shard report of checkpoint `tag`, or None while one is missing."""
-    found = sorted(reports_dir(output_dir, tag).glob("shard-*.json"))
-    if len(found) != stages:
-        return None
-    return [json.loads(p.read_text()) for p in found]
+def read_reports(output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
+    """The file reports of checkpoint `tag`'s export found in this node's run dir (each node keeps its own)."""
+    return [json.loads(p.read_text()) for p in sorted(reports_dir(output_dir, tag).glob("shard-*.json"))]
+
+
+class _FileWriters:
+    """This rank's files of the stage, each written by its own thread from a queue of tensors (hashing is one
+    core per file). A queued tensor is either a view of a parameter (free) or one gathered across the TP group
+    (a whole tensor's memory): at most `OWNED_IN_FLIGHT` of those wait, so memory stays a stage plus a few
+    tensors. Every file is written or none: a failure anywhere ends every file's stream (its partial file
+    removed by `stage_stream`) and is raised."""
+
+    OWNED_IN_FLIGHT = 2
+    _END = object()
+
+    def __init__(self, store: Any, staging: str, files: dict[int, tuple[str, list[TensorEntry]]]) -> None:
+        self._owned = threading.BoundedSemaphore(self.OWNED_IN_FLIGHT)
+        self._queues: dict[int, queue.SimpleQueue[Any]] = {part: queue.SimpleQueue() for part in files}
+        piece = max(1 << 20, PIECE // max(1, len(files)))  # two pieces per file: 2 * PIECE in all, as one file
+        self._pool = ThreadPoolExecutor(max(1, len(files)), thread_name_prefix="export-file")
+        self._futures = {
+            part: self._pool.submit(store.stage_stream, staging, file,
+                                    functools.partial(self._write, entries, self._queues[part], piece))
+            for part, (file, entries) in files.items()}
+
+    def _write(self, entries: list[TensorEntry], q: queue.SimpleQueue[Any], piece: int, sink: Any) -> None:
+        write_safetensors(sink, entries, self._drain(q), {"format": "pt"}, piece)
+
+    def _drain(self, q: queue.SimpleQueue[Any]) -> Iterator[tuple[str, torch.Tensor]]:
+        while (item := q.get()) is not self._END:
+            if isinstance(item, BaseException):
+                raise item
+            name, tensor, owned = item
+            yield name, tensor
+            if owned:
+                self._owned.release()
+
+    def put(self, part: int, name: str, tensor: torch.Tensor, *, owned: bool) -> None:
+        if owned:
+            while not self._owned.acquire(timeout=0.1):
+                self._raise_failed()
+        self._queues[part].put((name, tensor, owned))
+
+    def _raise_failed(self) -> None:
+        for future in self._futures.values():
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def finish(self) -> dict[int, TreeFile]:
+        for q in self._queues.values():
+            q.put(self._END)
+        try:
+            return {part: future.result() for part, future in self._futures.items()}
+        finally:
+            self._pool.shutdown()
+
+    def abort(self, exc: BaseException) -> None:
+        for q in self._queues.values():
+            q.put(exc)
+        self._pool.shutdown()
 
 
 def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage: int, stages: int, dp_rank: int,
-                 spec: dict[str, Any], output_dir: str | Path, tag: str) -> dict[str, Any] | None:
-    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none);
-    the stage's report on the rank that wrote the shard, else None."""
+                 spec: dict[str, Any], output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
+    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none): the
+    reports of the files it wrote, none where it wrote none."""
     if dp_rank != 0:
-        return None
+        return []
     family, dtype = get_family(m.family), getattr(torch, DTYPES[spec["dtype"]])
     # Sorted by Hugging Face name, as `safetensors.torch.save_file` lays out tensors of one dtype: the same
     # weights give the same bytes (and tree digest) whichever export wrote them. The last stage's tied copy
@@ -69,38 +132,41 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage:
     def sharded(name: str) -> bool:
         return tp.size > 1 and family.shard_spec(m, name, tp.rank, tp.size) is not None
 
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        """Each full tensor on TP rank 0, one at a time, as the rank holds it (every TP rank walks it: the
-        gathers are collective)."""
-        for name, param in params:
-            local = param.detach().contiguous()
-            if sharded(name):
-                pieces = [torch.empty_like(local) for _ in range(tp.size)]
-                tdist.all_gather(pieces, local, group=tp.group)
-                local = family.unshard(m, name, pieces)
-                del pieces
-            if tp.rank == 0:
-                yield family.hf_name(name), local  # written in `dtype`, piece by piece (safetensors_stream)
-
-    if tp.rank != 0:
-        for _ in tensors():
-            pass
-        return None
-    from tasks.registry.store import ArtifactStore  # not `tasks.registry`: a rank never loads the database layer
-
     entries = []
     for name, param in params:
         shape = param.shape
         if sharded(name):  # the joined shape, from shapes alone (meta tensors hold no memory)
             shape = family.unshard(m, name, [torch.empty_like(param, device="meta")] * tp.size).shape
         entries.append(TensorEntry(family.hf_name(name), dtype, tuple(shape)))
-    file = shard_name(stage, stages)
-    store = ArtifactStore(spec["store_url"], spec["storage_options"])
-    staged = store.stage_stream(spec["staging"], file,
-                                lambda sink: write_safetensors(sink, entries, tensors(), {"format": "pt"}))
-    report = {"stage": stage, "file": staged.to_dict(), "staging": spec["staging"],
-              "weights": {e.name: e.nbytes for e in entries}}
-    atomic_write_json(reports_dir(output_dir, tag) / f"shard-{stage:05d}.json", report)
-    log.info("export: stage %d/%d wrote %s (%d tensors, %.1f MB) into the store's staging area",
-             stage + 1, stages, file, len(entries), staged.size / 1e6)
-    return report
+    runs = split_stage([e.nbytes for e in entries])
+    part_of = [part for part, run in enumerate(runs) for _ in run]
+    mine = {part: (shard_name(stage, part, stages), [entries[i] for i in run])
+            for part, run in enumerate(runs) if part % tp.size == tp.rank}  # files spread over the TP group
+    from tasks.registry.store import ArtifactStore  # not `tasks.registry`: a rank never loads the database layer
+
+    writers = _FileWriters(ArtifactStore(spec["store_url"], spec["storage_options"]), spec["staging"], mine)
+    try:
+        for i, (name, param) in enumerate(params):
+            local, owned = param.detach().contiguous(), False
+            if sharded(name):  # each tensor joined on the TP rank that writes it (every rank gathers: collective)
+                pieces = [torch.empty_like(local) for _ in range(tp.size)]
+                tdist.all_gather(pieces, local, group=tp.group)
+                local, owned = family.unshard(m, name, pieces), True
+                del pieces
+            if part_of[i] in mine:  # written in `dtype`, piece by piece (safetensors_stream)
+                writers.put(part_of[i], entries[i].name, local, owned=owned)
+            del local
+        staged = writers.finish()
+    except BaseException as exc:
+        writers.abort(exc)
+        raise
+    reports = []
+    for part, file in staged.items():
+        report = {"stage": stage, "file": file.to_dict(), "staging": spec["staging"],
+                  "weights": {e.name: e.nbytes for e in mine[part][1]}}
+        atomic_write_json(reports_dir(output_dir, tag) / f"shard-{stage * FILES_PER_STAGE + part:05d}.json", report)
+        reports.append(report)
+    log.info("export: stage %d/%d wrote %s (%.1f MB) into the store's staging area", stage + 1, stages,
+             ", ".join(f.path for f in staged.values()) or "none of its files here",
+             sum(f.size for f in staged.values()) / 1e6)
+    return reports

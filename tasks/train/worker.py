@@ -39,6 +39,7 @@ from tasks.job_status import State, Status, log_for_relay, now, write_status
 from tasks.model_files import CHECKPOINT_BASE_FILE
 from tasks.models import get_family
 from tasks.models.common import no_default_init
+from tasks.models.export import FILES_PER_STAGE
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import load_into
@@ -474,21 +475,21 @@ class Trainer:
         return self.summary(out, final_dir, start, losses, exported)
 
     def export_final(self, out: Path, tag: str) -> dict[str, Any]:
-        """Write the final weights' Hugging Face shards into the store's staging area, one per stage (once per
-        checkpoint: a retry that finds every shard report reuses them)."""
+        """Write the final weights' Hugging Face files into the store's staging area (`FILES_PER_STAGE` per stage;
+        once per checkpoint: a retry whose ranks' disks still hold every file's report reuses them)."""
         assert self.export is not None
-        stages = self.cfg.parallel.pp
-        seen: list[Any] = [None] * self.world  # decided together: every rank exports, or none does
-        tdist.all_gather_object(seen, read_reports(out, tag, stages) is not None)
-        if all(seen):
-            shards = read_reports(out, tag, stages)
-        else:
-            mine = export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage, stages=stages,
-                                dp_rank=self.dp_rank, spec=self.export, output_dir=out, tag=tag)
+        expected = self.cfg.parallel.pp * FILES_PER_STAGE
+        found: list[Any] = [None] * self.world  # the run dir may be each node's own disk
+        tdist.all_gather_object(found, read_reports(out, tag))
+        shards = {r["file"]["path"]: r for reports in found for r in reports}
+        if len(shards) != expected:  # decided together: every rank exports, or none does
+            mine = export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage,
+                                stages=self.cfg.parallel.pp, dp_rank=self.dp_rank, spec=self.export, output_dir=out,
+                                tag=tag)
             reports: list[Any] = [None] * self.world
-            tdist.all_gather_object(reports, mine)  # the run dir may be each node's own disk
-            shards = sorted((r for r in reports if r is not None), key=lambda r: r["stage"])
-        return {"tag": tag, "dtype": self.export["dtype"], "shards": shards}
+            tdist.all_gather_object(reports, mine)
+            shards = {r["file"]["path"]: r for rank_reports in reports for r in rank_reports}
+        return {"tag": tag, "dtype": self.export["dtype"], "shards": [shards[path] for path in sorted(shards)]}
 
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
                 exported: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     # The ranks of each stage wrote its shard into the store; publish exported nothing itself.
     run_dir = Path(out["train"]["checkpoint_dir"]).parents[1]
     assert sorted(p.name for p in (run_dir / "export" / "step-000003").iterdir()) == [
-        "shard-00000.json", "shard-00001.json"]
+        f"shard-0000{i}.json" for i in range(8)]  # 4 files per stage, written by both TP ranks of each
     assert not (run_dir / "export" / "step-000003-fp32").exists()
     store = tmp_path / "store" / "models"
     touched = opened.read_text().split()
@@ -202,8 +202,8 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert hf_config.get("rope_scaling") == ARCHS[arch][2].get("rope_scaling")  # so does the rope scaling
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
-    assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
-                                                         "model-00002-of-00002.safetensors"]  # one per stage
+    assert sorted(set(index["weight_map"].values())) == [
+        f"model-0000{i}-of-00008.safetensors" for i in range(1, 9)]  # four per stage
     served = AutoModelForCausalLM.from_pretrained(pulled).eval()
     ours = load_reference(pulled, m).eval()
     tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))

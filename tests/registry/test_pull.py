@@ -117,7 +117,7 @@ def test_pull_needs_the_store_when_the_artifact_url_does_not_name_it(
 def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weights(
     sqlite_url: str, cli: Cli, job_config: Callable[..., Any], tmp_path: Path
 ) -> None:
-    """The end of a run, then its user: the rank streams its stage's shard into the store's staging area,
+    """The end of a run, then its user: the rank streams its stage's files into the store's staging area,
     publish commits it with the small files, the user pulls the version and loads it with transformers: the
     weights are the trained ones, and every pulled file hashes to what the rank and the version recorded."""
     import torch
@@ -135,18 +135,19 @@ def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weig
     store = ArtifactStore(cfg.publish.store_url)
     family = get_family(cfg.model.family)
     trained = family.Reference(cfg.model, seed=3)
-    report = export_stage(trained, cfg.model, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
-                          tag="step-10", spec={"store_url": store.url, "storage_options": {},
-                                               "staging": store.stage(), "dtype": "fp32"})
-    assert report is not None
-    ref = commit_staged(cfg, store, [report], None)
+    reports = export_stage(trained, cfg.model, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+                           tag="step-10", spec={"store_url": store.url, "storage_options": {},
+                                                "staging": store.stage(), "dtype": "fp32"})
+    assert [r["file"]["path"] for r in reports] == [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    ref = commit_staged(cfg, store, reports, None)
     upgrade(sqlite_url)
     publish(sqlite_url, ref)
 
     rc, _, err = cli("registry", "pull", "--model", "m", str(tmp_path / "pulled"), "--db", sqlite_url)
     assert rc == 0, err
     assert local_tree_manifest(tmp_path / "pulled").digest == ref.digest
-    assert sha256_file(tmp_path / "pulled" / report["file"]["path"]) == report["file"]["sha256"]
+    for report in reports:
+        assert sha256_file(tmp_path / "pulled" / report["file"]["path"]) == report["file"]["sha256"]
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pulled", dtype=torch.float32).state_dict()
     for name, param in local_named_params(trained):
         assert torch.equal(loaded[family.hf_name(name)], param.detach()), name
