@@ -63,8 +63,9 @@ class _FileWriters:
     """This rank's files of the stage, each written by its own thread from a queue of tensors (hashing is one
     core per file). A queued tensor is either a view of a parameter (free) or one gathered across the TP group
     (a whole tensor's memory): at most `OWNED_IN_FLIGHT` of those wait, so memory stays a stage plus a few
-    tensors. Every file is written or none: a failure anywhere ends every file's stream (its partial file
-    removed by `stage_stream`) and is raised."""
+    tensors. A failure anywhere ends the streams still open (their partial files removed by `stage_stream`) and
+    is raised; files already whole stay unreported, so a retry writes them again and housekeeping removes a
+    staging area no version took."""
 
     OWNED_IN_FLIGHT = 2
     _END = object()
