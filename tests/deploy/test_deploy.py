@@ -135,8 +135,9 @@ def variant(export: Export, dest: Path, change) -> Path:
 
 
 def _shard(directory: Path) -> Path:
-    (shard,) = directory.glob("*.safetensors")
-    return shard
+    """The file of the export that holds the final norm (an export has four per pipeline stage)."""
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    return directory / index["weight_map"]["model.norm.weight"]
 
 
 def truncate_shard(directory: Path) -> None:
