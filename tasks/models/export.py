@@ -89,11 +89,12 @@ def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], s
         for name, tensor in (layer if adapter is None else merge_layer(adapter, layer)).items():
             tensors[family.hf_name(name)] = tensor.to(torch_dtype).contiguous()
     names = sorted(tensors)  # as the ranks' export orders them (tasks/train/export.py): the same bytes
+    sizes = [tensors[name].nbytes for name in names]
     written = {}
-    for part, run in enumerate(split_stage([tensors[n].numel() * tensors[n].element_size() for n in names])):
+    for part, run in enumerate(split_stage(sizes)):
         file = shard_name(stage, part, stages)
         save_file({names[i]: tensors[names[i]] for i in run}, os.path.join(dest_dir, file), metadata={"format": "pt"})
-        written.update({names[i]: (file, tensors[names[i]].numel() * tensors[names[i]].element_size()) for i in run})
+        written.update({names[i]: (file, sizes[i]) for i in run})
     return written
 
 

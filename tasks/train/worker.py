@@ -478,17 +478,17 @@ class Trainer:
         """Write the final weights' Hugging Face files into the store's staging area (`FILES_PER_STAGE` per stage;
         once per checkpoint: a retry whose ranks' disks still hold every file's report reuses them)."""
         assert self.export is not None
-        expected = self.cfg.parallel.pp * FILES_PER_STAGE
-        found: list[Any] = [None] * self.world  # the run dir may be each node's own disk
-        tdist.all_gather_object(found, read_reports(out, tag))
-        shards = {r["file"]["path"]: r for reports in found for r in reports}
-        if len(shards) != expected:  # decided together: every rank exports, or none does
-            mine = export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage,
-                                stages=self.cfg.parallel.pp, dp_rank=self.dp_rank, spec=self.export, output_dir=out,
-                                tag=tag)
-            reports: list[Any] = [None] * self.world
-            tdist.all_gather_object(reports, mine)
-            shards = {r["file"]["path"]: r for rank_reports in reports for r in rank_reports}
+        def every_ranks(mine: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+            """Every rank's reports by file (the run dir may be each node's own disk)."""
+            gathered: list[Any] = [None] * self.world
+            tdist.all_gather_object(gathered, mine)
+            return {r["file"]["path"]: r for reports in gathered for r in reports}
+
+        shards = every_ranks(read_reports(out, tag))
+        if len(shards) != self.cfg.parallel.pp * FILES_PER_STAGE:  # decided together: all export, or none
+            shards = every_ranks(export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage,
+                                              stages=self.cfg.parallel.pp, dp_rank=self.dp_rank, spec=self.export,
+                                              output_dir=out, tag=tag))
         return {"tag": tag, "dtype": self.export["dtype"], "shards": [shards[path] for path in sorted(shards)]}
 
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],

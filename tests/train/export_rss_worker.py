@@ -1,6 +1,6 @@
 """One rank's export, alone in its process, as a training rank runs it: stream the stage's files into a local
 store's staging area, then report the peak RSS the export added (`/proc/self/clear_refs` resets the peak
-after the model exists), the shard's report, and whether the database layer (sqlalchemy) was ever
+after the model exists), the files' reports, and whether the database layer (sqlalchemy) was ever
 imported. Run by tests/train/test_export.py."""
 
 from __future__ import annotations
