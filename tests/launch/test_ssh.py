@@ -252,6 +252,35 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     assert netns_hosts.left_behind() == []
 
 
+def test_a_retried_run_reuses_the_export_each_host_holds_a_part_of(netns_hosts: NetnsHosts, tmp_path: Path) -> None:
+    """pp=2 over two hosts, each with its own run dir: each host keeps the reports of its own stage's files. The
+    train task retried after the ranks exported (killed before its result was recorded) trains nothing and
+    reuses the union of both hosts' reports: no file is written again, every byte is what was reported."""
+    import hashlib
+
+    from tasks.lifecycle import export_spec
+
+    cfg = ssh_config(tmp_path, netns_hosts, "unused", **{
+        "parallel.pp": 2, "train.steps": 2, "train.checkpoint_every": 2,
+        "train.output_dir": str(netns_hosts.node_run), "train.checkpoint_url": f"file://{tmp_path / 'mirror'}"})
+    dataset = write_dataset(tmp_path / "dataset")
+    first_spec, retry_spec = export_spec(cfg)[0], export_spec(cfg)[0]
+    first = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, export=first_spec)
+    files = [shard["file"]["path"] for shard in first["export"]["shards"]]
+    assert files == [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]
+    held = [sorted(p.name for p in (run / "export" / "step-000002").iterdir()) for run in netns_hosts.host_runs]
+    assert held == [[f"shard-{i:05d}.json" for i in range(4)], [f"shard-{i:05d}.json" for i in range(4, 8)]]
+
+    retried = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, export=retry_spec)
+    assert retried["trained_steps"] == 0 and retried["resumed_from_step"] == 2
+    assert retried["export"] == first["export"]  # every shard reused, from the first staging area
+    assert list(Path(retry_spec["staging"].removeprefix("file://")).iterdir()) == []
+    for shard in retried["export"]["shards"]:
+        data = (Path(shard["staging"].removeprefix("file://")) / shard["file"]["path"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (shard["file"]["size"], shard["file"]["sha256"])
+    assert netns_hosts.left_behind() == []
+
+
 def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: NetnsHosts, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Evaluation through the ssh launcher, tp=2 x pp=2 over two hosts (stage-to-stage sends cross hosts):
