@@ -36,6 +36,7 @@ from pydantic import (
 
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
 from tasks.families import ALWAYS, FAMILIES, LORA_TARGETS, NOT_OPTIONS, ROPE_TYPES, rope_types_text, supported_options
+from tasks.home import retrainer_home
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -1053,10 +1054,6 @@ def named_defaults(name: str) -> dict[tuple[str, str], Any]:
             ("data", "asset"): f"retrainer-data://{name}",
             ("train", "output_dir"): str(retrainer_home() / "runs" / name),
             ("cluster", "master_port"): default_master_port(name)}
-
-
-def retrainer_home() -> Path:
-    return Path(os.environ.get("RETRAINER_HOME") or ".retrainer").resolve()
 
 
 _VAR = re.compile(r"\$\{(\w+)(?::-([^${}]*))?\}")

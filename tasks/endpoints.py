@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING
 
-from tasks.config import JobConfig, retrainer_home
+from tasks.home import retrainer_home
 
 if TYPE_CHECKING:
+    from tasks.config import JobConfig
     from tasks.registry import Registry
 
 
