@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.fastcopy import BUFFER, copy_file, copy_files
+from tasks.fastcopy import BUFFER, SLICE, HashingWriter, copy_file, copy_files
 
 
 def test_copy_files_gives_the_same_bytes_and_their_sha256_whatever_the_size(tmp_path: Path) -> None:
@@ -35,3 +35,29 @@ def test_a_copy_from_a_missing_file_raises_and_leaves_no_destination(tmp_path: P
     with pytest.raises(IsADirectoryError):
         copy_file(tmp_path / "a", tmp_path)  # dest is a folder: nothing written, source untouched
     assert (tmp_path / "a").read_bytes() == b"a" * 10
+
+
+class _Upload:
+    """A sink that is no OS file (as an fsspec upload is not): takes some bytes per call, keeps them."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def write(self, data: memoryview) -> int:
+        self.got += data
+        return len(data)
+
+
+def test_a_hashing_writer_gives_the_bytes_and_their_sha256_into_a_local_file_and_into_an_upload(
+        tmp_path: Path) -> None:
+    data = os.urandom(3 * SLICE + 11)
+    pieces = [data[:5], data[5:2 * SLICE + 1], data[2 * SLICE + 1:]]  # across slice borders, a tiny one first
+    upload = _Upload()
+    with open(tmp_path / "out", "wb", buffering=0) as local:
+        for sink in (local, upload):
+            writer = HashingWriter(sink)
+            for piece in pieces:
+                writer.write(piece)
+            assert writer.finish() == (hashlib.sha256(data).hexdigest(), len(data))
+    assert (tmp_path / "out").read_bytes() == data
+    assert bytes(upload.got) == data

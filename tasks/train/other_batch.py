@@ -64,7 +64,8 @@ def stopped_at_another_batch(cfg: JobConfig, run: RunIdentity) -> str | None:
     out = Path(cfg.train.output_dir)
     local = {p.name for p in out.iterdir() if p.is_dir()} if out.is_dir() else set()
     mirrored = _mirrored_run_ids(cfg)
-    if run.run_id in local | mirrored and _latest_step(cfg, run.run_id, run.run_id in local,
+    known = local | mirrored
+    if run.run_id in known and _latest_step(cfg, run.run_id, run.run_id in local,
                                                       run.run_id in mirrored) is not None:
         return None
     p = cfg.parallel
@@ -75,7 +76,7 @@ def stopped_at_another_batch(cfg: JobConfig, run: RunIdentity) -> str | None:
             continue
         other = cfg.model_copy(update={"parallel": p.model_copy(update={"dp": 1, "micro_batches": total})})
         run_id = identity(other, run.data_manifest_hash, run.init, replay, run.base).run_id
-        if run_id not in local | mirrored:
+        if run_id not in known:
             continue
         step = _latest_step(cfg, run_id, run_id in local, run_id in mirrored)
         if step is None or step >= cfg.train.steps:
