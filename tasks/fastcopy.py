@@ -13,19 +13,21 @@ CPU per byte, the export of four files a fifth sooner on 2 cores).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 BUFFER = 16 << 20
 WINDOW = 4 * BUFFER  # of a local file mapped at a time
 PARALLEL_FILES = 4
 SLICE = 256 << 10  # written, then hashed while still in the core's cache (fits its L2 with room to spare)
+T = TypeVar("T")
 
 
 class _Sink(Protocol):
@@ -118,6 +120,19 @@ def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
     return writer.finish()
 
 
+def copy_chunks(chunks: Iterable[Any], sink: _Sink) -> tuple[str, int]:
+    """Copy buffers as a reader yields them (each new, left unchanged: an object store's response chunks) into
+    `sink`, hashing on the way, the next one received while the last is written; (sha256 hex, bytes)."""
+    writer = HashingWriter(sink)
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()
+
+
 def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
     """Feed a local file into `writer` straight from the page cache: mapped, not read into a buffer of ours
     (one copy of each byte, into the destination, as `cp` makes). Each window is mapped with its pages
@@ -161,7 +176,14 @@ def copy_file(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> tupl
 def copy_files(pairs: Sequence[tuple[str | os.PathLike[str], str | os.PathLike[str]]],
                threads: int = PARALLEL_FILES) -> list[tuple[str, int]]:
     """`copy_file` of each (src, dest), a few at once (largest first); results in the order given."""
-    order = sorted(range(len(pairs)), key=lambda i: -os.stat(pairs[i][0]).st_size)
-    with ThreadPoolExecutor(max(1, min(threads, len(pairs))), thread_name_prefix="copy-files") as pool:
-        futures = {i: pool.submit(copy_file, *pairs[i]) for i in order}
-        return [futures[i].result() for i in range(len(pairs))]
+    return largest_first([(os.stat(src).st_size, functools.partial(copy_file, src, dest)) for src, dest in pairs],
+                         threads)
+
+
+def largest_first(jobs: Sequence[tuple[int, Callable[[], T]]], threads: int = PARALLEL_FILES) -> list[T]:
+    """Run each (size, call) of a tree's files a few at once, the largest first (so no long one starts last
+    and runs alone); results in the order given, the first failure in that order raised once all have run."""
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0])
+    with ThreadPoolExecutor(max(1, min(threads, len(jobs))), thread_name_prefix="file-copies") as pool:
+        futures = {i: pool.submit(jobs[i][1]) for i in order}
+        return [futures[i].result() for i in range(len(jobs))]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -44,7 +45,15 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.errors import InvalidInputError, RetrainerError
-from tasks.fastcopy import HashingWriter, copy_files, feed_file
+from tasks.fastcopy import (
+    PARALLEL_FILES,
+    HashingWriter,
+    copy_chunks,
+    copy_files,
+    copy_stream,
+    feed_file,
+    largest_first,
+)
 from tasks.fsutil import (
     CHUNK,
     atomic_write_bytes,
@@ -57,6 +66,7 @@ from tasks.fsutil import (
     sha256_file,
 )
 from tasks.model_files import LEGACY_FILE
+from tasks.object_source import ObjectSource, open_source
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
 from tasks.registry.records import ArtifactKind, ArtifactRef, VersionRecord
@@ -81,6 +91,18 @@ def _copy_hashing(fin: Any, fout: BinaryIO | None) -> tuple[str, int]:
         if fout is not None:
             fout.write(chunk)
     return h.hexdigest(), n
+
+
+def _download(source: ObjectSource, path: str, target: Path, digest: str) -> tuple[str, int]:
+    """One file of a remote tree: the next chunk is received while the last one is written and hashed (a tree's
+    files a few at once: one object store stream runs at a fraction of the link)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(target, "wb", buffering=0) as fout:
+            return copy_chunks(source.stream(path), fout)
+    except FileNotFoundError:
+        raise CorruptArtifactError(f"tree {digest}: {path} is missing from the store; refused, "
+                                   "nothing written") from None
 
 
 def _local_files(root: Path) -> list[tuple[str, Path]]:
@@ -129,7 +151,8 @@ class ArtifactStore:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         if not url:
             raise InvalidInputError("artifact store URL must not be empty")
-        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
             root = os.path.abspath(root)
@@ -266,7 +289,7 @@ class ArtifactStore:
         if not self.fs.exists(src):
             raise NotFoundError(f"artifact {digest} not found in store {self.url}")
         with self.fs.open(src, "rb") as fin, atomic_writer(dest) as fout:
-            got, _ = _copy_hashing(fin, fout)
+            got, _ = copy_stream(fin, fout)
             if got != digest:
                 # Raising inside atomic_writer removes the temporary file: dest is untouched.
                 raise CorruptArtifactError(
@@ -448,7 +471,9 @@ class ArtifactStore:
             if self.local:
                 got = self._copy_local(base, tmp, wanted, digest)
             else:
-                got = [self._download(f"{base}/{f.path}", tmp / f.path, f.path, digest) for f in wanted]
+                source = open_source(self.fs.unstrip_protocol(base), self.storage_options, PARALLEL_FILES)
+                got = largest_first([(f.size, functools.partial(_download, source, f.path, tmp / f.path, digest))
+                                     for f in wanted])
             for f, (sha, size) in zip(wanted, got, strict=True):
                 if (sha, size) != (f.sha256, f.size):
                     raise CorruptArtifactError(
@@ -465,15 +490,6 @@ class ArtifactStore:
             return copy_files([(f"{base}/{f.path}", tmp / f.path) for f in files])
         except FileNotFoundError as exc:
             raise CorruptArtifactError(f"tree {digest}: {exc.filename} is missing from the store; refused, "
-                                       "nothing written") from None
-
-    def _download(self, src: str, target: Path, path: str, digest: str) -> tuple[str, int]:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with self.fs.open(src, "rb") as fin, open(target, "wb") as fout:
-                return _copy_hashing(fin, fout)
-        except FileNotFoundError:
-            raise CorruptArtifactError(f"tree {digest}: {path} is missing from the store; refused, "
                                        "nothing written") from None
 
     def verify_tree(self, digest: str) -> bool:

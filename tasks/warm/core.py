@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
+from tasks.object_source import ObjectSource, open_source
 from tasks.warm.cache import CacheLayout, dataset_in_use, make_room, reserve_room, use_lock, warm_lock
 from tasks.warm.report import Progress, WarmReport, WarmResult
 from tasks.warm.retry import with_retries
-from tasks.warm.source import ObjectSource, open_source
 from tasks.warm.state import VerifiedRecord, complete_entries
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import RetrainerError
+from tasks.object_source import ObjectSource, RangeUnsupportedError
 from tasks.warm.direct import BufferPool, ObjectFile, write_all
 from tasks.warm.retry import with_retries
-from tasks.warm.source import ObjectSource, RangeUnsupportedError
 
 if TYPE_CHECKING:
     from tasks.data import ManifestFile

@@ -7,6 +7,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,35 @@ def test_corrupt_tree_is_refused_on_download_naming_the_file(
     with pytest.raises(CorruptArtifactError):
         store.get_tree(ref.digest, out / "empty")
     assert list(out.iterdir()) == [out / "empty"] and list((out / "empty").iterdir()) == []
+
+
+def test_a_tree_on_s3_downloads_several_files_at_once_each_in_many_chunks_bit_for_bit(
+    s3, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.registry.store as store_module
+    from tasks.object_source import STREAM_CHUNK
+
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options)
+    src = model_dir(tmp_path / "src")
+    (src / "model-00002-of-00002.safetensors").write_bytes(os.urandom(5 * STREAM_CHUNK + 3))  # many chunks
+    ref = store.put_tree(src)
+    together = threading.Barrier(2, timeout=10)  # the two largest files must be in flight at the same time
+    download = store_module._download
+    readers = set()
+
+    def in_step(source: Any, path: str, *args: Any) -> tuple[str, int]:
+        readers.add(type(source).__name__)
+        if path.endswith(".safetensors"):
+            together.wait()
+        return download(source, path, *args)
+
+    monkeypatch.setattr(store_module, "_download", in_step)
+    store.get_tree(ref.digest, tmp_path / "out")
+    got = {p.relative_to(tmp_path / "out").as_posix(): p.read_bytes() for p in (tmp_path / "out").rglob("*")
+           if p.is_file()}
+    want = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    assert got.keys() - {MANIFEST_NAME} == want.keys() and all(got[k] == want[k] for k in want)
+    assert readers == {"ObstoreS3Source"}  # these options have an obstore equivalent: S3 read in Rust
 
 
 def test_get_tree_refuses_a_non_empty_destination_and_unknown_trees(store: ArtifactStore, tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.object_source import FsspecSource, ObstoreS3Source, open_source
 from tasks.warm import warm
-from tasks.warm.source import FsspecSource, ObstoreS3Source, open_source
 from tests.warm.conftest import RcloneS3, Tree, assert_dataset_matches, subprocess_env
 
 ENDPOINT = {"endpoint_url": "http://127.0.0.1:9"}  # never contacted: building a source opens no connection
