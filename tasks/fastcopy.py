@@ -7,7 +7,7 @@ as `cp` makes); a remote stream (an fsspec file) is read in large buffers. Writi
 while the caller reads or makes the next (each releases the GIL), and a tree's files go through a few
 threads at once. Into a local file each slice of a piece is hashed right after it is written, while it is
 still in the core's cache: sha256 ran at 1.4 GB/s from memory and 1.9 GB/s from cache here (a third less
-CPU per byte, the export of four files a fifth sooner on 2 cores).
+CPU per byte; the export of four files up to a fifth sooner on 2 cores).
 """
 
 from __future__ import annotations

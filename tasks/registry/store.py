@@ -151,8 +151,8 @@ class ArtifactStore:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         if not url:
             raise InvalidInputError("artifact store URL must not be empty")
-        self.storage_options = dict(storage_options or {})
-        self.fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
+        self._storage_options = dict(storage_options or {})
+        self.fs, root = fsspec.core.url_to_fs(url, **self._storage_options)
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
             root = os.path.abspath(root)
@@ -471,7 +471,7 @@ class ArtifactStore:
             if self.local:
                 got = self._copy_local(base, tmp, wanted, digest)
             else:
-                source = open_source(self.fs.unstrip_protocol(base), self.storage_options, PARALLEL_FILES)
+                source = open_source(self.fs.unstrip_protocol(base), self._storage_options, PARALLEL_FILES)
                 got = largest_first([(f.size, functools.partial(_download, source, f.path, tmp / f.path, digest))
                                      for f in wanted])
             for f, (sha, size) in zip(wanted, got, strict=True):
