@@ -18,7 +18,7 @@ import hashlib
 import io
 import mmap
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -104,25 +104,10 @@ class HashingWriter:
         self._close()
 
 
-def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
-    """Copy a readable binary stream (`readinto`) into `sink`, hashing on the way, two buffers taking turns;
-    (sha256 hex, bytes)."""
-    buffers = (bytearray(BUFFER), bytearray(BUFFER))
-    writer = HashingWriter(sink)
-    try:
-        turn = 0
-        while n := fin.readinto(buffers[turn]):
-            writer.write(memoryview(buffers[turn])[:n])
-            turn ^= 1
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.finish()
-
-
 def copy_chunks(chunks: Iterable[Any], sink: _Sink) -> tuple[str, int]:
-    """Copy buffers as a reader yields them (each new, left unchanged: an object store's response chunks) into
-    `sink`, hashing on the way, the next one received while the last is written; (sha256 hex, bytes)."""
+    """Copy the buffers `chunks` yields into `sink`, hashing on the way, the next one read or made while the last
+    is written; (sha256 hex, bytes). Each buffer must stay unchanged until the one after the next is asked for
+    (an object store's fresh chunks; two buffers taking turns)."""
     writer = HashingWriter(sink)
     try:
         for chunk in chunks:
@@ -133,30 +118,44 @@ def copy_chunks(chunks: Iterable[Any], sink: _Sink) -> tuple[str, int]:
     return writer.finish()
 
 
-def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
-    """Feed a local file into `writer` straight from the page cache: mapped, not read into a buffer of ours
-    (one copy of each byte, into the destination, as `cp` makes). Each window is mapped with its pages
-    populated in one call (page faults one by one cost a fifth of the copy) while the writer's threads
-    still work on the previous one."""
+def _read_in_turns(fin: Any) -> Iterator[memoryview]:
+    """A readable binary stream's (`readinto`) bytes, read into two large buffers taking turns."""
+    buffers = (bytearray(BUFFER), bytearray(BUFFER))
+    turn = 0
+    while n := fin.readinto(buffers[turn]):
+        yield memoryview(buffers[turn])[:n]
+        turn ^= 1
+
+
+def _mapped(src: str | os.PathLike[str]) -> Iterator[memoryview]:
+    """A local file's bytes straight from the page cache: mapped, not read into a buffer of ours (one copy of
+    each byte, into the destination, as `cp` makes). Each window is mapped with its pages populated in one call
+    (page faults one by one cost a fifth of the copy) while the writer's threads still work on the previous
+    one; a window is unmapped when the writer drops its last slice."""
     with open(src, "rb", buffering=0) as fin:
         size = os.fstat(fin.fileno()).st_size
         for offset in range(0, size, WINDOW):
             window = mmap.mmap(fin.fileno(), min(WINDOW, size - offset), offset=offset, prot=mmap.PROT_READ,
                                flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-            view = memoryview(window)  # unmapped when the writer drops its last slice
+            view = memoryview(window)
             for start in range(0, len(view), BUFFER):
-                writer.write(view[start:start + BUFFER])
+                yield view[start:start + BUFFER]
+
+
+def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
+    """Copy a readable binary stream (`readinto`) into `sink`, hashing on the way; (sha256 hex, bytes)."""
+    return copy_chunks(_read_in_turns(fin), sink)
+
+
+def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
+    """Feed a local file, mapped (`_mapped`), into `writer`."""
+    for piece in _mapped(src):
+        writer.write(piece)
 
 
 def copy_local(src: str | os.PathLike[str], sink: _Sink) -> tuple[str, int]:
-    """Copy a local file into `sink`, hashing on the way; (sha256 hex, bytes)."""
-    writer = HashingWriter(sink)
-    try:
-        feed_file(src, writer)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.finish()
+    """Copy a local file, mapped (`_mapped`), into `sink`, hashing on the way; (sha256 hex, bytes)."""
+    return copy_chunks(_mapped(src), sink)
 
 
 def copy_file(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> tuple[str, int]:
