@@ -20,6 +20,7 @@ from tasks.registry.errors import (
     InvalidNameError,
     NotFoundError,
     NothingToRollBackError,
+    PromotionRequiredError,
     RolledBackError,
     SchemaVersionError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Lineage",
     "NotFoundError",
     "NothingToRollBackError",
+    "PromotionRequiredError",
     "Registry",
     "RolledBackError",
     "SchemaVersionError",

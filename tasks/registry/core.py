@@ -11,11 +11,13 @@ Same code for SQLite and PostgreSQL (SQLAlchemy Core). Concurrency:
   0002/0003) in autocommit mode: one round trip, so the row lock is held only while
   the server works.
 - promote and rollback (a person's decisions) read the alias history under that same
-  row lock: the default rollback target and the "rolled back from this alias: needs
-  force" rule come from it, so nothing can move the alias between that read and the
-  move. On PostgreSQL a plain promote is one call of that function too (migration
-  0007 moved the rule into it, with an index on the rollback rows); a rollback or a
-  forced move runs from Python, in one transaction, on both databases.
+  row lock: the default rollback target, the "rolled back from this alias: needs
+  force" rule and the "a rollback only goes back (to a version the alias held)" rule
+  come from it, so nothing can move the alias between that read and the move. The
+  database enforces the last one itself too (migration 0009's trigger on the history).
+  On PostgreSQL a plain promote is one call of that function too (migration 0007 moved
+  the rule into it, with an index on the rollback rows); a rollback or a forced move
+  runs from Python, in one transaction, on both databases.
 SQLite has no row locks; its engine starts every transaction with BEGIN IMMEDIATE,
 and it runs the same steps from Python (it has no stored procedures).
 """
@@ -41,6 +43,7 @@ from tasks.registry.errors import (
     ForceRequiredError,
     NotFoundError,
     NothingToRollBackError,
+    PromotionRequiredError,
     RolledBackError,
 )
 from tasks.registry.migrate import upgrade
@@ -170,6 +173,15 @@ def _rolled_back(model: str, alias: str, version: int) -> RolledBackError:
         f"model {model!r} alias {alias!r}: version {version} was rolled back from it; an automatic publish never "
         f"points it there again (an explicit `retrainer promote --version {version} --force --reason WHY` can, "
         "audited)"
+    )
+
+
+def _never_held(model: str, alias: str, version: int, held: Sequence[int] | None) -> PromotionRequiredError:
+    before = "" if held is None else f" (it held: {', '.join(f'v{v}' for v in held) or 'none'})"
+    return PromotionRequiredError(
+        f"model {model!r} alias {alias!r}: version {version} was never live on it{before}; a rollback "
+        f"only goes back. Putting v{version} on {alias} is a promotion, through {alias}'s gate and approvers: the "
+        f"promote_model DAG, or `retrainer promote CONFIG --alias {alias} --version {version}`"
     )
 
 
@@ -392,7 +404,9 @@ class Registry:
         expect = _check_expect(expect)
         if action not in ("promote", "publish", "rollback"):
             raise InvalidInputError(f"action: unknown switch action {action!r}")
-        if self._pg and (action == "publish" or not force):  # the function applies the rollback rule itself
+        # The function applies the "rolled back from this alias" rule itself; a move recorded as a rollback takes the
+        # Python path, which names the versions the alias held when it refuses one it never did.
+        if self._pg and (action == "publish" or (action == "promote" and not force)):
             return self._pg_move(model, alias, to_version, expect, actor, reason, action, force)
         with self._db().begin() as conn:
             model_id = self._model_id(conn, model)
@@ -465,6 +479,8 @@ class Registry:
             return _disagree(model, alias)
         if code == "RGRBK":
             return _rolled_back(model, alias, int(detail))
+        if code == "RGPRM":  # revision 0009's trigger: a 'rollback' row onto a version the alias never held
+            return _never_held(model, alias, int(detail), None)
         if code == "RGFRC":  # DETAIL: the rollback that moved the alias away from `to`, as JSON (migration 0007)
             removed = json.loads(detail)
             return _needs_force(model, alias, to, SwitchRecord(
@@ -493,6 +509,20 @@ class Registry:
                         t.history.c.from_version == rollbacks_from)
         return [self._switch(r, model) for r in conn.execute(q.order_by(t.history.c.seq)).all()]
 
+    @staticmethod
+    def _held_before(conn: sa.Connection, model_id: int, alias: str, version: int) -> bool:
+        """Whether `alias` ever pointed at `version` (an index lookup: revision 0009's trigger asks the same)."""
+        h = t.history.c
+        return conn.execute(sa.select(sa.literal(1)).where(
+            h.model_id == model_id, h.alias == alias, h.to_version == version).limit(1)).first() is not None
+
+    @staticmethod
+    def _held(conn: sa.Connection, model_id: int, alias: str) -> list[int]:
+        """Every version `alias` ever pointed at, ascending."""
+        h = t.history.c
+        return list(conn.execute(sa.select(h.to_version).distinct().where(
+            h.model_id == model_id, h.alias == alias).order_by(h.to_version)).scalars())
+
     def _move(
         self, conn: sa.Connection, model_id: int, model: str, alias: str, locked: tuple[int | None, int],
         to_version: int, expect: Expect, actor: str, reason: str, action: str, checked: bool = False,
@@ -512,6 +542,8 @@ class Registry:
             if last is not None:
                 return self._switch(last, model, changed=False)
             raise _disagree(model, alias)
+        if action == "rollback" and not self._held_before(conn, model_id, alias, to_version):
+            raise _never_held(model, alias, to_version, self._held(conn, model_id, alias))
         removed = self._alias_history(conn, model_id, model, alias, rollbacks_from=to_version)
         if removed:
             if action == "publish":
@@ -541,7 +573,9 @@ class Registry:
         reason: str = "rollback", force: bool = False,
     ) -> SwitchRecord:
         """Move `alias` back: to `to`, or to `rollback_target` (the newest version live before the current
-        one that was not itself rolled back from it). `to` naming a rolled-back version needs `force`."""
+        one that was not itself rolled back from it). `to` naming a rolled-back version needs `force`; `to` naming
+        a version the alias never held is refused, forced or not (PromotionRequiredError: that is a promotion,
+        which goes through the alias's gate and approvers; revision 0009's trigger refuses it too)."""
         check_name(model, "model")
         check_name(alias, "alias")
         check_name(actor, "actor")

@@ -25,6 +25,11 @@ class ForceRequiredError(RolledBackError):
     """An explicit promote or rollback named a version rolled back from the alias, without force."""
 
 
+class PromotionRequiredError(InvalidInputError):
+    """A rollback named a version the alias never held: putting it there is a promotion, through the alias's gate
+    and approvers (revision 0009's trigger refuses it in the database too)."""
+
+
 class NothingToRollBackError(RetrainerError):
     """The alias has no earlier version to go back to."""
 

@@ -20,7 +20,7 @@ from tasks.registry.errors import SchemaVersionError
 # alembic's version table, named so the registry can share a database with Airflow (`alembic_version`).
 VERSION_TABLE = "retrainer_schema_version"
 # The newest migration, which the tables below mirror (tests/registry/test_migrations.py checks it is the head).
-HEAD = "0008"
+HEAD = "0009"
 
 metadata = sa.MetaData()
 
@@ -89,6 +89,8 @@ history = sa.Table(
     # The rule "rolled back from this alias: a publish never, a person only with force" looks rows up by this.
     sa.Index("ix_registry_alias_history_rollbacks", "model_id", "alias", "from_version", "seq",
              sqlite_where=sa.text("action = 'rollback'"), postgresql_where=sa.text("action = 'rollback'")),
+    # The rule "a rollback only goes back" (revision 0009's trigger and Registry.rollback) looks rows up by this.
+    sa.Index("ix_registry_alias_history_targets", "model_id", "alias", "to_version"),
 )
 
 

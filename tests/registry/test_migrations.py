@@ -14,9 +14,9 @@ from tasks.registry.schema import HEAD
 
 def test_upgrade_is_idempotent_and_recorded(registry_url: str) -> None:
     assert current(registry_url) is None
-    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
+    assert upgrade(registry_url) == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
     assert upgrade(registry_url) == []
-    assert current(registry_url) == HEAD == "0008"  # the code's HEAD is the migrations' head
+    assert current(registry_url) == HEAD == "0009"  # the code's HEAD is the migrations' head
     engine = make_engine(registry_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
@@ -99,7 +99,7 @@ def _old_version_at(url: str, revision: str) -> None:
 
 def test_0004_versions_published_before_read_as_single_files(registry_url: str) -> None:
     _old_version_at(registry_url, "0003")  # as the 0003 code wrote it (no artifact_kind)
-    assert upgrade(registry_url) == ["0004", "0005", "0006", "0007", "0008"]
+    assert upgrade(registry_url) == ["0004", "0005", "0006", "0007", "0008", "0009"]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).artifact_kind == "file"
         tree = reg.publish_version("m", ArtifactRef("cd" * 32, "file:///s/trees/cd/x", 9, kind="tree"),
@@ -111,7 +111,7 @@ def test_0004_versions_published_before_read_as_single_files(registry_url: str) 
 
 def test_0005_versions_published_before_have_no_replay_and_new_ones_keep_theirs(registry_url: str) -> None:
     _old_version_at(registry_url, "0004")  # as the 0004 code wrote it (no data_replay)
-    assert upgrade(registry_url) == ["0005", "0006", "0007", "0008"]
+    assert upgrade(registry_url) == ["0005", "0006", "0007", "0008", "0009"]
     replay = [{"url": "s3://b/snap-a", "manifest_hash": "a" * 64, "weight": 0.05}]
     with Registry(registry_url) as reg:
         assert reg.get_version("m", 1).data_replay == []
@@ -131,7 +131,7 @@ def test_0006_versions_published_before_keep_everything_and_record_no_config(reg
     lineage they have), a new version records its config and origin, and a config holding a credential is
     refused before anything is written."""
     _old_version_at(registry_url, "0005")  # as the 0005 code wrote it (no config, no started_from)
-    assert upgrade(registry_url) == ["0006", "0007", "0008"]
+    assert upgrade(registry_url) == ["0006", "0007", "0008", "0009"]
     with Registry(registry_url) as reg:
         old = reg.get_version("m", 1)
         assert (old.artifact_url, old.config_hash, old.created_by) == ("file:///s/x", "c", "alice")
@@ -185,7 +185,7 @@ def test_0007_history_kept_and_a_version_rolled_back_before_the_upgrade_needs_fo
                 "INSERT INTO registry_alias_history (model_id, alias, seq, action, from_version, to_version, actor, "
                 f"reason, at) VALUES (1, 'production', {seq}, '{action}', {frm}, {to}, '{actor}', '{reason}', "
                 "CURRENT_TIMESTAMP)")
-    assert upgrade(registry_url) == ["0007", "0008"]
+    assert upgrade(registry_url) == ["0007", "0008", "0009"]
     with engine.connect() as conn:
         indexes = {i["name"]: i["column_names"] for i in sa.inspect(conn).get_indexes("registry_alias_history")}
         assert indexes["ix_registry_alias_history_rollbacks"] == ["model_id", "alias", "from_version", "seq"]

@@ -15,6 +15,7 @@ from tasks.registry import (
     Lineage,
     NotFoundError,
     NothingToRollBackError,
+    PromotionRequiredError,
     Registry,
     upgrade,
 )
@@ -109,16 +110,18 @@ def test_rollback_default_explicit_and_nothing_to_roll_back(reg: Registry) -> No
     assert (rb.action, rb.from_version, rb.to_version, rb.actor, rb.reason) == (
         "rollback", 3, 1, "ops", "bad outputs")
     assert reg.live_version("m", "production").version == 1
-    rb2 = reg.rollback("m", "production", to=2, expect=1, actor="ops", reason="pin v2")
-    assert (rb2.from_version, rb2.to_version) == (1, 2)
+    with pytest.raises(PromotionRequiredError, match="version 2 was never live on it"):  # only ever went back
+        reg.rollback("m", "production", to=2, expect=1, actor="ops", reason="pin v2")
+    rb2 = reg.rollback("m", "production", to=3, expect=1, actor="ops", reason="v3 again", force=True)
+    assert (rb2.from_version, rb2.to_version) == (1, 3)
     with pytest.raises(ConflictError):
         reg.rollback("m", "production", expect=1, actor="ops")
-    with pytest.raises(NothingToRollBackError, match="already points to version 2"):
-        reg.rollback("m", "production", to=2, actor="ops")
+    with pytest.raises(NothingToRollBackError, match="already points to version 3"):
+        reg.rollback("m", "production", to=3, actor="ops")
     with pytest.raises(NotFoundError, match="no version 7"):
         reg.rollback("m", "production", to=7, actor="ops")
     hist = reg.history("m", "production")
-    assert [(h.from_version, h.to_version) for h in hist] == [(None, 1), (1, 3), (3, 1), (1, 2)]
+    assert [(h.from_version, h.to_version) for h in hist] == [(None, 1), (1, 3), (3, 1), (1, 3)]
     assert hist[-1].to_version == reg.live_version("m", "production").version
 
 
@@ -171,6 +174,54 @@ def test_rolling_back_twice_goes_further_back_never_redoes_and_rolled_back_versi
     # force where nothing was rolled back changes nothing in the record
     plain = reg.switch_alias("m", "production", 1, actor="erin", reason="pin", force=True)
     assert plain.reason == "pin"
+
+
+def test_a_rollback_onto_a_version_the_alias_never_held_is_a_promotion_and_refused(reg: Registry) -> None:
+    """The attacker's sequence: v4 live on production, v5 published to staging only (its own gate); a "rollback"
+    of production to v5 (forced or not, through the API every client shares) would put an ungated, unapproved
+    version live. Refused, naming the alias and the promote path; production and its history are unmoved."""
+    for n in (1, 2, 3, 4):
+        reg.switch_alias("m", "production", publish(reg, n), actor="ci", reason="publish", action="publish")
+    reg.switch_alias("m", "staging", publish(reg, 5), actor="ci", reason="publish", action="publish")
+    before = reg.history("m", "production")
+    for attempt in (lambda: reg.rollback("m", "production", to=5, actor="user1"),
+                    lambda: reg.rollback("m", "production", to=5, actor="user1", reason="trust me", force=True),
+                    lambda: reg.switch_alias("m", "production", 5, actor="user1", action="rollback")):
+        with pytest.raises(PromotionRequiredError) as refused:
+            attempt()
+        text = str(refused.value)
+        assert "alias 'production': version 5 was never live on it (it held: v1, v2, v3, v4)" in text
+        assert "promote_model" in text and "retrainer promote" in text
+    assert reg.live_version("m", "production").version == 4 and reg.history("m", "production") == before
+    # Going back is still a rollback: to a version production held, and to staging's own past.
+    assert reg.rollback("m", "production", to=2, actor="ops").to_version == 2
+    assert reg.history("m", "production")[-1].action == "rollback"
+
+
+def test_the_database_refuses_a_rollback_row_onto_a_version_never_held(registry_url: str) -> None:
+    """Revision 0009's trigger: a client that skips the registry's code (raw SQL, an old retrainer) cannot record
+    a 'rollback' onto a version the alias never pointed at; a rollback onto one it did is accepted."""
+    import sqlalchemy as sa
+
+    from tasks.registry.db import make_engine
+
+    upgrade(registry_url)
+    with Registry(registry_url) as r:
+        for n in (1, 2):
+            r.switch_alias("m", "production", publish(r, n), actor="ci", reason="publish", action="publish")
+        publish(r, 3)
+    engine = make_engine(registry_url, poolclass=sa.NullPool)
+    row = ("INSERT INTO registry_alias_history (model_id, alias, seq, action, from_version, to_version, actor, "
+           "reason, at) VALUES (1, 'production', 3, 'rollback', 2, {to}, 'raw', 'raw sql', CURRENT_TIMESTAMP)")
+    refused = "a rollback goes only to a version the alias held before"
+    with pytest.raises(sa.exc.DatabaseError, match=refused), engine.begin() as conn:
+        conn.exec_driver_sql(row.format(to=3))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(row.format(to=1))
+    engine.dispose()
+    with Registry(registry_url) as r:
+        assert [(h.action, h.to_version) for h in r.history("m", "production")] == [
+            ("publish", 1), ("publish", 2), ("rollback", 1)]
 
 
 def test_show_and_models_are_json_able(reg: Registry) -> None:
