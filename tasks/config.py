@@ -37,6 +37,7 @@ from pydantic import (
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
 from tasks.families import ALWAYS, FAMILIES, LORA_TARGETS, NOT_OPTIONS, ROPE_TYPES, rope_types_text, supported_options
 from tasks.home import retrainer_home
+from tasks.policy import AliasPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -699,6 +700,7 @@ class EvaluateConfig(_Strict):
 
 ExportDtype = Literal["bf16", "fp32"]
 ApprovalMode = Literal["none", "required"]
+ANY_ALIAS = "*"  # publish.policy's entry for every alias not listed
 
 
 class PublishConfig(_Strict):
@@ -715,9 +717,11 @@ class PublishConfig(_Strict):
         "adapter", description="with train.lora: a PEFT adapter directory (served by vLLM --enable-lora), the base "
                                "with the adapter merged in (a normal model directory), or both")
     approval: ApprovalMode | dict[str, ApprovalMode] = Field(
-        "none", description="required: a person approves (Airflow human-in-the-loop) before publish moves the "
-                            "alias; one mode for every alias, or per alias ({production: required}; an alias "
-                            "not listed: none)")
+        "none", description="the older form of publish.policy.<alias>.approval: one mode for every alias, or per "
+                            "alias ({production: required}); kept working, but not together with `policy`")
+    policy: dict[str, AliasPolicy] = Field(
+        default_factory=dict, description="per alias (or \"*\" for every alias not listed): approval, approvers, "
+                                          "movers, self_approval (tasks/policy.py; README: who may do what)")
     approval_timeout_s: float = Field(24 * 3600.0, gt=0, description="how long an approval waits for an answer; "
                                       "no answer in time rejects the candidate (nothing is published)")
 
@@ -736,11 +740,37 @@ class PublishConfig(_Strict):
                              f"got {value!r}")
         return value
 
+    @field_validator("policy")
+    @classmethod
+    def _policy_aliases(cls, value: dict[str, AliasPolicy]) -> dict[str, AliasPolicy]:
+        bad = [alias for alias in value if alias != ANY_ALIAS and not re.fullmatch(NAME_PATTERN, alias)]
+        if bad:
+            raise ValueError(f"each key is an alias ({NAME_PATTERN}) or \"{ANY_ALIAS}\" (every other alias), got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _approval_in_one_place(self) -> PublishConfig:
+        """The older `approval` becomes policy entries (and reads `none` after), so every reader asks `policy_for`
+        and a dumped config validates again; both given at once could disagree, so that is refused, saying
+        where approval goes now."""
+        if self.approval == "none":
+            return self
+        if self.policy:
+            raise ValueError("publish.approval and publish.policy both given: state approval in the policy "
+                             "(publish.policy.<alias>.approval: required; publish.approval is its older form)")
+        legacy = {ANY_ALIAS: self.approval} if isinstance(self.approval, str) else self.approval
+        object.__setattr__(self, "policy", {alias: AliasPolicy(approval=mode) for alias, mode in legacy.items()})
+        object.__setattr__(self, "approval", "none")
+        return self
+
+    def policy_for(self, alias: str) -> AliasPolicy:
+        """The rules of `alias`: its own entry, else the "*" entry, else the defaults."""
+        return self.policy.get(alias) or self.policy.get(ANY_ALIAS) or AliasPolicy()
+
     @property
     def approval_required(self) -> bool:
         """Whether publishing to this config's alias (the run's, after a form override) waits for a person."""
-        mode = self.approval.get(self.alias, "none") if isinstance(self.approval, dict) else self.approval
-        return mode == "required"
+        return self.policy_for(self.alias).approval == "required"
 
 
 class RetentionConfig(_Strict):

@@ -168,6 +168,38 @@ def test_approval_is_per_alias_and_a_bad_mode_names_the_field() -> None:
         base.with_overrides({"publish.approval_timeout_s": 0})
 
 
+def test_the_policy_names_approval_approvers_and_movers_per_alias_and_the_older_form_keeps_working(
+        tmp_path: Path) -> None:
+    """`publish.policy` per alias, "*" for the others, safe defaults for an alias nobody listed; the older
+    `publish.approval` still means what it meant, but not together with `policy`; bad entries are named."""
+    base = load_config(DEMO)
+    default = base.publish.policy_for("production")
+    assert (default.approval, default.approvers, default.movers, default.self_approval) == (
+        "none", ("role:op",), ("role:op",), "forbidden")
+    cfg = base.with_overrides({"publish.policy": {
+        "production": {"approval": "required", "approvers": ["alice", "role:op"], "movers": ["role:admin"]},
+        "*": {"movers": ["role:user"]}}})
+    prod, other = cfg.publish.policy_for("production"), cfg.publish.policy_for("canary")
+    assert cfg.publish.approval_required and prod.approvers == ("alice", "role:op") and prod.movers == ("role:admin",)
+    assert other.approval == "none" and other.movers == ("role:user",)
+    assert cfg.with_overrides({"train.steps": 3}).publish.policy == cfg.publish.policy  # a dump validates again
+    older = base.with_overrides({"publish.approval": {"production": "required"}})
+    assert older.publish.policy_for("production").approval == "required"
+    assert older.publish.policy_for("production").approvers == ("role:op",)  # the safe defaults came along
+    assert older.with_overrides({"train.steps": 3}).publish.approval_required
+    path = write(tmp_path, lambda c: c["publish"].update(approval="required", policy={"staging": {"movers": ["bob"]}}))
+    with pytest.raises(ConfigError, match=r"publish\.approval and publish\.policy both given.*"
+                                          r"publish\.policy\.<alias>\.approval: required"):
+        load_config(path)
+    for bad, where in (({"production": {"movers": []}}, r"publish\.policy\.production\.movers"),
+                       ({"production": {"approvers": ["role:"]}}, r"publish\.policy\.production\.approvers"),
+                       ({"production": {"self_approval": "yes"}}, r"publish\.policy\.production\.self_approval"),
+                       ({"production": {"aproval": "required"}}, r"publish\.policy\.production\.aproval"),
+                       ({"prod/blue": {}}, r"publish\.policy: .*prod/blue")):
+        with pytest.raises(ConfigError, match=where):
+            base.with_overrides({"publish.policy": bad})
+
+
 def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -> None:
     from datetime import timedelta
 

@@ -1,0 +1,44 @@
+"""Who may move or approve a move onto an alias (tasks/policy.py): names and roles against the alias's lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.policy import AliasPolicy, NotPermittedError, Person, admits, check_approver, check_mover
+
+OPS = frozenset({"op", "user", "viewer"})  # what the simple auth manager's ranking gives an `op`
+
+
+def test_entries_admit_by_user_name_or_role_and_unknown_roles_admit_by_name_only() -> None:
+    entries = ("alice", "role:Op")
+    assert admits(entries, Person("alice", frozenset()))
+    assert admits(entries, Person("bob", OPS))  # role names compare case-insensitively
+    assert not admits(entries, Person("carol", frozenset({"user", "viewer"})))
+    assert not admits(entries, Person("bob", None))  # roles unreadable: a role entry cannot admit
+    assert admits(entries, Person("alice", None))
+
+
+def test_a_mover_check_names_the_person_their_roles_and_the_policy_field() -> None:
+    policy = AliasPolicy(movers=("role:op",))
+    check_mover(policy, "production", Person("ops1", OPS), "roll back")
+    with pytest.raises(NotPermittedError) as refused:
+        check_mover(policy, "production", Person("user1", frozenset({"user", "viewer"})), "roll back")
+    assert str(refused.value) == ("user1 (role user, viewer) may not roll back 'production': "
+                                  "publish.policy.production.movers is [role:op]")
+    assert refused.value.exit_code == 2
+    with pytest.raises(NotPermittedError, match="roles unknown to retrainer under this auth manager"):
+        check_mover(policy, "production", Person("fab-user", None), "roll back")
+
+
+def test_approvers_exclude_the_person_who_started_the_run_unless_the_alias_allows_it() -> None:
+    policy = AliasPolicy(approval="required", approvers=("alice", "role:op"))
+    check_approver(policy, "production", Person("alice", frozenset()), triggered_by="bob")
+    check_approver(policy, "production", Person("alice", frozenset()), triggered_by=None)  # a scheduled run
+    with pytest.raises(NotPermittedError, match="alice started this run and may not approve it: "
+                                                r"publish\.policy\.production\.self_approval is forbidden"):
+        check_approver(policy, "production", Person("alice", frozenset()), triggered_by="alice")
+    check_approver(policy.model_copy(update={"self_approval": "allowed"}), "production",
+                   Person("alice", frozenset()), triggered_by="alice")
+    with pytest.raises(NotPermittedError, match=r"user1 \(role user\) may not approve a move onto 'production': "
+                                                r"publish\.policy\.production\.approvers is \[alice, role:op\]"):
+        check_approver(policy, "production", Person("user1", frozenset({"user"})), triggered_by="bob")
