@@ -37,7 +37,7 @@ from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks import lifecycle
 from tasks.alerts import deadline_missed
-from tasks.approval import MAX_COMMENT, publish_attribution
+from tasks.approval import MAX_COMMENT, approver, publish_attribution
 from tasks.config import NAME_PATTERN, JobConfig, format_duration
 from tasks.evaluate import Evaluated
 from tasks.gate import GateDecision
@@ -172,11 +172,12 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
             ctx = get_current_context()
             ti = ctx["ti"]
             decision = GateDecision.from_xcom(ti.xcom_pull(task_ids="gate", key="decision"))
-            actor, reason = publish_attribution(ti.xcom_pull(task_ids="approval"), run_name(ctx), triggering_user(ctx))
+            answer = ti.xcom_pull(task_ids="approval")
+            actor, reason = publish_attribution(answer, run_name(ctx), triggering_user(ctx))
             with refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
                 result = lifecycle.stage_publish(*frozen(plan_out), lifecycle.Trained.from_xcom(summary),
                                                  Evaluated.from_xcom(metrics), gate=decision, actor=actor,
-                                                 reason=reason)
+                                                 reason=reason, approved_by=approver(answer))
             if result.switched:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result.model, result.alias)),
                                                 extra={"version": result.version,

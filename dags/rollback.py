@@ -1,5 +1,8 @@
 """rollback_model: move a model's alias back to the version that was live before (or to a chosen one).
 
+Only for a person the alias's policy admits as a mover (`publish.policy.<alias>.movers`, default role:op), and
+only back: a chosen version the alias never held is refused (putting it there is a promotion: promote_model).
+
 Thin wiring over tasks.lifecycle.stage_rollback. By default the alias goes to the newest version live on it
 before the current one that was not itself rolled back from it (twice means further back, never redo); a
 chosen version that was rolled back from the alias needs `force` and a reason. The switch is audited in the
@@ -13,6 +16,7 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 from retrainer_airflow.audit import run_actor
 from retrainer_airflow.configs import MODEL_EVENTS, job_configs
 from retrainer_airflow.contract import refusal_noted, refuse_unknown_params
+from retrainer_airflow.people import run_starter
 
 from tasks import lifecycle
 from tasks.config import NAME_PATTERN
@@ -51,7 +55,7 @@ def rollback_model():
             cfg = load_config(CONFIGS[params["model"]])
             result = lifecycle.stage_rollback(
                 cfg, alias=params["alias"], to_version=params["to_version"], actor=run_actor(ctx),
-                reason=params["reason"], force=bool(params["force"]),
+                reason=params["reason"], force=bool(params["force"]), mover=run_starter(ctx),
             )
         outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
                                         extra={"version": result["to_version"]})

@@ -121,6 +121,14 @@ class ApprovalAnswer:
         return via(self.by, automatic_actor), reason
 
 
+def approver(answer: dict[str, Any] | None) -> str | None:
+    """Who approved, from the approval task's XCom (None: no approval was asked, or it was not given)."""
+    if answer is None:
+        return None
+    decided = ApprovalAnswer.from_dict(answer)
+    return decided.by if decided.approved else None
+
+
 def publish_attribution(answer: dict[str, Any] | None, run: str, triggered_by: str | None = None
                         ) -> tuple[str, str]:
     """Who publishes and why: the approver when a person approved, else the person who triggered the run `run`

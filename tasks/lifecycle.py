@@ -23,7 +23,8 @@ from tasks.endpoints import registry_for
 from tasks.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.lock import default_holder, experiment_lock
-from tasks.publish import PublishResult
+from tasks.policy import Person, check_mover
+from tasks.publish import PublishResult, require_approval
 from tasks.resolve import ConfigSnapshot, load_config
 from tasks.run import RunIdentity, claim_run_dir, nothing_new
 from tasks.warm.adapter import weights_to_load
@@ -408,6 +409,7 @@ def stage_publish(
     gate: GateDecision | None = None,
     actor: str | None = None,
     reason: str = "retrain",
+    approved_by: str | None = None,
 ) -> PublishResult:
     """Publish the run's export as a version (with its metrics and the gate's rule results) and switch the
     alias; the version's numbers on these suites are cached (it was scored exactly as exported)."""
@@ -427,6 +429,7 @@ def stage_publish(
         reason=reason,
         staged=trained.export,
         judged_live=gate.live_version if gate else ...,
+        approved_by=approved_by,
     )
     write_cached(cfg, result.version, metrics.suite_hash, metrics.metrics)
     log.info("publish: %s (artifact %s)", publish_note(result), result.artifact_url)
@@ -463,14 +466,20 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResul
 def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
     actor: str | None = None, reason: str = "rollback", expect: int | None = None, force: bool = False,
+    mover: Person | None = None,
 ) -> dict[str, Any]:
     """Move the alias back (to the newest version live before the current one that was not rolled back from it,
-    or to `to_version`: one that was needs `force`), audited; with `expect`, only if the alias still points to
-    that version (ConflictError otherwise)."""
+    or to `to_version`: one that was needs `force`; one it never held is refused, being a promotion), audited;
+    with `expect`, only if the alias still points to that version (ConflictError otherwise). `mover`: the
+    person asking (Airflow knows who), refused unless the alias's `movers` admit them; None where no person
+    is known (a command line holding the registry's credentials; a failed deploy's automatic rollback)."""
     from tasks.registry import ANY
 
+    alias = alias or cfg.publish.alias
+    if mover is not None:
+        check_mover(cfg.publish.policy_for(alias), alias, mover, "roll back")
     record = registry_for(cfg).rollback(
-        cfg.publish.model_name, alias or cfg.publish.alias, to=to_version,
+        cfg.publish.model_name, alias, to=to_version,
         actor=actor or default_actor(), reason=reason, expect=ANY if expect is None else expect, force=force,
     )
     out = record.to_dict()
@@ -482,6 +491,8 @@ def stage_rollback(
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
     """identify -> plan -> warm -> train -> evaluate -> gate -> publish -> housekeeping, in one process; the
     report `retrainer run --json` prints: each stage's result in the JSON form its XCom has."""
+    if not dry_run:  # a person approves under Airflow: here nobody could, so train nothing that cannot be published
+        require_approval(cfg, None)
     run = stage_identify(cfg)
     out: dict[str, Any] = {"experiment_key": run.experiment_key, "run": run.to_dict()}
     if (reason := refused_before_training(cfg, run)) is not None:

@@ -27,6 +27,7 @@ from tasks.config import JobConfig
 from tasks.credentials import redact
 from tasks.endpoints import registry_for
 from tasks.errors import InvalidInputError, LiveMovedError
+from tasks.policy import NotPermittedError
 from tasks.registry import ArtifactRef, ArtifactStore, Lineage, alias_asset_uri
 from tasks.registry.core import check_metrics
 
@@ -68,6 +69,16 @@ def code_revision() -> str:
         return "unknown"
 
 
+def require_approval(cfg: JobConfig, approved_by: str | None) -> None:
+    """Refuse a move onto an alias whose policy requires a person's approval when nobody approved it."""
+    alias = cfg.publish.alias
+    if cfg.publish.approval_required and not approved_by:
+        raise NotPermittedError(
+            f"publish.policy.{alias}.approval is required: a person in its approvers approves every move onto "
+            f"{alias!r}, under Airflow (the retrain_{cfg.name} DAG's approval step); none was given here: "
+            "nothing published")
+
+
 def publish(
     cfg: JobConfig,
     checkpoint_dir: Path,
@@ -80,6 +91,7 @@ def publish(
     registry_url: str | None = None,
     staged: dict[str, Any] | None = None,
     judged_live: int | type[Ellipsis] | None = ...,
+    approved_by: str | None = None,
 ) -> PublishResult:
     """Publish `checkpoint_dir`, exported as a Hugging Face directory, as the next version and point
     `cfg.publish.alias` at it. The tokenizer and context length of the model the run started from (its
@@ -91,7 +103,10 @@ def publish(
     The version also records `cfg` as resolved, credentials redacted (what made it, beside the hashes).
     With `experiment_key`, a checkpoint of another run is refused. `judged_live`: the live version the gate
     compared the candidate with (None: none was live); if the alias points elsewhere now, LiveMovedError
-    before anything is uploaded (unless it points at this very checkpoint's version: a retried publish)."""
+    before anything is uploaded (unless it points at this very checkpoint's version: a retried publish).
+    `approved_by`: the person who approved this publish (the retrain DAG's approval step checked them against
+    the alias's approvers); an alias whose policy requires approval is refused without one, before anything
+    is uploaded, whichever path calls (the DAG, `retrainer run`, `retrainer publish`)."""
     from tasks.run import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
     from tasks.warm.adapter import continues_adapter
@@ -106,6 +121,7 @@ def publish(
     metrics = check_metrics(metrics)
 
     pub = cfg.publish
+    require_approval(cfg, approved_by)
     reg = registry_for(cfg, registry_url)  # its first query checks the schema: nothing is uploaded to a stale one
     live = reg.live_version(pub.model_name, pub.alias)
     previous = live.version if live else None

@@ -1,4 +1,4 @@
-"""The retrain DAG's own operators: RankJobOperator (train, evaluate) and PublishApproval (below).
+"""The DAGs' own operators: RankJobOperator (train, evaluate) and the approvals (AliasApproval, below).
 
 RankJobOperator: the train and evaluate tasks, deferring while their job runs where the engine allows.
 
@@ -23,12 +23,16 @@ from airflow.providers.standard.triggers.hitl import HITLTrigger
 from airflow.sdk import BaseOperator
 from airflow.sdk.timezone import utcnow
 
-from retrainer_airflow.contract import note_run
+from retrainer_airflow.audit import triggering_user
+from retrainer_airflow.contract import note_run, refusal_noted
+from retrainer_airflow.people import person, respondents
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks import lifecycle
 from tasks.approval import ApprovalAnswer
+from tasks.config import JobConfig
 from tasks.evaluate import Evaluated
 from tasks.gate import GateDecision
+from tasks.policy import NotPermittedError, check_approver
 
 log = logging.getLogger(__name__)
 
@@ -79,37 +83,61 @@ class RankJobOperator(BaseOperator):
         self.defer(trigger=RankJobTrigger(snapshot=self.plan_out["job"], job=step), method_name="resume")
 
 
-class PublishApproval(ApprovalOperator):
-    """A person's go/no-go between gate and publish, asked only when the run's alias requires it
-    (`publish.approval` of the run's frozen config); otherwise it passes at once. The request shows
-    tasks.approval's summary; Reject (or no answer by `publish.approval_timeout_s`) skips publish and
-    says why in the run's note; Approve hands the approver to publish.
+class AliasApproval(ApprovalOperator):
+    """A person's go/no-go before an alias moves, asked only when the alias's policy requires it
+    (`publish.policy.<alias>.approval`); otherwise it passes at once. Only the alias's approvers may answer:
+    Airflow is told who they are where the auth manager lists its users (HITL `assigned_users`: the API
+    refuses anyone else, and so does this task if someone else answered anyway), and the person who started
+    the run is not one of them unless the alias allows self-approval. Reject (or no answer by
+    `publish.approval_timeout_s`) skips the move and says why in the run's note; an answer from someone who
+    may not approve is noted and counts as a rejection; Approve hands the approver on.
 
     An answer given at any moment stands. Airflow 3.3.2 fails a waiting task answered within about a
     second (the scheduler takes the waiting try's stale exit event for a kill, apache/airflow#67330), after
     the answer is recorded on the task's request. The task's retries cover that: a retry (not a first try,
     nor the first after a person cleared the task, who wants to be asked again) does not ask anew, which
     would erase the recorded answer, but waits on the request it has (HITLTrigger): a recorded answer
-    resumes it at once, else a person answers it as before."""
+    resumes it at once, else a person answers it as before.
 
-    template_fields = (*ApprovalOperator.template_fields, "plan_out", "metrics", "decision")
+    Subclasses say which alias moves (`target(context)` -> the run's config and the alias) and what is asked
+    (`ask(context, config)` -> subject and markdown body)."""
 
-    def __init__(self, *, plan_out: Any, metrics: Any, decision: Any, **kwargs: Any) -> None:
+    template_fields = (*ApprovalOperator.template_fields, "plan_out")
+
+    def __init__(self, *, plan_out: Any, **kwargs: Any) -> None:
         kwargs.setdefault("retries", 2)  # see the class docstring: the stale-exit race, not flaky work
         kwargs.setdefault("retry_delay", timedelta(seconds=2))
         super().__init__(**kwargs)
-        self.plan_out, self.metrics, self.decision = plan_out, metrics, decision
+        self.plan_out = plan_out
+
+    def target(self, context: Any) -> tuple[JobConfig, str]:
+        raise NotImplementedError
+
+    def ask(self, context: Any, cfg: JobConfig) -> tuple[str, str]:
+        raise NotImplementedError
 
     def execute(self, context):
         ti = context["ti"]
-        planned = lifecycle.Planned.from_xcom(self.plan_out)
-        cfg = planned.config()
-        if not cfg.publish.approval_required:
-            log.info("retrainer: publishing to %s needs no approval (publish.approval)", cfg.publish.alias)
+        cfg, alias = self.target(context)
+        policy = cfg.publish.policy_for(alias)
+        if policy.approval != "required":
+            log.info("retrainer: moving %s needs no approval (publish.policy.%s.approval)", alias, alias)
             return None
-        request = lifecycle.stage_approval_request(cfg, planned.run, Evaluated.from_xcom(self.metrics),
-                                                   GateDecision.from_xcom(self.decision))
-        self.subject, self.body = request["subject"], request["body"]
+        starter = triggering_user(context)
+        excluded = starter if policy.self_approval == "forbidden" else None
+        assigned = respondents(policy.approvers, excluded)
+        if assigned is not None and not assigned:
+            with refusal_noted(ti, "approval"):
+                raise NotPermittedError(
+                    f"nobody may approve this move onto {alias!r}: publish.policy.{alias}.approvers "
+                    f"[{', '.join(policy.approvers)}] admit no user of this Airflow"
+                    + (f" but {starter}, who started the run (self_approval: forbidden)" if excluded else "")
+                    + ": not moved")
+        subject, body = self.ask(context, cfg)
+        who = ", ".join(u["name"] for u in assigned) if assigned is not None else ", ".join(policy.approvers)
+        self.subject, self.assigned_users = subject, assigned
+        self.body = (f"{body}\n\nWho may answer: {who} (publish.policy.{alias}.approvers"
+                     + (f"; not {starter}, who started this run" if excluded else "") + ").")
         self.response_timeout = timedelta(seconds=cfg.publish.approval_timeout_s)
         # Airflow's own reckoning (its sensors' first reschedule): a clear restarts the series of tries.
         first_try = ti.max_tries - (self.retries or 0) + 1
@@ -126,14 +154,47 @@ class PublishApproval(ApprovalOperator):
     def execute_complete(self, context, event):
         if "error" in event:  # not an answer: Airflow's own handling fails the task
             return super().execute_complete(context, event)
+        cfg, alias = self.target(context)
         answer = ApprovalAnswer.of(event["chosen_options"] == [self.APPROVE], event["responded_by_user"],
                                    event["params_input"])
+        responder = (event["responded_by_user"] or {}).get("name")
+        try:
+            if responder:
+                check_approver(cfg.publish.policy_for(alias), alias, person(str(responder)),
+                               triggering_user(context))
+        except NotPermittedError as refused:  # fail closed: nothing moves on a word that does not count
+            answer = ApprovalAnswer(approved=False, by=answer.by, comment=answer.comment)
+            note = f"approval: an answer from {responder} does not count: {refused}; nothing moved"
+            log.warning("retrainer: %s", note)
+            note_run(context["ti"], note)
+            super().execute_complete(context, {**event, "chosen_options": [self.REJECT]})
+            return answer.to_dict()
         if answer.approved:
             log.info("retrainer: approved by %s", answer.by)
-        else:  # noted first: the operator ends a rejection by raising (that skips publish)
-            cfg = lifecycle.Planned.from_xcom(self.plan_out).config()
+        else:  # noted first: the operator ends a rejection by raising (that skips what follows)
             note = answer.run_note(cfg.publish.approval_timeout_s)
             log.warning("retrainer: %s", note)
             note_run(context["ti"], note)
         super().execute_complete(context, event)
         return answer.to_dict()
+
+
+class PublishApproval(AliasApproval):
+    """The retrain DAG's approval between gate and publish: the candidate's metrics next to the live version's
+    and every gate rule's result (tasks.approval's summary), for the run's alias."""
+
+    template_fields = (*AliasApproval.template_fields, "metrics", "decision")
+
+    def __init__(self, *, metrics: Any, decision: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.metrics, self.decision = metrics, decision
+
+    def target(self, context: Any) -> tuple[JobConfig, str]:
+        cfg = lifecycle.Planned.from_xcom(self.plan_out).config()
+        return cfg, cfg.publish.alias
+
+    def ask(self, context: Any, cfg: JobConfig) -> tuple[str, str]:
+        asked = lifecycle.stage_approval_request(cfg, lifecycle.Planned.from_xcom(self.plan_out).run,
+                                                 Evaluated.from_xcom(self.metrics),
+                                                 GateDecision.from_xcom(self.decision))
+        return asked["subject"], asked["body"]
