@@ -76,6 +76,36 @@ def request_body(model: str, alias: str, run: RunIdentity, metrics: dict[str, An
     return "\n".join(lines)
 
 
+def promotion_body(model: str, alias: str, version: VersionRecord, live: VersionRecord | None,
+                   scored: dict[str, Any] | None, gate: dict[str, Any] | None, requested_by: str | None,
+                   reason: str, timeout_s: float) -> str:
+    """The markdown a person reads before approving a promotion of `version` onto `alias`: where the version came
+    from, its numbers next to the live version's (both scored on this alias's suites), every gate rule's result,
+    or that the gate was skipped by force."""
+    lines = [f"**{model}**: {_code(requested_by or 'a run')} asks to put **v{version.version}** on alias "
+             f"{_code(alias)}: {_code(reason or 'promote')}.", "",
+             f"- Version: v{version.version}, published {version.created_at} by {_code(version.created_by)}, "
+             f"trained from {_code(version.started_from)} on {_code(version.data_url)}",
+             f"- Live on {_code(alias)}: " + ("nothing yet" if live is None else
+                                              f"**v{live.version}**, published {live.created_at} by "
+                                              f"{_code(live.created_by)} from {_code(live.data_url)}")]
+    if scored is not None:
+        live_numbers = (scored.get("live") or {}).get("metrics") or {}
+        lines += ["", f"| metric | v{version.version} | live | change |", "|---|---:|---:|---:|"]
+        for name, value in scored["candidate"]["metrics"].items():
+            old = live_numbers.get(name)
+            lines.append(f"| {_code(name)} | {_number(value)} | {'' if old is None else _number(old)} | "
+                         f"{_change(value, old)} |")
+    if gate is None:
+        lines += ["", "**Gate**: skipped (forced by a mover of this alias)."]
+    else:
+        lines += ["", f"**Gate**: {'passed' if gate['publish'] else 'refused'}:"]
+        lines += [f"- {'passed' if r['passed'] else 'FAILED'}: {r['note']}" for r in gate.get("rules") or ()]
+    lines += ["", f"**Approve** moves {_code(alias)} to v{version.version}. **Reject** leaves it where it is. "
+              f"No answer within {format_duration(timeout_s)} rejects it."]
+    return "\n".join(lines)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:MAX_COMMENT]
 

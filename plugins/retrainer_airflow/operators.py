@@ -28,11 +28,13 @@ from retrainer_airflow.contract import note_run, refusal_noted
 from retrainer_airflow.people import person, respondents
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks import lifecycle
-from tasks.approval import ApprovalAnswer
+from tasks.approval import ApprovalAnswer, promotion_body
 from tasks.config import JobConfig
+from tasks.endpoints import registry_for
 from tasks.evaluate import Evaluated
 from tasks.gate import GateDecision
 from tasks.policy import NotPermittedError, check_approver
+from tasks.promote import Promotion
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +200,28 @@ class PublishApproval(AliasApproval):
                                                  Evaluated.from_xcom(self.metrics),
                                                  GateDecision.from_xcom(self.decision))
         return asked["subject"], asked["body"]
+
+
+class PromoteApproval(AliasApproval):
+    """promote_model's approval between gate and move: the version and the alias's live one side by side, the
+    gate's rules (or that a mover forced past it), for the promotion's target alias."""
+
+    template_fields = (*AliasApproval.template_fields, "scored", "decision")
+
+    def __init__(self, *, scored: Any, decision: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scored, self.decision = scored, decision
+
+    def target(self, context: Any) -> tuple[JobConfig, str]:
+        cfg = Promotion.from_xcom(self.plan_out).config()
+        return cfg, cfg.publish.alias
+
+    def ask(self, context: Any, cfg: JobConfig) -> tuple[str, str]:
+        promotion = Promotion.from_xcom(self.plan_out)
+        model, alias = cfg.publish.model_name, cfg.publish.alias
+        reg = registry_for(cfg)
+        live = None if promotion.live_version is None else reg.get_version(model, promotion.live_version)
+        body = promotion_body(model, alias, reg.get_version(model, promotion.version), live, self.scored,
+                              self.decision, triggering_user(context), promotion.reason,
+                              cfg.publish.approval_timeout_s)
+        return f"Promote {model} v{promotion.version} to {alias}?", body

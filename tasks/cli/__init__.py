@@ -36,7 +36,7 @@ COMMAND_MODULES = {
     "evaluate": "tasks.evaluate",
     "db": "tasks.cli.registry",
     "publish": "tasks.cli.registry",
-    "promote": "tasks.cli.registry",
+    "promote": "tasks.promote",
     "rollback": "tasks.cli.registry",
     "registry": "tasks.cli.registry",
     "run": "tasks.lifecycle",

@@ -1,4 +1,5 @@
-"""CLI verbs for the registry: db upgrade, publish, promote, rollback, registry show/history/models/pull.
+"""CLI verbs for the registry: db upgrade, publish, rollback, registry show/history/models/pull (promote, which
+runs the alias's gate, is tasks/promote.py).
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
@@ -107,16 +108,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     _emit(args, dataclasses.asdict(result),
           f"{result.model}: {verb} version {result.version} ({result.digest[:12]}); "
           f"{result.alias}: {prev} -> version {result.version}")
-    return 0
-
-
-def cmd_promote(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-
-    with Registry(_db(args)) as reg:
-        rec = reg.switch_alias(args.model, args.alias, args.version, expect=args.expect,
-                               actor=args.actor or default_actor(), reason=args.reason, force=args.force)
-    _emit(args, rec.to_dict(), _switch_text(rec))
     return 0
 
 
@@ -247,13 +238,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--actor")
     _common(pub, db_help="registry URL overriding the config's publish.registry_url")
     pub.set_defaults(handler=cmd_publish)
-
-    pro = subparsers.add_parser("promote", help="point an alias at a given version")
-    _switch_args(pro)
-    pro.add_argument("--version", required=True, type=_positive)
-    pro.add_argument("--reason", default="promote")
-    _common(pro)
-    pro.set_defaults(handler=cmd_promote)
 
     rb = subparsers.add_parser("rollback", help="move an alias back (default: to the newest version live before "
                                "the current one that was not itself rolled back from it)")

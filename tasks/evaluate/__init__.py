@@ -102,24 +102,74 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     models: list[dict[str, Any]] = [candidate]
     live_metrics = read_cached(cfg, live.version, key) if live is not None else None
     if live is not None and live_metrics is None:
-        from tasks.run import StartingWeights
-
-        weights = StartingWeights(requested="live", version=live.version, digest=live.artifact_digest,
-                                  url=live.artifact_url, note=f"live v{live.version}", kind=live.artifact_kind)
-        live_lora = (live.config or {}).get("train", {}).get("lora")
-        if live_lora is not None and (live.config or {}).get("publish", {}).get("lora_export") == "adapter":
-            from tasks.warm.adapter import base_of
-
-            # An adapter published alone is scored on the base it was trained on (this run's, or its own).
-            base = base_of(cfg, live, run.base)
-            models.append({"name": "live", "weights": dataclasses.asdict(base), "as_dtype": None,
-                           "adapter": dataclasses.asdict(weights), "lora": live_lora})
-        else:
-            models.append({"name": "live", "weights": dataclasses.asdict(weights), "as_dtype": None})
+        models.append(version_entry(cfg, run, live, "live"))
     launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
     pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
                "live_version": None if live is None else live.version, "live_cached": live_metrics}
     return launch, pending
+
+
+def version_entry(cfg: JobConfig, run: RunIdentity, version: VersionRecord, name: str) -> dict[str, Any]:
+    """A published version as one of the models an evaluation job scores: its weights fetched from the store on
+    each node (an adapter published alone: on the base it was trained on, this run's or its own)."""
+    from tasks.run import StartingWeights
+
+    weights = StartingWeights(requested="live", version=version.version, digest=version.artifact_digest,
+                              url=version.artifact_url, note=f"{name} v{version.version}", kind=version.artifact_kind)
+    lora = (version.config or {}).get("train", {}).get("lora")
+    if lora is not None and (version.config or {}).get("publish", {}).get("lora_export") == "adapter":
+        from tasks.warm.adapter import base_of
+
+        base = base_of(cfg, version, run.base)
+        return {"name": name, "weights": dataclasses.asdict(base), "as_dtype": None,
+                "adapter": dataclasses.asdict(weights), "lora": lora}
+    return {"name": name, "weights": dataclasses.asdict(weights), "as_dtype": None}
+
+
+@dataclass(frozen=True)
+class VersionsScored:
+    """Two published versions on one evaluation's suites (a promotion's candidate and the alias's live one),
+    each scored in one rank job or taken from the cache: what the alias's gate compares."""
+
+    candidate: LiveScore
+    live: LiveScore | None
+    suite_hash: str
+    suites: tuple[dict[str, Any], ...]
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "suites": list(self.suites)}
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> VersionsScored:
+        live = data.get("live")
+        return cls(LiveScore(**data["candidate"]), None if live is None else LiveScore(**live), data["suite_hash"],
+                   tuple(data["suites"]))
+
+
+def score_versions(cfg: JobConfig, run: RunIdentity, candidate: VersionRecord, live: VersionRecord | None,
+                   eval_root: Path) -> VersionsScored:
+    """Score `candidate` and `live` on the config's suites (the run's data for a suite without its own source) by
+    evaluation ranks through the job's launcher, each unless its numbers on exactly these suites are cached;
+    what is scored is cached. `eval_root` holds the job's directory."""
+    from tasks.evaluate.cache import read_cached, write_cached
+    from tasks.evaluate.spec import resolve_suites, suite_hash
+
+    suites = resolve_suites(cfg, run)
+    key = suite_hash(cfg, suites)
+    named = {"candidate": candidate, "live": live}
+    scores = {name: read_cached(cfg, v.version, key) for name, v in named.items() if v is not None}
+    models = [version_entry(cfg, run, named[name], name) for name, cached in scores.items() if cached is None]
+    scored = ranks_launch(cfg, run, models, suites, key, Path(cfg.data.cache_dir), eval_root).run_here()["models"] \
+        if models else {}
+    out: dict[str, LiveScore] = {}
+    for name, cached in scores.items():
+        version = named[name]
+        assert version is not None
+        if cached is None:
+            cached = scored[name]
+            write_cached(cfg, version.version, key, cached)
+        out[name] = LiveScore(version.version, cached, name not in scored)
+    return VersionsScored(out["candidate"], out.get("live"), key, tuple(suites))
 
 
 def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:

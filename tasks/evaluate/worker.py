@@ -103,9 +103,9 @@ class Evaluation:
         return Path(self.on_leaders(lambda: str(fetch_weights(init, self.sources()))))
 
     def adapter(self, entry: dict[str, Any]) -> tuple[LoraConfig | None, Path | None]:
-        """(LoRA settings, PEFT directory) of a model scored as base + adapter: a LoRA run's candidate (its
-        checkpoint holds both: no directory) or a live adapter published alone (fetched once per node)."""
-        if entry["name"] == "candidate":
+        """(LoRA settings, PEFT directory) of a model scored as base + adapter: a LoRA run's checkpoint (it
+        holds both: no directory) or a version's adapter published alone (fetched once per node)."""
+        if "path" in entry:  # a checkpoint
             return self.job.train.lora, None
         if "adapter" not in entry:
             return None, None

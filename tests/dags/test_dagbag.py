@@ -21,7 +21,16 @@ def _dagbag():
 def test_dagbag_imports_without_errors_or_deprecations(airflow_db: str) -> None:
     bag = _dagbag()
     assert bag.import_errors == {}
-    assert {"retrain_tiny-llama", "rollback_model"} <= set(bag.dag_ids)
+    assert {"retrain_tiny-llama", "rollback_model", "promote_model"} <= set(bag.dag_ids)
+
+
+def test_promote_dag_runs_the_gate_then_the_approval_then_the_move(airflow_db: str) -> None:
+    dag = _dagbag().get_dag("promote_model")
+    for upstream, downstream in itertools.pairwise(["check", "evaluate", "gate", "approval", "promote"]):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    assert set(dag.params.keys()) == {"model", "version", "alias", "force", "reason"}
+    approval = dag.get_task("approval")
+    assert approval.options == ["Approve", "Reject"] and approval.defaults == ["Reject"]
 
 
 def test_retrain_dag_shape(airflow_db: str) -> None:
