@@ -33,25 +33,26 @@ def test_cli_lifecycle(
         assert rc == 0, err
         assert json.loads(out)["version"] == seed + 1
 
-    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "1", *db)
-    assert rc == 1 and "expected version 1 but it points to version 2" in err
-    rc, out, _ = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "2", "--reason", "hotfix",
-                     "--actor", "ops", *db, "--json")
+    # A promotion past the gate (forced: this test's checkpoints were never evaluated) needs a reason.
+    rc, out, err = cli("promote", str(config_file), "--version", "1", "--force")
+    assert rc == 2 and "reason: a forced promotion onto 'production' (past its gate) needs a reason" in err
+    rc, out, _ = cli("promote", str(config_file), "--version", "1", "--force", "--reason", "hotfix", "--actor", "ops",
+                     "--json")
     assert rc == 0 and json.loads(out)["from_version"] == 2
     rc, out, _ = cli("rollback", "--model", "tiny-llama", *db)
     assert rc == 0 and "version 1 -> version 2" in out
-    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "9", *db)
+    rc, out, err = cli("promote", str(config_file), "--version", "9")
     assert rc == 2 and "has no version 9" in err
     rc, out, err = cli("rollback", "--model", "tiny-llama", "--alias", "staging", *db)
     assert rc == 1 and "nothing to roll back" in err
-    rc, out, err = cli("promote", "--model", "tiny-llama", "--version", "1", "--expect", "abc", *db)
+    rc, out, err = cli("rollback", "--model", "tiny-llama", "--expect", "abc", *db)
     assert rc == 2 and "--expect" in err
 
     rc, out, _ = cli("registry", "history", "--model", "tiny-llama", *db, "--json")
     hist = json.loads(out)
     assert [(h["action"], h["from_version"], h["to_version"]) for h in hist] == [
         ("publish", None, 1), ("publish", 1, 2), ("promote", 2, 1), ("rollback", 1, 2)]
-    assert hist[2]["actor"] == "ops" and hist[2]["reason"] == "hotfix"
+    assert hist[2]["actor"] == "ops" and hist[2]["reason"] == "hotfix; gate skipped (forced)"
     rc, out, _ = cli("registry", "history", "--model", "tiny-llama", *db)
     assert out.splitlines()[0].split() == ["ALIAS", "SEQ", "ACTION", "FROM", "TO", "ACTOR", "AT", "REASON"]
     assert len(out.splitlines()) == 5
@@ -84,8 +85,9 @@ def test_cli_lifecycle(
     # Rolling back again from v2 would redo the rollback of v1: refused, saying why; v1 comes back only forced.
     rc, out, err = cli("rollback", "--model", "tiny-llama", *db)
     assert rc == 1 and "every version live on it before version 2 was rolled back from it (v1 by " in err, err
-    for refused in (("rollback", "--to", "1"), ("promote", "--version", "1")):
-        rc, out, err = cli(*refused, "--model", "tiny-llama", *db)
+    for refused in (("rollback", "--model", "tiny-llama", "--to", "1", *db),
+                    ("promote", str(config_file), "--version", "1")):
+        rc, out, err = cli(*refused)
         assert rc == 1 and "version 1 was rolled back from it by " in err and "--force" in err, err
     rc, out, err = cli("rollback", "--model", "tiny-llama", "--to", "1", "--force", "--reason", "v1 retested fine",
                        "--actor", "ops", *db, "--json")
