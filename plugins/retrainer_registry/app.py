@@ -1,12 +1,13 @@
 """The registry page: FastAPI routes over `tasks.registry`, behind Airflow's own authentication.
 
-Every route depends on Airflow's `get_user` (JWT from the Authorization header or the
-UI's session cookie), so an anonymous request gets 401/403. The rollback button does
-not touch the registry itself: it triggers the `rollback_model` DAG through Airflow's
-REST API with the caller's own credentials, so Airflow authorizes it, validates the
-Params, and the switch is audited like any other run (under the caller's name: Airflow keeps the
-triggering user on the run). The button names the version it moves the alias to, as the registry
-computes it (`Registry.rollback_target`); the page it lands on reloads itself until that run is done.
+Every route depends on Airflow's `get_user` (JWT from the Authorization header or the UI's session
+cookie), so an anonymous request gets 401/403, and FastAPI's own docs pages are off. The rollback
+button is shown only to the alias's movers (`publish.policy.<alias>.movers`; anyone else reads why
+not), and it does not touch the registry itself: it triggers the `rollback_model` DAG through
+Airflow's REST API with the caller's own credentials, so Airflow authorizes it, validates the Params,
+and the switch is audited like any other run (under the caller's name: Airflow keeps the triggering
+user on the run). The button names the version it moves the alias to, as the registry computes it
+(`Registry.rollback_target`); the page it lands on reloads itself until that run is done.
 """
 
 from __future__ import annotations
@@ -26,22 +27,29 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from airflow.models.dagrun import DagRun
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from retrainer_airflow.people import user_person
 from sqlalchemy.orm import Session
 
 from retrainer_registry import render
 from retrainer_registry.render import esc
 from retrainer_registry.source import Sources, VersionFacts, dag_run_of, load_sources, training_losses, version_facts
+from tasks.config import JobConfig
 from tasks.endpoints import registry_at
+from tasks.policy import NotPermittedError, Person, check_mover
 from tasks.registry import NotFoundError, NothingToRollBackError, Registry
 
 log = logging.getLogger(__name__)
 
 ROLLBACK_DAG = "rollback_model"
 
+# No /docs, /redoc or /openapi.json: FastAPI serves those outside the app's dependencies, i.e. without login.
 app = FastAPI(
     title="retrainer model registry",
     description="Models, aliases, versions with lineage and metrics, pointer history, rollback.",
     dependencies=[Depends(get_user)],
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
 )
 
 
@@ -289,16 +297,17 @@ def model_page(request: Request, model: str, user: GetUserDep, session: SessionD
         live_on.setdefault(info["version"], []).append(alias)
     body = f"<p><a href='{_base(request)}/'>← all models</a></p><h1>{esc(model)}</h1>"
     refresh = None
-    if triggered:
-        banner, pending = _rollback_banner(cells, view["history"], triggered, session, user)
+    shown = _rollback_banner(cells, view["history"], triggered, session, user) if triggered else None
+    if shown is not None:  # only for a run that exists (a made-up ?triggered= shows nothing)
+        banner, pending = shown
         body += f"<p class='msg' id='triggered'>{banner}</p>"
         refresh = REFRESH_S if pending else None
 
     rolled_on = {a for v in view["versions"] for a in v["rolled_back_from"]}
+    someone = user_person(user)
     alias_rows = [[esc(name), cells.version(info["version"]), cells.actor(info["updated_by"]),
                    render.when(info["updated_at"]),
-                   _rollback_form(cells.mref, name, view["rollback"][name], name in rolled_on)
-                   if job is not None else "<span class='muted'>n/a</span>"]
+                   _rollback_cell(cells.mref, name, view["rollback"][name], name in rolled_on, job, someone)]
                   for name, info in view["aliases"].items()]
     aliases = render.table(["alias", "live version", "moved by", "at", "rollback"], alias_rows)
     if job is None:
@@ -402,10 +411,11 @@ def _candidate_vs_live(cells: _Cells, view: dict[str, Any], facts: list[VersionF
 
 
 def _rollback_banner(cells: _Cells, history: list[dict[str, Any]], run_id: str, session: Session,
-                     user: BaseUser) -> tuple[str, bool]:
+                     user: BaseUser) -> tuple[str, bool] | None:
     """What became of a rollback run this page triggered: done (the audited move it made), failed, or still
-    pending (the page then reloads itself). The move is read from the registry's history (the DAG's actor
-    names the run); the run's state from Airflow, for a caller allowed to see rollback_model's runs."""
+    pending (the page then reloads itself); None for a run that does not exist (or the caller may not see).
+    The move is read from the registry's history (the DAG's actor names the run); the run's state from
+    Airflow, for a caller allowed to see rollback_model's runs."""
     link = render.top_link(render.dag_run_href(cells.root, ROLLBACK_DAG, run_id), esc(run_id))
     text = f"Triggered {ROLLBACK_DAG} run {link}"
     moved = [h for h in history if dag_run_of(h["actor"]) == (ROLLBACK_DAG, run_id)]
@@ -415,7 +425,7 @@ def _rollback_banner(cells: _Cells, history: list[dict[str, Any]], run_id: str, 
                 f"{cells.version(h['to_version'])}.", False)
     run = _run(run_id, session, user)
     if run is None:
-        return f"{text}.", False
+        return None
     state, note = run
     if state in ("queued", "running"):
         return f"{text}: {state}; this page reloads until it finishes.", True
@@ -431,6 +441,18 @@ def _run(run_id: str, session: Session, user: BaseUser) -> tuple[str, str | None
         return None
     run = session.scalar(sa.select(DagRun).where(DagRun.dag_id == ROLLBACK_DAG, DagRun.run_id == run_id))
     return None if run is None else (str(run.state), run.note)
+
+
+def _rollback_cell(mref: str, alias: str, plan: dict[str, Any], forceable: bool, job: JobConfig | None,
+                   someone: Person) -> str:
+    """The Roll back button for a person the alias's movers admit; for anyone else, why not."""
+    if job is None:
+        return "<span class='muted'>n/a</span>"
+    try:
+        check_mover(job.publish.policy_for(alias), alias, someone, "roll back")
+    except NotPermittedError as refused:
+        return f"<span class='muted' id='no-rollback-{esc(alias)}'>{esc(refused)}</span>"
+    return _rollback_form(mref, alias, plan, forceable)
 
 
 def _rollback_form(mref: str, alias: str, plan: dict[str, Any], forceable: bool) -> str:
@@ -460,9 +482,10 @@ def _caller_token(request: Request) -> str:
     token = request.cookies.get(COOKIE_NAME_JWT_TOKEN)
     if not token:
         raise HTTPException(status_code=401, detail="Not authenticated")
-    # A cookie rides along with cross-site form posts: accept it only from our own origin.
-    origin = request.headers.get("origin") or request.headers.get("referer") or ""
-    if urlsplit(origin).netloc != request.url.netloc:
+    # A cookie rides along with cross-site form posts (Airflow's carries no SameSite): accept it only from our
+    # own origin, scheme, host and port alike (http://host:8080 is another origin than https://host:8080).
+    sent = urlsplit(request.headers.get("origin") or request.headers.get("referer") or "")
+    if (sent.scheme, sent.netloc) != (request.url.scheme, request.url.netloc):
         raise HTTPException(status_code=403, detail="rollback: cross-origin request refused")
     return token
 
@@ -471,16 +494,26 @@ def _caller_token(request: Request) -> str:
 async def rollback(
     request: Request,
     model: str,
+    user: GetUserDep,
     alias: Annotated[str, Form(min_length=1, max_length=200)],
     reason: Annotated[str, Form(min_length=1, max_length=500)] = "rollback from the registry page",
     to_version: Annotated[str, Form()] = "",
     force: Annotated[bool, Form()] = False,
 ) -> Any:
-    """Trigger `rollback_model` for this model's job; the DAG run does the audited switch."""
+    """Trigger `rollback_model` for this model's job; the DAG run does the audited switch (and checks the
+    mover again: this refusal is the page saying it first, in words)."""
     token = _caller_token(request)
     job = load_sources().jobs_by_model.get(model)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job config publishes model {model!r}")
+    try:
+        check_mover(job.publish.policy_for(alias), alias, user_person(user), "roll back")
+    except NotPermittedError as refused:
+        if "text/html" in request.headers.get("accept", ""):
+            back = f"<p><a href='{_base(request)}/{render.model_href(model)}'>← {esc(model)}</a></p>"
+            return HTMLResponse(render.page("Not allowed", f"{back}<h1>Not allowed</h1><p class='msg'>"
+                                                           f"{esc(refused)}</p>"), status_code=403)
+        raise HTTPException(status_code=403, detail=str(refused)) from None
     target: int | None = None
     if to_version.strip():
         if not to_version.strip().isdigit() or int(to_version) < 1:
