@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "plugins"))  # as Airflow puts it on every component's path (the Airflow contract)
 
-from tests.services import IN_CI, PgCluster, S3Endpoint, require, require_binary  # noqa: E402
+from tests.services import AIRFLOW_TEST_USERS, IN_CI, PgCluster, S3Endpoint, require, require_binary  # noqa: E402
 from tests.slurm import SlurmCluster, slurm_daemons  # noqa: E402
 
 # Keep torch from oversubscribing 2 cores when several ranks run at once.
@@ -35,6 +35,7 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
 os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
+os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = AIRFLOW_TEST_USERS
 
 
 @functools.cache

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+# Airflow users of every role (the simple auth manager's `name:role` list), for the in-process API app and the
+# standalone alike: the trust tests act as each of them (README: who may do what).
+AIRFLOW_TEST_USERS = "admin:admin,alice:op,op1:op,user1:user,viewer1:viewer"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 

@@ -36,10 +36,15 @@ def airflow_app(airflow_db: str):
         from fastapi.testclient import TestClient
 
         client = TestClient(create_app())
-    password = json.loads((Path(airflow_db) / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-    resp = client.post("/auth/token", json={"username": "admin", "password": password})
+    return client, _token(client, airflow_db, "admin")
+
+
+def _token(client, airflow_home: str, user: str) -> str:
+    """A bearer token of one of the session's users (tests/services.py AIRFLOW_TEST_USERS), logged in as they would."""
+    password = json.loads((Path(airflow_home) / "simple_auth_manager_passwords.json.generated").read_text())[user]
+    resp = client.post("/auth/token", json={"username": user, "password": password})
     assert resp.status_code in (200, 201), resp.text
-    return client, resp.json()["access_token"]
+    return resp.json()["access_token"]
 
 
 def _publish(registry_url: str, tmp_path: Path, model: str, n: int, metrics_for) -> None:
@@ -123,7 +128,7 @@ def test_page_escapes_hostile_names_and_draws_loss_curves(
     assert hostile_run in page.text and f"airflow retrain_m/{HOSTILE}" not in page.text
     after = client.get(f"/retrainer/models/{ref}", params={"triggered": HOSTILE}, headers=auth)
     assert after.status_code == 200 and HOSTILE not in after.text
-    assert f"/dags/rollback_model/runs/{quote(HOSTILE, safe='')}" in after.text
+    assert "id='triggered'" not in after.text  # no such run: the page reflects nothing of the query
 
 
 def test_loss_curve_falls_back_to_the_runs_summary(
@@ -169,6 +174,53 @@ def test_rollback_button_refuses_cross_site_cookie_posts_and_unknown_models(
         assert unknown.status_code == 404 and "unknown" in unknown.text
     finally:
         client.cookies.clear()
+
+
+def test_only_an_alias_s_movers_get_the_rollback_button_and_a_post_by_anyone_else_is_refused_in_words(
+    airflow_app, airflow_db: str, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each Airflow role opens the model page: production's movers (role:op: op1, and admin above it) see Roll
+    back, a `user` and a `viewer` read why not; a cookie POST by the user (the page's own form, same origin) is
+    refused naming the policy, as HTML for a browser and JSON otherwise; production stays where it was. The
+    API docs need a login like every page; a form post from the same host on another scheme is cross-origin."""
+    client, _ = airflow_app
+    _publish(sqlite_url, tmp_path, "guarded", 2, lambda i: {"loss": 3.0 / i})
+    folder = _config(tmp_path, "guarded", sqlite_url, publish={"policy": {"production": {"movers": ["role:op"]}}})
+    monkeypatch.setenv("RETRAINER_CONFIG_DIR", str(folder))
+    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    tokens = {user: _token(client, airflow_db, user) for user in ("admin", "op1", "user1", "viewer1")}
+    for user, token in tokens.items():
+        page = client.get("/retrainer/models/guarded", headers={"Authorization": f"Bearer {token}"})
+        assert page.status_code == 200, (user, page.text)
+        aliases = section(page.text, "aliases")
+        if user in ("admin", "op1"):
+            assert "<button type='submit'>Roll back to v1</button>" in aliases, user
+        else:
+            assert "<button" not in aliases and "Roll back" not in aliases, user
+            assert html.escape(f"{user} (role {'user, viewer' if user == 'user1' else 'viewer'}) may not roll back "
+                               "'production': publish.policy.production.movers is [role:op]") in aliases
+    client.cookies.set("_token", tokens["user1"])
+    try:
+        same_origin = {"Origin": "http://testserver"}
+        browser = client.post("/retrainer/models/guarded/rollback", data={"alias": "production"},
+                              headers={**same_origin, "Accept": "text/html"})
+        assert browser.status_code == 403 and browser.headers["content-type"].startswith("text/html")
+        assert "user1 (role user, viewer) may not roll back &#x27;production&#x27;" in browser.text
+        api = client.post("/retrainer/models/guarded/rollback", data={"alias": "production"}, headers=same_origin)
+        assert api.status_code == 403 and "publish.policy.production.movers is [role:op]" in api.json()["detail"]
+        other_scheme = client.post("/retrainer/models/guarded/rollback", data={"alias": "production"},
+                                   headers={"Origin": "https://testserver"})
+        assert other_scheme.status_code == 403 and "cross-origin" in other_scheme.text
+    finally:
+        client.cookies.clear()
+    from tasks.registry import Registry
+
+    with Registry(sqlite_url) as reg:
+        assert reg.live_version("guarded", "production").version == 2
+        assert [h.action for h in reg.history("guarded", "production")] == ["publish", "publish"]
+    for docs in ("/retrainer/docs", "/retrainer/redoc", "/retrainer/openapi.json"):
+        assert client.get(docs).status_code in (401, 403, 404), docs  # nothing served without a login
+        assert client.get(docs, headers={"Authorization": f"Bearer {tokens['admin']}"}).status_code == 404, docs
 
 
 RETRAIN_RUNS = {1: "manual__2025-01-06T00:00:00+00:00", 2: "asset_triggered__2025-01-13T00:00:00.5+00:00"}
@@ -303,9 +355,9 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     assert _run_href("rollback_model", ROLLBACK_RUN) in banner.group(1)
     assert "moved production from <a href='/retrainer/models/tiny-llama/versions/2'>v2</a> to" in banner.group(1)
     assert "http-equiv='refresh'" not in after.text  # done: no reloading
-    # A run Airflow does not know (or the caller may not see): linked, nothing claimed, no reloading.
+    # A run Airflow does not know (or the caller may not see): no banner, no reloading.
     unknown = client.get("/retrainer/models/tiny-llama", params={"triggered": "manual__x"}, headers=auth)
-    assert "Triggered rollback_model run" in unknown.text and "http-equiv='refresh'" not in unknown.text
+    assert "id='triggered'" not in unknown.text and "http-equiv='refresh'" not in unknown.text
 
     # The version page: the numbers, every gate rule in full, the live numbers of the same evaluation.
     vpage = client.get("/retrainer/models/tiny-llama/versions/2", headers=auth).text
