@@ -3,7 +3,8 @@
 Everything downstream receives a `JobConfig` and trusts it; nothing deep inside
 re-checks these fields. String values may reference environment variables
 (`${RETRAINER_HOME}`, or `${VAR:-default}`), expanded at load time so one config works on a
-laptop and in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
+laptop and in a cluster; an unset `${VAR}` without a default is refused, naming it and its key.
+`RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
 """
 
 from __future__ import annotations
@@ -1057,24 +1058,41 @@ def named_defaults(name: str) -> dict[tuple[str, str], Any]:
 
 
 _VAR = re.compile(r"\$\{(\w+)(?::-([^${}]*))?\}")
+# Stands for an unset `${VAR}` without a default while its text is expanded: innermost first, such a reference may
+# sit in the default of a variable that is set (`${A:-${B}}`), where it is never used. No environment value holds NUL.
+_UNSET = re.compile("\0(\\w+)\0")
 
 
-def _expand_str(text: str) -> str:
-    """Expand `${VAR}` and `${VAR:-default}` (innermost first, so defaults may hold variables)."""
+def _expand_str(text: str, key: str) -> str:
+    """Expand `${VAR}` and `${VAR:-default}` (innermost first, so defaults may hold variables). An unset `${VAR}`
+    without a default is a ConfigError naming it and `key`: left as '' it would make a path or URL that fails
+    only later, in another task. The message holds no value: another variable may be a secret."""
+    def value(m: re.Match[str]) -> str:
+        name, default, given = m.group(1), m.group(2), os.environ.get(m.group(1))
+        if given:
+            return given
+        if default is not None:  # `${VAR:-}` included: an explicit empty string
+            return default
+        return "" if given == "" else f"\0{name}\0"  # set to '' is the person's choice; unset is not
+
     while True:
-        expanded = _VAR.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
+        expanded = _VAR.sub(value, text)
         if expanded == text:
-            return expanded
+            break
         text = expanded
+    if unset := _UNSET.search(text):
+        raise ConfigError(f"{key}: ${{{unset.group(1)}}} is not set (no default)")
+    return text
 
 
-def _expand(value: Any) -> Any:
+def _expand(value: Any, key: str) -> Any:
+    """`value` with its `${VAR}`s expanded; `key` is its dotted place in the config (named in errors)."""
     if isinstance(value, str):
-        return _expand_str(value)
+        return _expand_str(value, key)
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, f"{key}.{i}") for i, v in enumerate(value)]
     return value
 
 
@@ -1116,14 +1134,18 @@ def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def expand_vars(document: Any) -> Any:
-    """A document with its `${VAR}`s expanded (RETRAINER_HOME defaulted first, so every process agrees)."""
+def expand_vars(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """A document with its `${VAR}`s expanded (RETRAINER_HOME defaulted first, so every process agrees); an
+    unset `${VAR}` without a default is a ConfigError naming `source`, the key and the variable."""
     os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
-    return _expand(document)
+    try:
+        return _expand(document, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
     """Expand `${VAR}`s and validate a resolved config document (tasks/resolve.py: a pretrained model's sizes
     already in it); no I/O, and validated once per process by content."""
-    return _validate(expand_vars(document), source=source)
+    return _validate(expand_vars(document, source), source=source)
 

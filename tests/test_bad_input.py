@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,4 +98,23 @@ def test_rollback_to_missing_version_changes_nothing(tmp_path: Path, capsys: pyt
     assert "7" in err and "'m'" in err
     assert [h.to_dict() for h in registry.history("m")] == before
     assert registry.live_version("m", "production").version == 2
+
+
+
+def test_an_unset_variable_is_refused_at_load_naming_it_and_its_key(tmp_path: Path) -> None:
+    """`${VAR}` without a default and VAR unset: one line naming the variable and the key, before anything is read
+    (the pretrained folder named is not there: reading it would be another error) or written; no value of
+    another variable (a secret) in it."""
+    secret = "s3cr3t-never-printed"
+    cfg = demo_config(tmp_path, model={"pretrained": str(tmp_path / "no-such-model")})
+    cfg["publish"].update(registry_url="postgresql+psycopg://retrainer:${RETRAINER_TEST_DB_PASSWORD}@db/registry",
+                          storage_options={"secret": "${RETRAINER_TEST_S3_SECRET}"})
+    path = write(tmp_path, cfg)
+    env = {k: v for k, v in os.environ.items() if k != "RETRAINER_TEST_DB_PASSWORD"}
+    env.update(RETRAINER_TEST_S3_SECRET=secret, RETRAINER_HOME=str(tmp_path / "home"))
+    proc = subprocess.run([RETRAINER, "plan", str(path)], capture_output=True, text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"retrainer: error: {path}: publish.registry_url: ${{RETRAINER_TEST_DB_PASSWORD}} is not "
+                           "set (no default)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no cache, run dir, registry or home
 
