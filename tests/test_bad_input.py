@@ -118,3 +118,30 @@ def test_an_unset_variable_is_refused_at_load_naming_it_and_its_key(tmp_path: Pa
                            "set (no default)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no cache, run dir, registry or home
 
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({"train": {"steps": 18446744073709551617}}, "train.steps: Input should be less than or equal to 1000000000"),
+    ({"parallel": {"micro_batches": 2**63}}, "parallel.micro_batches: Input should be less than or equal to 16777216"),
+    ({"train": {"seed": 2**64}}, "train.seed: Input should be less than or equal to 4294967295"),
+    ({"model": {"d_model": 2**40}}, "model.d_model: Input should be less than or equal to 1048576"),
+    ({"evaluate": {"batch_size": 10**6}}, "evaluate.batch_size: Input should be less than or equal to 4096"),
+    ({"cluster": {"hang_timeout_s": 1e300}}, "cluster.hang_timeout_s: Input should be less than or equal to 31536000"),
+    ({"train": {"micro_batch_size": 2**13}, "parallel": {"micro_batches": 2**12}},  # x dp 2
+     "the global batch of 67108864 (train.micro_batch_size x parallel.micro_batches x parallel.dp) exceeds 16777216"),
+])
+def test_a_huge_number_is_refused_at_load_naming_the_field_and_its_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, problem: str) -> None:
+    path = write(tmp_path, demo_config(tmp_path, **changes))
+    code, err = run_cli(capsys, "plan", str(path))
+    assert code == 2
+    assert problem in err and f"retrainer: error: {path}: invalid config" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_steps_past_64_bits_are_refused_by_the_real_command(tmp_path: Path) -> None:
+    path = write(tmp_path, demo_config(tmp_path, train={"steps": 18446744073709551617}))
+    proc = subprocess.run([RETRAINER, "train", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "train.steps: Input should be less than or equal to 1000000000" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("retrainer: error:") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
