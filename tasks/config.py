@@ -3,7 +3,8 @@
 Everything downstream receives a `JobConfig` and trusts it; nothing deep inside
 re-checks these fields. String values may reference environment variables
 (`${RETRAINER_HOME}`, or `${VAR:-default}`), expanded at load time so one config works on a
-laptop and in a cluster. `RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
+laptop and in a cluster; an unset `${VAR}` without a default is refused, naming it and its key.
+`RETRAINER_HOME` defaults to `./.retrainer` (made absolute).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from tasks.dataset_format import MAX_VOCAB
 from tasks.errors import ConfigError, InvalidInputError, validation_problems
 from tasks.families import ALWAYS, FAMILIES, LORA_TARGETS, NOT_OPTIONS, ROPE_TYPES, rope_types_text, supported_options
 from tasks.home import retrainer_home
@@ -44,6 +46,33 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Upper bounds of the numeric fields, far above any real job: a typo or a 2^64 is refused by name at load, before
+# a rank starts, and the products the planner and the ranks form stay inside int64.
+# Model sizes: 2^20 is 40x the widest model today (d_model 25600, d_ff 73728) and 8000x the deepest (126 layers);
+# vocabularies: what a dataset's widest token dtype holds (tasks/dataset_format.py).
+MAX_WIDTH = 2**20
+# Positions: 2^24 tokens (16.7M), above the longest context today (10M).
+MAX_POSITIONS = 2**24
+# Ranks, GPUs and nodes: a million (2^20) is beyond any cluster built.
+MAX_RANKS = 2**20
+# Steps: 10^9 is three years at 0.1 s a step; it bounds the warmup, the checkpoint interval and the checkpoints kept.
+MAX_STEPS = 10**9
+# Sequences in a batch, and the global batch (micro_batch_size x micro_batches x dp): 2^24, so the samples a run
+# draws (global batch x steps < 2^54) stay int64 indices (tasks/train/data.py Sampler).
+MAX_BATCH = 2**24
+# Evaluation: batches x batch_size <= 2^28 windows, whose indices tasks/evaluate/spec.py holds at once.
+MAX_EVAL_BATCHES, MAX_EVAL_BATCH_SIZE = 2**16, 2**12
+# Seeds: numpy's legacy seeding takes < 2^32, and torch's generators take seed x 100_003 + layer
+# (tasks/models/common.py) in 64 bits; numpy's SeedSequence refuses a negative seed.
+MAX_SEED = 2**32 - 1
+# Registry versions: the registry's version columns are 32-bit INTEGERs (sql/versions/0001_registry.py).
+MAX_VERSION = 2**31 - 1
+# Byte counts: 64-bit, as the OS reports sizes (off_t).
+MAX_BYTES = 2**63 - 1
+# Waits: a timeout longer than a year is a typo, and an unbounded one (inf, 1e300) overflows threading's waits.
+MAX_WAIT_S = 365 * 24 * 3600
 
 
 # rope_type -> (the RopeScaling fields it requires, those it may set) besides `factor`; no other field is its.
@@ -64,8 +93,8 @@ class RopeScaling(_Strict):
     factor: float = Field(gt=0)
     low_freq_factor: float | None = Field(None, gt=0, description="llama3")
     high_freq_factor: float | None = Field(None, gt=0, description="llama3")
-    original_max_position_embeddings: int | None = Field(None, gt=0, description="llama3, yarn: the pretraining "
-                                                                                 "context")
+    original_max_position_embeddings: int | None = Field(None, gt=0, le=MAX_POSITIONS,
+                                                         description="llama3, yarn: the pretraining context")
     beta_fast: float | None = Field(None, gt=0, description="yarn; null = 32")
     beta_slow: float | None = Field(None, gt=0, description="yarn; null = 1")
     attention_factor: float | None = Field(None, gt=0, description="yarn: the cos/sin scale; null = "
@@ -96,7 +125,7 @@ class BaseModelRef(_Strict):
     """A registry version as a LoRA run's frozen base (`model.base`): a version number or an alias's version."""
 
     model: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN, description="registered model name")
-    version: int | None = Field(None, ge=1)
+    version: int | None = Field(None, ge=1, le=MAX_VERSION)
     alias: str | None = Field(None, min_length=1, max_length=200, pattern=NAME_PATTERN)
 
     @model_validator(mode="after")
@@ -142,13 +171,13 @@ class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
     refused here (tasks.families), never ignored."""
 
-    vocab_size: int = Field(256, gt=0)
-    seq_len: int = Field(64, gt=0)
-    n_layers: int = Field(4, gt=0)
-    d_model: int = Field(64, gt=0)
-    n_heads: int = Field(4, gt=0)
-    n_kv_heads: int | None = Field(None, gt=0, description="defaults to n_heads (no GQA)")
-    d_ff: int | None = Field(None, gt=0, description="defaults to 4 * d_model")
+    vocab_size: int = Field(256, gt=0, le=MAX_VOCAB)
+    seq_len: int = Field(64, gt=0, le=MAX_POSITIONS)
+    n_layers: int = Field(4, gt=0, le=MAX_WIDTH)
+    d_model: int = Field(64, gt=0, le=MAX_WIDTH)
+    n_heads: int = Field(4, gt=0, le=MAX_WIDTH)
+    n_kv_heads: int | None = Field(None, gt=0, le=MAX_WIDTH, description="defaults to n_heads (no GQA)")
+    d_ff: int | None = Field(None, gt=0, le=MAX_WIDTH, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     family: str = Field("llama", description="a name in tasks.families.FAMILIES")
     # The rotary families' options (tasks.families says which family takes which).
@@ -158,19 +187,19 @@ class ModelConfig(_Strict):
     tie_embeddings: bool = False
     qkv_bias: bool = Field(False, description="bias on q/k/v projections (Qwen2-style)")
     # Options of the llama-style blocks that families beyond Llama turn on (Qwen3, Mistral; Gemma next).
-    head_dim: int | None = Field(None, gt=0, description="per-head width; null = d_model / n_heads")
+    head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="per-head width; null = d_model / n_heads")
     qk_norm: bool = Field(False, description="per-head RMSNorm on queries and keys before rotary (Qwen3-style)")
     sliding_window: int | None = Field(
-        None, gt=0, description="each position attends to the last W positions, itself included (Mistral-style); "
-                                "null = full causal attention")
+        None, gt=0, le=MAX_POSITIONS, description="each position attends to the last W positions, itself included "
+                                                  "(Mistral-style); null = full causal attention")
     # Gemma's options (tasks/models/gemma): which layers slide, their rotary base, the softmax scale.
     sliding_window_pattern: int | None = Field(
-        None, gt=0, description="with sliding_window: every Nth layer (N, 2N, ...) attends globally, the others "
-                                "slide (Gemma 3: 6); null = every layer slides")
+        None, gt=0, le=MAX_WIDTH, description="with sliding_window: every Nth layer (N, 2N, ...) attends globally, "
+                                              "the others slide (Gemma 3: 6); null = every layer slides")
     rope_local_base_freq: float | None = Field(None, gt=0, description="rotary base of the sliding layers; "
                                                                        "null = rope_theta")
-    query_pre_attn_scalar: int | None = Field(None, gt=0, description="softmax scale = this ** -0.5; "
-                                                                        "null = head_dim")
+    query_pre_attn_scalar: int | None = Field(None, gt=0, le=MAX_WIDTH,
+                                              description="softmax scale = this ** -0.5; null = head_dim")
     attn_logit_softcapping: float | None = Field(None, gt=0, description="attention scores -> tanh(s / c) * c "
                                                                           "before the mask (Gemma 2); null = off")
     final_logit_softcapping: float | None = Field(None, gt=0, description="logits -> tanh(z / c) * c; null = off")
@@ -248,7 +277,7 @@ class DataConfig(_Strict):
     source_url: str = Field(description="fsspec URL of the dataset prefix (file://, s3://, ...)")
     manifest: str = Field("manifest.json", description="manifest key under source_url")
     cache_dir: str = Field(description="local SSD cache root")
-    disk_budget_bytes: int | None = Field(None, gt=0)
+    disk_budget_bytes: int | None = Field(None, gt=0, le=MAX_BYTES)
     storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
     asset: str | None = Field(
         None, min_length=1, max_length=1500,
@@ -275,15 +304,22 @@ class DataConfig(_Strict):
 class ParallelConfig(_Strict):
     """3D layout: tensor x pipeline x data parallel."""
 
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, le=MAX_RANKS)
+    pp: int = Field(1, ge=1, le=MAX_RANKS)
+    dp: int = Field(1, ge=1, le=MAX_RANKS)
     zero_stage: Literal[0, 1, 2, 3] = 1
-    micro_batches: int = Field(1, ge=1, description="gradient accumulation steps (pipeline micro-batches)")
+    micro_batches: int = Field(1, ge=1, le=MAX_BATCH,
+                               description="gradient accumulation steps (pipeline micro-batches)")
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @model_validator(mode="after")
+    def _world(self) -> ParallelConfig:
+        if self.world_size > MAX_RANKS:
+            raise ValueError(f"tp x pp x dp = {self.world_size} ranks, more than {MAX_RANKS}")
+        return self
 
 
 INIT_FROM_HELP = ("scratch, pretrained (model.pretrained), live (the alias's version when the run starts; "
@@ -299,7 +335,10 @@ def _duration(value: Any) -> Any:
     """A duration as people write it: the compact d/h/m/s form here, numbers and ISO 8601 by pydantic."""
     if isinstance(value, str) and (m := _COMPACT_DURATION.fullmatch(value.strip())):
         days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        try:
+            return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        except OverflowError:
+            raise ValueError(f"{value!r} is longer than a duration can be") from None
     if isinstance(value, str | int | float | timedelta) and not isinstance(value, bool):
         try:
             return _TIMEDELTA.validate_python(value)
@@ -348,21 +387,21 @@ class LoraConfig(_Strict):
 
 class TrainConfig(_Strict):
     init_from: str = Field("scratch", min_length=1, description=INIT_FROM_HELP)
-    steps: int = Field(50, gt=0)
+    steps: int = Field(50, gt=0, le=MAX_STEPS)
     lr: float = Field(3e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    micro_batch_size: int = Field(8, gt=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    micro_batch_size: int = Field(8, gt=0, le=MAX_BATCH)
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
     activation_checkpointing: bool = False
-    checkpoint_every: int = Field(10, gt=0)
+    checkpoint_every: int = Field(10, gt=0, le=MAX_STEPS)
     checkpoint_url: str | None = Field(
         None, min_length=1, description="fsspec URL every committed checkpoint is mirrored to (needed when "
                                         "the checkpoint directory is each node's own disk)")
     checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
-    keep_last: int = Field(3, ge=1)
-    seed: int = 1234
+    keep_last: int = Field(3, ge=1, le=MAX_STEPS)
+    seed: int = Field(1234, ge=0, le=MAX_SEED)
     output_dir: str = Field(description="run directory: checkpoints, telemetry, summary (default "
                                         "$RETRAINER_HOME/runs/<name>)")
     lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base; None: full "
@@ -376,6 +415,8 @@ class TrainConfig(_Strict):
     def _positive(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and value <= timedelta(0):
             raise ValueError(f"must be longer than zero, got {value.total_seconds():g} s")
+        if value is not None and value.total_seconds() > MAX_WAIT_S:
+            raise ValueError(f"must be at most {format_duration(MAX_WAIT_S)}, got {format_duration(value)}")
         return value
 
     @field_validator("init_from")
@@ -383,6 +424,8 @@ class TrainConfig(_Strict):
     def _init_from(cls, value: str) -> str:
         if value.startswith("version:") and not re.fullmatch(r"version:[1-9][0-9]*", value):
             raise ValueError(f"{value!r} must be version:N with N >= 1 ({INIT_FROM_HELP})")
+        if value.startswith("version:") and int(value.removeprefix("version:")) > MAX_VERSION:
+            raise ValueError(f"{value!r}: a version number is at most {MAX_VERSION}")
         return value
 
 
@@ -430,8 +473,8 @@ class SshConfig(_Strict):
     ssh_options: tuple[str, ...] = Field((), description="extra `-o Key=Value` options")
     python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
-    connect_timeout_s: int = Field(10, ge=1, description="ssh ConnectTimeout (whole seconds)")
-    grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace when a node is stopped")
+    connect_timeout_s: int = Field(10, ge=1, le=MAX_WAIT_S, description="ssh ConnectTimeout (whole seconds)")
+    grace_s: float = Field(15.0, gt=0, le=MAX_WAIT_S, description="SIGTERM-to-SIGKILL grace when a node is stopped")
 
     @field_validator("ssh_options")
     @classmethod
@@ -445,13 +488,15 @@ class SshConfig(_Strict):
 class SlurmConfig(_Strict):
     """`slurm` engine: the allocation `sbatch` asks for."""
 
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_RANKS)
     time_limit: str = Field("24:00:00", description="sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S")
-    gpus_per_node: int | None = Field(None, ge=1, description="sbatch --gpus-per-node; None: not requested")
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_RANKS,
+                                      description="sbatch --gpus-per-node; None: not requested")
     sbatch_args: tuple[str, ...] = Field((), description="extra #SBATCH lines, e.g. --account=ml")
     python: str = Field(default_factory=lambda: sys.executable, min_length=1, description="interpreter on every node")
     workdir: AbsolutePath = Field(str(REPO_ROOT), description="the repository on every node (shared filesystem)")
-    cancel_timeout_s: float = Field(180.0, gt=0, description="how long scancel may take to end every step")
+    cancel_timeout_s: float = Field(180.0, gt=0, le=MAX_WAIT_S,
+                                    description="how long scancel may take to end every step")
     qos: str | None = Field(None, pattern=r"^[-_.a-zA-Z0-9]+$", description="sbatch --qos (how most sites rank "
                             "jobs: e.g. a high-priority QoS for production retrains)")
     job_priority: bool = Field(False, description="also pass schedule.priority as sbatch --priority (needs Slurm "
@@ -484,8 +529,9 @@ class SecretRef(_Strict):
 class KubernetesConfig(_Strict):
     """`kubernetes` engine: the PyTorchJob's pods."""
 
-    nodes: int = Field(1, ge=1, description="pods: one Master plus nodes - 1 Workers")
-    gpus_per_node: int | None = Field(None, ge=0, description="nvidia.com/gpu per pod; None: one per rank, 0: none")
+    nodes: int = Field(1, ge=1, le=MAX_RANKS, description="pods: one Master plus nodes - 1 Workers")
+    gpus_per_node: int | None = Field(None, ge=0, le=MAX_RANKS,
+                                      description="nvidia.com/gpu per pod; None: one per rank, 0: none")
     cpu: Quantity | None = Field(None, description='cpu limit (and request) per pod, e.g. "8"')
     memory: Quantity | None = Field(None, description='memory limit (and request) per pod, e.g. "64Gi"')
     output_claim: str = Field("retrainer-output", pattern=_K8S_NAME, max_length=253,
@@ -504,7 +550,8 @@ class KubernetesConfig(_Strict):
         default_factory=dict, description="ENV_NAME: {secret, key}, rendered as valueFrom.secretKeyRef")
     service_account: str | None = Field(None, pattern=_K8S_NAME, max_length=253)
     kube_context: str | None = Field(None, min_length=1, description="kubeconfig context; in-cluster config first")
-    cancel_timeout_s: float = Field(300.0, gt=0, description="how long the pods may take to go after delete")
+    cancel_timeout_s: float = Field(300.0, gt=0, le=MAX_WAIT_S,
+                                    description="how long the pods may take to go after delete")
     priority_class_name: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
                                             description="pods' priorityClassName (preemption order on the cluster)")
     kueue_queue: str | None = Field(None, pattern=_K8S_NAME, max_length=253,
@@ -530,8 +577,8 @@ class ClusterConfig(_Strict):
     """
 
     launcher: Literal["local", "ssh", "slurm", "kubernetes"] = "local"
-    nproc_per_node: int | None = Field(None, ge=1, description="ranks per node; unset: tp x pp x dp / nodes, "
-                                       "which the planner requires to be gpus_per_node (whole nodes)")
+    nproc_per_node: int | None = Field(None, ge=1, le=MAX_RANKS, description="ranks per node; unset: tp x pp x dp / "
+                                       "nodes, which the planner requires to be gpus_per_node (whole nodes)")
     hosts: list[Annotated[str, Field(pattern=_HOST)]] = Field(default_factory=list,
                                                               description="ssh: one host per node")
     master_addr: str = "127.0.0.1"
@@ -540,19 +587,19 @@ class ClusterConfig(_Strict):
     partition: str | None = None
     namespace: str = "default"
     image: str | None = None
-    hang_timeout_s: float = Field(600.0, gt=0)
+    hang_timeout_s: float = Field(600.0, gt=0, le=MAX_WAIT_S)
     deferrable: bool | None = Field(None, description="the Airflow task submits the job and defers while it runs "
                                     "(no worker held); None: yes for slurm and kubernetes, whose jobs outlive "
                                     "the task, no for local and ssh, whose ranks die with it")
-    startup_timeout_s: float | None = Field(None, gt=0, description="allowance before the first step of a "
-                                            "launch (imports, rendezvous, op builds); None: hang_timeout_s")
+    startup_timeout_s: float | None = Field(None, gt=0, le=MAX_WAIT_S, description="allowance before the first "
+                                            "step of a launch (imports, rendezvous, op builds); None: hang_timeout_s")
     ssh: SshConfig = SshConfig()
     slurm: SlurmConfig = SlurmConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     # Hardware, for the planner.
     gpu_memory_gib: float = Field(80.0, gt=0, description="GiB per GPU")
-    gpus_per_node: int = Field(8, ge=1, description="GPUs in one node: the planner's node size (the engine "
-                               "sections' gpus_per_node is what a job asks for)")
+    gpus_per_node: int = Field(8, ge=1, le=MAX_RANKS, description="GPUs in one node: the planner's node size (the "
+                               "engine sections' gpus_per_node is what a job asks for)")
     intra_node_gbytes_per_s: float = Field(450.0, gt=0, description="GB/s per GPU inside a node (NVLink)")
     inter_node_gbytes_per_s: float | None = Field(None, gt=0, description="GB/s per node between nodes; "
                                                   "default 50 (or give inter_node_gbits_per_s)")
@@ -599,8 +646,9 @@ class ClusterConfig(_Strict):
 class ServingConfig(_Strict):
     """What the published model is sized for when served (the serving memory estimate)."""
 
-    concurrency: int = Field(1, ge=1, description="concurrent sequences")
-    context_len: int | None = Field(None, ge=1, description="tokens per sequence; None: model.seq_len")
+    concurrency: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")
+    context_len: int | None = Field(None, ge=1, le=MAX_POSITIONS,
+                                    description="tokens per sequence; None: model.seq_len")
     dtype: Literal["bf16", "fp16", "fp32", "int8"] = "bf16"
 
 
@@ -655,14 +703,14 @@ class GateConfig(_Strict):
 class EvalParallel(_Strict):
     """The evaluation ranks' own layout (default: the training layout)."""
 
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, le=MAX_RANKS)
+    pp: int = Field(1, ge=1, le=MAX_RANKS)
+    dp: int = Field(1, ge=1, le=MAX_RANKS)
 
 
 class EvaluateConfig(_Strict):
-    batches: int = Field(8, gt=0)
-    batch_size: int = Field(8, gt=0)
+    batches: int = Field(8, gt=0, le=MAX_EVAL_BATCHES)
+    batch_size: int = Field(8, gt=0, le=MAX_EVAL_BATCH_SIZE)
     parallel: EvalParallel | None = None
     suites: tuple[EvalSuite, ...] = Field((EvalSuite(name="heldout"),), min_length=1)
     metrics: tuple[UserMetric, ...] = ()
@@ -810,7 +858,8 @@ class SmokeTestConfig(_Strict):
                                        "windows; None: not compared")
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="dtype the model is loaded in "
                                                    "(auto: the export's)")
-    timeout_s: float = Field(1800.0, gt=0, description="for loading, scoring and generating together")
+    timeout_s: float = Field(1800.0, gt=0, le=MAX_WAIT_S,
+                             description="for loading, scoring and generating together")
 
 
 class DeployConfig(_Strict):
@@ -829,7 +878,7 @@ class DeployConfig(_Strict):
                                             "RETRAINER_DEPLOY_* environment variables")
     entry_point: str | None = Field(None, pattern=_ENTRY_POINT, description="module:function(DeployTarget) "
                                     "that deploys, called in a process of its own")
-    hook_timeout_s: float = Field(600.0, gt=0)
+    hook_timeout_s: float = Field(600.0, gt=0, le=MAX_WAIT_S)
     queue: str | None = Field(None, max_length=200, pattern=_QUEUE,
                               description="executor queue of the deploy tasks: the serving host's workers; "
                                           "None: the default queue")
@@ -939,6 +988,9 @@ class JobConfig(_Strict):
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError("parallel.zero_stage must be 0 or 1 with pipeline parallelism (pp > 1)")
         batch = self.train.micro_batch_size * p.micro_batches * p.dp
+        if batch > MAX_BATCH:
+            raise ValueError(f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
+                             f"parallel.dp) exceeds {MAX_BATCH}")
         drawn = sum(math.ceil(Fraction(r.weight) * batch) for r in self.data.replay)
         if drawn > batch:  # tasks/train/data.py: the primary takes what the replay sources leave of a step
             raise ValueError(f"data.replay: the replay sources draw up to {drawn} samples in one step, more than "
@@ -1087,24 +1139,41 @@ def named_defaults(name: str) -> dict[tuple[str, str], Any]:
 
 
 _VAR = re.compile(r"\$\{(\w+)(?::-([^${}]*))?\}")
+# Stands for an unset `${VAR}` without a default while its text is expanded: innermost first, such a reference may
+# sit in the default of a variable that is set (`${A:-${B}}`), where it is never used. No environment value holds NUL.
+_UNSET = re.compile("\0(\\w+)\0")
 
 
-def _expand_str(text: str) -> str:
-    """Expand `${VAR}` and `${VAR:-default}` (innermost first, so defaults may hold variables)."""
+def _expand_str(text: str, key: str) -> str:
+    """Expand `${VAR}` and `${VAR:-default}` (innermost first, so defaults may hold variables). An unset `${VAR}`
+    without a default is a ConfigError naming it and `key`: left as '' it would make a path or URL that fails
+    only later, in another task. The message holds no value: another variable may be a secret."""
+    def value(m: re.Match[str]) -> str:
+        name, default, given = m.group(1), m.group(2), os.environ.get(m.group(1))
+        if given:
+            return given
+        if default is not None:  # `${VAR:-}` included: an explicit empty string
+            return default
+        return "" if given == "" else f"\0{name}\0"  # set to '' is the person's choice; unset is not
+
     while True:
-        expanded = _VAR.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
+        expanded = _VAR.sub(value, text)
         if expanded == text:
-            return expanded
+            break
         text = expanded
+    if unset := _UNSET.search(text):
+        raise ConfigError(f"{key}: ${{{unset.group(1)}}} is not set (no default)")
+    return text
 
 
-def _expand(value: Any) -> Any:
+def _expand(value: Any, key: str) -> Any:
+    """`value` with its `${VAR}`s expanded; `key` is its dotted place in the config (named in errors)."""
     if isinstance(value, str):
-        return _expand_str(value)
+        return _expand_str(value, key)
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, f"{key}.{i}") for i, v in enumerate(value)]
     return value
 
 
@@ -1146,14 +1215,18 @@ def read_config_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def expand_vars(document: Any) -> Any:
-    """A document with its `${VAR}`s expanded (RETRAINER_HOME defaulted first, so every process agrees)."""
+def expand_vars(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """A document with its `${VAR}`s expanded (RETRAINER_HOME defaulted first, so every process agrees); an
+    unset `${VAR}` without a default is a ConfigError naming `source`, the key and the variable."""
     os.environ.setdefault("RETRAINER_HOME", str(retrainer_home()))
-    return _expand(document)
+    try:
+        return _expand(document, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def config_from_document(document: dict[str, Any], source: str) -> JobConfig:
     """Expand `${VAR}`s and validate a resolved config document (tasks/resolve.py: a pretrained model's sizes
     already in it); no I/O, and validated once per process by content."""
-    return _validate(expand_vars(document), source=source)
+    return _validate(expand_vars(document, source), source=source)
 

@@ -144,11 +144,18 @@ def fresh_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
 
     `dest` must be absent or an empty directory (else InvalidInputError): a download never mixes
     into other files. On error the temporary directory is removed and `dest` is left as it was.
+    A symlink `dest` is refused as one, before anything is written: the finished directory is renamed onto
+    `dest`, which cannot replace a link without deleting it (whatever else follows the link, such as a
+    serving pointer, would silently lose it), and filling the link's target would write where the caller
+    did not name.
     """
     import shutil
     import tempfile
 
     dest = Path(dest)
+    if dest.is_symlink():
+        raise InvalidInputError(f"{dest}: destination is a symlink (to {os.readlink(dest)}); give a directory "
+                                "path that is not a link")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InvalidInputError(f"{dest}: destination exists and is not an empty directory; choose a new one")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -30,17 +30,16 @@ from tasks.models.pretrained import sizes_from_pretrained
 def resolve_document(document: dict[str, Any], source: str) -> dict[str, Any]:
     """The document with a pretrained model's sizes (and family) written into its model section; the
     fields the document gives stay as written (`${VAR}`s included). A document without model.pretrained
-    is resolved as it is."""
-    model = document.get("model")
-    expanded = expand_vars(model) if isinstance(model, dict) else None
-    if not (isinstance(expanded, dict) and expanded.get("pretrained")):
+    is resolved as it is. Every `${VAR}` of the document is checked set first, before anything is read."""
+    model = expand_vars(document, source).get("model")
+    if not (isinstance(model, dict) and model.get("pretrained")):
         return document
     try:
-        given = ModelConfig.model_validate(expanded)
+        given = ModelConfig.model_validate(model)
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid config:\n  {validation_problems(exc, 'model')}") from None
     # The sizes come from the pretrained config.json before the layout is checked against them.
-    return {**document, "model": {**sizes_from_pretrained(given, source), **model}}
+    return {**document, "model": {**sizes_from_pretrained(given, source), **document["model"]}}
 
 
 @dataclass(frozen=True)

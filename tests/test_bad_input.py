@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,49 @@ def test_rollback_to_missing_version_changes_nothing(tmp_path: Path, capsys: pyt
     assert [h.to_dict() for h in registry.history("m")] == before
     assert registry.live_version("m", "production").version == 2
 
+
+
+def test_an_unset_variable_is_refused_at_load_naming_it_and_its_key(tmp_path: Path) -> None:
+    """`${VAR}` without a default and VAR unset: one line naming the variable and the key, before anything is read
+    (the pretrained folder named is not there: reading it would be another error) or written; no value of
+    another variable (a secret) in it."""
+    secret = "s3cr3t-never-printed"
+    cfg = demo_config(tmp_path, model={"pretrained": str(tmp_path / "no-such-model")})
+    cfg["publish"].update(registry_url="postgresql+psycopg://retrainer:${RETRAINER_TEST_DB_PASSWORD}@db/registry",
+                          storage_options={"secret": "${RETRAINER_TEST_S3_SECRET}"})
+    path = write(tmp_path, cfg)
+    env = {k: v for k, v in os.environ.items() if k != "RETRAINER_TEST_DB_PASSWORD"}
+    env.update(RETRAINER_TEST_S3_SECRET=secret, RETRAINER_HOME=str(tmp_path / "home"))
+    proc = subprocess.run([RETRAINER, "plan", str(path)], capture_output=True, text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"retrainer: error: {path}: publish.registry_url: ${{RETRAINER_TEST_DB_PASSWORD}} is not "
+                           "set (no default)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no cache, run dir, registry or home
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({"train": {"steps": 18446744073709551617}}, "train.steps: Input should be less than or equal to 1000000000"),
+    ({"parallel": {"micro_batches": 2**63}}, "parallel.micro_batches: Input should be less than or equal to 16777216"),
+    ({"train": {"seed": 2**64}}, "train.seed: Input should be less than or equal to 4294967295"),
+    ({"model": {"d_model": 2**40}}, "model.d_model: Input should be less than or equal to 1048576"),
+    ({"evaluate": {"batch_size": 10**6}}, "evaluate.batch_size: Input should be less than or equal to 4096"),
+    ({"cluster": {"hang_timeout_s": 1e300}}, "cluster.hang_timeout_s: Input should be less than or equal to 31536000"),
+    ({"train": {"micro_batch_size": 2**13}, "parallel": {"micro_batches": 2**12}},  # x dp 2
+     "the global batch of 67108864 (train.micro_batch_size x parallel.micro_batches x parallel.dp) exceeds 16777216"),
+])
+def test_a_huge_number_is_refused_at_load_naming_the_field_and_its_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, problem: str) -> None:
+    path = write(tmp_path, demo_config(tmp_path, **changes))
+    code, err = run_cli(capsys, "plan", str(path))
+    assert code == 2
+    assert problem in err and f"retrainer: error: {path}: invalid config" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_steps_past_64_bits_are_refused_by_the_real_command(tmp_path: Path) -> None:
+    path = write(tmp_path, demo_config(tmp_path, train={"steps": 18446744073709551617}))
+    proc = subprocess.run([RETRAINER, "train", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "train.steps: Input should be less than or equal to 1000000000" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("retrainer: error:") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]

@@ -263,3 +263,28 @@ def test_durations_read_as_people_write_them() -> None:
     assert format_duration(5400.4) == "1 hour 30 minutes"
     assert format_duration(61) == "1 minute 1 second"
     assert format_duration(0) == "0 seconds"
+
+
+def test_a_variable_needs_a_value_or_a_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`${VAR:-default}` and an explicit empty default keep working, RETRAINER_HOME defaults to ./.retrainer, and
+    a default's own unset variable matters only when the default is taken; an unset `${VAR}` names VAR and its key."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RETRAINER_HOME", raising=False)
+    monkeypatch.delenv("RETRAINER_DB_URL", raising=False)
+    monkeypatch.delenv("RETRAINER_TEST_UNSET", raising=False)
+    monkeypatch.setenv("RETRAINER_TEST_EMPTY", "")
+    monkeypatch.setenv("RETRAINER_TEST_HOST", "node-a")
+
+    def hosts(cfg: dict) -> None:
+        cfg["cluster"] = {"launcher": "ssh", "hosts": ["${RETRAINER_TEST_HOST:-${RETRAINER_TEST_UNSET}}",
+                                                       "node-b${RETRAINER_TEST_UNSET:-}${RETRAINER_TEST_EMPTY}"]}
+
+    cfg = load_config(write(tmp_path, hosts))
+    assert cfg.cluster.hosts == ["node-a", "node-b"]
+    assert cfg.data.cache_dir == str(tmp_path / ".retrainer" / "cache")
+
+    monkeypatch.delenv("RETRAINER_TEST_HOST")
+    with pytest.raises(ConfigError) as refused:
+        load_config(write(tmp_path, hosts))
+    assert str(refused.value) == (f"{tmp_path / 'job.yaml'}: cluster.hosts.0: ${{RETRAINER_TEST_UNSET}} is not set "
+                                  "(no default)")

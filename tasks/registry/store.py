@@ -190,12 +190,23 @@ class ArtifactStore:
     def pull(self, rec: VersionRecord, dest: str | os.PathLike[str]) -> Path:
         """A version's artifact, every byte verified, into an empty or new `dest`: a tree as the directory itself
         (ready for `from_pretrained(dest)`), a single-file version as `dest/consolidated.pt`. Nothing is left
-        on failure."""
+        on failure, and nothing is written into this store."""
+        self._refuse_inside(dest)
         if rec.artifact_kind == "tree":
             return self.get_tree(rec.artifact_digest, dest)
         with fresh_dir(dest) as tmp:
             self.get(rec.artifact_digest, tmp / LEGACY_FILE)
         return Path(dest)
+
+    def _refuse_inside(self, dest: str | os.PathLike[str]) -> None:
+        """Refuse a `dest` inside this local store: the store holds content-addressed objects that housekeeping
+        lists and deletes by their place, not copies. `dest`'s own last part is not followed (a symlink there
+        is refused as one, by `fresh_dir`)."""
+        if not self.local:
+            return
+        path = Path(os.path.abspath(dest))
+        if (Path(os.path.realpath(path.parent)) / path.name).is_relative_to(os.path.realpath(self.root)):
+            raise InvalidInputError(f"{dest}: inside the artifact store {self.url}; pull into a directory outside it")
 
     def exists(self, digest: str) -> bool:
         return bool(self.fs.exists(self.path_for(digest)))

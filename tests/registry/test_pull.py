@@ -151,3 +151,53 @@ def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weig
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pulled", dtype=torch.float32).state_dict()
     for name, param in local_named_params(trained):
         assert torch.equal(loaded[family.hf_name(name)], param.detach()), name
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Everything under `root` as a person would compare it: each path with its bytes, or where a link points."""
+    return {p.relative_to(root).as_posix(): ("link", os.readlink(p)) if p.is_symlink() else
+            ("file", p.read_bytes()) if p.is_file() else ("dir", "") for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("how", ["artifact URL", "--store", "symlinked parent"])
+def test_pull_into_the_store_itself_is_refused_naming_the_store(
+    sqlite_url: str, cli: Cli, tmp_path: Path, how: str
+) -> None:
+    upgrade(sqlite_url)
+    store = ArtifactStore(str(tmp_path / "store"))
+    publish(sqlite_url, store.put_tree(model_dir(tmp_path / "src")))
+    if how == "--store":  # the same objects at another place (a mirror, another mount), named on the command line
+        subprocess.run(["cp", "-a", str(tmp_path / "store"), str(tmp_path / "mirror")], check=True)
+        store = ArtifactStore(str(tmp_path / "mirror"))
+    dest = Path(store.root) / "trees" / "mine"
+    if how == "symlinked parent":  # DEST's folder is a link into the store
+        (tmp_path / "into-store").symlink_to(Path(store.root) / "trees")
+        dest = tmp_path / "into-store" / "mine"
+    before = snapshot(Path(store.root))
+
+    rc, out, err = cli("registry", "pull", "--model", "m", str(dest), "--db", sqlite_url,
+                       *(["--store", store.url] if how == "--store" else []))
+    assert (rc, out) == (2, "")
+    assert err == f"retrainer: error: {dest}: inside the artifact store {store.url}; pull into a directory outside it\n"
+    assert snapshot(Path(store.root)) == before  # no DEST, no temporary beside it, no parent made
+    assert not os.path.lexists(dest)
+
+
+@pytest.mark.parametrize("target", ["an empty folder", "nothing"])
+def test_pull_into_a_symlink_is_refused_saying_it_is_a_symlink(
+    sqlite_url: str, cli: Cli, tmp_path: Path, target: str
+) -> None:
+    upgrade(sqlite_url)
+    publish(sqlite_url, ArtifactStore(str(tmp_path / "store")).put_tree(model_dir(tmp_path / "src")))
+    (tmp_path / "serving").mkdir()
+    if target == "an empty folder":
+        (tmp_path / "serving" / "v1").mkdir()
+    link = tmp_path / "serving" / "production"
+    link.symlink_to(tmp_path / "serving" / "v1")
+    before = snapshot(tmp_path / "serving")
+
+    rc, out, err = cli("registry", "pull", "--model", "m", str(link), "--db", sqlite_url)
+    assert (rc, out) == (2, "")
+    assert err == (f"retrainer: error: {link}: destination is a symlink (to {tmp_path / 'serving' / 'v1'}); "
+                   "give a directory path that is not a link\n")
+    assert snapshot(tmp_path / "serving") == before  # the link and its target as they were, no temporary
