@@ -770,8 +770,9 @@ class PublishConfig(_Strict):
     policy: dict[str, AliasPolicy] = Field(
         default_factory=dict, description="per alias (or \"*\" for every alias not listed): approval, approvers, "
                                           "movers, self_approval (tasks/policy.py; README: who may do what)")
-    approval_timeout_s: float = Field(24 * 3600.0, gt=0, description="how long an approval waits for an answer; "
-                                      "no answer in time rejects the candidate (nothing is published)")
+    approval_timeout_s: float = Field(24 * 3600.0, gt=0, le=MAX_WAIT_S,
+                                      description="how long an approval waits for an answer; no answer in time "
+                                                  "rejects the candidate (nothing is published)")
 
     @field_validator("approval", mode="before")
     @classmethod
