@@ -24,7 +24,7 @@ from typing import Any
 from tasks.audit import default_actor
 from tasks.config import JobConfig
 from tasks.endpoints import registry_for
-from tasks.errors import InvalidInputError
+from tasks.errors import InvalidInputError, RetrainerError
 from tasks.evaluate import VersionsScored, score_versions
 from tasks.gate import GateDecision, judge
 from tasks.policy import Person, check_mover
@@ -86,9 +86,10 @@ def stage_promote_check(job: ConfigSnapshot, version: int | None, *, force: bool
 
 
 def stage_promote_evaluate(promotion: Promotion) -> VersionsScored:
-    """Score the version and the alias's live one on the config's suites (the config's current data for a suite
-    without its own source), as the gate of a retrain does."""
+    """Score the version and the alias's live one on the config's suites (the config's current data, warmed
+    here, for a suite without its own source), as the gate of a retrain does."""
     from tasks.lifecycle import stage_identify
+    from tasks.warm import warm_for_config
 
     cfg = promotion.config()
     reg = registry_for(cfg)
@@ -96,7 +97,12 @@ def stage_promote_evaluate(promotion: Promotion) -> VersionsScored:
     live = None if promotion.live_version is None else reg.get_version(cfg.publish.model_name,
                                                                        promotion.live_version)
     run = stage_identify(cfg)
-    return score_versions(cfg, run, candidate, live, Path(cfg.train.output_dir) / "promotions")
+    warmed = warm_for_config(cfg)
+    if warmed.manifest_hash != run.data_manifest_hash:
+        raise RetrainerError(f"{run.data_url}: the dataset changed while the promotion started (manifest "
+                             f"{run.data_manifest_hash[:12]} then, {warmed.manifest_hash[:12]} now); start it again")
+    eval_root = Path(cfg.train.output_dir) / "promotions"
+    return score_versions(cfg, run, candidate, live, Path(warmed.dataset_dir), eval_root)
 
 
 def stage_promote_gate(promotion: Promotion, scored: VersionsScored) -> GateDecision:

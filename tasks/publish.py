@@ -75,8 +75,8 @@ def require_approval(cfg: JobConfig, approved_by: str | None) -> None:
     if cfg.publish.approval_required and not approved_by:
         raise NotPermittedError(
             f"publish.policy.{alias}.approval is required: a person in its approvers approves every move onto "
-            f"{alias!r}, under Airflow (the retrain_{cfg.name} DAG's approval step); none was given here: "
-            "nothing published")
+            f"{alias!r}, under Airflow (the approval step of retrain_{cfg.name} or promote_model); none was given "
+            "here: nothing moved")
 
 
 def publish(

@@ -133,3 +133,47 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     assert "started from tiny-llama v3 (live on production)" in text.stdout
     assert "no new data" in text.stdout and "nothing to train" in text.stdout
     assert show(tmp_path)["aliases"]["production"]["version"] == 3
+
+    # By hand, an operator wants v1 back on production: v1 is not rolled back, so that is a promotion, held to
+    # production's gate. Scored afresh (the store's evaluation cache emptied): one rank job scores v1 and v3 on
+    # this week's held-out data; v3's numbers are exactly those its publish recorded. A gate v1 cannot pass
+    # refuses it, naming the rule; one it passes moves production, recorded as a promotion with the gate.
+    import shutil
+
+    shutil.rmtree(tmp_path / "store" / "models" / "eval-cache")
+    doc = yaml.safe_load(config.read_text())
+    for name, threshold in (("strict", 0.01), ("lenient", 100.0)):
+        doc["evaluate"]["gate"] = {"rules": [{"metric": "heldout.loss", "against": "absolute", "threshold": threshold}]}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    # Where production needs a person's approval, a command line (nobody to approve) moves nothing, trains nothing.
+    doc["publish"]["policy"] = {"production": {"approval": "required"}}
+    (tmp_path / "approved.yaml").write_text(yaml.safe_dump(doc))
+    del doc["publish"]["policy"]
+    runs_before = sorted((tmp_path / "runs").iterdir())
+    approved = str(tmp_path / "approved.yaml")
+    for verb in (("promote", approved, "--version", "1"), ("run", approved)):
+        refused = retrainer(*verb, tmp=tmp_path)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "retrainer: error: publish.policy.production.approval is required: a person in its approvers approves "
+            "every move onto 'production', under Airflow (the approval step of retrain_tiny-llama or promote_model); "
+            "none was given here: nothing moved")
+    assert sorted((tmp_path / "runs").iterdir()) == runs_before and not (tmp_path / "store" / "models" /
+                                                                           "eval-cache").exists()
+    strict = retrainer("promote", str(tmp_path / "strict.yaml"), "--version", "1", tmp=tmp_path)
+    assert strict.returncode == 2, strict.stderr[-2000:]
+    assert ("retrainer: error: promoting v1 onto 'production': refused by evaluate.gate.rules[0] (heldout.loss min, "
+            "threshold 0.01)") in strict.stderr and "Traceback" not in strict.stderr, strict.stderr[-2000:]
+    assert show(tmp_path)["aliases"]["production"]["version"] == 3
+    cached = {int(p.parent.name[1:]): json.loads(p.read_text())["metrics"]
+              for p in (tmp_path / "store" / "models" / "eval-cache" / "tiny-llama").glob("v*/*.json")}
+    assert set(cached) == {1, 3}
+    recorded = {v["version"]: v for v in show(tmp_path)["versions"]}[3]["metrics"]["metrics"]
+    assert cached[3]["heldout.loss"] == pytest.approx(recorded["heldout.loss"], rel=1e-6)
+    lenient = retrainer("promote", str(tmp_path / "lenient.yaml"), "--version", "1", "--reason", "v1 answers best",
+                        "--json", tmp=tmp_path)
+    assert lenient.returncode == 0, lenient.stderr[-2000:]
+    move = json.loads(lenient.stdout)
+    assert (move["action"], move["from_version"], move["to_version"]) == ("promote", 3, 1)
+    assert move["reason"].startswith("v1 answers best; gate: evaluate.gate.rules[0] (heldout.loss min, threshold 100)")
+

@@ -1,4 +1,4 @@
-"""Listener: a retrain or rollback run's outcome note (the gate's or the plan's refusal, a refused conf)
+"""Listener: a retrain, rollback or promote run's outcome note (the gate's or the plan's refusal, a refused conf)
 becomes the DAG run's note.
 
 A task cannot set its own run's note in Airflow 3, so the task pushes the reason as the XCom
@@ -15,7 +15,7 @@ from retrainer_airflow.contract import RUN_NOTE_KEY
 
 log = logging.getLogger(__name__)
 
-NOTED_DAGS = ("retrain_", "rollback_model", "deploy_")  # dag id prefixes whose runs may carry a note
+NOTED_DAGS = ("retrain_", "rollback_model", "promote_model", "deploy_")  # dag id prefixes whose runs may carry a note
 
 
 @hookimpl

@@ -147,10 +147,10 @@ class VersionsScored:
 
 
 def score_versions(cfg: JobConfig, run: RunIdentity, candidate: VersionRecord, live: VersionRecord | None,
-                   eval_root: Path) -> VersionsScored:
-    """Score `candidate` and `live` on the config's suites (the run's data for a suite without its own source) by
-    evaluation ranks through the job's launcher, each unless its numbers on exactly these suites are cached;
-    what is scored is cached. `eval_root` holds the job's directory."""
+                   dataset_dir: Path, eval_root: Path) -> VersionsScored:
+    """Score `candidate` and `live` on the config's suites (the run's data, warmed at `dataset_dir`, for a suite
+    without its own source) by evaluation ranks through the job's launcher, each unless its numbers on exactly
+    these suites are cached; what is scored is cached. `eval_root` holds the job's directory."""
     from tasks.evaluate.cache import read_cached, write_cached
     from tasks.evaluate.spec import resolve_suites, suite_hash
 
@@ -159,8 +159,7 @@ def score_versions(cfg: JobConfig, run: RunIdentity, candidate: VersionRecord, l
     named = {"candidate": candidate, "live": live}
     scores = {name: read_cached(cfg, v.version, key) for name, v in named.items() if v is not None}
     models = [version_entry(cfg, run, named[name], name) for name, cached in scores.items() if cached is None]
-    scored = ranks_launch(cfg, run, models, suites, key, Path(cfg.data.cache_dir), eval_root).run_here()["models"] \
-        if models else {}
+    scored = ranks_launch(cfg, run, models, suites, key, dataset_dir, eval_root).run_here()["models"] if models else {}
     out: dict[str, LiveScore] = {}
     for name, cached in scores.items():
         version = named[name]

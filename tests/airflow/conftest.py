@@ -35,10 +35,11 @@ import httpx
 import pytest
 import yaml
 
-from tests.services import free_port
+from tests.services import AIRFLOW_TEST_USERS, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RETRAINER = str(Path(sys.executable).with_name("retrainer"))  # the venv's console script
+PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
 
 # The README's "Under Airflow" commands after `retrainer`, in its order; the last one keeps running.
 README_AIRFLOW_COMMANDS = [
@@ -135,11 +136,23 @@ class Standalone:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def client(self, authenticated: bool = True) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers=self.auth if authenticated else {}, timeout=60)
+    def token_for(self, user: str) -> str:
+        """A bearer token of one of the standalone's users (tests/services.py AIRFLOW_TEST_USERS), logged in with
+        the password Airflow generated for them, as that person would."""
+        if user == "admin":
+            return self.token
+        password = json.loads((self.home / "airflow" / PASSWORD_FILE).read_text())[user]
+        with httpx.Client(base_url=self.base_url, timeout=60) as c:
+            resp = c.post("/auth/token", json={"username": user, "password": password})
+        assert resp.status_code in (200, 201), resp.text
+        return resp.json()["access_token"]
 
-    def trigger(self, dag_id: str, conf: dict[str, Any]) -> httpx.Response:
-        with self.client() as c:
+    def client(self, authenticated: bool = True, user: str = "admin") -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token_for(user)}"} if authenticated else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
+
+    def trigger(self, dag_id: str, conf: dict[str, Any], user: str = "admin") -> httpx.Response:
+        with self.client(user=user) as c:
             return c.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600) -> dict[str, Any]:
@@ -197,7 +210,7 @@ class Standalone:
 def _wait_ready(sa: Standalone, dag_ids: list[str], timeout: float = 300) -> None:
     """API up, admin password generated, token issued, and our DAGs parsed."""
     deadline = time.monotonic() + timeout
-    password_file = sa.home / "airflow" / "simple_auth_manager_passwords.json.generated"
+    password_file = sa.home / "airflow" / PASSWORD_FILE
     while time.monotonic() < deadline:
         assert sa.proc.poll() is None, f"airflow standalone exited early:\n{sa.log_tail()}"
         try:
@@ -289,6 +302,7 @@ def running_standalone(home: Path, tenants: list[Tenant], env: dict[str, str]) -
         **_bare_environment(),
         # What the README names for a user to set:
         "AIRFLOW_HOME": str(home / "airflow"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": AIRFLOW_TEST_USERS,  # people of each role (README: who may do what)
         "AIRFLOW__API__PORT": str(port),  # and not AIRFLOW__API__BASE_URL: the wrapper derives it
         "RETRAINER_CONFIG_DIR": str(config_dir),
         "RETRAINER_HOME": str(home / "retrainer"),

@@ -6,11 +6,13 @@ The model is the README's `tiny-llama` (its REST lines start a run of it). Its c
 either alias when they start), so only the first one trains; the others reuse its checkpoint and evaluate
 again. In file order, as a user would:
 nobody answers the first run in time (rejected, noted, nothing published; its deadline alert fires);
-the second is rejected through the HITL REST endpoint with a comment (the run's note says who and why);
-the third, started by the README's REST lines as written, is approved through it (published, the approver
-in the version's created_by and the alias history); a run to `staging`, which needs no approval, publishes
-at once. A person answers as soon as the request is listed as waiting, which Airflow 3.3.2 may mishandle
-(apache/airflow#67330); the approval is made to lose that race for certain, and its answer must stand anyway.
+the second is rejected through the HITL REST endpoint with a comment (the run's note says who and why) by
+alice, an `op` (the default approvers, role:op), after Airflow refused an answer from admin, who started the
+run (no self-approval), and from a `user`; the third, started by the README's REST lines as written, is
+approved through it by alice (published, the approver in the version's created_by and the alias
+history); a run to `staging`, which needs no approval, publishes at once. A person answers as soon as
+the request is listed as waiting, which Airflow 3.3.2 may mishandle (apache/airflow#67330); the approval
+is made to lose that race for certain, and its answer must stand anyway.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.airflow.conftest import Standalone, Tenant, under_airflow_bash_blocks
 RETRAIN = "retrain_tiny-llama"
 MODEL, ALIAS = "tiny-llama", "production"
 TIMEOUT_S = 30  # the shortest that leaves a person's answer seconds to spare on a busy CI box
+APPROVER = "alice"  # an `op`: the default approvers are role:op, and admin starts the runs (no self-approval)
 
 pytestmark = pytest.mark.multiproc
 
@@ -122,8 +125,8 @@ def _pause(sa: Standalone, paused: bool) -> None:
         c.patch(f"/api/v2/dags/{RETRAIN}", json={"is_paused": paused}).raise_for_status()
 
 
-def _answer(sa: Standalone, run_id: str, option: str, comment: str) -> dict[str, Any]:
-    with sa.client() as c:
+def _answer(sa: Standalone, run_id: str, option: str, comment: str, user: str = APPROVER) -> dict[str, Any]:
+    with sa.client(user=user) as c:
         resp = c.patch(_hitl_path(run_id), json={"chosen_options": [option], "params_input": {"comment": comment}})
     assert resp.status_code == 200, resp.text
     return resp.json()
@@ -153,8 +156,10 @@ def test_no_answer_in_time_rejects_and_the_deadline_alert_fires(standalone: Stan
     body = request["body"]
     for text in ("`heldout.loss`", "`heldout.perplexity`", "| metric | candidate | live | change |",
                  f"Live on `{ALIAS}`: nothing yet", "**Gate**: passed:", "- passed: evaluate.gate.rules[0]",
-                 "No answer within 30 seconds rejects it."):
+                 "No answer within 30 seconds rejects it.",
+                 "Who may answer: alice, op1 (publish.policy.production.approvers; not admin, who started this run)."):
         assert text in body, (text, body)
+    assert request["assigned_users"] == [{"id": "alice", "name": "alice"}, {"id": "op1", "name": "op1"}]
 
     run = _finished(standalone, run_id)  # nobody answers: the scheduler's timeout sweep applies Reject
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "skipped"
@@ -170,12 +175,16 @@ def test_no_answer_in_time_rejects_and_the_deadline_alert_fires(standalone: Stan
 def test_reject_through_rest_publishes_nothing_and_notes_who_and_why(standalone: Standalone) -> None:
     run_id = _start(standalone)
     _awaiting_approval(standalone, run_id)
+    for outsider in ("admin", "user1"):  # the run's own starter, and someone who is no approver: Airflow says no
+        with standalone.client(user=outsider) as c:
+            refused = c.patch(_hitl_path(run_id), json={"chosen_options": ["Approve"], "params_input": {}})
+        assert refused.status_code == 403 and "is not a respondent" in refused.text, refused.text
     answered = _answer(standalone, run_id, "Reject", "perplexity too close to live, wait for more data")
-    assert answered["responded_by"]["name"] == "admin"
+    assert answered["responded_by"]["name"] == APPROVER
 
     run = _finished(standalone, run_id)
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "skipped"
-    assert run["note"] == ("approval: rejected by admin: perplexity too close to live, wait for more data; "
+    assert run["note"] == (f"approval: rejected by {APPROVER}: perplexity too close to live, wait for more data; "
                            "not published")
     registry = _registry(standalone)
     assert registry.models() == [] and registry.live_version(MODEL, ALIAS) is None
@@ -199,10 +208,10 @@ def test_approve_through_rest_publishes_and_names_the_approver(standalone: Stand
     registry = _registry(standalone)
     live = registry.live_version(MODEL, ALIAS)
     assert live is not None and live.version == 1
-    assert live.created_by == f"admin via airflow {RETRAIN}/{run_id}"
+    assert live.created_by == f"{APPROVER} via airflow {RETRAIN}/{run_id}"
     [move] = registry.history(MODEL, ALIAS)
     assert (move.action, move.from_version, move.to_version) == ("publish", None, 1)
-    assert move.actor == live.created_by and move.reason == "retrain, approved by admin: numbers look right"
+    assert move.actor == live.created_by and move.reason == f"retrain, approved by {APPROVER}: numbers look right"
 
 
 def test_an_alias_that_needs_no_approval_publishes_at_once(standalone: Standalone) -> None:
