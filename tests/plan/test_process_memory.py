@@ -37,7 +37,11 @@ def _measure(cfg: JobConfig, dataset: Path, **run: Any) -> tuple[Plan, list[int]
     for rank, peak in enumerate(measured):
         stage = predicted.stages[rank]
         want = stage["process_total"]
-        assert abs(want - peak) <= 0.15 * peak, (
+        # The starting weights' file pages count in a rank's RSS only while mapped and resident in it: whether
+        # they still are at its high-water mark depends on the page cache (a LoRA rank 0 peaked at 565 MiB on one
+        # box, 453 MiB on a fresh one, planned 531). The plan must hold within 15% with that term or without it.
+        without_pages = want - stage["process"]["weights_file_pages"]
+        assert without_pages - 0.15 * peak <= peak <= want + 0.15 * peak, (
             f"{'LoRA' if cfg.train.lora else 'full'} rank {rank}: planned {want / 2**20:.0f} MiB "
             f"({stage['process']}), measured peak RSS {peak / 2**20:.0f} MiB")
     assert predicted.memory.process_peak == max(s["process_total"] for s in predicted.stages)
