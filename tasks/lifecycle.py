@@ -185,10 +185,15 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict
 
 
 def stage_warm(cfg: JobConfig, run: RunIdentity) -> Warmed:
-    """Warm every source of the run's data (the primary, then each replay source), each verified against
-    the manifest the run was identified with."""
+    """Warm the starting weights the ranks load (checked as they enter the cache: before a run directory
+    exists; on a launcher that warms each node, each node's warm does this instead) and every source of the
+    run's data (the primary, then each replay source), each verified against the manifest the run was
+    identified with."""
+    from tasks.launch import get_launcher
     from tasks.warm import warm_mixture
 
+    if not get_launcher(cfg).warms_nodes:
+        fetch_starting_weights(cfg, weights_to_load(cfg, run))
     primary, *replay = warm_mixture(cfg)
     planned = [(run.data_url, run.data_manifest_hash), *((r.url, r.manifest_hash) for r in run.replay)]
     for (url, then), result in zip(planned, [primary, *replay], strict=True):
