@@ -208,7 +208,7 @@ def test_a_clean_folder_with_a_symlink_inside_enters_the_cache_once_checked(team
 
     again = retrainer("run", str(config), "--dry-run", tmp=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "checked" not in again.stderr and "every float finite" not in again.stderr  # not checked again
+    assert f"model: {hf} checked" not in again.stderr and "every float finite" not in again.stderr  # not again
     assert "(0 fetched, 0 bytes" in again.stderr
 
 
