@@ -20,6 +20,7 @@ import numpy as np
 from tasks.config import ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.model_files import HF_CONFIG
+from tasks.models.weights import HFWeights, check_shapes
 from tasks.safetensors_stream import DTYPE_NAMES
 
 # The float dtypes (safetensors' names) a model's weights may start from -> (each element as an unsigned
@@ -158,8 +159,6 @@ def check_folder(path: Path, m: ModelConfig, label: str) -> None:
     """The header facts of a model folder's copy, before it takes its name in the cache: every tensor the
     model has, of the shape config.json implies, of a float dtype (the one config.json names, if any), and
     every tokenizer id below vocab_size. InvalidInputError naming `label`, the file and the tensor or token."""
-    from tasks.models.weights import HFWeights, check_shapes  # torch: a config's resolution never loads it
-
     check_shapes(path, m, label=label)
     want = _config_dtype(path / HF_CONFIG, label)
     weights = HFWeights(path, m)
