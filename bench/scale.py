@@ -15,7 +15,8 @@ saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, inte
   record), every file verified; vs `cp -r` of the tree + `sync`. Goal >= 0.5. The whole `retrainer registry
   pull` command (a new process: imports, database) is timed too, for reference.
 - cache copy: `warm_pretrained` of the directory into a fresh cache (what a run starting from
-  `model.pretrained` does), every file hashed; vs `cp -r` + `sync`. Goal >= 0.5.
+  `model.pretrained` does), every file hashed and checked (every weight finite, shapes, dtypes, tokenizer);
+  vs `cp -r` + `sync`. Goal >= 0.5.
 - start: `tasks.launch.train` of a fresh run from the directory (2 ranks, pp=2, ZeRO-1, fp32 on CPU),
   from the call to the moment rank 0 reports "training" (the engine built, the weights in, the first
   step about to run); vs a new process running transformers' `from_pretrained` (fp32) and reading every
@@ -435,7 +436,11 @@ def main() -> None:
 
         # -- cache copy: a pretrained directory warmed into a run's cache ------------------------------------
         if "cache" in sections:
-            _pair("cache copy", lambda: warm_pretrained(str(root / "hf"), {}, root / "models"),
+            from tasks.config import ModelConfig
+            from tasks.models.pretrained import sizes_from_pretrained
+
+            m = ModelConfig.model_validate(sizes_from_pretrained(ModelConfig(pretrained=str(root / "hf")), "bench"))
+            _pair("cache copy", lambda: warm_pretrained(str(root / "hf"), m, root / "models"),
                   lambda: _cp_sync(root / "hf", root / "copied"), _reset_out(root), args.repeat, hf_bytes,
                   "cp -r + sync")
 

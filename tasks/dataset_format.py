@@ -44,7 +44,15 @@ def shard_key(split: str, index: int) -> str:
 
 
 def validate_key(key: str) -> str:
-    """Refuse object keys that could escape a cache root or collide: `..`, absolute, NUL, empty segments."""
+    """Refuse object keys that could escape a cache root or collide (`relative_key`), and the manifest's own key."""
+    if relative_key(key) == MANIFEST_KEY:
+        raise ValueError(f"key {key!r} is reserved for the manifest itself")
+    return key
+
+
+def relative_key(key: str) -> str:
+    """Refuse a key (a path under a root) that could escape the root or collide: `..`, absolute, NUL, empty
+    segments."""
     if not key:
         raise ValueError("key is empty")
     if "\x00" in key:
@@ -54,8 +62,6 @@ def validate_key(key: str) -> str:
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"key {key!r} has an empty, '.' or '..' segment")
-    if key == MANIFEST_KEY:
-        raise ValueError(f"key {key!r} is reserved for the manifest itself")
     return key
 
 

@@ -142,9 +142,21 @@ def _mapped(src: str | os.PathLike[str]) -> Iterator[memoryview]:
                 yield view[start:start + BUFFER]
 
 
-def copy_stream(fin: Any, sink: _Sink) -> tuple[str, int]:
-    """Copy a readable binary stream (`readinto`) into `sink`, hashing on the way; (sha256 hex, bytes)."""
-    return copy_chunks(_read_in_turns(fin), sink)
+def _shown(chunks: Iterable[memoryview], tap: Callable[[memoryview], None] | None) -> Iterable[memoryview]:
+    """The chunks, each shown to `tap` (if any) before it is written: a check of the bytes in the same pass as
+    the copy, on the next piece while the last is written and hashed; a tap that raises stops the copy."""
+    if tap is None:
+        yield from chunks
+        return
+    for chunk in chunks:
+        tap(chunk)
+        yield chunk
+
+
+def copy_stream(fin: Any, sink: _Sink, tap: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
+    """Copy a readable binary stream (`readinto`) into `sink`, hashing on the way (each piece shown to `tap`
+    first, in order); (sha256 hex, bytes)."""
+    return copy_chunks(_shown(_read_in_turns(fin), tap), sink)
 
 
 def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
@@ -153,9 +165,11 @@ def feed_file(src: str | os.PathLike[str], writer: HashingWriter) -> None:
         writer.write(piece)
 
 
-def copy_local(src: str | os.PathLike[str], sink: _Sink) -> tuple[str, int]:
-    """Copy a local file, mapped (`_mapped`), into `sink`, hashing on the way; (sha256 hex, bytes)."""
-    return copy_chunks(_mapped(src), sink)
+def copy_local(src: str | os.PathLike[str], sink: _Sink,
+               tap: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
+    """Copy a local file, mapped (`_mapped`), into `sink`, hashing on the way (each piece shown to `tap` first,
+    in order); (sha256 hex, bytes)."""
+    return copy_chunks(_shown(_mapped(src), tap), sink)
 
 
 def copy_file(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> tuple[str, int]:

@@ -186,10 +186,15 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict
 
 
 def stage_warm(cfg: JobConfig, run: RunIdentity) -> Warmed:
-    """Warm every source of the run's data (the primary, then each replay source), each verified against
-    the manifest the run was identified with."""
+    """Warm the starting weights the ranks load (checked as they enter the cache: before a run directory
+    exists; on a launcher that warms each node, each node's warm does this instead) and every source of the
+    run's data (the primary, then each replay source), each verified against the manifest the run was
+    identified with."""
+    from tasks.launch import get_launcher
     from tasks.warm import warm_mixture
 
+    if not get_launcher(cfg).warms_nodes:
+        fetch_starting_weights(cfg, weights_to_load(cfg, run))
     primary, *replay = warm_mixture(cfg)
     planned = [(run.data_url, run.data_manifest_hash), *((r.url, r.manifest_hash) for r in run.replay)]
     for (url, then), result in zip(planned, [primary, *replay], strict=True):
@@ -271,27 +276,27 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> Trained | None:
 def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
     from tasks.launch import JobSpec, Launch, get_launcher
 
-    stage_continued_adapter(cfg, run)
-    start = weights_to_load(cfg, run)
-    # Where the nodes' own warm puts the starting weights; a launcher on this machine fetches them here.
-    init_path = (weights_path(start, cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
-                 else fetch_starting_weights(cfg, start))
+    # Where the nodes' own warm puts the starting weights (and a continued adapter); a launcher on this machine
+    # fetches them here.
+    init_path = (weights_path(weights_to_load(cfg, run), cfg.data.cache_dir) if get_launcher(cfg).warms_nodes
+                 else fetch_start_here(cfg, run, run.run_dir(cfg)))
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(cfg, JobSpec(run.run_id, run.run_dir(cfg)), warm.dataset_dir, run,
                   {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
 
 
-def stage_continued_adapter(cfg: JobConfig, run: RunIdentity) -> None:
-    """A LoRA run that continues a version's adapter: stage that adapter in the run directory, where the ranks
-    read it after loading the base as their starting weights (tasks/warm/adapter.py). On launchers that warm
-    each node, each node's warm fetches it there instead (tasks/warm/node.py)."""
-    from tasks.launch import get_launcher
+def fetch_start_here(cfg: JobConfig, run: RunIdentity, job_dir: Path) -> Path | None:
+    """What the ranks of a fresh start load, fetched onto this machine: the starting weights into
+    `data.cache_dir` (checked as they enter it, once) and, for a LoRA run that continues a version's adapter,
+    that adapter staged in `job_dir`, where the ranks read it after loading the base (tasks/warm/adapter.py).
+    The weights' local path (None: scratch). `retrainer run` and `retrainer train` both start here; on
+    launchers that warm each node, each node's warm fetches both instead (tasks/warm/node.py)."""
     from tasks.warm.adapter import continues_adapter, stage_start_adapter
 
-    if cfg.train.lora is None or not continues_adapter(run.init, run.base) or get_launcher(cfg).warms_nodes:
-        return
-    stage_start_adapter(cfg, run.init, run.run_dir(cfg))
+    if cfg.train.lora is not None and continues_adapter(run.init, run.base):
+        stage_start_adapter(cfg, run.init, job_dir)
+    return fetch_starting_weights(cfg, weights_to_load(cfg, run))
 
 
 def _trained(run: RunIdentity, summary: dict[str, Any]) -> Trained:

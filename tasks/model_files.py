@@ -5,6 +5,13 @@ fetch and deploy all name the same files; importing them from `tasks.models` wou
 (and torch) into the registry and tie the registry above the models in the package graph.
 """
 
+from __future__ import annotations
+
+import json
+
+from tasks.dataset_format import relative_key
+from tasks.errors import InvalidInputError
+
 LEGACY_FILE = "consolidated.pt"
 HF_CONFIG = "config.json"
 HF_INDEX = "model.safetensors.index.json"
@@ -20,3 +27,21 @@ GENERATION_CONFIG = "generation_config.json"
 CHECKPOINT_BASE_FILE = "base_weights.json"
 # Export dtypes as the config names them -> torch's attribute names.
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def index_shards(raw: bytes, where: str) -> list[str]:
+    """The weight files a safetensors index (`HF_INDEX`) names, each once, sorted; each a plain relative name
+    (no `..`, not absolute). InvalidInputError naming `where` for an index that is not one."""
+    try:
+        weight_map = json.loads(raw)["weight_map"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError(f"{where}: unreadable safetensors index: {exc!r}") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise InvalidInputError(f"{where}: weight_map must map each tensor name to a file name")
+    files = sorted(set(weight_map.values()))
+    for file in files:
+        try:
+            relative_key(file)
+        except ValueError as exc:
+            raise InvalidInputError(f"{where}: names {file!r}, a file outside its folder ({exc}); refused") from None
+    return files

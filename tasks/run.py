@@ -140,14 +140,17 @@ def scratch(cfg: JobConfig) -> StartingWeights:
     return StartingWeights(requested=cfg.train.init_from, note=f"scratch (seeded init, seed {cfg.train.seed})")
 
 
-def for_dataset(cfg: JobConfig, dataset_dir: str | Path, replay_dirs: list[Path] | None = None) -> RunIdentity:
-    """The identity of a scratch run on already-warmed datasets (`retrainer train`, launcher tests):
-    `replay_dirs` are the warmed `data.replay` sources, in config order."""
+def for_dataset(cfg: JobConfig, dataset_dir: str | Path, replay_dirs: list[Path] | None = None,
+                init: StartingWeights | None = None, base: StartingWeights | None = None) -> RunIdentity:
+    """The identity of a run on already-warmed datasets (`retrainer train`, launcher tests): `replay_dirs` are
+    the warmed `data.replay` sources, in config order; `init` (default: scratch) and `base` what it starts
+    from, as `tasks.warm.identity.resolve_start` resolved them."""
     if len(replay_dirs or []) != len(cfg.data.replay):
         raise InvalidInputError(f"data.replay lists {len(cfg.data.replay)} sources: a run on one dataset directory "
                                 "cannot train on the mixture (warm it from the config instead)")
     hashes = [manifest_hash((Path(d) / MANIFEST_KEY).read_bytes()) for d in replay_dirs or []]
-    return identity(cfg, manifest_hash((Path(dataset_dir) / MANIFEST_KEY).read_bytes()), scratch(cfg), hashes)
+    return identity(cfg, manifest_hash((Path(dataset_dir) / MANIFEST_KEY).read_bytes()), init or scratch(cfg),
+                    hashes, base)
 
 
 def claim_run_dir(run_dir: Path, run: RunIdentity) -> None:

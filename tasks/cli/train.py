@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from tasks.errors import InvalidInputError
@@ -20,29 +21,35 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.launch import train  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.endpoints import registry_for
+    from tasks.launch import train
+    from tasks.lifecycle import fetch_start_here
+    from tasks.resolve import load_config
+    from tasks.run import for_dataset
+    from tasks.warm.identity import resolve_start
 
     cfg = load_config(args.config)
     if args.steps is not None:
         if args.steps < 1:
             raise InvalidInputError(f"--steps must be >= 1, got {args.steps}")
         cfg = cfg.with_overrides({"train.steps": args.steps})
-    from tasks.run import for_dataset  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-
+    init, base = resolve_start(cfg, registry_for(cfg))  # train.init_from, resolved as `retrainer run` does
     if args.dataset_dir is not None:
-        dataset_dir, run = args.dataset_dir, for_dataset(cfg, args.dataset_dir)
+        dataset_dir, replay_dirs = args.dataset_dir, []
     else:
-        from tasks.warm import warm_mixture  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+        from tasks.warm import warm_mixture
 
         primary, *replay = warm_mixture(cfg)
-        dataset_dir, run = primary.dataset_dir, for_dataset(cfg, primary.dataset_dir, [r.dataset_dir for r in replay])
-    summary = train(cfg, dataset_dir, run=run)
+        dataset_dir, replay_dirs = primary.dataset_dir, [r.dataset_dir for r in replay]
+    run = for_dataset(cfg, dataset_dir, replay_dirs, init, base)
+    init_path = fetch_start_here(cfg, run, Path(cfg.train.output_dir))
+    summary = train(cfg, dataset_dir, run=run, init_path=init_path)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print(
-            f"trained {cfg.name}: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-            f"checkpoint {summary['checkpoint_dir']}"
+            f"trained {cfg.name} from {init.note}: {summary['steps']} steps, final loss "
+            f"{summary['final_loss']:.4f}, checkpoint {summary['checkpoint_dir']}"
         )
     return 0

@@ -23,7 +23,16 @@ from torch import nn
 
 from tasks.config import LoraConfig, ModelConfig
 from tasks.errors import InvalidInputError
-from tasks.model_files import CHECKPOINT_BASE_FILE, DTYPES, HF_CONFIG, HF_INDEX, HF_SINGLE, LEGACY_FILE
+from tasks.fsutil import leads_outside
+from tasks.model_files import (
+    CHECKPOINT_BASE_FILE,
+    DTYPES,
+    HF_CONFIG,
+    HF_INDEX,
+    HF_SINGLE,
+    LEGACY_FILE,
+    index_shards,
+)
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common import no_default_init
@@ -134,19 +143,18 @@ class HFWeights:
         self.dir, self.family = Path(directory), get_family(m.family)
         index = self.dir / HF_INDEX
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as exc:
-                raise InvalidInputError(f"{index}: unreadable safetensors index: {exc}") from None
+            files = index_shards(index.read_bytes(), str(index))
         elif (self.dir / HF_SINGLE).is_file():
-            weight_map = None
+            files = [HF_SINGLE]
         else:
             raise InvalidInputError(f"{self.dir}: neither {HF_INDEX} nor {HF_SINGLE}")
-        files = sorted(set(weight_map.values())) if weight_map else [HF_SINGLE]
         self.handles: dict[str, Any] = {}
         self.where: dict[str, tuple[str, str]] = {}  # reference name -> (file, HF name)
         for file in files:
             path = self.dir / file
+            if (away := leads_outside(self.dir, file)) is not None:
+                raise InvalidInputError(f"{path}: leads outside {self.dir} (to {away}); a model folder's weights "
+                                        "lie inside it")
             if not path.is_file():
                 raise InvalidInputError(f"{path}: listed in {HF_INDEX} but missing")
             try:
@@ -205,20 +213,26 @@ def open_weights(path: str | Path, m: ModelConfig) -> Weights:
     return CheckpointWeights(path, m)
 
 
-def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = None) -> None:
+def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = None, *, label: str | None = None) -> None:
     """Refuse weights of another model shape, naming the first mismatched tensor (before any rank starts);
-    `lora`: the weights hold these adapters too."""
-    have = open_weights(path, m).shapes()
+    `lora`: the weights hold these adapters too; `label`: how the error names them (default: `path`)."""
+    weights = open_weights(path, m)
+    have = weights.shapes()
     expected = get_family(m.family).full_shapes(m) | ({} if lora is None else lora_mod.adapter_full_shapes(m, lora))
+    label = label or str(path)
     for name, shape in expected.items():
         if name not in have:
-            raise InvalidInputError(f"{path}: starting weights lack tensor {name} (model config needs {shape})")
+            raise InvalidInputError(f"{label}: starting weights lack tensor {name} (model config needs {shape})")
         if have[name] != shape:
-            raise InvalidInputError(f"{path}: starting weights' {name} has shape {have[name]}, "
+            where = ""
+            if isinstance(weights, HFWeights):  # named as the folder names it too
+                file, hf = weights.where[name]
+                where = f" ({file}: tensor {hf})"
+            raise InvalidInputError(f"{label}: starting weights' {name}{where} has shape {have[name]}, "
                                     f"the model config needs {shape}")
     extra = sorted(set(have) - set(expected))
     if extra:
-        raise InvalidInputError(f"{path}: starting weights have tensors this model does not: {extra[:3]}")
+        raise InvalidInputError(f"{label}: starting weights have tensors this model does not: {extra[:3]}")
 
 
 def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:

@@ -61,6 +61,7 @@ from tasks.fsutil import (
     fresh_dir,
     fsync_dir,
     fsync_tree,
+    leads_outside,
     modified_at,
     sha256_bytes,
     sha256_file,
@@ -116,6 +117,8 @@ def _local_files(root: Path) -> list[tuple[str, Path]]:
                 raise InvalidInputError(f"{os.path.join(dirpath, name)}: a symlinked folder (a tree holds files)")
         for name in filenames:
             path = Path(dirpath) / name
+            if (away := leads_outside(root, str(path.relative_to(root)))) is not None:
+                raise InvalidInputError(f"{path}: a symlink to {away}, outside {root} (a tree holds its own files)")
             if not path.is_file():
                 raise InvalidInputError(f"{path}: not a regular file")
             out.append((check_path(path.relative_to(root).as_posix(), str(path)), path))

@@ -19,7 +19,7 @@ from tasks.config import JobConfig, ModelConfig
 from tasks.errors import InvalidInputError
 from tasks.fsutil import sha256_file
 from tasks.model_files import GENERATION_CONFIG, HF_CONFIG, TOKENIZER_FILES
-from tasks.models.pretrained import listing_digest, model_dir, warm_pretrained
+from tasks.models.pretrained import listing_digest, model_dir, planned_listing, warm_pretrained
 from tasks.registry import ArtifactStore, NotFoundError, Registry
 from tasks.registry.store import local_tree_manifest
 from tasks.run import StartingWeights, scratch
@@ -125,14 +125,14 @@ def fetch_model_files(init: StartingWeights, src: WeightSources, dest: Path) -> 
     if init.scratch or init.kind == "file":
         return None
     assert init.digest is not None and init.url is not None
-    if init.kind == "pretrained":
-        fs, root = fsspec.core.url_to_fs(init.url, **src.model.get("pretrained_storage_options", {}))
+    if init.kind == "pretrained":  # the files of the folder as it was planned (and checked when warmed)
+        options = src.model.get("pretrained_storage_options", {})
+        listed = {e["path"] for e in planned_listing(init.url, options, init.digest)}
+        fs, root = fsspec.core.url_to_fs(init.url, **options)
         dest.mkdir(parents=True, exist_ok=True)
         for name in names:
-            try:
+            if name in listed:
                 fs.get_file(f"{root.rstrip('/')}/{name}", str(dest / name))
-            except FileNotFoundError:
-                continue
         return dest
     if init.version is None:
         return Path(init.url)
@@ -144,8 +144,8 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
 
     Registry versions are fetched from the artifact store into `<cache_dir>/weights/` once
     (named by digest, written only after verification); a pretrained directory is warmed into
-    `<cache_dir>/models/`; every shape is checked here, before any rank starts, so weights of
-    another model fail naming the tensor."""
+    `<cache_dir>/models/`, checked whole as it enters (tasks/models/intake.py); every other's shapes
+    are checked here, before any rank starts, so weights of another model fail naming the tensor."""
     from tasks.models.weights import check_shapes  # torch: planning a run and the launchers never load it
 
     model = ModelConfig.model_validate(src.model)
@@ -154,8 +154,8 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
         return None
     assert init.digest is not None and init.url is not None
     if init.kind == "pretrained":
-        warm_pretrained(init.url, model.pretrained_storage_options, src.cache_dir, init.digest)
-    elif init.version is None:
+        return warm_pretrained(init.url, model, src.cache_dir, init.digest)
+    if init.version is None:
         now = local_tree_digest(path) if init.kind == "tree" else sha256_file(path)
         if now != init.digest:
             raise InvalidInputError(f"train.init_from: {path} changed since this run was planned "

@@ -11,7 +11,6 @@ import torch
 
 from tasks.data import make_data
 from tasks.fsutil import sha256_file
-from tasks.lifecycle import stage_continued_adapter
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import write_adapter
@@ -46,9 +45,7 @@ def test_each_node_warm_fetches_the_continued_adapter_beside_the_base(tmp_path: 
     v1 = StartingWeights(requested="live", version=1, digest=ref.digest, url=ref.url, kind="tree", note="v1")
     run = identity(cfg, primary.manifest_hash, v1, base=base)
 
-    stage_continued_adapter(cfg, run)  # not on this machine: the nodes fetch it
     staged = start_adapter_dir(run.run_dir(cfg))
-    assert not staged.exists()
     for node in ("node-a", "node-b"):  # one run directory both nodes see: the second finds it there
         monkeypatch.setenv("NODE_NAME", node)
         node_cfg = cfg.with_overrides({"data.cache_dir": str(tmp_path / node)})
