@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -114,12 +114,23 @@ def modified_at(info: dict[str, Any]) -> float | None:
     return None
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(path: str | os.PathLike[str], also: Callable[[bytes], None] | None = None) -> str:
+    """The file's sha256; `also` sees every chunk as it is hashed (one read serves both)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
+            if also is not None:
+                also(chunk)
     return h.hexdigest()
+
+
+def outside_root(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str | None:
+    """Where `path` leads, every symlink followed, when that leaves `root` (followed too), else None: a file
+    reached through a link out of its folder is not the folder's (a dataset shard linked to a credentials file)."""
+    base = os.path.realpath(root)
+    target = os.path.realpath(path)
+    return None if target == base or target.startswith(base.rstrip(os.sep) + os.sep) else target
 
 
 def sha256_bytes(data: bytes) -> str:
