@@ -33,7 +33,7 @@ from tasks.fsutil import outside_root
 from tasks.object_source import ObjectSource, RangeUnsupportedError
 from tasks.warm.direct import BufferPool, ObjectFile, write_all
 from tasks.warm.retry import with_retries
-from tasks.warm.tokens import ShardCheck, Tokens, TokenScan
+from tasks.warm.tokens import ShardCheck, Tokens, TokenScan, hash_and_scan
 
 if TYPE_CHECKING:
     from tasks.data import ManifestFile
@@ -259,12 +259,12 @@ class Fetcher:
     def _small(self, entry: ManifestFile, final: str) -> tuple[int, Tokens] | None:
         """Read whole, verify and check in memory; the smallest are committed by the batcher (None: not yet)."""
         data = self.source.read(entry.key)  # the number of workers bounds these reads
-        _check(entry, len(data), hashlib.sha256(data).hexdigest())
-        scan = self.check.scan()
-        scan.update(data)
+        h, scan = hashlib.sha256(), self.check.scan()
+        hash_and_scan(h, scan, data)
+        _check(entry, len(data), h.hexdigest())
         tokens = self.check.accept(entry.key, scan.result())
         if entry.size > BATCH_MAX_OBJECT:
-            return self._write_object(entry, final, [data], None, None), tokens
+            return self._write_object(entry, final, [data], None), tokens
         tmp = self.tmp()
         self._batcher.add(entry, tmp, final, _write_tmp(data, tmp), tokens)
         return None
@@ -276,26 +276,23 @@ class Fetcher:
         if remote_size != entry.size:
             raise ChecksumMismatchError(f"{entry.key}: object is {remote_size} bytes, manifest says {entry.size}")
         scan = self.check.scan()
-        return self._write_object(entry, final, self._chunks(entry), hashlib.sha256(), scan), scan.result()
+        return self._write_object(entry, final, self._chunks(entry), scan), scan.result()
 
-    def _write_object(self, entry: ManifestFile, final: str, chunks: Iterable[Any], h: Any,
-                      scan: TokenScan | None) -> int:
-        """Write chunks durably under `final`, hashing and scanning them in order unless `h` and `scan` are None
-        (already verified and checked); nothing is renamed into place before both pass."""
+    def _write_object(self, entry: ManifestFile, final: str, chunks: Iterable[Any], scan: TokenScan | None) -> int:
+        """Write chunks durably under `final`, hashing and scanning them in order unless `scan` is None (already
+        verified and checked); nothing is renamed into place before the digest and the tokens pass."""
+        h = hashlib.sha256() if scan is not None else None
         out = ObjectFile(self.tmp(), self._buffers, direct=self.direct)
         if self.direct and not out.direct:
             self.direct = False
             log.info("warm: %s refuses O_DIRECT; writing through the page cache", self.partial_dir)
         try:
             for data in chunks:
-                if h is not None:
-                    h.update(data)
-                if scan is not None:
-                    scan.update(data)
+                if h is not None and scan is not None:
+                    hash_and_scan(h, scan, data)
                 out.write(data)
-            if h is not None:
+            if h is not None and scan is not None:
                 _check(entry, out.size, h.hexdigest())
-            if scan is not None:
                 self.check.accept(entry.key, scan.result())
             fd = out.close()
         except BaseException:

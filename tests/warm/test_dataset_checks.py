@@ -28,11 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SHARDS = 4
 
 
-def job(tmp_path: Path, *, vocab_size: int = 256, name: str = "job.yaml", **sections: dict) -> Path:
+def job(tmp_path: Path, *, vocab_size: int = 256, name: str = "job.yaml", tokens_per_shard: int = 4096,
+        **sections: dict) -> Path:
     """The demo config on a fresh 4+1-shard dataset under tmp_path (byte tokens, ids < 256)."""
     data = tmp_path / "store" / "data"
     if not (data / "manifest.json").exists():
-        make_data(str(data), name="tiny-llama", n_train_shards=TRAIN_SHARDS, tokens_per_shard=4096)
+        make_data(str(data), name="tiny-llama", n_train_shards=TRAIN_SHARDS, tokens_per_shard=tokens_per_shard)
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text())
     cfg["model"]["vocab_size"] = vocab_size
     cfg["data"].update(source_url=str(data), cache_dir=str(tmp_path / "cache"))
@@ -83,15 +84,16 @@ def refused(proc: subprocess.CompletedProcess[str], *names: str) -> str:
 
 
 def nothing_cached(tmp_path: Path) -> None:
-    """No dataset file under a final name, no record, no run directory (no rank ever started)."""
+    """No dataset file under a final name, no record or stamp of one, no run directory (no rank ever started)."""
     cache = tmp_path / "cache"
-    assert not [p for p in (cache / "datasets").rglob("*") if not p.is_dir()], list((cache / "datasets").rglob("*"))
-    assert not list((cache / "state").glob("*.json")) and not list((cache / "state").glob("*.journal"))
+    assert not [p for p in (cache / "datasets").rglob("*")], list((cache / "datasets").rglob("*"))
+    assert not [p for p in (cache / "state").rglob("*")], list((cache / "state").rglob("*"))
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_token_id_beyond_the_vocabulary_in_a_train_shard_is_refused_at_warm(tmp_path: Path) -> None:
-    config = job(tmp_path)
+    """Shards of 1.2 MB are committed one by one as they land: the refusal takes back those that did."""
+    config = job(tmp_path, tokens_per_shard=600_000)
     data = tmp_path / "store" / "data"
     ids = tokens(data, "train/shard-00002.bin")
     ids[1234] = 300
@@ -234,6 +236,14 @@ def test_a_dataset_cached_for_a_larger_vocabulary_is_refused_at_plan(tmp_path: P
                 "model.vocab_size 256", "cached at")
     assert not (tmp_path / "runs").exists()
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*") if p.is_file()} == cached
+
+    # `retrainer warm` refuses it from the record too: the no-op re-warm, and a warm that re-hashes one touched
+    # file and trusts the others. The dataset stays cached for the model that can read it.
+    refused(retrainer("warm", str(narrow)), "train/shard-00003.bin", "token id 300")
+    os.utime(dataset_dir / "heldout" / "shard-00000.bin")
+    refused(retrainer("warm", str(narrow)), "train/shard-00003.bin", "token id 300")
+    assert (dataset_dir / "manifest.json").is_file() and (dataset_dir / "train" / "shard-00003.bin").is_file()
+    assert retrainer("warm", str(wide)).returncode == 0
 
 
 def test_replay_and_suite_sources_are_checked_too(tmp_path: Path) -> None:
