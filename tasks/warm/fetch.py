@@ -29,11 +29,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import InvalidInputError, RetrainerError
+from tasks.fastcopy import SLICE
 from tasks.fsutil import outside_root
 from tasks.object_source import ObjectSource, RangeUnsupportedError
 from tasks.warm.direct import BufferPool, ObjectFile, write_all
 from tasks.warm.retry import with_retries
-from tasks.warm.tokens import ShardCheck, Tokens, TokenScan, hash_and_scan
+from tasks.warm.tokens import ShardCheck, Tokens, TokenScan
 
 if TYPE_CHECKING:
     from tasks.data import ManifestFile
@@ -61,6 +62,17 @@ def _check(entry: ManifestFile, size: int, digest: str) -> None:
         raise ChecksumMismatchError(
             f"{entry.key}: fetched {size} bytes with sha256 {digest[:16]}..., manifest says {entry.size} bytes "
             f"with sha256 {entry.sha256[:16]}... (object changed behind the manifest?)")
+
+
+def _hash_and_scan(h: Any, scan: TokenScan, data: Any) -> None:
+    """Feed `data` to the hash `h` and to `scan` a slice at a time: each slice is scanned right after it is
+    hashed, while it is still in the core's cache (a second pass over a 16 MiB part from memory cost a
+    fifth more CPU than the hash alone; from cache, a few per cent)."""
+    view = memoryview(data).cast("B")
+    for start in range(0, view.nbytes, SLICE):
+        piece = view[start:start + SLICE]
+        h.update(piece)
+        scan.update(piece)
 
 
 def _write_tmp(data: Any, tmp: str) -> int:
@@ -260,7 +272,7 @@ class Fetcher:
         """Read whole, verify and check in memory; the smallest are committed by the batcher (None: not yet)."""
         data = self.source.read(entry.key)  # the number of workers bounds these reads
         h, scan = hashlib.sha256(), self.check.scan()
-        hash_and_scan(h, scan, data)
+        _hash_and_scan(h, scan, data)
         _check(entry, len(data), h.hexdigest())
         tokens = self.check.accept(entry.key, scan.result())
         if entry.size > BATCH_MAX_OBJECT:
@@ -289,7 +301,7 @@ class Fetcher:
         try:
             for data in chunks:
                 if h is not None and scan is not None:
-                    hash_and_scan(h, scan, data)
+                    _hash_and_scan(h, scan, data)
                 out.write(data)
             if h is not None and scan is not None:
                 _check(entry, out.size, h.hexdigest())
