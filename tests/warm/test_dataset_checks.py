@@ -190,6 +190,18 @@ def test_a_shard_that_is_a_symlink_out_of_the_dataset_folder_is_refused_and_neve
     assert not any(b"hunter2" in p.read_bytes() for p in (tmp_path / "cache").rglob("*") if p.is_file())
 
 
+def test_a_manifest_that_is_a_symlink_out_of_the_dataset_folder_is_refused(tmp_path: Path) -> None:
+    config = job(tmp_path)
+    manifest = tmp_path / "store" / "data" / "manifest.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(elsewhere)
+
+    refused(retrainer("warm", str(config)), "manifest.json", str(elsewhere), "outside")
+    nothing_cached(tmp_path)
+
+
 def test_a_symlink_inside_the_dataset_folder_and_a_linked_folder_still_warm(tmp_path: Path) -> None:
     real = tmp_path / "snapshots" / "2026-12-01"
     make_data(str(real), name="tiny-llama", n_train_shards=2, tokens_per_shard=4096)
