@@ -64,6 +64,19 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
+def leads_outside(root: str | os.PathLike[str], rel: str) -> Path | None:
+    """Where `root/rel` leads, symlinks resolved, when that is outside `root` (resolved too); None when it stays
+    inside. Why resolve: a name inside a folder may still lead out of it (`..`, an absolute name, a symlink to a
+    credentials file elsewhere), and what is read, copied and published is where it leads. A symlink loop is
+    refused (InvalidInputError)."""
+    base = Path(root).resolve()
+    try:
+        target = (base / rel).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InvalidInputError(f"{base / rel}: cannot be resolved: {exc}") from None
+    return None if target.is_relative_to(base) else target
+
+
 def is_local_fs(fs: Any) -> bool:
     """Whether an fsspec filesystem is this machine's own disk (then writes go through `atomic_writer`)."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
@@ -123,14 +136,6 @@ def sha256_file(path: str | os.PathLike[str], also: Callable[[bytes], None] | No
             if also is not None:
                 also(chunk)
     return h.hexdigest()
-
-
-def outside_root(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str | None:
-    """Where `path` leads, every symlink followed, when that leaves `root` (followed too), else None: a file
-    reached through a link out of its folder is not the folder's (a dataset shard linked to a credentials file)."""
-    base = os.path.realpath(root)
-    target = os.path.realpath(path)
-    return None if target == base or target.startswith(base.rstrip(os.sep) + os.sep) else target
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from tasks.errors import InvalidInputError
-from tasks.fsutil import is_local_fs, outside_root
+from tasks.fsutil import is_local_fs, leads_outside
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class FsspecSource:
         """The key's path; on this machine's disk, refused when a symlink leads out of the root (the folder
         itself may be a link: it is followed first)."""
         path = f"{self.root}/{key}" if self.root else key
-        if self._local and (target := outside_root(self.root or "/", path)) is not None:
+        if self._local and (target := leads_outside(self.root or "/", key)) is not None:
             raise InvalidInputError(f"{self.name}: {key} is a symlink to {target}, outside {self.root}; refused")
         return path
 

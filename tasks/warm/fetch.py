@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fastcopy import SLICE
-from tasks.fsutil import outside_root
+from tasks.fsutil import leads_outside
 from tasks.object_source import ObjectSource, RangeUnsupportedError
 from tasks.warm.direct import BufferPool, ObjectFile, write_all
 from tasks.warm.retry import with_retries
@@ -210,8 +210,9 @@ class Fetcher:
         if not order:
             return
         os.makedirs(self.partial_dir, exist_ok=True)
-        for parent in {os.path.dirname(f"{self.dataset_dir}/{e.key}") for e in order}:
-            if (target := outside_root(self.dataset_dir, parent)) is not None:  # a link planted in the cache
+        for folder in {os.path.dirname(e.key) for e in order}:
+            parent = f"{self.dataset_dir}/{folder}"
+            if (target := leads_outside(self.dataset_dir, folder)) is not None:  # a link planted in the cache
                 raise InvalidInputError(f"{parent}: leads to {target}, outside the cache's dataset directory "
                                         f"{self.dataset_dir}; refused")
             os.makedirs(parent, exist_ok=True)
