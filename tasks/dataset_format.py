@@ -30,6 +30,13 @@ def dtype_capacity(name: str) -> int:
 MAX_VOCAB = max(dtype_capacity(name) for name in TOKEN_DTYPES)
 
 
+def wider_dtype(name: str) -> str | None:
+    """The next wider token dtype, or None: wider tokens written under a manifest that says `name` are what a
+    warm looks for when the dtype and the bytes disagree."""
+    wider = sorted((other for other in TOKEN_DTYPES if token_bytes(other) > token_bytes(name)), key=token_bytes)
+    return wider[0] if wider else None
+
+
 def dtype_for_vocab(vocab_size: int) -> str:
     """The narrowest token dtype holding every id of the vocabulary: uint16 when it fits, else uint32."""
     for name in sorted(TOKEN_DTYPES, key=dtype_capacity):

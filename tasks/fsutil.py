@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -127,11 +127,14 @@ def modified_at(info: dict[str, Any]) -> float | None:
     return None
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(path: str | os.PathLike[str], also: Callable[[bytes], None] | None = None) -> str:
+    """The file's sha256; `also` sees every chunk as it is hashed (one read serves both)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
+            if also is not None:
+                also(chunk)
     return h.hexdigest()
 
 

@@ -28,7 +28,9 @@ from tasks.publish import PublishResult, require_approval
 from tasks.resolve import ConfigSnapshot, load_config
 from tasks.run import RunIdentity, claim_run_dir, nothing_new
 from tasks.warm.adapter import weights_to_load
+from tasks.warm.core import remote_manifest_hash
 from tasks.warm.identity import resolve_identity
+from tasks.warm.sources import refuse_cached, suite_sources, training_sources
 from tasks.warm.weights import fetch_starting_weights, weights_path
 
 if TYPE_CHECKING:
@@ -166,9 +168,12 @@ def refused_before_training(cfg: JobConfig, run: RunIdentity) -> str | None:
 
 def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict[str, Any]:
     """The run's memory and communication budget; a launch that cannot fit, or a fresh run that would start
-    over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced."""
+    over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced.
+    Data this machine has cached already that the model cannot read is refused whatever `force` says."""
     from tasks.plan import plan
     from tasks.train.other_batch import stopped_at_another_batch
+
+    refuse_cached_data(cfg, run)
 
     if (lost := stopped_at_another_batch(cfg, run)) is not None:
         if not force:
@@ -183,6 +188,16 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict
             raise PlanDoesNotFitError(f"plan: {result.verdict} (force to launch anyway)")
         log.warning("plan says the launch cannot work; launching anyway because force is set")
     return result.to_dict()
+
+
+def refuse_cached_data(cfg: JobConfig, run: RunIdentity) -> None:
+    """Every dataset the run reads (its data and replay sources as identified, each suite's as it is now) that
+    this machine's cache holds already is checked from its record against the model, before anything is
+    warmed or any rank starts (tasks/warm/sources.py)."""
+    hashes = [run.data_manifest_hash, *(r.manifest_hash for r in run.replay)]
+    planned = list(zip(training_sources(cfg), hashes, strict=True))
+    planned += [(s, remote_manifest_hash(s.source_url, s.manifest, s.storage_options)) for s in suite_sources(cfg)]
+    refuse_cached(cfg, planned)
 
 
 def stage_warm(cfg: JobConfig, run: RunIdentity) -> Warmed:

@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
+from tasks.errors import InvalidInputError
+from tasks.fsutil import is_local_fs, leads_outside
+
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 1 << 20
@@ -110,9 +113,15 @@ class FsspecSource:
         self.fs = fs
         self.root = root.rstrip("/")
         self.name = name
+        self._local = is_local_fs(fs)
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{key}" if self.root else key
+        """The key's path; on this machine's disk, refused when a symlink leads out of the root (the folder
+        itself may be a link: it is followed first)."""
+        path = f"{self.root}/{key}" if self.root else key
+        if self._local and (target := leads_outside(self.root or "/", key)) is not None:
+            raise InvalidInputError(f"{self.name}: {key} is a symlink to {target}, outside {self.root}; refused")
+        return path
 
     def read(self, key: str) -> Any:
         return self.fs.cat_file(self._path(key))

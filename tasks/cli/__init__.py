@@ -29,7 +29,7 @@ COMMAND_MODULES = {
     "make-data": "tasks.cli.data",
     "manifest": "tasks.cli.data",
     "prepare-data": "tasks.prepare.cli",
-    "plan": "tasks.plan",
+    "plan": "tasks.cli.plan",
     "warm": "tasks.warm.cli",
     "warm-url": "tasks.warm.cli",
     "train": "tasks.cli.train",

@@ -39,6 +39,7 @@ from tasks.train.mirror import Mirror
 from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
 from tasks.warm import warm
 from tasks.warm.report import refuse_unplanned
+from tasks.warm.tokens import ShardRules
 from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
 log = logging.getLogger("tasks.evaluate.worker")
@@ -85,8 +86,9 @@ class Evaluation:
         def fetch() -> dict[str, str]:
             dirs = {}
             for s in self.spec["suites"]:
+                rules = ShardRules(self.job.model.vocab_size, (s["split"],), f"evaluate suite {s['name']}")
                 result = warm(s["source_url"], self.spec["cache_dir"], manifest_key=s["manifest"],
-                              storage_options=self.spec["data_storage_options"], progress=False)
+                              storage_options=self.spec["data_storage_options"], progress=False, rules=rules)
                 refuse_unplanned(result.manifest_hash, s["manifest_hash"], s["source_url"],
                                  f"evaluate suite {s['name']}")
                 dirs[s["name"]] = str(result.dataset_dir)

@@ -1,4 +1,8 @@
-"""`retrainer plan CONFIG`: print the budget, exit 0 fits / 3 does not fit / 2 invalid input."""
+"""`retrainer plan CONFIG`: print the budget, exit 0 fits / 3 does not fit / 2 invalid input.
+
+`retrainer plan` first refuses cached data the model cannot read (tasks/cli/plan.py: the warm's record sits
+above this layer); `python -m tasks.plan` is the budget alone.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from tasks.config import ConfigError
+from tasks.config import ConfigError, JobConfig
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.plan.budget import Plan, plan
 from tasks.plan.search import search
@@ -55,13 +59,21 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in pairs.items() if v is not None}
 
 
-def run(args: argparse.Namespace) -> int:
+def configured(args: argparse.Namespace) -> JobConfig:
+    """The job config the arguments name, with their overrides."""
     if args.reserve_gib < 0:
         raise InvalidInputError(f"--reserve-gib must be >= 0, got {args.reserve_gib}")
     cfg = load_config(args.config)
     overrides = _overrides(args)
-    if overrides:
-        cfg = cfg.with_overrides(overrides)
+    return cfg.with_overrides(overrides) if overrides else cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    return report(args, configured(args))
+
+
+def report(args: argparse.Namespace, cfg: JobConfig) -> int:
+    """Print the budget (or the ranked layouts); the exit code says whether it fits."""
     serving = serving_estimate(cfg)
     if args.search is not None:
         ranked = search(cfg, args.search, device=args.device, reserve_gib=args.reserve_gib,
@@ -160,7 +172,7 @@ def render_search(ranked: list[Plan], gpus: int, feasible: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tasks.plan CONFIG ...`: the plan verb alone, with the same exit codes as `retrainer`."""
+    """`python -m tasks.plan CONFIG ...`: the budget alone, with the same exit codes as `retrainer`."""
     parser = argparse.ArgumentParser(prog="retrainer")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])

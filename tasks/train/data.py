@@ -69,6 +69,8 @@ class TokenWindows:
             path = root / entry.key
             if not path.is_file() or path.stat().st_size != entry.size:
                 raise InvalidInputError(f"{path}: missing or wrong size (manifest says {entry.size} bytes)")
+            if not entry.size:
+                continue  # an empty shard holds no window (and cannot be mapped); the warm refuses an empty split
             tokens = np.memmap(path, dtype=dtype, mode="r")
             shard = len(self.shards)
             self.shards.append(tokens)

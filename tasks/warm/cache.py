@@ -179,16 +179,24 @@ def try_evict(layout: CacheLayout, dsid: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        trash = layout.root / "trash" / f"{dsid}-{os.urandom(4).hex()}"
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(layout.dataset_dir(dsid), trash)  # atomic: readers see all or nothing
-        for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid), layout.size_path(dsid)):
-            p.unlink(missing_ok=True)
-        shutil.rmtree(layout.partial_dir(dsid), ignore_errors=True)
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_dataset(layout, dsid)
         return True
     finally:
         os.close(fd)
+
+
+def remove_dataset(layout: CacheLayout, dsid: str) -> None:
+    """Every trace of a dataset in the cache: its directory (renamed aside first: readers see all or nothing),
+    its record and stamps, its partial downloads. The caller holds it exclusively (eviction), or holds its warm
+    lock while no reader can use it (no manifest copy yet: a dataset refused before it was ever complete)."""
+    layout.ensure()
+    trash = layout.root / "trash" / f"{dsid}-{os.urandom(4).hex()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(layout.dataset_dir(dsid), trash)  # atomic: readers see all or nothing
+    for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid), layout.size_path(dsid)):
+        p.unlink(missing_ok=True)
+    shutil.rmtree(layout.partial_dir(dsid), ignore_errors=True)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def reserve_room(layout: CacheLayout, dsid: str, dataset_bytes: int) -> None:

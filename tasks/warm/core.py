@@ -6,13 +6,17 @@ finds every file already verified and fetches nothing):
 2. if the cache holds a complete warm of these exact manifest bytes and every file is
    still the one recorded (size + mtime), stop: a no-op re-warm imports neither
    pydantic nor fsspec and costs a stat per file;
-3. otherwise validate the manifest, hold the dataset in use, check the disk budget and
-   evict LRU datasets if needed (a dataset bigger than the budget fails here, before
-   any download);
+3. otherwise validate the manifest and check it against the model that reads it (its
+   splits hold tokens, its vocabulary fits: tasks/warm/tokens.py), hold the dataset in
+   use, check the disk budget and evict LRU datasets if needed (a dataset bigger than the
+   budget fails here, before any download);
 4. skip files recorded as verified, re-hash present but unrecorded files locally
    (after a crash) or all files with `verify=True`;
 5. fetch the rest (fetch.py), record each as it lands, then fsync directories,
    write the manifest copy and the compacted record.
+Every file's largest token id is found in the pass that hashes it and kept in the record:
+a file the model cannot read is refused before it is committed (steps 4-5), or from the
+record when it is cached already (steps 2 and 4).
 """
 
 from __future__ import annotations
@@ -30,10 +34,20 @@ from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.object_source import ObjectSource, open_source
-from tasks.warm.cache import CacheLayout, dataset_in_use, make_room, reserve_room, use_lock, warm_lock
+from tasks.warm.cache import (
+    CacheLayout,
+    dataset_in_use,
+    make_room,
+    remove_dataset,
+    reserve_room,
+    use_lock,
+    warm_lock,
+)
 from tasks.warm.report import Progress, WarmReport, WarmResult
 from tasks.warm.retry import with_retries
-from tasks.warm.state import VerifiedRecord, complete_entries
+from tasks.warm.sources import DataSource, training_sources
+from tasks.warm.state import VerifiedRecord, complete_record, tokens_of
+from tasks.warm.tokens import ShardCheck, ShardRules, Tokens
 
 if TYPE_CHECKING:
     from tasks.config import JobConfig
@@ -56,6 +70,8 @@ def _read_manifest_bytes(source: ObjectSource, source_url: str, manifest_key: st
         return with_retries(lambda: bytes(source.read(manifest_key)), retried)
     except FileNotFoundError:
         raise InvalidInputError(f"{source_url}: manifest {manifest_key!r} not found") from None
+    except InvalidInputError:
+        raise
     except Exception as exc:
         raise RetrainerError(f"{source.name}: cannot read manifest {manifest_key!r}: "
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
@@ -93,10 +109,12 @@ def warm(
     max_workers: int | None = None,
     progress: bool = True,
     part_size: int | None = None,
+    rules: ShardRules | None = None,
 ) -> WarmResult:
     """Warm the dataset at `source_url` into `<cache_root>/datasets/<manifest_hash[:16]>/`.
 
     `part_size`: objects larger than this are fetched as parallel ranged parts (default 16 MiB).
+    `rules`: what the model that will read the dataset needs of it (none: the tokens are only recorded).
     """
     t0 = time.monotonic()
     workers = max_workers or DEFAULT_WORKERS
@@ -104,6 +122,8 @@ def warm(
     raw = _read_manifest_bytes(source, source_url, manifest_key)
     mhash = manifest_hash(raw)
     manifest_source = f"{source_url.rstrip('/')}/{manifest_key}"
+    rules = rules or ShardRules()
+    where = f"{manifest_source} ({rules.field})" if rules.field else manifest_source
     layout = CacheLayout(Path(cache_root).resolve())
     dsid = layout.dataset_id(mhash)
     dataset_dir = layout.dataset_dir(dsid)
@@ -113,17 +133,24 @@ def warm(
     report = None
     if not verify and _same_bytes(dataset_dir / MANIFEST_KEY, raw):  # the no-op candidate; nothing written yet
         with use_lock(layout, dsid), warm_lock(layout, dsid, wait=False) as held:
-            report = _already_warm(layout, dsid, raw) if held else None
+            report = _already_warm(layout, dsid, raw, rules, where) if held else None
             if report is not None:
                 layout.touch_used(dsid)
     if report is None:
         from tasks.data import Manifest  # lazy: pydantic only when the manifest must be parsed
 
-        result.parsed = Manifest.parse(raw, source=manifest_source)  # refuses a bad manifest before any write
+        result.parsed = manifest = Manifest.parse(raw, source=manifest_source)  # refused before any write
+        check = ShardCheck(rules, where, manifest.dtype, manifest.vocab_size)
+        check.refuse_manifest({f.key: f.size for f in manifest.files})
         layout.ensure()
         with use_lock(layout, dsid), warm_lock(layout, dsid):
-            report = _warm_files(source, layout, dsid, result.parsed, raw, disk_budget_bytes, verify, workers,
-                                 progress, part_size, t0)
+            try:
+                report = _warm_files(source, layout, dsid, manifest, raw, check, disk_budget_bytes, verify,
+                                     workers, progress, part_size, t0)
+            except InvalidInputError:
+                if not (dataset_dir / MANIFEST_KEY).exists():  # never complete, so nobody reads it
+                    remove_dataset(layout, dsid)  # a refused dataset leaves nothing under a final name
+                raise
 
     report.seconds = time.monotonic() - t0
     result.report = report
@@ -133,22 +160,23 @@ def warm(
     return result
 
 
-def _already_warm(layout: CacheLayout, dsid: str, raw: bytes) -> WarmReport | None:
+def _already_warm(layout: CacheLayout, dsid: str, raw: bytes, rules: ShardRules, where: str) -> WarmReport | None:
     """The report of a no-op re-warm, or None if anything needs a real warm.
 
     True only when an earlier warm of these exact manifest bytes completed (its manifest copy
     and complete record are written last, its journal removed) and every file still has the
-    recorded size and mtime. That warm validated those bytes, so nothing is parsed here.
+    recorded size and mtime. That warm validated those bytes, so nothing is parsed here; the
+    model's rules are checked against the record (its recorded token ids), nothing is read.
     """
     dataset_dir = layout.dataset_dir(dsid)
     if not _same_bytes(dataset_dir / MANIFEST_KEY, raw):
         return None
-    files = complete_entries(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw))
-    if files is None:
+    record = complete_record(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw))
+    if record is None:
         return None
     total = 0
     base = str(dataset_dir)
-    for key, (size, _sha256, mtime_ns) in files.items():
+    for key, (size, _sha256, mtime_ns, _max_id, _wider) in record.files.items():
         try:
             st = os.stat(f"{base}/{key}")
         except FileNotFoundError:
@@ -156,12 +184,14 @@ def _already_warm(layout: CacheLayout, dsid: str, raw: bytes) -> WarmReport | No
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
             return None
         total += size
-    return WarmReport(files_total=len(files), bytes_total=total, files_skipped=len(files), bytes_skipped=total)
+    record.refuse_unreadable(rules, where)
+    return WarmReport(files_total=len(record.files), bytes_total=total, files_skipped=len(record.files),
+                      bytes_skipped=total)
 
 
 def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: Manifest, raw: bytes,
-                disk_budget_bytes: int | None, verify: bool, workers: int, progress: bool, part_size: int | None,
-                t0: float) -> WarmReport:
+                check: ShardCheck, disk_budget_bytes: int | None, verify: bool, workers: int, progress: bool,
+                part_size: int | None, t0: float) -> WarmReport:
     """Under the warm lock: make room, reuse what is verified, fetch the rest, commit the record."""
     from tasks.warm.fetch import PART_SIZE  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
@@ -175,12 +205,14 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
     layout.touch_used(dsid)
     partial = layout.partial_dir(dsid)
     shutil.rmtree(partial, ignore_errors=True)  # leftovers of a killed warm; we hold the lock
-    record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw)).load()
+    record = VerifiedRecord(layout.state_path(dsid), layout.journal_path(dsid), manifest_hash(raw), manifest.dtype,
+                            manifest.vocab_size).load()
     try:
         t1 = time.monotonic()
-        to_fetch = _reuse_local(manifest, targets, record, report, verify, workers)
+        to_fetch = _reuse_local(manifest, targets, record, report, check, verify, workers)
         t2 = time.monotonic()
-        _fetch(source, dataset_dir, partial, to_fetch, record, report, workers, progress, part_size or PART_SIZE)
+        _fetch(source, dataset_dir, partial, to_fetch, record, report, check, workers, progress,
+               part_size or PART_SIZE)
         t3 = time.monotonic()
         if report.files_skipped < report.files_total or report.files_verified or not record.complete or \
                 not _same_bytes(dataset_dir / MANIFEST_KEY, raw) or record.journal_path.exists():
@@ -206,13 +238,15 @@ def _same_bytes(path: Path, raw: bytes) -> bool:
 
 
 def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRecord, report: WarmReport,
-                 verify: bool, workers: int) -> list[ManifestFile]:
-    """Sort files into skip / re-hash locally / fetch; returns the ones to fetch."""
+                 check: ShardCheck, verify: bool, workers: int) -> list[ManifestFile]:
+    """Sort files into skip / re-hash locally / fetch; returns the ones to fetch. A file the model cannot read
+    is refused from its record, or from the scan of the local re-hash."""
     to_hash: list[ManifestFile] = []
     to_fetch: list[ManifestFile] = []
     for f in manifest.files:
         path = targets[f.key]
         if not verify and record.trusted(f.key, f.size, f.sha256, path):
+            check.accept(f.key, tokens_of(record.entries[f.key]))
             report.files_skipped += 1
             report.bytes_skipped += f.size
         elif os.path.isfile(path):
@@ -222,11 +256,12 @@ def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRe
     if not to_hash:
         return to_fetch
 
-    def check(f: ManifestFile) -> bool:
+    def rehash(f: ManifestFile) -> bool:
         path = targets[f.key]
         st = os.stat(path)
-        if st.st_size == f.size and sha256_file(path) == f.sha256:
-            record.add(f.key, f.size, f.sha256, st.st_mtime_ns)
+        scan = check.scan()
+        if st.st_size == f.size and sha256_file(path, scan.update) == f.sha256:
+            record.add(f.key, f.size, f.sha256, st.st_mtime_ns, check.accept(f.key, scan.result()))
             return True
         log.warning("warm: local copy of %s does not match the manifest; fetching it again", f.key)
         with contextlib.suppress(FileNotFoundError):
@@ -236,7 +271,7 @@ def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRe
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(4, workers)) as pool:
-        for f, ok in zip(to_hash, pool.map(check, to_hash), strict=True):
+        for f, ok in zip(to_hash, pool.map(rehash, to_hash), strict=True):
             report.files_verified += 1
             report.bytes_verified += f.size
             if ok:
@@ -248,7 +283,8 @@ def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRe
 
 
 def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
-           record: VerifiedRecord, report: WarmReport, workers: int, progress: bool, part_size: int) -> None:
+           record: VerifiedRecord, report: WarmReport, check: ShardCheck, workers: int, progress: bool,
+           part_size: int) -> None:
     from tasks.warm.fetch import Fetcher  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
     if not entries:
@@ -256,8 +292,8 @@ def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list
     bar = Progress(sum(f.size for f in entries), len(entries), enabled=progress)
     lock = threading.Lock()
 
-    def done(entry: ManifestFile, mtime_ns: int) -> None:
-        record.add(entry.key, entry.size, entry.sha256, mtime_ns)
+    def done(entry: ManifestFile, mtime_ns: int, tokens: Tokens) -> None:
+        record.add(entry.key, entry.size, entry.sha256, mtime_ns, tokens)
         with lock:
             report.files_fetched += 1
             report.bytes_fetched += entry.size
@@ -268,54 +304,38 @@ def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list
             report.retries += 1
 
     try:
-        Fetcher(source, dataset_dir, partial, max_workers=workers, on_done=done, on_retry=retried,
+        Fetcher(source, dataset_dir, partial, check, max_workers=workers, on_done=done, on_retry=retried,
                 part_size=part_size).run(entries)
     finally:
         bar.close()
 
 
-def warm_sources(sources: list[tuple[str, str, dict[str, Any]]], cache_root: str | os.PathLike[str], *,
+def warm_sources(sources: list[DataSource], cache_root: str | os.PathLike[str], *, vocab_size: int | None = None,
                  disk_budget_bytes: int | None = None, **kw: Any) -> list[WarmResult]:
-    """Warm several datasets (source_url, manifest key, storage options) into one cache, in order.
+    """Warm the datasets a job reads into one cache, in order, each checked against the model (its
+    `vocab_size`, the splits read from it) before anything of it is committed.
 
     Each one warmed stays held in use while the next warms, so a disk budget never evicts one source
     of a training mixture to make room for another (it fails instead, naming them in use)."""
 
     results: list[WarmResult] = []
     with contextlib.ExitStack() as held:
-        for url, manifest_key, storage_options in sources:
+        for source in sources:
             if results:
                 held.enter_context(dataset_in_use(results[-1].dataset_dir))
-            results.append(warm(url, cache_root, manifest_key=manifest_key, storage_options=storage_options,
-                                disk_budget_bytes=disk_budget_bytes, **kw))
+            results.append(warm(source.source_url, cache_root, manifest_key=source.manifest,
+                                storage_options=source.storage_options, disk_budget_bytes=disk_budget_bytes,
+                                rules=source.rules(vocab_size), **kw))
     return results
-
-
-def _require_splits(result: WarmResult, where: str, splits: tuple[str, ...]) -> None:
-    """A training dataset needs its splits; refuse it here, before any rank starts on it."""
-    for split in splits:
-        if not result.manifest.split(split):
-            raise InvalidInputError(f"{where}: manifest lists no {split}/ files: nothing to "
-                                    f"{'train' if split == 'train' else 'evaluate'} on")
 
 
 def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
     """Warm the dataset a job config names (data.source_url, manifest, cache_dir, budget, storage options)."""
-    d = cfg.data
-    result = warm_sources([(d.source_url, d.manifest, d.storage_options)], d.cache_dir,
-                          disk_budget_bytes=d.disk_budget_bytes, **kw)[0]
-    _require_splits(result, f"{d.source_url.rstrip('/')}/{d.manifest}", ("train", "heldout"))
-    return result
+    return warm_sources(training_sources(cfg)[:1], cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)[0]
 
 
 def warm_mixture(cfg: JobConfig, **kw: Any) -> list[WarmResult]:
-    """Warm every source a job trains on: data.source_url first, then each `data.replay` source in order.
-    A replay source needs only a train split (evaluation reads the primary's held-out data)."""
-    d = cfg.data
-    results = warm_sources([(d.source_url, d.manifest, d.storage_options),
-                            *((r.source_url, r.manifest, r.storage_options) for r in d.replay)],
-                           d.cache_dir, disk_budget_bytes=d.disk_budget_bytes, **kw)
-    _require_splits(results[0], f"{d.source_url.rstrip('/')}/{d.manifest}", ("train", "heldout"))
-    for i, (r, result) in enumerate(zip(d.replay, results[1:], strict=True)):
-        _require_splits(result, f"data.replay[{i}] {r.source_url.rstrip('/')}/{r.manifest}", ("train",))
-    return results
+    """Warm every source a job trains on: data.source_url first, then each `data.replay` source in order."""
+    return warm_sources(training_sources(cfg), cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)

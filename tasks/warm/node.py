@@ -5,12 +5,13 @@ Why on the node: the point of warming is that the GPUs read their data from loca
 Airflow worker fills the wrong machine's disk. Each launcher runs this once per node before the ranks
 start (ssh: one per host under the node agent; Slurm: an `srun --ntasks-per-node=1` staging step in the
 same allocation; Kubernetes: an init container), with the same verified, incremental, lock-protected
-warm as everywhere (tasks/warm/core.py). The spec arrives in the environment (`RETRAINER_WARM_SPEC`,
-never argv, never a file: it may hold storage credentials). The node prints one `RETRAINER-WARM {json}`
-line (node, files, bytes, seconds, MB/s, the manifest hash it verified; each replay source's under
-"replay") and, with `--report-dir`, writes it to `<dir>/<node>.json`; a node that verified another
-manifest than the run planned (for any source) refuses, naming itself, and (with `--status-dir`) says so
-in the run's status file, so no rank starts on other data.
+warm as everywhere (tasks/warm/core.py), each dataset checked against the model (its splits hold tokens,
+every token id below `model.vocab_size`) before any of it is committed. The spec arrives in the
+environment (`RETRAINER_WARM_SPEC`, never argv, never a file: it may hold storage credentials). The
+node prints one `RETRAINER-WARM {json}` line (node, files, bytes, seconds, MB/s, the manifest hash it
+verified; each replay source's under "replay") and, with `--report-dir`, writes it to
+`<dir>/<node>.json`; a node that verified another manifest than the run planned (for any source) refuses,
+naming itself, and (with `--status-dir`) says so in the run's status file, so no rank starts on other data.
 
     RETRAINER_WARM_SPEC='{...}' python -m tasks.warm.node [--report-dir DIR] [--status-dir DIR]
 """
@@ -32,6 +33,7 @@ from tasks.fsutil import atomic_write_json
 from tasks.job_status import Status, log_for_relay, now, parse_tagged, write_status
 from tasks.run import StartingWeights
 from tasks.warm.report import refuse_unplanned
+from tasks.warm.sources import DataSource, training_sources
 
 log = logging.getLogger("tasks.warm.node")
 
@@ -58,12 +60,13 @@ def node_spec(cfg: Any, run: Any, run_dir: Path) -> dict[str, Any]:
     from tasks.warm.weights import WeightSources
 
     d = cfg.data
-    replay = [{"source_url": r.source_url, "manifest": r.manifest, "storage_options": r.storage_options,
-               "manifest_hash": planned.manifest_hash} for r, planned in zip(d.replay, run.replay, strict=True)]
+    primary, *sources = training_sources(cfg)
+    replay = [{**asdict(source), "manifest_hash": planned.manifest_hash}
+              for source, planned in zip(sources, run.replay, strict=True)]
     return {
-        "source_url": d.source_url, "manifest": d.manifest, "cache_dir": d.cache_dir,
-        "disk_budget_bytes": d.disk_budget_bytes, "storage_options": d.storage_options,
-        "manifest_hash": run.data_manifest_hash, "replay": replay, "init": asdict(weights_to_load(cfg, run)),
+        **asdict(primary), "cache_dir": d.cache_dir, "disk_budget_bytes": d.disk_budget_bytes,
+        "vocab_size": cfg.model.vocab_size, "manifest_hash": run.data_manifest_hash, "replay": replay,
+        "init": asdict(weights_to_load(cfg, run)),
         "weights": asdict(WeightSources.of(cfg)),
         "adapter": {"version": asdict(run.init), "dest": str(start_adapter_dir(run_dir))}
         if cfg.train.lora is not None and continues_adapter(run.init, run.base) else None,
@@ -84,8 +87,8 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
 
     node, started = node_name(), time.monotonic()
     sources = [spec, *spec.get("replay", [])]
-    results = warm_sources([(s["source_url"], s["manifest"], s["storage_options"]) for s in sources],
-                           spec["cache_dir"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
+    results = warm_sources([DataSource.from_dict(s) for s in sources], spec["cache_dir"],
+                           vocab_size=spec["vocab_size"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
     for source, result in zip(sources, results, strict=True):
         refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))

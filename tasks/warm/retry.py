@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from tasks.errors import InvalidInputError
+
 T = TypeVar("T")
 
 ATTEMPTS = 4
@@ -17,8 +19,9 @@ FIRST_BACKOFF_S = 0.5
 
 
 def retryable(exc: BaseException) -> bool:
-    """Retry transient failures; a missing object or a local permission problem will not go away."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+    """Retry transient failures; a missing object, a local permission problem or bad input will not go away."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+                        InvalidInputError)):
         return False
     return isinstance(exc, Exception)
 

@@ -6,30 +6,53 @@ a warm, fsynced in batches). A SIGKILL can lose the journal's tail, never corrup
 the record: a torn last line is ignored, and a present-but-unrecorded file is
 re-hashed locally (no transfer) before it is trusted.
 An entry is trusted only while the file's size and mtime_ns still match.
+
+Each entry also keeps what the scan of the file's bytes found (tasks/warm/tokens.py: its largest token id),
+and the compacted state the manifest's dtype and vocab_size and each split's largest id, so that a warm or a
+plan for another model checks the cached data without reading it. An entry written before token ids were
+recorded is not trusted: that file is re-hashed (and scanned) locally once, never fetched again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.fsutil import atomic_write_bytes
+from tasks.warm.tokens import ShardCheck, ShardRules, Tokens, max_by_split
 
 log = logging.getLogger("tasks.warm")
 
-Entry = tuple[int, str, int]  # size, sha256, mtime_ns
+Entry = tuple[int, str, int, int | None, int | None]  # size, sha256, mtime_ns, largest token id, read as wider
+
+
+def _entry(fields: Any) -> Entry:
+    """An entry from its JSON list; ValueError for one of another shape (a torn line, an older format)."""
+    if not isinstance(fields, list) or len(fields) != 5:
+        raise ValueError("not a record entry")
+    size, sha256, mtime, max_id, wider = fields
+    return int(size), str(sha256), int(mtime), None if max_id is None else int(max_id), \
+        None if wider is None else int(wider)
+
+
+def tokens_of(entry: Entry) -> Tokens:
+    return Tokens(entry[3], entry[4])
 
 
 class VerifiedRecord:
-    def __init__(self, state_path: Path, journal_path: Path, manifest_hash: str) -> None:
+    def __init__(self, state_path: Path, journal_path: Path, manifest_hash: str, dtype: str, vocab_size: int) -> None:
         self.state_path = state_path
         self.journal_path = journal_path
         self.manifest_hash = manifest_hash
+        self.dtype = dtype  # the manifest's, kept in the state for checks that do not parse it
+        self.vocab_size = vocab_size
         self.entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
         self._journal = None
@@ -41,18 +64,20 @@ class VerifiedRecord:
         try:
             data = json.loads(self.state_path.read_bytes())
             if data.get("manifest_hash") == self.manifest_hash:
-                self.entries = {k: (int(v[0]), str(v[1]), int(v[2])) for k, v in data["files"].items()}
+                for k, v in data["files"].items():
+                    with contextlib.suppress(ValueError, TypeError):  # an older entry: re-hashed
+                        self.entries[k] = _entry(v)
                 self.complete = data.get("complete") is True
         except FileNotFoundError:
             pass
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("warm: ignoring unreadable state %s; files will be re-hashed", self.state_path)
         try:
             with open(self.journal_path, "rb") as fh:
                 for line in fh:
                     try:
-                        k, size, sha, mtime = json.loads(line)
-                        self.entries[k] = (int(size), str(sha), int(mtime))
+                        k, *fields = json.loads(line)
+                        self.entries[k] = _entry(fields)
                     except (ValueError, TypeError):
                         break  # torn tail after a crash
         except FileNotFoundError:
@@ -70,10 +95,11 @@ class VerifiedRecord:
             return False
         return st.st_size == size and st.st_mtime_ns == entry[2]
 
-    def add(self, key: str, size: int, sha256: str, mtime_ns: int) -> None:
-        line = json.dumps([key, size, sha256, mtime_ns], separators=(",", ":")) + "\n"
+    def add(self, key: str, size: int, sha256: str, mtime_ns: int, tokens: Tokens) -> None:
+        entry = (size, sha256, mtime_ns, tokens.max_id, tokens.wider_max)
+        line = json.dumps([key, *entry], separators=(",", ":")) + "\n"
         with self._lock:
-            self.entries[key] = (size, sha256, mtime_ns)
+            self.entries[key] = entry
             if self._journal is None:
                 self.journal_path.parent.mkdir(parents=True, exist_ok=True)
                 self._journal = open(self.journal_path, "a", encoding="utf-8")  # noqa: SIM115
@@ -104,16 +130,35 @@ class VerifiedRecord:
         """
         self.close()
         files = {k: list(v) for k, v in self.entries.items() if k in keys}
-        state = {"manifest_hash": self.manifest_hash, "complete": len(files) == len(keys), "files": files}
+        by_split = max_by_split({k: tokens_of(v) for k, v in self.entries.items() if k in keys})
+        state = {"manifest_hash": self.manifest_hash, "complete": len(files) == len(keys), "dtype": self.dtype,
+                 "vocab_size": self.vocab_size, "max_token_id": max(by_split.values(), default=None),
+                 "max_token_id_by_split": by_split, "files": files}
         atomic_write_bytes(self.state_path, json.dumps(state, separators=(",", ":")).encode())  # C encoder
         self.journal_path.unlink(missing_ok=True)
 
 
-def complete_entries(state_path: Path, journal_path: Path, manifest_hash: str) -> dict[str, list[Any]] | None:
-    """{key: [size, sha256, mtime_ns]} of a compacted record covering every file of this manifest, else None.
+@dataclass(frozen=True)
+class CompleteRecord:
+    """A compacted record covering every file of a manifest: what a no-op re-warm and a plan trust."""
 
-    A journal means a warm since then did not finish (crash, failure): then nothing is trusted here.
-    """
+    dtype: str
+    vocab_size: int
+    files: dict[str, Entry]
+
+    def refuse_unreadable(self, rules: ShardRules, where: str) -> None:
+        """The cached dataset checked against the model that reads it from the record alone, nothing read: the
+        splits it reads, then each file's recorded token ids."""
+        check = ShardCheck(rules, where, self.dtype, self.vocab_size)
+        check.refuse_manifest({key: entry[0] for key, entry in self.files.items()})
+        for key, entry in sorted(self.files.items()):
+            check.accept(key, tokens_of(entry))
+
+
+def complete_record(state_path: Path, journal_path: Path, manifest_hash: str) -> CompleteRecord | None:
+    """The record of a complete warm of this manifest, else None (never warmed, unfinished, or written before
+    token ids were recorded). A journal means a warm since then did not finish (crash, failure): then nothing
+    is trusted here."""
     if journal_path.exists():
         return None
     try:
@@ -122,5 +167,8 @@ def complete_entries(state_path: Path, journal_path: Path, manifest_hash: str) -
         return None
     if not isinstance(data, dict) or data.get("manifest_hash") != manifest_hash or data.get("complete") is not True:
         return None
-    files = data.get("files")
-    return files if isinstance(files, dict) else None
+    try:
+        return CompleteRecord(str(data["dtype"]), int(data["vocab_size"]),
+                              {str(k): _entry(v) for k, v in data["files"].items()})
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None

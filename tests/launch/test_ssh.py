@@ -187,6 +187,36 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         s3.stop()
 
 
+def test_each_host_refuses_a_shard_the_model_cannot_read_before_any_rank_starts(netns_hosts: NetnsHosts,
+                                                                                 tmp_path: Path) -> None:
+    """Each node's own warm (tasks/warm/node.py) runs the warm stage's token check: a shard holding an id the
+    model has no row for stops the launch, naming the node, the shard and the id; nothing of it stays cached."""
+    import numpy as np
+
+    from tasks.data import make_data
+    from tasks.run import identity, scratch
+    from tasks.warm import remote_manifest_hash, warm
+    from tests.warm.test_dataset_checks import rewrite
+
+    source = tmp_path / "corpus"
+    make_data(str(source), name="tiny-test", seed=5, tokens_per_shard=16384)
+    ids = np.fromfile(source / "train" / "shard-00001.bin", dtype="<u2")
+    ids[100] = 300
+    rewrite(source, "train/shard-00001.bin", ids.tobytes())
+    cfg = ssh_config(tmp_path, netns_hosts, "refused", **{"data.cache_dir": str(netns_hosts.node_cache),
+                                                          "data.source_url": str(source), "parallel.dp": 2})
+    run = identity(cfg, remote_manifest_hash(str(source)), scratch(cfg))
+    here = warm(str(source), tmp_path / "here", progress=False)  # this machine's copy, warmed without a model
+    with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: .*"
+                                                  r"train/shard-00001\.bin holds token id 300, not below "
+                                                  r"model\.vocab_size 256"):
+        get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+    assert not (Path(cfg.train.output_dir) / "status.json").exists()
+    for private in netns_hosts.host_caches:
+        assert not [p for p in private.rglob("*") if p.is_file() and "datasets" in p.parts]
+    assert netns_hosts.left_behind() == []
+
+
 def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_bit_for_bit(
         netns_hosts: NetnsHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """...and the finished run is evaluated on those hosts: the weights come from their disks and the mirror."""
