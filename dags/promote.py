@@ -16,7 +16,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Asset, Param, XComArg, dag, get_current_context, task
 from retrainer_airflow.audit import run_name, triggering_user
-from retrainer_airflow.configs import MODEL_EVENTS, job_configs
+from retrainer_airflow.configs import MODEL_EVENTS, alias_params, configs_by_name
 from retrainer_airflow.contract import note_run, refusal_noted, refuse_unknown_params
 from retrainer_airflow.operators import PromoteApproval
 from retrainer_airflow.people import run_starter
@@ -24,13 +24,12 @@ from retrainer_airflow.people import run_starter
 from tasks import promote as promotion_stages
 from tasks.approval import MAX_COMMENT, ApprovalAnswer
 from tasks.audit import via
-from tasks.config import NAME_PATTERN
 from tasks.evaluate import VersionsScored
 from tasks.gate import GateDecision
 from tasks.registry import alias_asset_uri
 from tasks.resolve import ConfigSnapshot
 
-CONFIGS = {cfg.name: path for path, cfg in job_configs().items()}
+CONFIGS = configs_by_name()
 
 
 @dag(
@@ -40,11 +39,8 @@ CONFIGS = {cfg.name: path for path, cfg in job_configs().items()}
     tags=["retrainer"],
     doc_md=__doc__,
     params={
-        "model": Param(next(iter(CONFIGS), ""), type="string", enum=sorted(CONFIGS) or [""],
-                       description="job name whose published model to promote"),
+        **alias_params(CONFIGS, "promote"),
         "version": Param(None, type=["null", "integer"], minimum=1, description="the version to put on the alias"),
-        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200, pattern=NAME_PATTERN,
-                       description="alias to move (default: the config's publish.alias)"),
         "force": Param(False, type="boolean",
                        description="skip the gate (movers only; say why in reason); the approval still applies"),
         "reason": Param("promote", type="string", minLength=1, maxLength=500, description="audit note"),

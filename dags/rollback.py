@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 from retrainer_airflow.audit import run_actor
-from retrainer_airflow.configs import MODEL_EVENTS, job_configs
+from retrainer_airflow.configs import MODEL_EVENTS, alias_params, configs_by_name
 from retrainer_airflow.contract import refusal_noted, refuse_unknown_params
 from retrainer_airflow.people import run_starter
 
 from tasks import lifecycle
-from tasks.config import NAME_PATTERN
 from tasks.registry import alias_asset_uri
 from tasks.resolve import load_config
 
-CONFIGS = {cfg.name: path for path, cfg in job_configs().items()}
+CONFIGS = configs_by_name()
 
 
 @dag(
@@ -33,10 +32,7 @@ CONFIGS = {cfg.name: path for path, cfg in job_configs().items()}
     tags=["retrainer"],
     doc_md=__doc__,
     params={
-        "model": Param(next(iter(CONFIGS), ""), type="string", enum=sorted(CONFIGS) or [""],
-                       description="job name whose published model to roll back"),
-        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200, pattern=NAME_PATTERN,
-                       description="alias to move (default: the config's publish.alias)"),
+        **alias_params(CONFIGS, "roll back"),
         "to_version": Param(None, type=["null", "integer"], minimum=1,
                             description="target version (default: the newest one live before the current that "
                                         "was not rolled back from the alias)"),

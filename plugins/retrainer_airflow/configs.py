@@ -12,16 +12,17 @@ import logging
 import os
 from pathlib import Path
 
-from airflow.sdk import AssetAlias
+from airflow.sdk import AssetAlias, Param
 
-from tasks.config import ConfigError, JobConfig
+from tasks.config import NAME_PATTERN, ConfigError, JobConfig
 from tasks.resolve import load_config
 
 log = logging.getLogger(__name__)
 
 PROJECT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-# The alias-moved events: a retrain's publish and every rollback add one; the deploy DAGs are scheduled on it.
+# The alias-moved events: a retrain's publish, every rollback and promotion add one; the deploy DAGs are scheduled
+# on it.
 MODEL_EVENTS = AssetAlias("retrainer-model-alias-moved")
 
 _LOADED: dict[Path, tuple[int, JobConfig]] = {}
@@ -52,3 +53,19 @@ def job_configs(skip_invalid: bool = False) -> dict[Path, JobConfig]:
                 raise
             log.warning("skipping config: %s", exc)
     return configs
+
+
+def configs_by_name() -> dict[str, Path]:
+    """Job name -> config file: the models a DAG that acts on a model by name offers (rollback_model, promote_model)."""
+    return {cfg.name: path for path, cfg in job_configs().items()}
+
+
+def alias_params(configs: dict[str, Path], verb: str) -> dict[str, Param]:
+    """The form's `model` (one of `configs`) and `alias` fields of a DAG that moves a model's alias by hand."""
+    return {
+        "model": Param(next(iter(configs), ""), type="string", enum=sorted(configs) or [""],
+                       description=f"job name whose published model to {verb}"),
+        "alias": Param(None, type=["null", "string"], minLength=1, maxLength=200, pattern=NAME_PATTERN,
+                       description="alias to move (default: the config's publish.alias)"),
+    }
+
