@@ -8,7 +8,7 @@ decision is a list of rules (`evaluate.gate.rules`: a metric, a direction, a
 tolerance against live or an absolute threshold), each recorded with its result. A candidate that is
 an already published version (same experiment key and checkpoint: same weights)
 is judged as that version: if a rollback moved the alias away from it, an
-automatic run does not put it back (only an explicit `retrainer promote` can).
+automatic run does not put it back (only an explicit, forced promotion can).
 """
 
 from __future__ import annotations
@@ -110,5 +110,6 @@ def rolled_back_reason(model: str, alias: str, version: int, back: SwitchRecord)
     gate says it after evaluating; a run whose result is known to be that version says it before)."""
     return (f"candidate is {model} v{version} (same run and checkpoint), which was rolled back from {alias} "
             f"(v{version} -> v{back.to_version} by {back.actor} at {back.at}: {back.reason!r}); an automatic run "
-            f"never re-promotes a rolled-back version: not published (explicitly: retrainer promote --model "
-            f"{model} --alias {alias} --version {version} --force --reason ...)")
+            f"never re-promotes a rolled-back version: not published (explicitly, by a mover of {alias}: the "
+            f"promote_model DAG with force, or retrainer promote CONFIG --alias {alias} --version {version} --force "
+            "--reason ...)")

@@ -171,8 +171,8 @@ def _already_there(model: str, alias: str, to: int) -> NothingToRollBackError:
 def _rolled_back(model: str, alias: str, version: int) -> RolledBackError:
     return RolledBackError(
         f"model {model!r} alias {alias!r}: version {version} was rolled back from it; an automatic publish never "
-        f"points it there again (an explicit `retrainer promote --version {version} --force --reason WHY` can, "
-        "audited)"
+        f"points it there again (an explicit, forced promotion can, audited: the promote_model DAG, or "
+        f"`retrainer promote CONFIG --version {version} --force --reason WHY`)"
     )
 
 
