@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.conftest import tiny_config, write_dataset
-from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
+from tests.launch.helpers import is_rank, launched, source_line, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -64,14 +64,6 @@ def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hook
     assert training_processes(hung.train.output_dir) == []
 
 
-def source_line(path: str, text: str) -> int:
-    """The number of the line of the repository file `path` that holds `text` (exactly one)."""
-    from tests.launch.helpers import ROOT
-
-    (number,) = [i for i, line in enumerate((ROOT / path).read_text().splitlines(), 1) if text in line]
-    return number
-
-
 def test_a_ranks_unexpected_exception_reaches_the_cli_error_line(tmp_path: Path) -> None:
     """The last rank's input at step 2 holds a token id past the vocabulary (tests/hooks): its embedding raises
     IndexError. `retrainer train` fails with one error line naming the rank, the exception, its message and
@@ -83,8 +75,7 @@ def test_a_ranks_unexpected_exception_reaches_the_cli_error_line(tmp_path: Path)
         rc = launcher.wait(timeout=300)
     log = (tmp_path / "l.log").read_text()
     assert rc == 1, log[-3000:]
-    model = "tasks/models/gpt/model.py"
-    where = f"{model}:{source_line(model, 'return self.drop(self.tok(tokens) + self.pos(pos))')}"
+    where = source_line("tasks/models/gpt/model.py", "self.drop(self.tok(tokens)")
     error = log.splitlines()[-1]
     assert re.fullmatch(r"retrainer: error: training of tiny-test failed \(local launcher\): rank 1 failed: "
                         rf"IndexError: index out of range in self \({re.escape(where)} on \S+\)", error), log[-3000:]
