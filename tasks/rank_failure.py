@@ -54,10 +54,12 @@ class RankFailure:
     def describe(self) -> str:
         """One line: `rank 3 failed: IndexError: index out of range in self (tasks/x.py:12 on gpu-07)`."""
         where = " ".join(filter(None, [self.where, self.host and f"on {self.host}"]))
-        if self.type is None:
-            what = f"{_ended(self.exit_code)} without a Python exception"
-        else:
+        if self.type is not None:
             what = "failed: " + (f"{self.type}: {self.message}" if self.message else self.type)
+        elif self.exit_code is not None and self.exit_code < 0:
+            what = f"was killed by {_signal_name(-self.exit_code)}"
+        else:  # os._exit, or an exception before its entry point ran (its output has the traceback)
+            what = f"exited with code {self.exit_code} without recording an exception"
         return f"rank {self.rank} {what}" + (f" ({where})" if where else "")
 
     def line(self) -> str:
@@ -82,13 +84,11 @@ class RankFailure:
             return None
 
 
-def _ended(exit_code: int | None) -> str:
-    if exit_code is not None and exit_code < 0:
-        try:
-            return f"was killed by {signal.Signals(-exit_code).name}"
-        except ValueError:
-            return f"was killed by signal {-exit_code}"
-    return f"exited with code {exit_code}"
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def earliest(failures: Iterable[RankFailure | None]) -> RankFailure | None:

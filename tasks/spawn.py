@@ -24,6 +24,7 @@ imports nothing but the standard library (and tasks/rank_failure.py, which impor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -126,8 +127,9 @@ def _report(failure: RankFailure, *, cause: bool) -> None:
         log.error("%s; stopping this node's other ranks", failure.describe())
     else:
         log.warning("then %s", failure.describe())
-    sys.stdout.flush()
-    os.write(sys.stdout.fileno(), (failure.line() + "\n").encode())
+    with contextlib.suppress(OSError):  # a closed output (the launcher gone) must not keep the ranks alive
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (failure.line() + "\n").encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,8 +53,9 @@ def test_a_message_stays_one_short_line_and_a_signal_is_named(tmp_path: Path,
     assert failure.message.startswith("cannot mmap an empty file shard: train/shard-00000.bin xxx")
     assert failure.message.endswith("x...")
     killed = unrecorded(5, -9)
-    assert killed.describe() == f"rank 5 was killed by SIGKILL without a Python exception (on {killed.host})"
-    assert RankFailure(rank=1, at=0.0, exit_code=3).describe() == "rank 1 exited with code 3 without a Python exception"
+    assert killed.describe() == f"rank 5 was killed by SIGKILL (on {killed.host})"
+    assert RankFailure(rank=1, at=0.0, exit_code=3).describe() == (
+        "rank 1 exited with code 3 without recording an exception")
 
 
 def test_the_line_fits_one_pipe_write_keeping_the_innermost_frames() -> None:
