@@ -8,10 +8,14 @@ under Slurm and Kubernetes), and each rank gets torchrun's environment (RANK, LO
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), so `init_process_group("env://")` meets at
 the master address: global rank 0 holds the rendezvous store, the others connect to it, on any node.
 
-It stops every rank when one fails (exit 1, naming the rank) or when it is told to stop (SIGTERM, SIGINT,
-SIGHUP: exit 128 + the signal), SIGKILLing those still alive after a grace. The ranks stay in its process
-group and get SIGTERM if it dies (`die_with_parent`). It lives outside `tasks.launch`, whose package loads
-the config layer (0.7 s), and imports nothing but the standard library.
+It stops every rank when one fails (exit 1) or when it is told to stop (SIGTERM, SIGINT, SIGHUP: exit
+128 + the signal), SIGKILLing those still alive after a grace. A failed rank is reported at once, before
+the others are stopped (a pod may be deleted soon after), as the failure it recorded (tasks/rank_failure.py:
+each rank gets its own error file) or, if it recorded none, its exit code or signal: one log line and one
+`RETRAINER-RANK-FAILURE` line on stdout, which the launcher follows; ranks that fail while they are being
+stopped are reported after. The ranks stay in its process group and get SIGTERM if it dies
+(`die_with_parent`). It lives outside `tasks.launch`, whose package loads the config layer (0.7 s), and
+imports nothing but the standard library (and tasks/rank_failure.py, which imports nothing else).
 
     python -m tasks.spawn --nnodes=N --node-rank=R --nproc-per-node=P --master-addr=A --master-port=M
                                  (-m MODULE | SCRIPT) [ARGS...]
@@ -20,13 +24,19 @@ the config layer (0.7 s), and imports nothing but the standard library.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+from tasks.rank_failure import ERROR_FILE_VAR, RankFailure, read, unrecorded
 
 log = logging.getLogger("tasks.spawn")
 
@@ -105,10 +115,21 @@ def _stop(ranks: list[subprocess.Popen], grace_s: float) -> None:
         time.sleep(0.05)
     for proc in ranks:
         if proc.poll() is None:
-            log.warning("spawn: rank pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, grace_s)
+            log.warning("rank pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, grace_s)
             proc.kill()
     for proc in ranks:
         proc.wait()
+
+
+def _report(failure: RankFailure, *, cause: bool) -> None:
+    """Log a failed rank and print its record for the launcher, in one write (other ranks may be printing)."""
+    if cause:
+        log.error("%s; stopping this node's other ranks", failure.describe())
+    else:
+        log.warning("then %s", failure.describe())
+    with contextlib.suppress(OSError):  # a closed output (the launcher gone) must not keep the ranks alive
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (failure.line() + "\n").encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,20 +141,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in _STOP_SIGNALS:
         signal.signal(sig, on_stop)
+    errors = Path(tempfile.mkdtemp(prefix="retrainer-ranks-"))  # node-local: each rank's error file
+    try:
+        return _run(args, target, errors, stop_signal)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, target: list[str], errors: Path, stop_signal: list[int]) -> int:
     cmd = [sys.executable, "-u", *target]
-    ranks = [subprocess.Popen(cmd, env={**os.environ, **rank_environment(args, local)}, preexec_fn=die_with_parent)
-             for local in range(args.nproc_per_node)]
     first = args.node_rank * args.nproc_per_node
+    error_files = [errors / f"rank-{first + local}.json" for local in range(args.nproc_per_node)]
+    ranks = [subprocess.Popen(cmd, env={**os.environ, **rank_environment(args, local),
+                                        ERROR_FILE_VAR: str(error_files[local])}, preexec_fn=die_with_parent)
+             for local in range(args.nproc_per_node)]
     while True:
         codes = [proc.poll() for proc in ranks]
-        failed = next(((i, code) for i, code in enumerate(codes) if code not in (None, 0)), None)
-        if failed is not None:
-            log.error("spawn: rank %d exited with code %d: stopping this node's other ranks", first + failed[0],
-                      failed[1])
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            failures = [read(error_files[i], codes[i]) or unrecorded(first + i, codes[i]) for i in failed]
+            cause = min(failures, key=lambda f: f.at)
+            _report(cause, cause=True)  # at once: a node may be torn down soon after one of its ranks failed
             _stop(ranks, args.grace)
+            later = [read(error_files[i], proc.returncode) for i, proc in enumerate(ranks) if i not in failed]
+            for failure in sorted([f for f in failures if f is not cause] + [f for f in later if f is not None],
+                                  key=lambda f: f.at):
+                _report(failure, cause=False)
             return 1
         if stop_signal:
-            log.warning("spawn: signal %d: stopping this node's ranks", stop_signal[0])
+            log.warning("signal %d: stopping this node's ranks", stop_signal[0])
             _stop(ranks, args.grace)
             return 128 + stop_signal[0]
         if all(code == 0 for code in codes):
@@ -142,5 +178,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # as log_for_relay
     sys.exit(main())

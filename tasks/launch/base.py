@@ -3,7 +3,9 @@
 Why one supervise loop for every engine: the guarantees the Airflow task needs
 are the same whether ranks run here, over SSH, under Slurm or in Kubernetes:
 logs stream into `logging`, the exit status becomes the result or a
-`TrainingFailedError` carrying the reason from the run's status file, a hang
+`TrainingFailedError` carrying the reason from the run's status file (else the
+first rank failure a node's spawner reported: the rank, its exception and where
+it was raised, its traceback logged once; tasks/rank_failure.py), a hang
 (the status's step does not move for `cluster.hang_timeout_s`) fails the task
 naming the last step, and SIGTERM, a timeout exception or any other error
 cancels the job on every node and waits until nothing is left. Before starting,
@@ -23,6 +25,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -36,6 +39,7 @@ from tasks.launch.procs import new_tag
 from tasks.launch.spec import JobSpec
 from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
+from tasks.rank_failure import RankFailure
 from tasks.run import RunIdentity, for_dataset
 from tasks.train.checkpoint import refuse_layout_change
 
@@ -71,6 +75,11 @@ class Job(ABC):
     @abstractmethod
     def stop(self) -> None:
         """Cancel whatever still runs on every node and return only when nothing is left. Idempotent."""
+
+    @abstractmethod
+    def rank_failure(self) -> RankFailure | None:
+        """The earliest rank failure any node's spawner reported in the output followed so far (complete
+        once the job is stopped or closed)."""
 
     def summary(self) -> dict[str, Any] | None:
         """The finished run's summary as a node agent relayed it (the run dir may be on a node's own disk);
@@ -160,8 +169,8 @@ class Launcher(ABC):
         finally:
             config_json.unlink(missing_ok=True)
         watcher.observe(started.status())  # a rank's last word (its failure reason) lands as it exits
-        return self._result(cfg, spec, started, rc, watcher.failure, what, reports if node_warm else None,
-                            preempted=rc != 0 and started.preempted())
+        return self._result(cfg, spec, started, rc, watcher.failure, started.rank_failure(), what,
+                            reports if node_warm else None, preempted=rc != 0 and started.preempted())
 
     def submit(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity,
                job: JobSpec | None = None, init_path: Path | None = None, node_warm: bool = False,
@@ -217,7 +226,9 @@ class Launcher(ABC):
             watcher.observe(await asyncio.to_thread(job.status))
         finally:
             job.close()
+        failed = job.rank_failure()
         return {**outcome, "rc": rc, "failure": watcher.failure, "last_step": watcher.last_step,
+                "rank_failure": None if failed is None else asdict(failed),
                 "preempted": not outcome and rc != 0 and job.preempted()}
 
     def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,7 +248,8 @@ class Launcher(ABC):
         if outcome["preempted"]:
             raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
                                f"cluster after step {outcome['last_step'] or 0}")
-        return self._result(cfg, JobSpec.from_handle(handle), job, outcome["rc"], outcome["failure"], what,
+        return self._result(cfg, JobSpec.from_handle(handle), job, outcome["rc"], outcome["failure"],
+                            RankFailure.from_dict(outcome.get("rank_failure")), what,
                             handle["reports"] if handle["node_warm"] else None, preempted=False)
 
     def stop_job(self, handle: Mapping[str, Any]) -> None:
@@ -277,9 +289,11 @@ class Launcher(ABC):
         reports = self.warm_nodes(cfg, spec, run) if node_warm else []
         return spec, dataset_dir, run, write_worker_config(cfg, spec, run, init_path, export, evaluation), reports
 
-    def _result(self, cfg: JobConfig, spec: JobSpec, job: Job, rc: int, failure: str | None, what: str,
-                reports: list[dict[str, Any]] | None, *, preempted: bool) -> dict[str, Any]:
-        """The ended job's summary (`reports`: the nodes' warm reports, None when the nodes were not warmed)."""
+    def _result(self, cfg: JobConfig, spec: JobSpec, job: Job, rc: int, failure: str | None,
+                failed_rank: RankFailure | None, what: str, reports: list[dict[str, Any]] | None, *,
+                preempted: bool) -> dict[str, Any]:
+        """The ended job's summary (`reports`: the nodes' warm reports, None when the nodes were not warmed);
+        for a failed job the error: `failure` (the status file's reason), else `failed_rank`."""
         summary_path = spec.output_dir / "summary.json"
         if rc != 0:
             summary_path.unlink(missing_ok=True)
@@ -287,7 +301,7 @@ class Launcher(ABC):
                 raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
                                    "cluster; a retry resumes from its last checkpoint")
             raise TrainingFailedError(f"{what} of {cfg.name} failed ({self.name} launcher): "
-                                      f"{failure or f'exit status {rc}'}")
+                                      f"{_why(failure, failed_rank) or f'exit status {rc}'}")
         try:
             summary = job.summary() or json.loads(summary_path.read_text())
         except FileNotFoundError:
@@ -308,6 +322,15 @@ class Launcher(ABC):
                                           "job cancelled on every node")
             time.sleep(self.poll_interval_s)
         return rc
+
+
+def _why(reason: str | None, failed: RankFailure | None) -> str | None:
+    """Why a job failed, in one line: the reason a rank wrote in the status file keeps its wording; else the
+    earliest rank failure a node reported, whose traceback goes to the log here, once."""
+    if reason or failed is None:
+        return reason
+    log.error("%s%s", failed.describe(), f"\n{failed.traceback.rstrip()}" if failed.traceback else "")
+    return failed.describe()
 
 
 class _Cancel:

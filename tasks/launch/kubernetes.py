@@ -20,8 +20,10 @@ credentials reach it only through `env_from_secrets`), writes its report to
 here), /dev/shm an in-memory emptyDir. `cluster.kubernetes.env` is rendered as
 values, `env_from_secrets` as `valueFrom.secretKeyRef`: a secret's value never
 passes through the launcher or the manifest. Status is followed until a Succeeded
-or Failed condition; the Master's log is streamed into `logging`; cancelling
-deletes the job (foreground propagation) and waits until no pod of it is left.
+or Failed condition; every pod's log is streamed into `logging` (the Master's carries
+the relayed status; any pod's may carry a failed rank's report, and a pod is deleted
+soon after its job failed, so its log is read as it comes); cancelling deletes the job
+(foreground propagation) and waits until no pod of it is left.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.launch.spec import JobSpec
+from tasks.rank_failure import RankFailure, earliest
 from tasks.run import RunIdentity
 from tasks.warm.node import REPORT_DIR, SPEC_VAR, node_spec
 
@@ -185,17 +188,25 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
         raise InvalidInputError(f"PyTorchJob manifest: {where}: {first.message}")
 
 
+def pod_names(name: str, nodes: int) -> list[str]:
+    """The pods the training operator creates for a PyTorchJob of `nodes` pods, the Master first."""
+    return [f"{name}-master-0", *(f"{name}-worker-{i}" for i in range(nodes - 1))]
+
+
 class KubernetesJob(Job):
     def __init__(self, launcher: KubernetesLauncher, name: str, namespace: str, *, logs: bool = True) -> None:
         self.launcher, self.name, self.namespace = launcher, name, namespace
-        self.sink = LineSink(logging.getLogger("tasks.launch.ranks"), prefix=f"[{name}] ")
+        ranks_log = logging.getLogger("tasks.launch.ranks")
+        self.sinks = {pod: LineSink(ranks_log, prefix=f"[{pod}] ")
+                      for pod in pod_names(name, launcher.section.nodes)}
+        self.sink = self.sinks[f"{name}-master-0"]  # the Master's log carries the relayed status
         self._done = threading.Event()
         self._stopped = False
         self._preempted = False
-        self._logs: threading.Thread | None = None
-        if logs:  # the master's log carries the relayed status too
-            self._logs = threading.Thread(target=self._stream_master_log, name=f"log-{name}", daemon=True)
-            self._logs.start()
+        self._logs = [threading.Thread(target=self._stream_log, args=(pod, sink), name=f"log-{pod}", daemon=True)
+                      for pod, sink in self.sinks.items()] if logs else []
+        for thread in self._logs:
+            thread.start()
 
     def handle(self) -> dict[str, str]:
         return {"name": self.name, "namespace": self.namespace}
@@ -205,21 +216,22 @@ class KubernetesJob(Job):
 
     def close(self) -> None:
         self._done.set()
-        if self._logs is not None:
-            self._logs.join(timeout=10)
+        for thread in self._logs:
+            thread.join(timeout=10)
 
     def status(self) -> Status | None:
         return self.sink.status
 
-    def _stream_master_log(self) -> None:
-        pod = f"{self.name}-master-0"
+    def rank_failure(self) -> RankFailure | None:
+        return earliest(sink.rank_failure for sink in self.sinks.values())
+
+    def _stream_log(self, pod: str, sink: LineSink) -> None:
         while not self._done.is_set():
             try:
                 resp = self.launcher.core.read_namespaced_pod_log(
                     pod, self.namespace, container="pytorch", follow=True, _preload_content=False)
-                for raw in resp.stream():
-                    for line in raw.decode(errors="replace").splitlines():
-                        self.sink(line)
+                for line in resp:  # whole lines, however the stream's chunks fall
+                    sink(line.decode(errors="replace"))
                 return
             except Exception as exc:  # pod not scheduled yet, or API hiccup: try again
                 log.debug("waiting for %s logs: %s", pod, exc)

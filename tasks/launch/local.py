@@ -19,6 +19,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, stop_all
 from tasks.launch.spec import JobSpec
+from tasks.rank_failure import RankFailure
 from tasks.run import RunIdentity
 from tasks.spawn import die_with_parent
 
@@ -38,6 +39,9 @@ class LocalJob(Job):
 
     def status(self) -> Status | None:
         return read_status(self.status_path)
+
+    def rank_failure(self) -> RankFailure | None:
+        return self.sink.rank_failure
 
     def poll(self) -> int | None:
         return self.proc.poll()

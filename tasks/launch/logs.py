@@ -12,18 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.job_status import Status, parse_relay, parse_summary, split_level
+from tasks.job_status import Status, parse_relay, parse_summary, parse_tagged, split_level
+from tasks.rank_failure import LINE_PREFIX, RankFailure, earliest
 
 
 class LineSink:
     """Logs each line with a prefix, at the level the line starts with (`log_for_relay`: a rank's WARNING
     stays a WARNING). A status a node agent relays (tasks/job_status.py) is kept as the job's latest
-    status, not logged: supervision never reads the log text itself."""
+    status, and a failed rank a node's spawner reports (tasks/rank_failure.py) as the earliest one, not
+    logged: supervision never reads the log text itself."""
 
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:
         self.logger, self.prefix = logger, prefix
         self.status: Status | None = None
         self.summary: dict[str, Any] | None = None
+        self.rank_failure: RankFailure | None = None
         self._lock = threading.Lock()
 
     def __call__(self, line: str) -> None:
@@ -36,6 +39,10 @@ class LineSink:
             return
         if (summary := parse_summary(line)) is not None:
             self.summary = summary
+            return
+        if (failure := RankFailure.from_dict(parse_tagged(line, LINE_PREFIX))) is not None:
+            with self._lock:
+                self.rank_failure = earliest([self.rank_failure, failure])
             return
         level, text = split_level(line)
         self.logger.log(level, "%s%s", self.prefix, text)

@@ -39,6 +39,7 @@ from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.launch.spec import JobSpec
+from tasks.rank_failure import RankFailure
 from tasks.run import RunIdentity
 from tasks.warm.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
 
@@ -129,6 +130,9 @@ class SlurmJob(Job):
 
     def status(self) -> Status | None:
         return read_status(self.status_path)
+
+    def rank_failure(self) -> RankFailure | None:
+        return self.sink.rank_failure
 
     def poll(self) -> int | None:
         if self._rc is not None:

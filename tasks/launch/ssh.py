@@ -34,6 +34,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all
 from tasks.launch.spec import JobSpec
+from tasks.rank_failure import RankFailure, earliest
 from tasks.run import RunIdentity
 from tasks.spawn import die_with_parent
 from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
@@ -65,6 +66,9 @@ class SshJob(Job):
     def status(self) -> Status | None:
         relayed = [s.status for s, _ in self.readers if s.status is not None]
         return max(relayed, key=lambda st: st.at) if relayed else None
+
+    def rank_failure(self) -> RankFailure | None:
+        return earliest(sink.rank_failure for sink, _ in self.readers)
 
     def summary(self) -> dict[str, object] | None:
         for sink, reader in self.readers:

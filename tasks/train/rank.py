@@ -1,5 +1,6 @@
 """What every rank program (training, evaluation) does around its work: a quiet start-up, the failure it
-reports, an orderly end, and an exit without interpreter teardown.
+reports (a known reason in the status file; any failure, expected or not, in the error file `tasks.spawn`
+named for it: tasks/rank_failure.py), an orderly end, and an exit without interpreter teardown.
 
 Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by `tasks.spawn` under
 the same launchers, which supervise them through the status file; the two must start and end the same way.
@@ -12,6 +13,7 @@ import io
 import logging
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from tasks import rank_failure
 from tasks.job_status import Status, now, write_status
 
 log = logging.getLogger(__name__)
@@ -54,9 +57,11 @@ def quiet_start_up() -> None:
 
 def report_failure(output_dir: str | Path, exc: Exception, *, step: int, steps: int) -> int:
     """Any rank that knows why its job failed says so in the status file (an atomic replace: a concurrent
-    writer's reason is as true); returns the rank's exit code."""
+    writer's reason is as true), and records it for its spawner (the status file of a rank on another
+    node's own disk reaches no launcher); returns the rank's exit code."""
     write_status(output_dir, Status(state="failed", step=step, steps=steps, at=now(), reason=str(exc),
                                     rank=int(os.environ.get("RANK", "0"))))
+    rank_failure.record(exc)
     return 1
 
 
@@ -70,8 +75,16 @@ def finish() -> int:
 def exit_without_teardown(run: Callable[[], int]) -> None:
     """Run a rank's `main` and leave without interpreter teardown: by then its outputs are fsynced and the
     process group is destroyed, and tearing down torch/DeepSpeed's C++ state still aborted a rank now
-    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load)."""
-    code = run()
+    and then on CPU ("terminate called without an active exception", SIGABRT, seen under load).
+
+    An exception nobody caught is recorded for the spawner, which reports it to the launcher (the rank
+    prints it only when it runs without one): the person reads which rank failed, how and where."""
+    try:
+        code = run()
+    except Exception as exc:
+        if not rank_failure.record(exc):
+            traceback.print_exc()
+        code = 1
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

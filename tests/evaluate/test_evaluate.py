@@ -128,3 +128,27 @@ def test_cli_prints_json_writes_output_and_exits_2_on_bad_checkpoint(trained, tm
     bad = subprocess.run([*cli, "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "no COMPLETE marker" in bad.stderr and str(tmp_path) in bad.stderr
+
+
+def test_an_evaluation_ranks_exception_reaches_the_cli_error_line(trained, tmp_path: Path) -> None:
+    """`retrainer evaluate` on two ranks whose second one dies of an IndexError (a token id past the
+    vocabulary reaches its embedding, tests/hooks): the one error line names the rank, the exception, its
+    message and the line of our code, never a bare exit status."""
+    import os
+    import re
+
+    from tests.launch.helpers import source_line
+
+    cfg, _, ckpt, _ = trained
+    config_path = tmp_path / "job.yaml"
+    two_ranks = cfg.with_overrides({"evaluate.parallel": {"tp": 1, "pp": 1, "dp": 2}})
+    config_path.write_text(yaml.safe_dump(two_ranks.model_dump(mode="json")))
+    done = subprocess.run([sys.executable, "-m", "tests.hooks.cli", "evaluate", str(config_path), "--dataset-dir",
+                           cfg.data.source_url, "--checkpoint", str(ckpt)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HOOK_EVAL_BAD_TOKEN_RANK": "1"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    where = source_line("tasks/models/parallel.py", "return F.embedding(ids, self.weight)")
+    error = done.stderr.splitlines()[-1]
+    assert re.fullmatch(r"retrainer: error: evaluation of tiny-test failed \(local launcher\): rank 1 failed: "
+                        rf"IndexError: index out of range in self \({re.escape(where)} on \S+\)", error), error
+    assert "exit status" not in done.stderr and done.stdout == ""

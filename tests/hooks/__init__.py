@@ -16,7 +16,10 @@ Each hook is switched on by a `HOOK_*` environment variable that only this packa
 - `HOOK_REWORD_LOGS=1`: every worker log line is reworded (supervision must not depend on log text);
 - `HOOK_OPTIMIZER_PARAMS=DIR`: every rank records which parameters its engine's optimizer holds (tests/hooks/
   optimizer.py);
+- `HOOK_BAD_TOKEN_AT=STEP:RANK`: that training rank's input of step STEP holds a token id past the vocabulary
+  (its embedding raises IndexError: a rank dying of an exception nobody anticipated);
 - `HOOK_EVAL_DELAY_S=S`: every evaluation rank sleeps before each of its batches;
+- `HOOK_EVAL_BAD_TOKEN_RANK=RANK`: that evaluation rank's first batch holds a token id past the vocabulary;
 - `HOOK_PUBLISH_BLOCK=after_version_insert`: publish blocks after inserting the version, until the file
   `HOOK_PUBLISH_RELEASE` exists (or forever);
 - `HOOK_AUDIT_OPENS=FILE`: the launcher-side process appends the path of every `.safetensors` file it opens

@@ -25,6 +25,17 @@ def install() -> None:
 
         worker.score_batch = score_batch
 
+    if bad_rank := os.environ.get("HOOK_EVAL_BAD_TOKEN_RANK"):  # that rank's embedding raises IndexError
+        unbroken_score = worker.score_batch
+
+        def bad_score_batch(model, windows):
+            if os.environ.get("RANK") == bad_rank:
+                windows = windows.clone()
+                windows[0, 0] = model.m.vocab_size + 44
+            return unbroken_score(model, windows)
+
+        worker.score_batch = bad_score_batch
+
 
 if __name__ == "__main__":
     install()

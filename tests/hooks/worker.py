@@ -62,6 +62,21 @@ def install() -> None:
 
         worker.get_family = get_family
 
+    if spec := os.environ.get("HOOK_BAD_TOKEN_AT"):  # the rank's embedding raises IndexError at that step
+        at, bad_rank = (int(v) for v in spec.split(":"))
+        unbroken_batches = worker.Trainer.batches
+
+        def bad_batches(self, step0):
+            out = unbroken_batches(self, step0)
+            if step0 + 1 == at and self.rank == bad_rank:
+                x, y = out[0]
+                x = x.clone()  # a copy: the batch may be a view of the dataset's mapped file
+                x[0, 0] = self.cfg.model.vocab_size + 44
+                out[0] = (x, y)
+            return out
+
+        worker.Trainer.batches = bad_batches
+
     delay = float(os.environ.get("HOOK_STEP_DELAY_S") or 0)
     delays = os.environ.get("HOOK_STEP_DELAY_DIR")
     if delay or delays:

@@ -77,3 +77,9 @@ def training_processes(output_dir: str | Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def source_line(path: str, text: str) -> str:
+    """`path:N`, N the one line of the repository file `path` that holds `text`: where an error names it."""
+    (number,) = [i for i, line in enumerate((ROOT / path).read_text().splitlines(), 1) if text in line]
+    return f"{path}:{number}"

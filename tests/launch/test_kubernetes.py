@@ -1,5 +1,6 @@
 """The kubernetes launcher's PyTorchJob: rendered with the official client's models and checked against the
-CRD structure. No cluster runs here, so nothing below pretends a job ran: only the object is checked."""
+CRD structure. No cluster runs here: a job's life is checked only as far as the API calls go, against an
+HTTP stand-in of the API server (tests/launch/k8s_api.py) whose pods' logs are real spawners' output."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tasks.errors import InvalidInputError
 from tasks.launch import JobSpec, get_launcher
 from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
 from tasks.launch.kubernetes import KubernetesLauncher, validate_manifest
-from tests.launch.conftest import tiny_config
+from tests.launch.conftest import tiny_config, write_dataset
 
 
 def k8s_config(tmp_path: Path, **overrides: object) -> JobConfig:
@@ -224,3 +225,74 @@ def test_priority_class_and_kueue_queue_reach_the_job(tmp_path: Path) -> None:
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     plain = render(tmp_path / "plain")
     assert "priorityClassName" not in pod_spec(plain) and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+def _node_output(tmp_path: Path, node_rank: int) -> bytes:
+    """What a pod's container prints: `tasks.spawn` for node `node_rank` of 2 (2 ranks each), whose rank 3
+    raises IndexError and rank 0 RuntimeError (its entry point records them, as every rank program's does)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "rank.py"
+    script.write_text("import os, sys\nfrom tasks.rank_failure import record\nrank = int(os.environ['RANK'])\n"
+                      "try:\n"
+                      "    if rank == 3:\n        [1, 2][rank]\n"
+                      "    if rank == 0:\n        raise RuntimeError('Connection closed by peer')\n"
+                      "except Exception as exc:\n    record(exc)\n    sys.exit(1)\n")
+    done = subprocess.run([sys.executable, "-m", "tasks.spawn", "--nnodes=2", f"--node-rank={node_rank}",
+                           "--nproc-per-node=2", str(script)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=60)
+    assert done.returncode == 1, done.stdout
+    return done.stdout
+
+
+def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collects(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 3 (on the Worker pod) raised first; rank 0 (on the Master) failed after it. The launcher follows
+    every pod's log, not only the Master's: the collected error names rank 3, its exception, message and
+    line, and each pod's lines reach the log under the pod's name."""
+    import asyncio
+    import json
+    import logging
+
+    from kubernetes.config import kube_config
+
+    from tasks.errors import TrainingFailedError
+    from tasks.job_status import Status, relay_line
+    from tasks.launch import collect, follow
+    from tasks.run import for_dataset
+    from tests.launch.k8s_api import kubernetes_api
+
+    worker_log = _node_output(tmp_path, 1)  # first: its rank 3's failure is the earlier one
+    master_log = _node_output(tmp_path, 0)
+    line = (tmp_path / "rank.py").read_text().splitlines().index("        [1, 2][rank]") + 1
+    cfg = k8s_config(tmp_path, **{"cluster.hang_timeout_s": 30})  # a job that never ends fails the test, soon
+    dataset = write_dataset(tmp_path / "dataset")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig is used
+    monkeypatch.setattr(KubernetesLauncher, "poll_interval_s", 0.1)
+    with kubernetes_api() as api:
+        # What KUBECONFIG says, read by the client when it is first imported (an earlier test may have):
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(api.kubeconfig(tmp_path / "kubeconfig")))
+        handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
+        name = handle["name"]
+        assert list(api.jobs) == [name]
+        status = Status(state="training", step=1, steps=cfg.train.steps, loss=5.5, at=1.0)
+        api.logs[f"{name}-master-0"] = (relay_line(status) + "\n").encode() + master_log
+        api.logs[f"{name}-worker-0"] = worker_log
+        with caplog.at_level(logging.INFO, logger="tasks.launch.ranks"):
+            outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))  # the trigger's event is JSON
+        assert outcome["rc"] == 1 and outcome["last_step"] == 1 and not outcome["preempted"], outcome
+        with pytest.raises(TrainingFailedError) as failed:
+            collect(cfg, handle, outcome)
+        assert api.jobs == {}  # deleted on the way out
+    host = outcome["rank_failure"]["host"]
+    assert str(failed.value) == ("training of tiny-test failed (kubernetes launcher): rank 3 failed: IndexError: "
+                                 f"list index out of range ({tmp_path / 'rank.py'}:{line} on {host})")
+    relayed = {(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tasks.launch.ranks"}
+    assert (logging.ERROR, f"[{name}-worker-0] tasks.spawn: rank 3 failed: IndexError: list index out of range "
+                           f"({tmp_path / 'rank.py'}:{line} on {host}); stopping this node's other ranks") in relayed
+    assert any(level == logging.ERROR and text.startswith(f"[{name}-master-0] tasks.spawn: rank 0 failed")
+               for level, text in relayed)
+    assert not [text for _, text in relayed if "RETRAINER-" in text]  # reports and statuses are not log lines

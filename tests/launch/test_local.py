@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.conftest import tiny_config, write_dataset
-from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
+from tests.launch.helpers import is_rank, launched, source_line, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -62,3 +62,25 @@ def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hook
     with pytest.raises(TrainingFailedError, match=r"hung .*last finished step 1\b"):
         train(hung, dataset)
     assert training_processes(hung.train.output_dir) == []
+
+
+def test_a_ranks_unexpected_exception_reaches_the_cli_error_line(tmp_path: Path) -> None:
+    """The last rank's input at step 2 holds a token id past the vocabulary (tests/hooks): its embedding raises
+    IndexError. `retrainer train` fails with one error line naming the rank, the exception, its message and
+    the line of our code it came from (not torch's), never a bare exit status; the log carries the traceback
+    once, at ERROR."""
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 4}, out="crash")
+    with launched(cfg, dataset, {"HOOK_BAD_TOKEN_AT": "2:1"}, tmp_path / "l.log") as launcher:
+        rc = launcher.wait(timeout=300)
+    log = (tmp_path / "l.log").read_text()
+    assert rc == 1, log[-3000:]
+    where = source_line("tasks/models/gpt/model.py", "self.drop(self.tok(tokens)")
+    error = log.splitlines()[-1]
+    assert re.fullmatch(r"retrainer: error: training of tiny-test failed \(local launcher\): rank 1 failed: "
+                        rf"IndexError: index out of range in self \({re.escape(where)} on \S+\)", error), log[-3000:]
+    assert "exit status" not in log and "exited with code" not in log
+    assert log.count("Traceback (most recent call last)") == 1
+    logged = log[log.index("ERROR tasks.launch.base: rank 1 failed: IndexError"):]
+    assert logged.index("Traceback (most recent call last)") < logged.index(error)  # the traceback, with the error
+    assert training_processes(cfg.train.output_dir) == []

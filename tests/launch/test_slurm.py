@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import signal
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 from tasks.launch import get_launcher
 from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
-from tests.launch.helpers import launched, training_processes, wait_for_step
+from tests.launch.helpers import launched, source_line, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -195,4 +197,37 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     wait_for_step(slow.train.output_dir, 1)
     cancel(slow, json.loads(json.dumps(handle)))
     assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
+    assert job_processes(handle["job_id"]) == []
+
+
+def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
+        slurm_cluster: SlurmCluster, tmp_path: Path, hooked, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Submitted, followed and collected as a deferred Airflow task does (its outcome travels as JSON, from
+    the triggerer to the task): the last rank dies of an IndexError at step 2, and the collected error names
+    the rank, the exception, its message and the line of our code, as the job's output file had it; the
+    traceback goes to the collecting task's log."""
+    import asyncio
+
+    from tasks.errors import TrainingFailedError
+    from tasks.launch import collect, follow
+    from tasks.run import for_dataset
+
+    hooked(HOOK_BAD_TOKEN_AT="2:1")
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.slurm.time_limit": "00:10:00",
+                                 "parallel.dp": 2, "train.steps": 4}, out="slurm")
+    handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
+    outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))
+    assert outcome["rc"] != 0 and not outcome["preempted"], outcome
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="tasks.launch.base"), pytest.raises(TrainingFailedError) as failed:
+        collect(cfg, handle, outcome)
+    where = source_line("tasks/models/gpt/model.py", "self.drop(self.tok(tokens)")
+    assert re.fullmatch(r"training of tiny-test failed \(slurm launcher\): rank 1 failed: IndexError: index out of "
+                        rf"range in self \({re.escape(where)} on \S+\)", str(failed.value)), str(failed.value)
+    (logged,) = [r.getMessage() for r in caplog.records if r.name == "tasks.launch.base"]
+    assert logged.startswith(f"{failed.value}".split(": ", 1)[1]) and "Traceback (most recent call last)" in logged
     assert job_processes(handle["job_id"]) == []

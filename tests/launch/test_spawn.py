@@ -52,8 +52,47 @@ def test_a_failed_rank_stops_the_others_and_fails_the_node_naming_it(tmp_path: P
     proc = _spawn("--nproc-per-node=3", str(script), str(tmp_path))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert "rank 1 exited with code 3" in err
+    assert "rank 1 exited with code 3 without recording an exception" in err
     assert time.monotonic() - started < 60  # the sleeping ranks were stopped, not waited for
+
+
+def test_the_first_failure_by_time_is_reported_with_its_exception_not_the_lowest_rank(tmp_path: Path) -> None:
+    """Rank 2 raises (and records, as every rank program's entry point does); rank 0 dies of it afterwards
+    (here: of the SIGTERM that stops it, as a rank in a broken collective would). The node reports rank 2
+    as the cause, at once, then rank 0; rank 1, stopped without an exception, is no failure of its own."""
+    from tasks.rank_failure import LINE_PREFIX
+
+    script = _rank_script(tmp_path, (
+        "import signal\n"
+        "from tasks.rank_failure import record\n"
+        "def peer_gone(signum, frame):\n    raise RuntimeError('Connection closed by peer')\n"
+        "if rank == 0:\n    signal.signal(signal.SIGTERM, peer_gone)\n"
+        "open(f'{out}/started-{rank}', 'w').close()\n"
+        "try:\n"
+        "    while rank == 2 and len([n for n in os.listdir(out) if n.startswith('started-')]) < 3:\n"
+        "        time.sleep(0.01)\n"
+        "    if rank == 2:\n"
+        "        {'shard': 7}['shard-00007']\n"
+        "    time.sleep(600)\n"
+        "except Exception as exc:\n"
+        "    record(exc)\n"
+        "    sys.exit(1)\n"))
+    line = script.read_text().splitlines().index("        {'shard': 7}['shard-00007']") + 1
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = _spawn("--nproc-per-node=3", str(script), str(tmp_path), env={**os.environ, "TMPDIR": str(scratch)})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    reports = [json.loads(text[len(LINE_PREFIX):]) for text in out.splitlines() if text.startswith(LINE_PREFIX)]
+    assert [(r["rank"], r["type"], r["message"], r["exit_code"]) for r in reports] == [
+        (2, "KeyError", "'shard-00007'", 1), (0, "RuntimeError", "Connection closed by peer", 1)]
+    assert reports[0]["where"] == f"{script}:{line}" and "Traceback" in reports[0]["traceback"]
+    logged = err.splitlines()
+    assert logged[0] == (f"ERROR tasks.spawn: rank 2 failed: KeyError: 'shard-00007' ({script}:{line} on "
+                         f"{reports[0]['host']}); stopping this node's other ranks")
+    assert logged[1].startswith("WARNING tasks.spawn: then rank 0 failed: RuntimeError: Connection closed by peer")
+    assert "rank 1" not in err and "Traceback" not in err  # the ranks' tracebacks travel in the reports
+    assert list(scratch.iterdir()) == []  # the ranks' error files went with the spawner
 
 
 def test_sigterm_stops_every_rank_even_one_that_ignores_it(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
 from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
-from tests.launch.helpers import is_rank, launched, training_processes, wait_for_step
+from tests.launch.helpers import is_rank, launched, source_line, training_processes, wait_for_step
 
 pytestmark = pytest.mark.multiproc
 
@@ -82,6 +83,22 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
     assert netns_hosts.left_behind() == []
     assert training_processes(cfg.train.output_dir) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+
+def test_a_ranks_exception_on_the_second_host_reaches_the_launchers_error(netns_hosts: NetnsHosts, tmp_path: Path,
+                                                                         hooked) -> None:
+    """The rank on the second host dies of an IndexError at step 2 (a token id past the vocabulary,
+    tests/hooks): its node's spawner reports it over the ssh channel, and the launcher's error names the
+    rank, the exception, its message and the line of our code, not a bare exit status."""
+    dataset = write_dataset(tmp_path / "dataset")
+    cfg = ssh_config(tmp_path, netns_hosts, "crash", **{"parallel.dp": 2, "train.steps": 4})
+    hooked(HOOK_BAD_TOKEN_AT="2:1")
+    with pytest.raises(TrainingFailedError) as failed:
+        get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset)
+    where = source_line("tasks/models/gpt/model.py", "self.drop(self.tok(tokens)")
+    assert re.fullmatch(r"training of tiny-test failed \(ssh launcher\): rank 1 failed: IndexError: index out of "
+                        rf"range in self \({re.escape(where)} on \S+\)", str(failed.value)), str(failed.value)
+    assert netns_hosts.left_behind() == []
 
 
 def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_kill(
