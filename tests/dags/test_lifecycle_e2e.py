@@ -33,6 +33,9 @@ def write_config(tmp: Path, registry_url: str) -> Path:
     cfg["evaluate"].update(batches=2, batch_size=4)
     cfg["evaluate"]["gate"]["tolerance"] = 0.0
     cfg["publish"].update(registry_url=registry_url, store_url=str(tmp / "store" / "models"))
+    # dag.test() runs as the user "dag_test" (no role of this Airflow): production's movers name it, as a team
+    # names a person, so its rollback_model run may move production.
+    cfg["publish"]["policy"] = {"production": {"movers": ["role:op", "dag_test"]}}
     config_dir = tmp / "configs"
     config_dir.mkdir()
     path = config_dir / "tiny-llama.yaml"

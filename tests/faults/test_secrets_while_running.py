@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tasks.data import make_data
@@ -20,7 +21,7 @@ from tests.services import S3Endpoint
 
 
 def test_no_secret_on_disk_in_argv_or_rank_env_while_training_and_after_a_sigkill(
-    tmp_path: Path, pg_url: str, s3: S3Endpoint, s3_bucket: str, no_leftovers: None
+    tmp_path: Path, pg_url: str, s3: S3Endpoint, s3_bucket: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db_password = f"dbpw-{secrets.token_hex(8)}"
     s3_key, s3_secret = f"AKIA{secrets.token_hex(8).upper()}", f"s3sk-{secrets.token_hex(16)}"
@@ -41,6 +42,10 @@ def test_no_secret_on_disk_in_argv_or_rank_env_while_training_and_after_a_sigkil
                                         "client_kwargs": {"endpoint_url": s3.endpoint_url}})
     job.config.write_text(yaml.safe_dump(cfg))
     state = tmp_path / "state"
+    # This process reads the config only to find the run directory; a `${VAR}` must be set to load it, and here
+    # it is set to values that are not the task's secrets (those live in the task's environment alone).
+    for name in ("FAULT_DB_PASSWORD", "FAULT_S3_KEY", "FAULT_S3_SECRET"):
+        monkeypatch.setenv(name, "not-the-tasks-secret")
     task = TaskProcess(driver(job, state, "plan", "warm", "train"), tmp_path / "task.log", env)
     try:
         task.wait_for(lambda: (state / "plan.json").exists() and finished_steps(job.run_dir(state)) >= 1,
