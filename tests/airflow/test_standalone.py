@@ -213,10 +213,12 @@ def test_a_person_forces_v2_back_in_a_browser_and_the_page_follows_until_the_ali
     url = f"{standalone.base_url}/retrainer/models/{MODEL}"
     with browser(url, standalone.token, free_port(), binary) as page:
         page.open(url)
+        before = page.loads
         form = f"document.getElementById('rollback-{ALIAS}')"
         page.eval(f"{form}.to_version.value = '2'; {form}.force.checked = true; "
                   f"{form}.reason.value = 'v2 retested fine'; {form}.querySelector('button').click()")
         page.wait_for("location.search.includes('triggered=') && document.readyState === 'complete'", 60)
+        page.cdp.wait_event("Page.loadEventFired", after=before)  # the page the form's answer redirected to
         landed = page.loads
         banner = page.eval("document.getElementById('triggered').innerText")
         assert "this page reloads until it finishes" in banner, banner  # the run is pending
