@@ -42,3 +42,24 @@ def test_approvers_exclude_the_person_who_started_the_run_unless_the_alias_allow
     with pytest.raises(NotPermittedError, match=r"user1 \(role user\) may not approve a move onto 'production': "
                                                 r"publish\.policy\.production\.approvers is \[alice, role:op\]"):
         check_approver(policy, "production", Person("user1", frozenset({"user"})), triggered_by="bob")
+
+
+def test_a_forced_promotion_is_for_movers_only_and_says_why(tmp_path) -> None:
+    """promote_model's `force` (past the gate) is checked against the person who asked, before anything is read
+    or scored; without force anyone who may start promote_model may ask, since the gate and approval decide."""
+    from pathlib import Path
+
+    from tasks.errors import InvalidInputError
+    from tasks.promote import stage_promote_check
+    from tasks.resolve import ConfigSnapshot
+
+    demo = Path(__file__).resolve().parents[1] / "configs" / "tiny-llama.yaml"
+    job = ConfigSnapshot.take(demo, {"publish.registry_url": f"sqlite:///{tmp_path / 'registry.db'}"})
+    with pytest.raises(NotPermittedError, match=r"user1 \(role user\) may not force a promotion past the gate of "
+                                                r"'production': publish\.policy\.production\.movers is \[role:op\]"):
+        stage_promote_check(job, 1, force=True, reason="trust me", requester=Person("user1", frozenset({"user"})))
+    with pytest.raises(InvalidInputError, match=r"a forced promotion onto 'production' .* needs a reason"):
+        stage_promote_check(job, 1, force=True, reason=" ", requester=Person("op1", OPS))
+    with pytest.raises(InvalidInputError, match="version: the version to promote"):
+        stage_promote_check(job, None)
+    assert not (tmp_path / "registry.db").exists()  # refused before the registry was even opened
