@@ -153,9 +153,12 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
                                 execution_timeout=timedelta(days=3), retries=2, retry_delay=timedelta(seconds=10),
                                 retry_exponential_backoff=True, pool_slots=pool_slots, **ranks)
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
+        # A retry soon, not after Airflow's default 5 minutes: a deferred task resumed within seconds can lose its
+        # first try to the executor's stale "success" of the deferring exit (seen: "finished with state success, but
+        # the task instance's state attribute is queued" -> up_for_retry), and the retry then only collects.
         evaluate = RankJobOperator(task_id="evaluate", stage="evaluate", plan_out=planned, warm_out=warmed,
                                    summary=train.output, execution_timeout=timedelta(hours=6), retries=1,
-                                   pool_slots=eval_slots, **ranks)
+                                   retry_delay=timedelta(seconds=10), pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
         def gate(plan_out: dict, metrics: dict) -> bool:
