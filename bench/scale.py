@@ -4,8 +4,10 @@ Run: `OMP_NUM_THREADS=1 .venv/bin/python bench/scale.py [--layers 20] [--repeat 
 scratch files go; default the system temp dir).
 
 A random ~300M Llama (d 1024, 20 layers, vocab 32000) is built with transformers in the run (no download) and
-saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, interleaved (ours, theirs, ours,
-...), medians of `--repeat`:
+saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, alternated (ours, theirs, ours,
+...), at least 3 samples a side (`--repeat`), each printed with its median, min, max and the 1-minute load at
+every sample; a set whose samples on either side spread by more than 1.5x is taken again (twice at most), not
+averaged. A compute peer (start, evaluate, resume) runs as many threads as our two ranks have together:
 - export: `tasks.train.export.export_stage` (the ranks' path) of the whole model as one stage, bf16, streamed
   into a local store's staging area (the stage's four files at once), fsynced; vs `dd bs=8M conv=fsync` of the
   same bytes (the four files joined into one). Ratio = dd's time /
@@ -22,13 +24,15 @@ saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, inte
   step about to run); vs a new process running transformers' `from_pretrained` (fp32) and reading every
   weight. Ratio = ours / theirs (goal <= 1.0).
 - evaluate: `tasks.evaluate.evaluate` of that run's checkpoint (2 ranks, pp=2, the whole job: launch,
-  warm, load, score) vs a new process scoring the same windows with transformers (load + forward), one
-  thread like each rank. Ratio = ours / theirs (goal <= 0.7).
+  warm, load, score) vs a new process scoring the same windows with transformers (load + forward), as many
+  threads as our ranks together; the CPU seconds of both sides are printed too. Ratio = ours / theirs (goal
+  <= 0.7, and no more CPU seconds than the peer).
 - resume: a run (the same 2 ranks) trains 2 steps with a checkpoint each, then is made to look killed after
   step 1 (`latest` names step 1, step 2, the summary and the status gone) and launched again: from the
   `tasks.launch.train` call to the moment rank 0 reports "training" with the step-1 checkpoint loaded (its
   summary says resumed from step 1); vs a new process `torch.load`ing every file of that checkpoint (weights,
-  optimizer states, the ranks' states), one thread. Ratio = ours / theirs (goal <= 1.0).
+  optimizer states, the ranks' states), as many threads as our ranks together. Ratio = ours / theirs (goal
+  <= 1.0).
 - process memory: each training rank's peak RSS (measured by the rank, `ru_maxrss`, over the run above,
   which saves a checkpoint) against `retrainer plan`'s per-rank prediction, whose `process` terms are
   printed too (goal: within 15%).
@@ -55,24 +59,68 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _timed(fn: Callable[[], object], reset: Callable[[], object]) -> float:
+# The ranks run one OpenMP thread each (tasks/launch/torchrun.py RANK_ENV_DEFAULTS) and the bench's runs have two
+# (pp=2): a compute peer gets as many threads in its one process, the same cores as our side.
+OUR_RANKS = 2
+PEER_THREADS = OUR_RANKS
+MAX_SPREAD = 1.5  # a side whose samples spread by more (max / min) is sampled again, not averaged
+RESAMPLES = 2
+
+
+Sample = tuple[float, float]  # (seconds, the 1-minute load average when it started)
+
+
+def _timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) -> Sample:
     reset()
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     fn()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, load
+
+
+def _spread(samples: list[Sample]) -> float:
+    times = [t for t, _ in samples]
+    return max(times) / min(times)
+
+
+def _alternated(name: str, ours: Callable[[], Sample], theirs: Callable[[], Sample], repeat: int
+                ) -> tuple[list[Sample], list[Sample]]:
+    """`repeat` (>= 3) samples of each side, taken in turn (ours, theirs, ours, ...); when either side's samples
+    spread by more than MAX_SPREAD the whole set is taken again (RESAMPLES times at most), since a median of
+    scattered samples says more about the box than about the code. The last set is returned, flagged if still
+    scattered."""
+    repeat = max(3, repeat)
+    for attempt in range(RESAMPLES + 1):
+        a, b = [], []
+        for _ in range(repeat):
+            a.append(ours())
+            b.append(theirs())
+        worst = max(_spread(a), _spread(b))
+        if worst <= MAX_SPREAD:
+            return a, b
+        print(f"{name:<11} samples spread {worst:.2f}x (> {MAX_SPREAD}x): "
+              + ("sampling again" if attempt < RESAMPLES else "NOT a stable figure, reported as it is"), flush=True)
+    return a, b
+
+
+def _stats(samples: list[Sample]) -> str:
+    times = [t for t, _ in samples]
+    return (f"{statistics.median(times):6.2f}s (min {min(times):.2f}, max {max(times):.2f}; load "
+            f"{', '.join(f'{load:.1f}' for _, load in samples)})")
+
+
+def _median(samples: list[Sample]) -> float:
+    return statistics.median(t for t, _ in samples)
 
 
 def _pair(name: str, ours: Callable[[], object], theirs: Callable[[], object], reset: Callable[[], object],
           repeat: int, nbytes: int, theirs_name: str) -> None:
-    a, b = [], []
-    for _ in range(repeat):
-        a.append(_timed(ours, reset))
-        b.append(_timed(theirs, reset))
-    ta, tb = statistics.median(a), statistics.median(b)
+    """A copy-like pair: the ratio is their time / ours (>= 1: we are faster)."""
+    a, b = _alternated(name, lambda: _timed(ours, reset), lambda: _timed(theirs, reset), repeat)
+    ta, tb = _median(a), _median(b)
     mb = nbytes / 1e6
-    print(f"{name:<11} ours {ta:6.2f}s ({mb / ta:5.0f} MB/s)  {theirs_name} {tb:6.2f}s ({mb / tb:5.0f} MB/s)  "
-          f"ratio {tb / ta:.2f}   runs ours {[round(x, 2) for x in a]} theirs {[round(x, 2) for x in b]}",
-          flush=True)
+    print(f"{name:<11} ours {_stats(a)} {mb / ta:5.0f} MB/s | {theirs_name} {_stats(b)} {mb / tb:5.0f} MB/s | "
+          f"ratio {tb / ta:.2f}", flush=True)
 
 
 def _reset_out(root: Path) -> Callable[[], None]:
@@ -185,17 +233,17 @@ def _train_watched(cfg: Any, dataset: Path, hf: Path) -> tuple[dict[str, Any], f
 
 
 _PEER_START = """
-import sys, torch
-torch.set_num_threads(1)
+import os, sys, torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 total = sum(float(p.detach().sum()) for p in model.parameters())
 """
 
 _PEER_TORCH_LOAD = """
-import sys, torch
+import os, sys, torch
 from pathlib import Path
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 for path in sorted(Path(sys.argv[1]).iterdir()):
     if path.suffix == ".pt":
         torch.load(path, map_location="cpu", weights_only=False)
@@ -205,9 +253,9 @@ for path in sorted(Path(sys.argv[1]).iterdir()):
 """
 
 _PEER_EVAL = """
-import math, sys, torch
+import math, os, sys, torch
 import torch.nn.functional as F
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 from transformers import AutoModelForCausalLM
 from tasks.evaluate.spec import window_order
 from tasks.train.data import TokenWindows
@@ -235,8 +283,9 @@ def _children_cpu_s() -> float:
 
 
 def _peer(script: str, *args: object) -> None:
+    """A peer process with as many threads as our ranks have together (PEER_THREADS)."""
     subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, cwd=ROOT,
-                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+                   env=dict(os.environ, OMP_NUM_THREADS=str(PEER_THREADS), PYTHONPATH=str(ROOT)))
 
 
 def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
@@ -272,17 +321,17 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
             shutil.rmtree(runs[-1]["cfg"].train.output_dir)
         runs.append({"cfg": cfg, "summary": summary, "start_s": start_s})
 
-    if "start" in sections or "evaluate" in sections or "memory" in sections:
-        starts, peers = [], []
-        for _ in range(repeat if "start" in sections else 1):
-            start()
-            starts.append(runs[-1]["start_s"])
-            started = time.perf_counter()
-            _peer(_PEER_START, hf)
-            peers.append(time.perf_counter() - started)
-        ta, tb = statistics.median(starts), statistics.median(peers)
-        print(f"{'start':<11} ours {ta:6.2f}s  from_pretrained + read {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}   "
-              f"runs ours {[round(x, 2) for x in starts]} theirs {[round(x, 2) for x in peers]}", flush=True)
+    def ours_start() -> Sample:
+        load = os.getloadavg()[0]
+        start()
+        return runs[-1]["start_s"], load
+
+    if "start" in sections:
+        a, b = _alternated("start", ours_start, lambda: _timed(lambda: _peer(_PEER_START, hf)), repeat)
+        print(f"{'start':<11} ours {_stats(a)} | from_pretrained + read ({PEER_THREADS} threads) {_stats(b)} | "
+              f"ratio ours/theirs {_median(a) / _median(b):.2f}", flush=True)
+    elif "evaluate" in sections or "memory" in sections:
+        start()
     if "memory" in sections:
         cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
         predicted = plan(cfg, device="cpu")
@@ -298,23 +347,30 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
     if "evaluate" in sections:
         cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
         run = RunIdentity.from_dict(summary["run"])
-        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
-        for _ in range(repeat):
+        ours_cpu: list[float] = []
+        theirs_cpu: list[float] = []
+        got: list[Any] = []
+
+        def ours_eval() -> Sample:
             eval_cfg = cfg.with_overrides({"cluster.master_port": _free_port()})
-            started, cpu = time.perf_counter(), _children_cpu_s()
-            got = evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data")
-            ours.append(time.perf_counter() - started)
+            cpu = _children_cpu_s()
+            took = _timed(lambda: got.append(evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data")))
             ours_cpu.append(_children_cpu_s() - cpu)
             shutil.rmtree(Path(summary["checkpoint_dir"]).parent.parent / "eval", ignore_errors=True)
-            started, cpu = time.perf_counter(), _children_cpu_s()
-            _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE)
-            theirs.append(time.perf_counter() - started)
+            return took
+
+        def theirs_eval() -> Sample:
+            cpu = _children_cpu_s()
+            took = _timed(lambda: _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE))
             theirs_cpu.append(_children_cpu_s() - cpu)
-        ta, tb = statistics.median(ours), statistics.median(theirs)
-        print(f"{'evaluate':<11} ours {ta:6.2f}s  transformers (1 process) {tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}"
-              f"   runs ours {[round(x, 2) for x in ours]} theirs {[round(x, 2) for x in theirs]}; CPU seconds ours "
-              f"(2 ranks + spawner) {[round(x, 1) for x in ours_cpu]} theirs {[round(x, 1) for x in theirs_cpu]}; "
-              f"{got.tokens} tokens, loss {got.loss:.4f}", flush=True)
+            return took
+
+        a, b = _alternated("evaluate", ours_eval, theirs_eval, repeat)
+        n = len(a)  # the CPU seconds of the set reported (the last, if it was sampled again)
+        print(f"{'evaluate':<11} ours {_stats(a)} | transformers (1 process, {PEER_THREADS} threads) {_stats(b)} | "
+              f"ratio ours/theirs {_median(a) / _median(b):.2f}; CPU seconds ours ({OUR_RANKS} ranks + spawner) "
+              f"{[round(x, 1) for x in ours_cpu[-n:]]} theirs {[round(x, 1) for x in theirs_cpu[-n:]]}; "
+              f"{got[-1].tokens} tokens, loss {got[-1].loss:.4f}", flush=True)
 
 
 def _rewind(cfg: Any, step: int) -> None:
@@ -354,22 +410,22 @@ def _bench_resume(root: Path, hf: Path, repeat: int) -> None:
     ckdir = ck.ckpt_root(cfg.train.output_dir) / ck.tag_for(1)
     files = sorted(p for p in ckdir.iterdir() if p.suffix in (".pt", ".safetensors"))
     nbytes = sum(p.stat().st_size for p in files)
-    ours, theirs = [], []
-    for _ in range(repeat):
+    def ours_resume() -> Sample:
         _rewind(cfg, 1)
         _read_all(files)
+        load = os.getloadavg()[0]
         summary, took = _train_watched(cfg.with_overrides({"cluster.master_port": _free_port()}), root / "data", hf)
         if summary["resumed_from_step"] != 1:
             raise RuntimeError(f"the relaunch resumed from step {summary['resumed_from_step']}, not 1")
-        ours.append(took)
+        return took, load
+
+    def theirs_load() -> Sample:
         _read_all(files)
-        started = time.perf_counter()
-        _peer(_PEER_TORCH_LOAD, ckdir)
-        theirs.append(time.perf_counter() - started)
-    ta, tb = statistics.median(ours), statistics.median(theirs)
-    print(f"{'resume':<11} ours {ta:6.2f}s  torch.load of the checkpoint ({nbytes / 1e9:.1f} GB, {len(files)} files) "
-          f"{tb:6.2f}s  ratio ours/theirs {ta / tb:.2f}   runs ours {[round(x, 2) for x in ours]} "
-          f"theirs {[round(x, 2) for x in theirs]}", flush=True)
+        return _timed(lambda: _peer(_PEER_TORCH_LOAD, ckdir))
+
+    a, b = _alternated("resume", ours_resume, theirs_load, repeat)
+    print(f"{'resume':<11} ours {_stats(a)} | torch.load of the checkpoint ({nbytes / 1e9:.1f} GB, {len(files)} "
+          f"files, {PEER_THREADS} threads) {_stats(b)} | ratio ours/theirs {_median(a) / _median(b):.2f}", flush=True)
     shutil.rmtree(cfg.train.output_dir)
 
 
