@@ -114,7 +114,7 @@ class ModelFamily(ABC):
 
     @abstractmethod
     def hf_config(self, m: ModelConfig, *, dtype: str = "bfloat16", **extra: Any) -> dict[str, Any]:
-        """config.json of the exported model."""
+        """The family's own config.json of the model (an export from scratch; `export_config` keeps a parent's)."""
 
     @abstractmethod
     def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
