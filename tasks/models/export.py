@@ -105,7 +105,7 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
 
     `stages`: the training pipeline stages, written in parallel (each to `FILES_PER_STAGE` files). `base_dir`:
     the Hugging Face directory the run started from (pretrained or a published version), whose tokenizer
-    files, context length and special token ids the export keeps."""
+    files and config.json (in its own format, with what training changed) the export keeps."""
     groups = [g for g in stage_layers(m, stages) if g]
     with fresh_dir(dest) as tmp:
         ctx = multiprocessing.get_context("spawn")  # no inherited torch threads or locks
@@ -129,15 +129,13 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
 def write_metadata(dest: Path, m: ModelConfig, weight_map: dict[str, str], total_bytes: int, *, dtype: str,
                    base_dir: str | Path | None) -> list[str]:
     """Everything of the directory but the shards: the index, config.json, generation_config.json and the
-    tokenizer files of `base_dir` (the model the run started from, whose context length and special token
-    ids the export keeps). Returns the names written."""
+    tokenizer files of `base_dir` (the model the run started from, whose config.json the export keeps in its
+    own format: `ModelFamily.export_config`). Returns the names written."""
     family = get_family(m.family)
     base_config = _read_json(Path(base_dir) / HF_CONFIG) if base_dir else {}
     index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     atomic_write_json(dest / HF_INDEX, index)
-    config = family.hf_config(
-        m, dtype=DTYPES[dtype], max_position_embeddings=base_config.get("max_position_embeddings"),
-        bos_token_id=base_config.get("bos_token_id"), eos_token_id=base_config.get("eos_token_id"))
+    config = family.export_config(m, base_config, dtype=DTYPES[dtype])
     atomic_write_json(dest / HF_CONFIG, config)
     atomic_write_json(dest / GENERATION_CONFIG, generation_config(config, base_dir))
     written = [HF_INDEX, HF_CONFIG, GENERATION_CONFIG]

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 # Reference-model prefixes of the first and last pipeline layers (tasks/models/weights.py reads by them).
 EMBED, HEAD = "embed", "head"
+# The flat rotary keys of `hf_config` that transformers 5's `rope_parameters` replaces.
+FLAT_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 
 
 class ModelFamily(ABC):
@@ -112,8 +114,35 @@ class ModelFamily(ABC):
 
     @abstractmethod
     def hf_config(self, m: ModelConfig, *, dtype: str = "bfloat16", **extra: Any) -> dict[str, Any]:
-        """config.json of the exported model."""
+        """The family's own config.json of the model (an export from scratch; `export_config` keeps a parent's)."""
 
     @abstractmethod
     def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
         """The ModelConfig fields a config.json implies; an unsupported feature fails naming its key."""
+
+    def hf_rope_parameters(self, m: ModelConfig) -> dict[str, Any] | None:
+        """The model's rotary as transformers 5's `rope_parameters` (None: the family states no rotary)."""
+        return None
+
+    def export_config(self, m: ModelConfig, parent: dict[str, Any], *, dtype: str) -> dict[str, Any]:
+        """config.json of an export whose parent (the model the run started from) has `parent` as its config.json;
+        `{}` (from scratch): the family's own `hf_config`.
+
+        Why: a pulled model's config.json must diff against its input's only in what changed. So the parent's
+        keys and spelling stay (transformers 5's `rope_parameters`, `pad_token_id`, keys no family reads); a key
+        of the family's config is written from the model only where the parent, read as the family reads it,
+        says otherwise; and `dtype` (or the parent's `torch_dtype`) is the exported weights'."""
+        ours = self.hf_config(m, dtype=dtype, max_position_embeddings=parent.get("max_position_embeddings"),
+                              bos_token_id=parent.get("bos_token_id"), eos_token_id=parent.get("eos_token_id"))
+        if not parent:
+            return ours
+        rope = self.hf_rope_parameters(m)
+        if "rope_parameters" in parent and rope is not None:
+            ours = {k: v for k, v in ours.items() if k not in FLAT_ROPE_KEYS} | {"rope_parameters": rope}
+        config, means = dict(parent), self.model_fields_from_hf(parent)
+        for key, value in ours.items():
+            written = {**config, key: value}
+            if (meant := self.model_fields_from_hf(written)) != means:
+                config, means = written, meant
+        config["torch_dtype" if "torch_dtype" in parent and "dtype" not in parent else "dtype"] = dtype
+        return config

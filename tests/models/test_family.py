@@ -146,3 +146,24 @@ def test_an_option_the_family_cannot_express_is_refused_at_config_load(
     with pytest.raises(ConfigError, match=message) as caught:
         load_config(path)
     assert str(path) in str(caught.value)
+
+
+# A field each family expresses in config.json, changed: what a retrain from a parent of other options writes back.
+CHANGED = {"gpt": {"dropout": 0.2}, "llama": {"rope_theta": 5e5}, "qwen3": {"rope_theta": 5e5},
+           "mistral": {"sliding_window": 8}, "gemma3": {"rope_local_base_freq": 2e4}, "gemma2": {"sliding_window": 8}}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_an_export_keeps_its_parents_config_json_and_writes_only_what_the_model_changed(case: str) -> None:
+    """The parent's keys (its own, its spelling, its `torch_dtype`) pass through; the one field the model
+    changed and the weights' dtype are written; from scratch, the family's own config.json."""
+    m = CASES[case]
+    family = get_family(m.family)
+    assert family.export_config(m, {}, dtype="bfloat16") == family.hf_config(m, dtype="bfloat16")
+    parent = family.hf_config(m.model_copy(update=CHANGED[m.family]), dtype="float32")
+    parent |= {"torch_dtype": parent.pop("dtype"), "pad_token_id": 0, "use_cache": True, "_pattern_note": 2}
+    exported = family.export_config(m, parent, dtype="bfloat16")
+    [(field, value)] = CHANGED[m.family].items()
+    assert getattr(m, field) != value
+    assert exported == {**parent, field: getattr(m, field), "torch_dtype": "bfloat16"}
+    assert ModelConfig(**family.model_fields_from_hf(exported)) == m

@@ -14,6 +14,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -21,6 +22,9 @@ import yaml
 
 from tests.services import S3Endpoint, free_port
 from tests.test_weekly_retrain import retrainer
+
+if TYPE_CHECKING:
+    from tasks.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,15 +46,19 @@ ARCHS = {
 }
 
 
+# Read through another family's blocks (Qwen2: Llama's with a QKV bias): imported and exported here, not retrained.
+ALSO_READ = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {})}
+
+
 def make_hf_llama(dest: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 4, heads: int = 4,
                   kv_heads: int = 2, ffn: int = 128, shard: str = "100KB", tokenizer: bool = True,
                   arch: str = "llama") -> Path:
-    """A random Llama-style model (`arch`: a key of ARCHS) saved as a team would have it: sharded safetensors +
-    index, config.json, tokenizer."""
+    """A random Llama-style model (`arch`: a key of ARCHS or ALSO_READ) saved as a team would have it: sharded
+    safetensors + index, config.json, tokenizer."""
     import transformers
     from transformers import PreTrainedTokenizerFast
 
-    config_cls, model_cls, options = ARCHS[arch]
+    config_cls, model_cls, options = {**ARCHS, **ALSO_READ}[arch]
     torch.manual_seed(0)
     config = getattr(transformers, config_cls)(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -122,6 +130,78 @@ def test_a_yaml_size_that_contradicts_config_json_is_refused_naming_the_field(
     done = retrainer("plan", str(config), tmp=tmp_path)
     assert done.returncode == 2
     assert message in done.stderr and str(hf / "config.json") in done.stderr and str(config) in done.stderr
+
+
+def _export(m: ModelConfig, hf: Path, dest: Path, dtype: str, base_dir: Path) -> dict:
+    """The imported weights of `hf` exported to `dest` as publish exports a checkpoint; its config.json."""
+    from tasks.models.export import export_checkpoint
+    from tasks.models.weights import load_reference
+    from tests.checkpoints import write_layer_files
+
+    ckpt = dest.with_name(f"{dest.name}-ckpt")
+    write_layer_files(ckpt, m, load_reference(hf, m).state_dict())
+    export_checkpoint(m, ckpt, dest, stages=1, dtype=dtype, base_dir=base_dir)
+    return json.loads((dest / "config.json").read_text())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("arch", [*ARCHS, *ALSO_READ])
+def test_an_export_and_an_export_of_it_keep_the_inputs_config_json_but_its_dtype(
+    tmp_path: Path, arch: str, dtype: str
+) -> None:
+    """A team's model saved by transformers 5 (`rope_parameters`, `pad_token_id`, Gemma 3's
+    `_sliding_window_pattern`, ...), imported and exported (v1), then v1 exported again (v2): each config.json is
+    the input's, key for key, but `dtype` where the export's differs; transformers loads v2 as the input's class
+    with the input's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from tasks.resolve import load_config
+
+    hf = make_hf_llama(tmp_path / "hf", arch=arch, tokenizer=False)
+    given = json.loads((hf / "config.json").read_text())
+    assert "rope_parameters" in given and "rope_theta" not in given and given["dtype"] == "float32"
+    m = load_config(_write(tmp_path, _config(tmp_path, hf))).model
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    want = {**given, "dtype": str(torch_dtype).removeprefix("torch.")}  # the one field that changed (fp32: none)
+    v1 = _export(m, hf, tmp_path / "v1", dtype, base_dir=hf)
+    assert v1 == want and list(v1) == list(given)  # the input's keys, in its order
+    v2 = _export(m, tmp_path / "v1", tmp_path / "v2", dtype, base_dir=tmp_path / "v1")
+    assert v2 == want and list(v2) == list(given)
+
+    served = AutoModelForCausalLM.from_pretrained(tmp_path / "v2").eval()
+    theirs = AutoModelForCausalLM.from_pretrained(hf, dtype=torch_dtype).eval()
+    assert type(served) is type(theirs) and served.dtype == torch_dtype
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(served(tokens).logits, theirs(tokens).logits, rtol=0, atol=0)
+
+
+# The rotary of each architecture's transformers 5 `rope_parameters` that a retrain from it changes below.
+ROPE_CHANGED = {"gemma3": ("full_attention", "rope_theta")}
+
+
+@pytest.mark.parametrize("arch", [*ARCHS, *ALSO_READ])
+def test_a_rotary_the_model_changed_is_written_in_the_inputs_rope_parameters(tmp_path: Path, arch: str) -> None:
+    """A model whose rope_theta differs from its parent's: the export writes it inside the parent's
+    `rope_parameters` (Gemma 3: its global layers'), never as a flat `rope_theta`; nothing else changes, and
+    transformers reads the new base."""
+    from transformers import AutoConfig
+
+    from tasks.models import get_family
+    from tasks.resolve import load_config
+
+    hf = make_hf_llama(tmp_path / "hf", arch=arch, tokenizer=False)
+    given = json.loads((hf / "config.json").read_text())
+    m = load_config(_write(tmp_path, _config(tmp_path, hf))).model.model_copy(update={"rope_theta": 250000.0})
+    family = get_family(m.family)
+    exported = family.export_config(m, given, dtype="float32")
+    rope = copy.deepcopy(given["rope_parameters"])
+    (rope[ROPE_CHANGED[arch][0]] if arch in ROPE_CHANGED else rope)["rope_theta"] = 250000.0
+    assert exported == {**given, "rope_parameters": rope}
+    assert family.model_fields_from_hf(exported) == {**family.model_fields_from_hf(given), "rope_theta": 250000.0}
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text(json.dumps(exported))
+    assert AutoConfig.from_pretrained(tmp_path / "out").to_dict()["rope_parameters"] == rope
 
 
 @pytest.mark.multiproc
@@ -197,10 +277,8 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert done.returncode == 0, done.stderr[-2000:]
     hf_config = json.loads((pulled / "config.json").read_text())
     assert hf_config["architectures"] == [ARCHS[arch][1]] and hf_config["max_position_embeddings"] == 128
-    assert hf_config.get("sliding_window") == ARCHS[arch][2].get("sliding_window")  # the window round-trips
-    assert hf_config.get("head_dim", 16) == (ARCHS[arch][2].get("head_dim") or 16)
-    assert hf_config.get("rope_scaling") == ARCHS[arch][2].get("rope_scaling")  # so does the rope scaling
-    assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (1, 2)
+    # The team's config.json as it was (an fp32 export of an fp32 model: nothing changed), rope_parameters and all.
+    assert hf_config == json.loads((hf / "config.json").read_text())
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == [
         f"model-0000{i}-of-00008.safetensors" for i in range(1, 9)]  # four per stage
@@ -330,6 +408,7 @@ def test_each_version_records_what_made_it_and_exports_as_transformers_writes(
     assert done.returncode == 0, done.stderr[-2000:]
     exported = json.loads((pulled / "config.json").read_text())
     assert exported["dtype"] == "float32" and "torch_dtype" not in exported
+    assert exported == json.loads((hf / "config.json").read_text())  # v2's parent is v1: still the team's format
     generation = json.loads((pulled / "generation_config.json").read_text())
     assert {k: generation.get(k) for k in (*sampling, "bos_token_id", "eos_token_id")} == {
         **sampling, "bos_token_id": 1, "eos_token_id": 2}

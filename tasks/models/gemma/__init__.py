@@ -30,6 +30,7 @@ class Gemma3(Llama):
     ref_name = staticmethod(hf.ref_name)
     hf_config = staticmethod(functools.partial(hf.hf_config, "gemma3"))
     model_fields_from_hf = staticmethod(functools.partial(hf.model_fields_from_hf, "gemma3"))
+    hf_rope_parameters = staticmethod(functools.partial(hf.rope_parameters, "gemma3"))
 
     def _sliding_layers(self, m: ModelConfig) -> int:
         return sum(model.is_sliding(m, i) for i in range(m.n_layers))

@@ -90,6 +90,15 @@ def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_posit
     return cfg
 
 
+def rope_parameters(family: str, m: ModelConfig) -> dict[str, Any]:
+    """The model's rotary as transformers 5 writes it: Gemma 3's per layer type (the sliding layers' own base,
+    never scaled), Gemma 2's one dict as Llama's."""
+    if family != "gemma3":
+        return llama_hf.rope_parameters(m)
+    local = {"rope_type": "default", "rope_theta": m.rope_local_base_freq or m.rope_theta}
+    return {_FULL: llama_hf.rope_parameters(m), _SLIDING: local}
+
+
 def _pattern(types: list[str], key: str) -> int | None:
     """`sliding_window_pattern` of a `layer_types` list: None = all slide; N = layers N, 2N, ... are global."""
     if any(t not in (_SLIDING, _FULL) for t in types):

@@ -16,6 +16,7 @@ class Gemma2(Gemma3):
     architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES["gemma2"])
     hf_config = staticmethod(functools.partial(hf.hf_config, "gemma2"))
     model_fields_from_hf = staticmethod(functools.partial(hf.model_fields_from_hf, "gemma2"))
+    hf_rope_parameters = staticmethod(functools.partial(hf.rope_parameters, "gemma2"))
 
 
 FAMILY = Gemma2()

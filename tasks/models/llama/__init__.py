@@ -30,6 +30,7 @@ class Llama(ModelFamily):
     ref_name = staticmethod(hf.ref_name)
     hf_config = staticmethod(hf.hf_config)
     model_fields_from_hf = staticmethod(hf.model_fields_from_hf)
+    hf_rope_parameters = staticmethod(hf.rope_parameters)
 
 
 FAMILY = Llama()

@@ -116,6 +116,13 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     return cfg
 
 
+def rope_parameters(m: ModelConfig) -> dict[str, Any]:
+    """The model's rotary as transformers 5 writes it: `rope_theta` inside the scaling dict (`rope_type` default
+    when unscaled)."""
+    scaling = m.rope_scaling.model_dump(exclude_none=True) if m.rope_scaling else {"rope_type": "default"}
+    return {**scaling, "rope_theta": m.rope_theta}
+
+
 def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
     a rope type the family does not implement (tasks.families.ROPE_TYPES) is refused, naming it."""
