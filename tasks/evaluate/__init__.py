@@ -220,7 +220,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     secret_env = merged_env((fields["data"], data_env), (fields["store"], store_env),
                             (fields["pretrained"], model_env if e.metrics else {}))
     spec = {
-        "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size,
+        "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size, "dtype": e.dtype,
         "metrics": [m.model_dump(mode="json") for m in e.metrics],
         "cache_dir": cfg.data.cache_dir, "data_storage_options": data_options,
         "store_url": cfg.publish.store_url, "store_options": store_options,

@@ -11,13 +11,15 @@ Every DP replica is a complete model; replicas score different batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 
 from tasks.config import LoraConfig, ModelConfig
+from tasks.model_files import DTYPES
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.lora import apply_lora
@@ -28,13 +30,27 @@ from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside are `dtype` (the families compute their rotary tables in fp32 explicitly)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 class ShardedModel:
     """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
 
     def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
-                 as_dtype: str | None, lora: LoraConfig | None = None, adapter: Path | None = None) -> None:
-        """`lora`: the model is the base at `weights` plus adapters, read from `weights` too (a LoRA run's
-        checkpoint) or from the PEFT directory `adapter` (a published adapter)."""
+                 as_dtype: str | None, dtype: str, lora: LoraConfig | None = None,
+                 adapter: Path | None = None) -> None:
+        """`as_dtype`: each weight first rounded to it (a candidate scored as it will be published); `dtype`: the
+        dtype held and computed in (`evaluate.dtype`); `lora`: the model is the base at `weights` plus adapters,
+        read from `weights` too (a LoRA run's checkpoint) or from the PEFT directory `adapter` (a published
+        adapter)."""
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
@@ -45,14 +61,17 @@ class ShardedModel:
         self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
         self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
         family = get_family(m.family)
-        with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
-            self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
-                                         partition_method=EVALUATION_PARTITION)
-        load_into(self.module, weights, m, self.tp)
-        if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
-            apply_lora(self.module, m, lora, self.tp, seed=0)
-            load_adapter(self.module, open_weights(weights, m) if adapter is None else PeftAdapter(adapter, m), m,
-                         self.tp)
+        self.dtype = getattr(torch, DTYPES[dtype])
+        # Built in the compute dtype, adapters too: a bf16 rank never holds its stage in fp32, not even while loading.
+        with default_dtype(self.dtype):
+            with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
+                self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
+                                             partition_method=EVALUATION_PARTITION)
+            load_into(self.module, weights, m, self.tp)
+            if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
+                apply_lora(self.module, m, lora, self.tp, seed=0)
+                load_adapter(self.module, open_weights(weights, m) if adapter is None else PeftAdapter(adapter, m),
+                             m, self.tp)
         if as_dtype is not None:
             round_to(self.module, as_dtype)
         self.module.eval()
@@ -79,11 +98,11 @@ class ShardedModel:
         if self.stage == 0:
             hidden = x
         else:
-            hidden = torch.empty(x.shape[0], x.shape[1], self.m.d_model, device=self.device)
+            hidden = torch.empty(x.shape[0], x.shape[1], self.m.d_model, device=self.device, dtype=self.dtype)
             tdist.recv(hidden, src=self._peer[self.stage - 1])
         out = self.module(hidden)
         if not self.last_stage:
-            tdist.send(out.contiguous().float(), dst=self._peer[self.stage + 1])
+            tdist.send(out.contiguous(), dst=self._peer[self.stage + 1])
             return None
         return self.token_nll(out, y)
 

@@ -3,7 +3,8 @@
 The windows of a suite are a deterministic function of the config (`evaluate.batches` x
 `evaluate.batch_size` windows evenly spaced over the suite's split), so any layout scores the same
 tokens. The suite hash names everything that decides an evaluation's numbers except the weights
-(each suite's data by manifest hash, the windows, the model shape, the user metrics): a live
+(each suite's data by manifest hash, the windows, the model shape, the compute dtype, the user
+metrics): a live
 version's numbers are cached under it.
 """
 
@@ -46,7 +47,7 @@ def suite_hash(cfg: JobConfig, suites: list[dict[str, Any]]) -> str:
     e = cfg.evaluate
     return sha256_json({
         "suites": [{k: s[k] for k in ("name", "split", "manifest_hash")} for s in suites],
-        "batches": e.batches, "batch_size": e.batch_size,
+        "batches": e.batches, "batch_size": e.batch_size, "dtype": e.dtype,
         "model": cfg.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options", "dropout"}),
         "metrics": [m.model_dump(mode="json") for m in e.metrics],
     })

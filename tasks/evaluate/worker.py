@@ -207,7 +207,7 @@ class Evaluation:
             weights = self.weights(entry)
             lora, adapter = self.adapter(entry)
             model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"),
-                                 lora=lora, adapter=adapter)
+                                 dtype=self.spec["dtype"], lora=lora, adapter=adapter)
             metrics: dict[str, float] = {}
             for suite in self.spec["suites"]:
                 for key, value in self.score_suite(model, dirs[suite["name"]], suite["split"]).items():

@@ -1,10 +1,10 @@
 """Memory of the evaluation ranks (tasks/evaluate): they must fit too, or a run trains and then cannot be judged.
 
-An evaluation rank holds its pipeline stage's tensor-parallel slice of the weights in fp32 (the ranks
-compute in fp32 so every layout gives the same numbers), no gradients or optimizer states, and the
-temporaries of one forward (`windows_per_forward`: a batch on one stage, a window across stages): a
-layer's hidden states, its attention and MLP intermediates, and on the last stage the vocab-parallel
-logits with their fp32 softmax terms.
+An evaluation rank holds its pipeline stage's tensor-parallel slice of the weights in `evaluate.dtype` (built
+in it: no fp32 copy while loading), no gradients or optimizer states, and the temporaries of one forward
+(`windows_per_forward`: a batch on one stage, a window across stages): a layer's hidden states, its attention
+and MLP intermediates, and on the last stage the vocab-parallel logits with their fp32 softmax terms (a bf16
+rank's logits are taken to fp32 first).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_p
 from tasks.plan.layout import validate_layout
 
 FP32 = 4
+DTYPE_BYTES = {"bf16": 2, "fp32": FP32}  # each `evaluate.dtype`
 
 
 def evaluation_layout(cfg: JobConfig) -> JobConfig:
@@ -42,14 +43,17 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
     m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
     counts = get_family(m.family).param_counts(m, p.tp)
     tokens = windows_per_forward(e.batch_size, p.pp) * m.seq_len
+    width = DTYPE_BYTES[e.dtype]
     best: dict[str, Any] | None = None
     for stage in pipeline_stages(m.n_layers, p.pp, EVALUATION_PARTITION):
-        weights = stage.params(counts) * FP32
+        weights = stage.params(counts) * width
         # One block at a time: input, normed input, q/k/v/attention output, MLP gate/up/product (TP slices).
-        hidden = tokens * m.d_model * FP32
-        block = hidden * 3 + tokens * FP32 * (m.d_model + 2 * m.kv_heads * m.head_dim) // p.tp \
-            + tokens * FP32 * 3 * m.ffn // p.tp
-        logits = 2 * tokens * FP32 * -(-m.vocab_size // p.tp) if stage.has_head else 0
+        hidden = tokens * m.d_model * width
+        block = hidden * 3 + tokens * width * (m.d_model + 2 * m.kv_heads * m.head_dim) // p.tp \
+            + tokens * width * 3 * m.ffn // p.tp
+        # The logits, their fp32 copy (none when they are fp32) and the fp32 log-softmax.
+        logit_bytes = width + FP32 + (FP32 if width != FP32 else 0)
+        logits = tokens * logit_bytes * -(-m.vocab_size // p.tp) if stage.has_head else 0
         p2p = 2 * hidden if p.pp > 1 else 0
         total = weights + block + logits + p2p
         if best is None or total > best["total"]:

@@ -19,7 +19,7 @@ import yaml
 from tasks.config import JobConfig
 from tasks.errors import ConfigError, InvalidInputError
 from tasks.evaluate import evaluate
-from tasks.evaluate.spec import window_order
+from tasks.evaluate.spec import resolve_suites, suite_hash, window_order
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_reference
@@ -57,9 +57,10 @@ def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path, int]:
     return cfg, run, ckpt, vocab
 
 
-def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:
-    """The held-out loss of the same windows by one process holding the whole (tiny) model: the reference."""
-    model = load_reference(ckpt, cfg.model, as_dtype=cfg.publish.export_dtype).eval()
+def single_process_loss(cfg: JobConfig, ckpt: Path, dtype: torch.dtype = torch.float32) -> float:
+    """The held-out loss of the same windows by one process holding the whole (tiny) model in `dtype`: the
+    reference."""
+    model = load_reference(ckpt, cfg.model, as_dtype=cfg.publish.export_dtype).to(dtype).eval()
     loss_fn = get_family(cfg.model.family).make_loss_fn(TPGroup())
     windows = TokenWindows(cfg.data.source_url, "heldout", cfg.model.seq_len, cfg.model.vocab_size)
     e = cfg.evaluate
@@ -70,7 +71,9 @@ def single_process_loss(cfg: JobConfig, ckpt: Path) -> float:
 
 
 def test_every_layout_gives_the_same_numbers(trained) -> None:
+    """In fp32 (`evaluate.dtype`), any layout scores what one process holding the whole model scores."""
     cfg, run, ckpt, vocab = trained
+    cfg = cfg.with_overrides({"evaluate.dtype": "fp32"})
     results = {}
     for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1)):
         layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp}})
@@ -113,7 +116,7 @@ def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None
 
 
 def test_cli_prints_json_writes_output_and_exits_2_on_bad_checkpoint(trained, tmp_path: Path) -> None:
-    cfg, _, ckpt, _ = trained
+    cfg, run, ckpt, _ = trained
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     output = tmp_path / "metrics.json"
@@ -123,7 +126,14 @@ def test_cli_prints_json_writes_output_and_exits_2_on_bad_checkpoint(trained, tm
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout)
     assert printed == json.loads(output.read_text())
-    assert printed["metrics"]["heldout.loss"] == pytest.approx(single_process_loss(cfg, ckpt), rel=1e-6)
+    # The default evaluates in bf16, as the model is published and served: one bf16 process's numbers, near fp32's.
+    assert cfg.evaluate.dtype == "bf16"
+    loss = printed["metrics"]["heldout.loss"]
+    assert loss == pytest.approx(single_process_loss(cfg, ckpt, torch.bfloat16), rel=2e-3)
+    assert loss == pytest.approx(single_process_loss(cfg, ckpt), rel=2e-2)
+    assert loss != single_process_loss(cfg, ckpt)  # bf16 did the arithmetic, not fp32
+    suites = resolve_suites(cfg, run)  # a live version's cached numbers are per dtype
+    assert suite_hash(cfg, suites) != suite_hash(cfg.with_overrides({"evaluate.dtype": "fp32"}), suites)
 
     bad = subprocess.run([*cli, "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2

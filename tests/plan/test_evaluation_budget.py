@@ -28,7 +28,7 @@ def test_evaluation_in_the_training_layout_fits_and_is_reported() -> None:
     r = plan(seventy_b())
     ev = r.evaluation
     assert r.fits and ev is not None and ev["fits"] and ev["layout"] == {"tp": 8, "pp": 8, "dp": 1}
-    assert ev["weights"] < LLAMA.total_params(make_config(model=LLAMA_70B).model) * 4 / 50  # a 64th of it, in fp32
+    assert ev["weights"] < LLAMA.total_params(make_config(model=LLAMA_70B).model) * 2 / 50  # a 64th of it, in bf16
     assert ev["total"] == ev["weights"] + ev["activations"] + ev["logits"] + ev["comm_buffers"]
 
 
@@ -37,7 +37,8 @@ def test_one_rank_per_replica_cannot_hold_70b_and_the_plan_refuses_naming_evalua
     assert not r.fits and r.verdict == "does_not_fit"
     assert r.overflow is not None and r.overflow["term"] == "evaluation"
     assert r.evaluation is not None
-    assert r.evaluation["weights"] == LLAMA.total_params(make_config(model=LLAMA_70B).model) * 4  # all of it, fp32
+    # All of it, in bf16 (evaluate.dtype's default): 141 GB on an 80 GiB GPU.
+    assert r.evaluation["weights"] == LLAMA.total_params(make_config(model=LLAMA_70B).model) * 2
 
 
 def test_an_evaluation_layout_the_cluster_cannot_run_is_refused_by_name() -> None:
@@ -46,16 +47,19 @@ def test_an_evaluation_layout_the_cluster_cannot_run_is_refused_by_name() -> Non
         plan(seventy_b({"parallel": {"tp": 8, "pp": 2, "dp": 2}}))
 
 
-def test_small_model_by_hand() -> None:
+@pytest.mark.parametrize(("dtype", "width", "logit_bytes"), [("fp32", 4, 4 + 4), ("bf16", 2, 2 + 4 + 4)])
+def test_small_model_by_hand(dtype: str, width: int, logit_bytes: int) -> None:
+    """Weights and temporaries in `evaluate.dtype`; the logits with their fp32 copy (bf16) and log-softmax."""
     m = {"vocab_size": 256, "seq_len": 64, "n_layers": 4, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
-    r = plan(make_config(model=m, evaluate={"batch_size": 8}))
+    r = plan(make_config(model=m, evaluate={"batch_size": 8, "dtype": dtype}))
     ev = r.evaluation
     tokens = 8 * 64
-    assert ev["weights"] == get_family("gpt").total_params(make_config(model=m).model) * 4
-    assert ev["logits"] == 2 * tokens * 4 * 256 and ev["comm_buffers"] == 0
-    assert ev["activations"] == tokens * 64 * 4 * 3 + tokens * 4 * (64 + 2 * 4 * 16) + tokens * 4 * 3 * 256
+    assert ev["weights"] == get_family("gpt").total_params(make_config(model=m).model) * width
+    assert ev["logits"] == tokens * logit_bytes * 256 and ev["comm_buffers"] == 0
+    assert ev["activations"] == (tokens * 64 * width * 3 + tokens * width * (64 + 2 * 4 * 16)
+                                 + tokens * width * 3 * 256)
     # Across 2 stages the windows go one at a time (tasks/evaluate/sharded.py): a forward holds one, not 8
-    piped = plan(make_config(model=m, parallel={"pp": 2}, evaluate={"batch_size": 8})).evaluation
+    piped = plan(make_config(model=m, parallel={"pp": 2}, evaluate={"batch_size": 8, "dtype": dtype})).evaluation
     one = 64
-    assert piped["activations"] == one * 64 * 4 * 3 + one * 4 * (64 + 2 * 4 * 16) + one * 4 * 3 * 256
-    assert piped["logits"] == (2 * one * 4 * 256 if piped["stage"] == 1 else 0)
+    assert piped["activations"] == one * 64 * width * 3 + one * width * (64 + 2 * 4 * 16) + one * width * 3 * 256
+    assert piped["logits"] == (one * logit_bytes * 256 if piped["stage"] == 1 else 0)
