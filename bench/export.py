@@ -10,7 +10,9 @@ weights are laid out as a training checkpoint's layer files (tp=1, as DeepSpeed 
 - Import: `load_reference` (our loader: safetensors, tensor by tensor) vs
   `AutoModelForCausalLM.from_pretrained` of the same directory, both into fp32 on CPU, page cache warm,
   each followed by a sum over every weight (transformers 5 maps the files lazily; this reads them all).
-  Ratio = theirs / ours (> 1: we are faster).
+  Ratio = theirs / ours (> 1: we are faster). Both in this process, one thread each (the same cores).
+Each pair by bench/fair.py's method: alternated in rotated order, at least `--repeat` (>= 3) samples a side,
+medians with min, max and the load at each sample, a set spread by more than 1.5x taken again.
 """
 
 from __future__ import annotations
@@ -20,19 +22,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from fair import alternated, median, stats, timer
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def _best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def main() -> None:
@@ -64,12 +58,17 @@ def main() -> None:
         write_layer_files(root / "ckpt", m, state)
         del state
 
-        def ours() -> None:
-            shutil.rmtree(root / "export", ignore_errors=True)
+        def export() -> None:
             export_checkpoint(m, root / "ckpt", root / "export", stages=2, dtype="fp32")
 
-        export_s = _best(ours, args.repeat)
-        shards = sorted((root / "export").glob("*.safetensors"))
+        def reset() -> None:  # untimed before each sample: the last one's outputs gone
+            shutil.rmtree(root / "export", ignore_errors=True)
+            for path in root.glob("dd-*"):
+                path.unlink()
+
+        reset()
+        export()  # one untimed run: its shards are what dd copies
+        shards = [p.rename(root / f"shard-{i}") for i, p in enumerate(sorted((root / "export").glob("*.safetensors")))]
         nbytes = sum(p.stat().st_size for p in shards)
 
         def dd() -> None:
@@ -77,20 +76,25 @@ def main() -> None:
                 subprocess.run(["dd", f"if={shard}", f"of={root / f'dd-{i}'}", "bs=8M", "conv=fsync"],
                                check=True, capture_output=True)
 
-        dd_s = _best(dd, args.repeat)
+        mb = nbytes / 1e6
+        print(f"model: llama {args.layers} layers, d 768, vocab 32000: {mb:.0f} MB of fp32 weights, 2 stages",
+              flush=True)
+        got = alternated("export", {"ours": timer(export, reset), "dd": timer(dd, reset)}, args.repeat)
+        ours, theirs = got["ours"], got["dd"]
+        print(f"export  ours {stats(ours)} ({mb / median(ours):.0f} MB/s) | dd {stats(theirs)} "
+              f"({mb / median(theirs):.0f} MB/s) | ratio ours/dd throughput {median(theirs) / median(ours):.2f}",
+              flush=True)
+
         def touched(model: torch.nn.Module) -> float:  # every weight read (transformers 5 maps lazily)
             return sum(float(p.detach().sum()) for p in model.parameters())
 
-        ours_import = _best(lambda: touched(load_reference(root / "hf", m)), args.repeat)
-        theirs_import = _best(lambda: touched(AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32)),
-                              args.repeat)
-
-    mb = nbytes / 1e6
-    print(f"model: llama {args.layers} layers, d 768, vocab 32000: {mb:.0f} MB of fp32 weights, 2 stages")
-    print(f"export  ours {export_s:.2f}s ({mb / export_s:.0f} MB/s)  dd {dd_s:.2f}s ({mb / dd_s:.0f} MB/s)  "
-          f"ratio ours/dd throughput {dd_s / export_s:.2f}")
-    print(f"import  ours {ours_import:.2f}s  transformers from_pretrained {theirs_import:.2f}s  "
-          f"ratio theirs/ours {theirs_import / ours_import:.2f}")
+        got = alternated("import", {
+            "ours": timer(lambda: touched(load_reference(root / "hf", m))),
+            "theirs": timer(lambda: touched(AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32))),
+        }, args.repeat)
+        ours, theirs = got["ours"], got["theirs"]
+        print(f"import  ours {stats(ours)} | transformers from_pretrained {stats(theirs)} | "
+              f"ratio theirs/ours {median(theirs) / median(ours):.2f}", flush=True)
 
 
 if __name__ == "__main__":

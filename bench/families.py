@@ -8,16 +8,22 @@ step on one micro-batch, fp32, one thread per process as the ranks run on CPU. F
 work (QK-norm, four norms, soft-capping's explicit attention) should cost a little more than Llama; a
 family that costs much more has a bug of the kind this exists to show (a mask built per step, a copy per
 layer). Sliding-window families run with a window below the sequence length, so the window is exercised.
-Prints the median step time per family over `--rounds` rounds and its ratio to Llama.
+Every family runs in this process on one thread, Llama too: the same cores. By bench/fair.py's method: one
+sample per family and round = a fresh model's median step over `--steps` steps; the families taken in turn, the
+order rotated each round, `--rounds` (>= 3) rounds; a set where any family spreads by more than 1.5x is taken
+again. Prints each family's median with min, max and the load at each sample, and its ratio to Llama.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from fair import Sample, alternated, median, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,8 +50,9 @@ def configs(layers: int, d_model: int, seq: int, window: int) -> dict[str, Model
     }
 
 
-def step_seconds(m: ModelConfig, steps: int, batch: int) -> float:
-    """Median seconds of one training step (after one warm-up step)."""
+def step_seconds(m: ModelConfig, steps: int, batch: int) -> Sample:
+    """Median seconds of one training step (after one warm-up step); the load when the model was built."""
+    load = os.getloadavg()[0]
     torch.manual_seed(0)
     model = get_family(m.family).Reference(m, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -60,7 +67,7 @@ def step_seconds(m: ModelConfig, steps: int, batch: int) -> float:
         opt.zero_grad(set_to_none=True)
         if i:  # the first step pays one-off allocations
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return Sample(statistics.median(times), load)
 
 
 def main() -> None:
@@ -75,18 +82,17 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     cases = configs(args.layers, args.d_model, args.seq, args.window)
-    results: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.rounds):  # families interleaved, so load on the box hits each alike
-        for name, m in cases.items():
-            results[name].append(step_seconds(m, args.steps, args.batch))
-    base = statistics.median(results["llama"])
+    # families interleaved, so load on the box hits each alike
+    results = alternated("families", {name: lambda m=m: step_seconds(m, args.steps, args.batch)
+                                      for name, m in cases.items()}, args.rounds)
+    base = median(results["llama"])
     print(f"{args.layers} layers, d_model {args.d_model}, seq {args.seq}, window {args.window}, batch {args.batch}, "
-          f"vocab 32000; median of {args.rounds} rounds x {args.steps} steps")
-    print(f"{'family':<10} {'params (M)':>11} {'step s':>8} {'vs llama':>9}")
+          f"vocab 32000; median of {len(results['llama'])} rounds x {args.steps} steps")
+    print(f"{'family':<10} {'params (M)':>11} {'step s':>8} {'vs llama':>9}  step s: median (min, max; load)")
     for name, m in cases.items():
         params = get_family(m.family).total_params(m) / 1e6
-        t = statistics.median(results[name])
-        print(f"{name:<10} {params:>11.1f} {t:>8.3f} {t / base:>8.2f}x")
+        t = median(results[name])
+        print(f"{name:<10} {params:>11.1f} {t:>8.3f} {t / base:>8.2f}x  {stats(results[name], fmt='.3f')}")
 
 
 if __name__ == "__main__":

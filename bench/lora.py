@@ -6,10 +6,13 @@ Run: `.venv/bin/python bench/lora.py [--steps N] [--layers L] [--d-model D] [--s
 Ours: the DeepSpeed engine as the ranks run it (tasks.spawn, one rank, PipelineModule + ZeRO-1 + telemetry),
 full fine-tuning and `train.lora` on the same model, batches and initial weights. Plain: a transformers
 LlamaForCausalLM of the same sizes in a loop (forward, backward, clip, AdamW), in full and wrapped by
-`peft.get_peft_model` with the same rank, alpha and target modules. fp32, micro-batch 1, one thread each,
-every case in its own process (peak RSS is the process's). Prints the median step time after warm-up and
-the peak RSS of each case; LoRA should save the gradients and Adam states of the base (12 B/param here)
-and some backward time; ours should be within the trainer's 1.15 of plain for the same recipe.
+`peft.get_peft_model` with the same rank, alpha and target modules. fp32, micro-batch 1, one thread each
+(our one rank at OMP_NUM_THREADS=1, the plain child at torch.set_num_threads(1): the same cores), every case
+in its own process (peak RSS is the process's). The four cases by bench/fair.py's method: in turn, the order
+rotated each round, `--repeat` (>= 3) runs each (a sample: one run's median step after warm-up, and its peak
+RSS), medians with min, max and the load at each sample, a set spread by more than 1.5x taken again. Prints the
+median step time and peak RSS of each case; LoRA should save the gradients and Adam states of the base
+(12 B/param here) and some backward time; ours should be within the trainer's 1.15 of plain for the same recipe.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fair import Sample, alternated, median, stats
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.trainer import engine_run, free_port, job, write_dataset
@@ -39,24 +44,27 @@ def model_section(layers: int, d_model: int, seq: int) -> dict:
             "n_heads": heads, "n_kv_heads": heads // 3 or 1, "d_ff": 8 * d_model // 3 // 64 * 64}
 
 
-def ours(model: dict, steps: int, lora: bool) -> dict:
+def ours(model: dict, steps: int, lora: bool) -> Sample:
     """Our engine's median step and peak RSS (telemetry of the one rank)."""
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         root = Path(tmp)
         dataset = write_dataset(root / "data", model["vocab_size"], 200_000)
         train = {"steps": steps, "micro_batch_size": 1, "checkpoint_every": steps, "lr": 1e-4,
                  **({"lora": LORA} if lora else {})}
         rows, _ = engine_run(job(root, model, train, free_port()), dataset)
-    return {"step_s": statistics.median(r["step_s"] for r in rows[SKIP:]),
-            "peak_rss_bytes": max(r["peak_mem_bytes"] for r in rows)}
+    return Sample(statistics.median(r["step_s"] for r in rows[SKIP:]), load,
+                  extra={"peak_rss_bytes": max(r["peak_mem_bytes"] for r in rows)})
 
 
-def plain(model: dict, steps: int, lora: bool) -> dict:
+def plain(model: dict, steps: int, lora: bool) -> Sample:
     """The plain loop in a process of its own (its peak RSS is its own)."""
+    load = os.getloadavg()[0]
     done = subprocess.run([sys.executable, __file__, "--plain-child", json.dumps([model, steps, lora])],
                           capture_output=True, text=True, check=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return Sample(got["step_s"], load, extra={"peak_rss_bytes": got["peak_rss_bytes"]})
 
 
 def plain_child(model: dict, steps: int, lora: bool) -> None:
@@ -100,6 +108,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each case (at least 3)")
     ap.add_argument("--plain-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain_child:
@@ -111,18 +120,20 @@ def main() -> None:
     from tasks.models import get_family
 
     params = get_family("llama").total_params(ModelConfig.model_validate(model))
-    rows = {
-        "ours full": ours(model, args.steps, lora=False),
-        "ours LoRA": ours(model, args.steps, lora=True),
-        "plain full": plain(model, args.steps, lora=False),
-        "plain+peft LoRA": plain(model, args.steps, lora=True),
-    }
+    got = alternated("lora", {
+        "ours full": lambda: ours(model, args.steps, lora=False),
+        "ours LoRA": lambda: ours(model, args.steps, lora=True),
+        "plain full": lambda: plain(model, args.steps, lora=False),
+        "plain+peft LoRA": lambda: plain(model, args.steps, lora=True),
+    }, args.repeat)
+    rows = {name: {"step_s": median(s), "peak_rss_bytes": median(s, "peak_rss_bytes")} for name, s in got.items()}
     print(f"Llama {params / 1e6:.0f}M (L{args.layers} d{args.d_model} s{args.seq} V32000), LoRA r{LORA['rank']} "
           f"on {','.join(LORA['target_modules'])}, micro-batch 1, {args.steps} steps (median after {SKIP}), "
-          "fp32, 1 thread")
-    print(f"  {'case':<16} {'step ms':>9} {'peak RSS MB':>12}")
+          f"fp32, 1 thread; medians of {len(got['ours full'])} runs a case")
+    print(f"  {'case':<16} {'step ms':>9} {'peak RSS MB':>12}  step s: median (min, max; load)")
     for name, r in rows.items():
-        print(f"  {name:<16} {r['step_s'] * 1e3:>9.0f} {r['peak_rss_bytes'] / 1e6:>12.0f}")
+        print(f"  {name:<16} {r['step_s'] * 1e3:>9.0f} {r['peak_rss_bytes'] / 1e6:>12.0f}  "
+              f"{stats(got[name], fmt='.3f')}")
     print(f"  LoRA/full (ours): step {rows['ours LoRA']['step_s'] / rows['ours full']['step_s']:.2f}, "
           f"RSS {rows['ours LoRA']['peak_rss_bytes'] / rows['ours full']['peak_rss_bytes']:.2f}")
     print(f"  ours/plain+peft (LoRA): step {rows['ours LoRA']['step_s'] / rows['plain+peft LoRA']['step_s']:.2f}, "

@@ -3,20 +3,25 @@
 One generated JSONL corpus (Zipf-distributed pseudo-words, ~4-5 bytes per token like
 English under a BPE), one byte-level BPE (8,192 ids) trained in-process on its first
 2 MB. Each contender runs as a fresh process, timed from start to exit (imports
-included), for several rounds in rotated order; tokens/s = tokens (documents + one EOS
-each) / wall seconds, medians over rounds, ratios printed. The token counts must agree.
+included), by bench/fair.py's method: in turn, the order rotated each round, `--rounds`
+(>= 3) runs each, the median wall printed with min, max and the load at each run, a set
+spread by more than 1.5x taken again; tokens/s = tokens (documents + one EOS each) /
+median wall seconds, ratios printed. The token counts must agree. Every contender gets
+the same cores: `--workers` tokenizing threads in all.
 
-- `prepare-data`: the real verb, JSONL in, shards + manifest out (`--workers`, default 2).
+- `prepare-data`: the real verb, JSONL in, shards + manifest out (`--workers`, default 2,
+  processes of one tokenizing thread each).
 - `encode_batch loop`: one process reading JSONL in batches of 1,000 documents and
-  calling `Tokenizer.encode_batch` (the library's own Rayon threads use every core);
-  writes nothing.
-- `datasets.map`: `load_dataset("json")` then `.map(batched=True, num_proc=2)` with the
-  same tokenizer, the recipe of nanoGPT-style prepare scripts; it writes its Arrow
+  calling `Tokenizer.encode_batch` (the library's own Rayon threads, RAYON_NUM_THREADS
+  = `--workers`); writes nothing.
+- `datasets.map`: `load_dataset("json")` then `.map(batched=True, num_proc=--workers)`
+  with the same tokenizer (one thread each: TOKENIZERS_PARALLELISM=false), the recipe of
+  nanoGPT-style prepare scripts; it writes its Arrow
   cache, not the final flat token file. `datasets` is not a project dependency: it lives
   in its own venv (/tmp/prepare-peers-venv, created on first use) with our tokenizers version.
 
     .venv/bin/python bench/prepare.py                 # 300 MB, 3 rounds
-    .venv/bin/python bench/prepare.py --mb 50 --rounds 1
+    .venv/bin/python bench/prepare.py --mb 50 --rounds 3
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from fair import Sample, alternated, median, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -63,7 +71,7 @@ def encode(batch):
     ids = [e.ids + [eos] for e in tok.encode_batch(batch["text"], add_special_tokens=False)]
     return {"ids": ids, "len": [len(x) for x in ids]}
 ds = load_dataset("json", data_files=sys.argv[1], split="train", cache_dir=sys.argv[3])
-out = ds.map(encode, batched=True, num_proc=2, remove_columns=ds.column_names)
+out = ds.map(encode, batched=True, num_proc=int(sys.argv[5]), remove_columns=ds.column_names)
 print(json.dumps({"tokens": int(sum(out["len"])), "documents": len(out)}))
 """
 
@@ -116,17 +124,13 @@ def peer_python(venv: Path) -> Path:
     return py
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, dict]:
+def run_tool(cmd: list[str], env: dict[str, str]) -> tuple[float, dict]:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if proc.returncode:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd[:4])} ...\n{proc.stderr[-2000:]}")
     return wall, json.loads(proc.stdout)
-
-
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
 
 
 def main() -> None:
@@ -149,37 +153,44 @@ def main() -> None:
     peer = peer_python(args.peers_venv)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     out = work / "out"
-    tools = {
-        "prepare-data": lambda: [sys.executable, "-m", "tasks.cli", "prepare-data", str(corpus), "--tokenizer",
-                                 str(tok_dir), "--dest", str(out), "--workers", str(args.workers)],
-        "encode_batch loop": lambda: [sys.executable, "-c", ENCODE_LOOP, str(corpus), str(tok_dir / "tokenizer.json")],
-        "datasets.map": lambda: [str(peer), "-c", DATASETS_MAP, str(corpus), str(tok_dir / "tokenizer.json"),
-                                 str(out), EOS],
+    tools = {  # name -> (command, environment): `--workers` tokenizing threads each
+        "prepare-data": ([sys.executable, "-m", "tasks.cli", "prepare-data", str(corpus), "--tokenizer", str(tok_dir),
+                          "--dest", str(out), "--workers", str(args.workers)], env),
+        "encode_batch loop": ([sys.executable, "-c", ENCODE_LOOP, str(corpus), str(tok_dir / "tokenizer.json")],
+                              dict(env, RAYON_NUM_THREADS=str(args.workers))),
+        "datasets.map": ([str(peer), "-c", DATASETS_MAP, str(corpus), str(tok_dir / "tokenizer.json"), str(out), EOS,
+                          str(args.workers)], dict(env, TOKENIZERS_PARALLELISM="false")),
     }
-    names = list(tools)
-    walls: dict[str, list[float]] = {n: [] for n in names}
     tokens: dict[str, int] = {}
-    load_before = os.getloadavg()
-    for rnd in range(args.rounds):
-        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+
+    def side(name: str) -> Callable[[], Sample]:
+        def run() -> Sample:
             shutil.rmtree(out, ignore_errors=True)
-            wall, result = timed(tools[name](), env)
+            load = os.getloadavg()[0]
+            wall, result = run_tool(*tools[name])
             count = sum(result["tokens"].values()) if name == "prepare-data" else result["tokens"]
             tokens.setdefault(name, count)
-            walls[name].append(wall)
-            print(f"round {rnd + 1} {name:18s} {wall:7.1f} s  {count / wall / 1e6:6.2f} M tokens/s  "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"{name:18s} {wall:7.1f} s  {count / wall / 1e6:6.2f} M tokens/s  (load {load:.1f})", flush=True)
+            return Sample(wall, load)
+
+        return run
+
+    load_before = os.getloadavg()
+    walls = alternated("prepare", {name: side(name) for name in tools}, args.rounds)
     shutil.rmtree(out, ignore_errors=True)
     if len(set(tokens.values())) != 1:
         raise SystemExit(f"token counts differ: {tokens}")
     rate = {n: tokens[n] / median(w) for n, w in walls.items()}
     ours = rate["prepare-data"]
+    for n, w in walls.items():
+        print(f"{n:18s} wall {stats(w, fmt='.1f')}  {rate[n] / 1e6:6.2f} M tokens/s", flush=True)
     print(json.dumps({
         "corpus": f"{corpus.stat().st_size / 1e6:.0f} MB JSONL, {tokens['prepare-data']:,} tokens, "
-                  f"{args.rounds} rounds (medians), prepare-data --workers {args.workers}",
+                  f"{len(walls['prepare-data'])} rounds (medians), prepare-data --workers {args.workers}",
         "tokens_per_s": {n: round(r) for n, r in rate.items()},
         "median_wall_s": {n: round(median(w), 2) for n, w in walls.items()},
-        "rounds_wall_s": walls,
+        "rounds_wall_s": {n: [round(s.value, 2) for s in w] for n, w in walls.items()},
+        "load_at_each_run": {n: [round(s.load, 2) for s in w] for n, w in walls.items()},
         "ratio_vs_encode_batch_loop": round(ours / rate["encode_batch loop"], 3),
         "ratio_vs_datasets_map": round(ours / rate["datasets.map"], 3),
         "load_average_before": load_before,

@@ -4,15 +4,17 @@ Usage: .venv/bin/python bench/registry.py [--pg postgresql://postgres@127.0.0.1:
        [--pool-size N]   (our pool; default as shipped, 4 connections)
 MLflow runs from its own venv (default /tmp/mlflow-venv; created with pip if missing) so its pins
 never touch ours. Each system gets a scratch database; W writer threads (own connections) switch
-an alias between existing versions for a fixed time; the points run interleaved (ours, MLflow,
-ours, ...) for several rounds so that load from other work on a shared machine hits both alike.
+an alias between existing versions for a fixed time (the same W threads on either side: the same
+cores). Each point (W) by bench/fair.py's method: ours and MLflow in turn, the order rotated each
+round, `--rounds` (>= 3) samples a side, a sample being one run's switches/s; the median printed with
+min, max and the load at each sample, a set spread by more than 1.5x taken again (the rates are the
+samples: a rate spread is a time spread).
 Ours appends a history row per switch. Each switch is a plain promote (a person's `retrainer promote`
 without --force): on PostgreSQL one call of `registry_move_alias` (migration 0002), which since
 migration 0007 also applies the "rolled back from this alias needs force" rule itself, through a
 partial index on the history's rollback rows (before 0007 a promote was a three-statement pipeline
 whose guard scanned the alias's whole history, so it slowed down as the history grew). The load
-average is printed: on a shared machine the numbers mean little without it; run it three times and
-read the medians.
+average is printed: on a shared machine the numbers mean little without it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+from fair import Sample, alternated, median, stats
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,12 +69,19 @@ for line in sys.stdin:  # one request per line: "WRITERS SECONDS"; one JSON answ
 """
 
 
-def _stats(runs: list[tuple[list[float], float]]) -> dict[str, float]:
-    """Throughput: median over rounds (robust to load spikes); latency quantiles over all samples."""
-    lat = sorted(x for run, _ in runs for x in run)
+def _rate(run: Any, writers: int, seconds: float) -> Sample:
+    """One run of a point as a sample: its switches/s, the load when it started, its latencies (`extra["lat"]`)."""
+    load = os.getloadavg()[0]
+    lat, elapsed = run(writers, seconds)
+    return Sample(len(lat) / elapsed, load, extra={"lat": lat})
+
+
+def _stats(samples: list[Sample]) -> dict[str, Any]:
+    """Throughput: median of the runs' rates; latency quantiles over every switch of every run."""
+    lat = sorted(x for s in samples for x in s.extra["lat"])
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
-    rates = [len(run) / elapsed for run, elapsed in runs]
-    return {"switches": len(lat), "per_s": statistics.median(rates), "per_s_rounds": rates,
+    return {"switches": len(lat), "per_s": median(samples), "per_s_rounds": [s.value for s in samples],
+            "load_rounds": [s.load for s in samples], "per_s_stats": stats(samples, "/s", fmt=".0f"),
             "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3}
 
 
@@ -194,7 +206,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432")
     ap.add_argument("--seconds", type=float, default=2.0, help="per point and round")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, MLflow, ours, ...)")
+    ap.add_argument("--rounds", type=int, default=3, help="samples a side and point (at least 3), alternated")
     ap.add_argument("--pool-size", type=int, default=None, help="our connection pool (default: as shipped)")
     ap.add_argument("--mlflow-venv", type=Path, default=Path("/tmp/mlflow-venv"))
     args = ap.parse_args()
@@ -202,8 +214,7 @@ def main() -> int:
     tag = uuid.uuid4().hex[:8]
     ours_db, ml_db = f"bench_reg_{tag}", f"bench_mlflow_{tag}"
     py = mlflow_python(args.mlflow_venv)
-    runs: dict[str, dict[int, list[tuple[list[float], float]]]] = {"ours": {w: [] for w in WRITERS}, "mlflow": {
-        w: [] for w in WRITERS}}
+    runs: dict[str, dict[int, list[Sample]]] = {"ours": {}, "mlflow": {}}
     _create_db(args.pg, ours_db)
     if py:
         _create_db(args.pg, ml_db)
@@ -213,12 +224,12 @@ def main() -> int:
         ours = Ours(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://')}/{ours_db}", args.pool_size)
         if py:
             theirs = MLflow(py, f"{args.pg.replace('postgresql://', 'postgresql+psycopg2://')}/{ml_db}")
-        # Interleaved so that the load from other work on the machine hits both sides alike.
-        for _ in range(args.rounds):
-            for w in WRITERS:
-                runs["ours"][w].append(ours.run(w, args.seconds))
-                if theirs:
-                    runs["mlflow"][w].append(theirs.run(w, args.seconds))
+        for w in WRITERS:  # each point alternated, so that load from other work hits both sides alike
+            sides = {"ours": lambda w=w: _rate(ours.run, w, args.seconds)}
+            if theirs:
+                sides["mlflow"] = lambda w=w: _rate(theirs.run, w, args.seconds)
+            for name, samples in alternated(f"{w} writers", sides, args.rounds).items():
+                runs[name][w] = samples
         recorded = ours.close()
         ours = None
     finally:
@@ -240,8 +251,11 @@ def main() -> int:
         else:
             line += "   (mlflow not measured)"
         print(line)
+    for w in WRITERS:
+        print(f"{w:>7} writers, switches/s: ours {result['ours'][w]['per_s_stats']}"
+              + (f" | mlflow {result['mlflow'][w]['per_s_stats']}" if w in result["mlflow"] else ""))
     load_after = os.getloadavg()
-    print(f"{args.rounds} interleaved rounds x {args.seconds:g} s per point; switches/s = median of rounds; "
+    print(f"{max(3, args.rounds)} alternated rounds x {args.seconds:g} s per point; switches/s = median of rounds; "
           f"ours recorded {recorded} history rows (chain checked)")
     print(f"load average (1/5/15 min) before: {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
           f"after: {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} CPUs")

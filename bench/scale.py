@@ -4,10 +4,11 @@ Run: `OMP_NUM_THREADS=1 .venv/bin/python bench/scale.py [--layers 20] [--repeat 
 scratch files go; default the system temp dir).
 
 A random ~300M Llama (d 1024, 20 layers, vocab 32000) is built with transformers in the run (no download) and
-saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side, alternated (ours, theirs, ours,
-...), at least 3 samples a side (`--repeat`), each printed with its median, min, max and the 1-minute load at
-every sample; a set whose samples on either side spread by more than 1.5x is taken again (twice at most), not
-averaged. A compute peer (start, evaluate, resume) runs as many threads as our two ranks have together:
+saved as a Hugging Face directory in bf16 (shards of 200 MB). Side by side by bench/fair.py's method: the sides
+in turn, order rotated each round, at least 3 samples a side (`--repeat`), each printed with its median, min, max
+and the 1-minute load at every sample; a set whose samples on either side spread by more than 1.5x is taken again
+(twice at most), not averaged. A compute peer (start, evaluate, resume) runs as many threads as our two ranks
+have together:
 - export: `tasks.train.export.export_stage` (the ranks' path) of the whole model as one stage, bf16, streamed
   into a local store's staging area (the stage's four files at once), fsynced; vs `dd bs=8M conv=fsync` of the
   same bytes (the four files joined into one). Ratio = dd's time /
@@ -46,7 +47,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +54,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from fair import Sample, alternated, median, stats, timer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -63,63 +65,16 @@ sys.path.insert(0, str(ROOT))
 # (pp=2): a compute peer gets as many threads in its one process, the same cores as our side.
 OUR_RANKS = 2
 PEER_THREADS = OUR_RANKS
-MAX_SPREAD = 1.5  # a side whose samples spread by more (max / min) is sampled again, not averaged
-RESAMPLES = 2
-
-
-Sample = tuple[float, float]  # (seconds, the 1-minute load average when it started)
-
-
-def _timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) -> Sample:
-    reset()
-    load = os.getloadavg()[0]
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started, load
-
-
-def _spread(samples: list[Sample]) -> float:
-    times = [t for t, _ in samples]
-    return max(times) / min(times)
-
-
-def _alternated(name: str, ours: Callable[[], Sample], theirs: Callable[[], Sample], repeat: int
-                ) -> tuple[list[Sample], list[Sample]]:
-    """`repeat` (>= 3) samples of each side, taken in turn (ours, theirs, ours, ...); when either side's samples
-    spread by more than MAX_SPREAD the whole set is taken again (RESAMPLES times at most), since a median of
-    scattered samples says more about the box than about the code. The last set is returned, flagged if still
-    scattered."""
-    repeat = max(3, repeat)
-    for attempt in range(RESAMPLES + 1):
-        a, b = [], []
-        for _ in range(repeat):
-            a.append(ours())
-            b.append(theirs())
-        worst = max(_spread(a), _spread(b))
-        if worst <= MAX_SPREAD:
-            return a, b
-        print(f"{name:<11} samples spread {worst:.2f}x (> {MAX_SPREAD}x): "
-              + ("sampling again" if attempt < RESAMPLES else "NOT a stable figure, reported as it is"), flush=True)
-    return a, b
-
-
-def _stats(samples: list[Sample]) -> str:
-    times = [t for t, _ in samples]
-    return (f"{statistics.median(times):6.2f}s (min {min(times):.2f}, max {max(times):.2f}; load "
-            f"{', '.join(f'{load:.1f}' for _, load in samples)})")
-
-
-def _median(samples: list[Sample]) -> float:
-    return statistics.median(t for t, _ in samples)
 
 
 def _pair(name: str, ours: Callable[[], object], theirs: Callable[[], object], reset: Callable[[], object],
           repeat: int, nbytes: int, theirs_name: str) -> None:
     """A copy-like pair: the ratio is their time / ours (>= 1: we are faster)."""
-    a, b = _alternated(name, lambda: _timed(ours, reset), lambda: _timed(theirs, reset), repeat)
-    ta, tb = _median(a), _median(b)
+    got = alternated(name, {"ours": timer(ours, reset), "theirs": timer(theirs, reset)}, repeat)
+    a, b = got["ours"], got["theirs"]
+    ta, tb = median(a), median(b)
     mb = nbytes / 1e6
-    print(f"{name:<11} ours {_stats(a)} {mb / ta:5.0f} MB/s | {theirs_name} {_stats(b)} {mb / tb:5.0f} MB/s | "
+    print(f"{name:<11} ours {stats(a)} {mb / ta:5.0f} MB/s | {theirs_name} {stats(b)} {mb / tb:5.0f} MB/s | "
           f"ratio {tb / ta:.2f}", flush=True)
 
 
@@ -274,14 +229,6 @@ print(nll / n)
 """
 
 
-def _children_cpu_s() -> float:
-    """User + system CPU seconds of every finished child process (and theirs: the launcher's ranks)."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _peer(script: str, *args: object) -> None:
     """A peer process with as many threads as our ranks have together (PEER_THREADS)."""
     subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, cwd=ROOT,
@@ -324,12 +271,13 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
     def ours_start() -> Sample:
         load = os.getloadavg()[0]
         start()
-        return runs[-1]["start_s"], load
+        return Sample(runs[-1]["start_s"], load)
 
     if "start" in sections:
-        a, b = _alternated("start", ours_start, lambda: _timed(lambda: _peer(_PEER_START, hf)), repeat)
-        print(f"{'start':<11} ours {_stats(a)} | from_pretrained + read ({PEER_THREADS} threads) {_stats(b)} | "
-              f"ratio ours/theirs {_median(a) / _median(b):.2f}", flush=True)
+        got = alternated("start", {"ours": ours_start, "theirs": timer(lambda: _peer(_PEER_START, hf))}, repeat)
+        a, b = got["ours"], got["theirs"]
+        print(f"{'start':<11} ours {stats(a)} | from_pretrained + read ({PEER_THREADS} threads) {stats(b)} | "
+              f"ratio ours/theirs {median(a) / median(b):.2f}", flush=True)
     elif "evaluate" in sections or "memory" in sections:
         start()
     if "memory" in sections:
@@ -347,30 +295,22 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
     if "evaluate" in sections:
         cfg, summary = runs[-1]["cfg"], runs[-1]["summary"]
         run = RunIdentity.from_dict(summary["run"])
-        ours_cpu: list[float] = []
-        theirs_cpu: list[float] = []
-        got: list[Any] = []
+        scored: list[Any] = []
+        eval_dir = Path(summary["checkpoint_dir"]).parent.parent / "eval"
 
-        def ours_eval() -> Sample:
+        def ours_eval() -> None:
             eval_cfg = cfg.with_overrides({"cluster.master_port": _free_port()})
-            cpu = _children_cpu_s()
-            took = _timed(lambda: got.append(evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data")))
-            ours_cpu.append(_children_cpu_s() - cpu)
-            shutil.rmtree(Path(summary["checkpoint_dir"]).parent.parent / "eval", ignore_errors=True)
-            return took
+            scored.append(evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data"))
 
-        def theirs_eval() -> Sample:
-            cpu = _children_cpu_s()
-            took = _timed(lambda: _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE))
-            theirs_cpu.append(_children_cpu_s() - cpu)
-            return took
-
-        a, b = _alternated("evaluate", ours_eval, theirs_eval, repeat)
-        n = len(a)  # the CPU seconds of the set reported (the last, if it was sampled again)
-        print(f"{'evaluate':<11} ours {_stats(a)} | transformers (1 process, {PEER_THREADS} threads) {_stats(b)} | "
-              f"ratio ours/theirs {_median(a) / _median(b):.2f}; CPU seconds ours ({OUR_RANKS} ranks + spawner) "
-              f"{[round(x, 1) for x in ours_cpu[-n:]]} theirs {[round(x, 1) for x in theirs_cpu[-n:]]}; "
-              f"{got[-1].tokens} tokens, loss {got[-1].loss:.4f}", flush=True)
+        got = alternated("evaluate", {
+            "ours": timer(ours_eval, lambda: shutil.rmtree(eval_dir, ignore_errors=True)),
+            "theirs": timer(lambda: _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE)),
+        }, repeat)
+        a, b = got["ours"], got["theirs"]
+        print(f"{'evaluate':<11} ours {stats(a)} | transformers (1 process, {PEER_THREADS} threads) {stats(b)} | "
+              f"ratio ours/theirs {median(a) / median(b):.2f}; CPU seconds ours ({OUR_RANKS} ranks + spawner + "
+              f"this process) {stats(a, what='cpu_s', load=False)} theirs {stats(b, what='cpu_s', load=False)}; "
+              f"{scored[-1].tokens} tokens, loss {scored[-1].loss:.4f}", flush=True)
 
 
 def _rewind(cfg: Any, step: int) -> None:
@@ -417,15 +357,14 @@ def _bench_resume(root: Path, hf: Path, repeat: int) -> None:
         summary, took = _train_watched(cfg.with_overrides({"cluster.master_port": _free_port()}), root / "data", hf)
         if summary["resumed_from_step"] != 1:
             raise RuntimeError(f"the relaunch resumed from step {summary['resumed_from_step']}, not 1")
-        return took, load
+        return Sample(took, load)
 
-    def theirs_load() -> Sample:
-        _read_all(files)
-        return _timed(lambda: _peer(_PEER_TORCH_LOAD, ckdir))
-
-    a, b = _alternated("resume", ours_resume, theirs_load, repeat)
-    print(f"{'resume':<11} ours {_stats(a)} | torch.load of the checkpoint ({nbytes / 1e9:.1f} GB, {len(files)} "
-          f"files, {PEER_THREADS} threads) {_stats(b)} | ratio ours/theirs {_median(a) / _median(b):.2f}", flush=True)
+    got = alternated("resume", {"ours": ours_resume,
+                                "theirs": timer(lambda: _peer(_PEER_TORCH_LOAD, ckdir), lambda: _read_all(files))},
+                     repeat)
+    a, b = got["ours"], got["theirs"]
+    print(f"{'resume':<11} ours {stats(a)} | torch.load of the checkpoint ({nbytes / 1e9:.1f} GB, {len(files)} "
+          f"files, {PEER_THREADS} threads) {stats(b)} | ratio ours/theirs {median(a) / median(b):.2f}", flush=True)
     shutil.rmtree(cfg.train.output_dir)
 
 

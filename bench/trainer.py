@@ -5,16 +5,22 @@ Run: `.venv/bin/python bench/trainer.py [--steps N] [--gpu]`.
 CPU (always): median step time of our engine with DP=1 (tasks.spawn, one rank,
 PipelineModule + ZeRO-1 + telemetry) vs `tasks.train.reference.train_reference`
 (the plain loop: forward, backward, clip, AdamW, scheduler) on the same model,
-batches and initial weights, one thread each. Goal: ratio <= 1.15.
-Checkpoint commit throughput (GB/s) vs `dd` writing the same bytes with fsync
-to the same disk. Asynchronous checkpoints (`--async-only` runs just this): for a
+batches and initial weights, one thread each (our one rank at OMP_NUM_THREADS=1,
+the loop in this process at torch.set_num_threads(1): the same cores). Goal: ratio <= 1.15.
+Checkpoint commit throughput (GB/s, the engine run's last save) vs `dd` writing
+the same bytes with fsync to the same disk. The three sides (engine run, plain
+loop, dd) by bench/fair.py's method: in turn, the order rotated each round,
+`--repeat` (>= 3) samples each (one sample = a fresh run's median step after
+warm-up, or one dd), medians with min, max and the load at each sample, a set
+spread by more than 1.5x taken again. Asynchronous checkpoints (`--async-only` runs just this): for a
 ~100M GPT, the seconds training is blocked per save (snapshot to host memory)
 vs the whole save (snapshot, write, fsync, commit), which is what a synchronous
 save would block. Goal: stall <= 20% of the save.
 
 GPU (`--gpu`, only when CUDA is present): bf16 throughput and MFU of a ~1.1B
 GPT on one GPU (goal: MFU >= 45% of the dense bf16 peak in cluster.peak_tflops),
-plus the same checkpoint-vs-dd comparison for its ~18 GB checkpoint.
+plus the same checkpoint-vs-dd comparison for its ~18 GB checkpoint (one run,
+dd sampled 3 times: the run is too long to repeat).
 """
 
 from __future__ import annotations
@@ -22,14 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from fair import Sample, alternated, median, stats, timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -71,16 +78,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def dd_gbps(directory: Path, nbytes: int) -> float:
-    """GB/s of `dd` writing nbytes (1 MiB blocks) with a final fsync to a file in directory."""
+def dd_write(directory: Path, nbytes: int) -> Sample:
+    """`dd` writing nbytes (rounded to 1 MiB blocks; `extra["bytes"]`) with a final fsync to a file in directory."""
     target = directory / "dd.bin"
     count = max(1, nbytes // (1 << 20))
-    started = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}", "conv=fsync"],
-                   check=True, capture_output=True)
-    seconds = time.perf_counter() - started
+    took = timed(lambda: subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}",
+                                         "conv=fsync"], check=True, capture_output=True))
     target.unlink()
-    return count * (1 << 20) / seconds / 1e9
+    return Sample(took.value, took.load, took.cpu_s, {"bytes": count << 20})
 
 
 def engine_run(cfg: JobConfig, dataset: Path) -> tuple[list[dict], list[dict]]:
@@ -93,7 +98,7 @@ def engine_run(cfg: JobConfig, dataset: Path) -> tuple[list[dict], list[dict]]:
     return steps, ckpts
 
 
-def cpu_bench(steps: int) -> None:
+def cpu_bench(steps: int, repeat: int) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -107,22 +112,34 @@ def cpu_bench(steps: int) -> None:
         dataset = write_dataset(root / "data", 512, 200_000)
         cfg = job(root, model, {"steps": steps, "micro_batch_size": 8, "checkpoint_every": steps}, free_port())
         skip = 3  # warm-up steps (allocator, first-touch)
-        # The plain loop runs before and after the engine, so a load change on a shared box hits both sides.
-        before = train_reference(cfg, dataset).step_seconds[skip:]
-        ours, ckpts = engine_run(cfg, dataset)
-        after = train_reference(cfg, dataset).step_seconds[skip:]
-        ours_s = statistics.median(r["step_s"] for r in ours[skip:])
-        ref_s = statistics.median(before + after)
-        comm = statistics.median(r["comm_s"] for r in ours[skip:])
-        print(f"CPU model L4 d256 h8 V512 s128, micro-batch 8, {steps} steps, 1 thread, fp32")
-        print(f"  ours (DeepSpeed engine, DP=1): median step {ours_s * 1e3:.1f} ms (comm {comm * 1e3:.2f} ms)")
-        print(f"  plain PyTorch loop           : median step {ref_s * 1e3:.1f} ms")
+        saved: list[int] = []  # the bytes of each engine run's last checkpoint: what dd writes
+
+        def ours() -> Sample:
+            shutil.rmtree(cfg.train.output_dir, ignore_errors=True)  # a fresh run each time, not a resume
+            load = os.getloadavg()[0]
+            rows, ckpts = engine_run(cfg.with_overrides({"cluster.master_port": free_port()}), dataset)
+            saved.append(ckpts[-1]["bytes"])
+            return Sample(statistics.median(r["step_s"] for r in rows[skip:]), load, extra={
+                "comm_s": statistics.median(r["comm_s"] for r in rows[skip:]), "ckpt_s": ckpts[-1]["seconds"]})
+
+        def plain() -> Sample:
+            load = os.getloadavg()[0]
+            return Sample(statistics.median(train_reference(cfg, dataset).step_seconds[skip:]), load)
+
+        # Round 1 starts with the engine run: dd always has its checkpoint's size.
+        got = alternated("trainer", {"ours": ours, "plain": plain, "dd": lambda: dd_write(root, saved[-1])}, repeat)
+        a, b, d = got["ours"], got["plain"], got["dd"]
+        ours_s, ref_s = median(a), median(b)
+        print(f"CPU model L4 d256 h8 V512 s128, micro-batch 8, {steps} steps, 1 thread, fp32; {len(a)} runs a side")
+        print(f"  ours (DeepSpeed engine, DP=1): median step {ours_s * 1e3:.1f} ms (comm "
+              f"{median(a, 'comm_s') * 1e3:.2f} ms); step s {stats(a, fmt='.4f')}")
+        print(f"  plain PyTorch loop           : median step {ref_s * 1e3:.1f} ms; step s {stats(b, fmt='.4f')}")
         print(f"  ratio ours/plain             : {ours_s / ref_s:.3f}  (goal <= 1.15)")
-        last = ckpts[-1]
-        ours_gbps = last["bytes"] / last["seconds"] / 1e9
-        peer = dd_gbps(root, last["bytes"])
-        print(f"  checkpoint commit: {last['bytes'] / 1e6:.1f} MB in {last['seconds']:.3f} s = {ours_gbps:.3f} GB/s;"
-              f" dd+fsync same bytes: {peer:.3f} GB/s; ratio {ours_gbps / peer:.2f}")
+        nbytes, ckpt_s, dd_s = saved[-1], median(a, "ckpt_s"), median(d)
+        ours_gbps, peer = nbytes / ckpt_s / 1e9, d[-1].extra["bytes"] / dd_s / 1e9
+        print(f"  checkpoint commit: {nbytes / 1e6:.1f} MB in {stats(a, what='ckpt_s', fmt='.3f', load=False)} = "
+              f"{ours_gbps:.3f} GB/s; dd+fsync same bytes: {stats(d, fmt='.3f')} = {peer:.3f} GB/s; "
+              f"ratio {ours_gbps / peer:.2f}")
 
 
 def async_bench() -> None:
@@ -172,21 +189,23 @@ def gpu_bench(steps: int) -> None:
         print(f"  peak memory {max(r['peak_mem_bytes'] for r in rows) / 2**30:.1f} GiB")
         last = ckpts[-1]
         ours_gbps = last["bytes"] / last["seconds"] / 1e9
-        peer = dd_gbps(root, last["bytes"])
+        d = [dd_write(root, last["bytes"]) for _ in range(3)]
+        peer = d[-1].extra["bytes"] / median(d) / 1e9
         print(f"  checkpoint commit: {last['bytes'] / 1e9:.2f} GB in {last['seconds']:.1f} s = {ours_gbps:.2f} GB/s;"
-              f" dd+fsync: {peer:.2f} GB/s; ratio {ours_gbps / peer:.2f}")
+              f" dd+fsync: {stats(d, fmt='.1f')} = {peer:.2f} GB/s; ratio {ours_gbps / peer:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side on CPU (at least 3)")
     parser.add_argument("--gpu", action="store_true", help="also run the ~1B bf16 MFU benchmark (needs CUDA)")
     parser.add_argument("--async-only", action="store_true", help="only the asynchronous checkpoint benchmark")
     args = parser.parse_args()
     async_bench()
     if args.async_only:
         return
-    cpu_bench(args.steps)
+    cpu_bench(args.steps, args.repeat)
     if args.gpu:
         gpu_bench(args.steps)
 

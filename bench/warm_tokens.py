@@ -2,12 +2,16 @@
 
 Lays out a local uint16 dataset (default 4 x 64 MB + 64 x 1 MB train shards and a held-out shard, about
 330 MB) and warms it into a fresh cache, with the scan and with the scan replaced by one that does nothing
-(here, in the bench, never in the product), in alternating order for several rounds; then the same for the
-local re-hash (`verify=True` on a full cache: read, hash and scan, nothing fetched). Prints the medians of
-wall time and of this process's CPU seconds per mode, and the ratios scan / no scan.
+(here, in the bench, never in the product); then the same for the local re-hash (`verify=True` on a full
+cache: read, hash and scan, nothing fetched). Both modes in this process with the same `--workers` threads.
+Each pair by bench/fair.py's method: in turn, the order rotated each round, `--rounds` (>= 3) samples a mode,
+medians with min, max and the load at each sample, a set spread by more than 1.5x taken again. Prints the
+medians of wall time and of this process's CPU seconds per mode, and the ratios scan / no scan.
 
     .venv/bin/python bench/warm_tokens.py
     .venv/bin/python bench/warm_tokens.py --large 8 --large-mb 64 --rounds 5
+
+Run from the repository root with it on PYTHONPATH (as the tests are).
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fair import Sample, alternated, median, stats, timed
 
 import tasks.warm.tokens as tokens
 from tasks.dataset_format import shard_key
@@ -56,10 +60,19 @@ def lay_out(root: Path, large: int, large_mb: int, small: int) -> None:
                                                     "dtype": "uint16", "vocab_size": 32000, "files": entries}))
 
 
-def timed(fn: Any) -> tuple[float, float]:
-    t0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - t0, time.process_time() - c0
+def with_scan(scan: type[tokens.TokenScan], fn: Callable[[], object], reset: Callable[[], object]
+              ) -> Callable[[], Sample]:
+    """A side: `fn` timed with `scan` as the warm's token scan (ShardCheck.scan() builds the one named in
+    tasks.warm.tokens), after `reset` untimed."""
+    def run() -> Sample:
+        real = tokens.TokenScan
+        tokens.TokenScan = scan
+        try:
+            return timed(fn, reset)
+        finally:
+            tokens.TokenScan = real
+
+    return run
 
 
 def main() -> None:
@@ -76,30 +89,34 @@ def main() -> None:
         src = Path(tmp) / "src"
         lay_out(src, args.large, args.large_mb, args.small)
         total = sum(p.stat().st_size for p in src.rglob("*.bin"))
-        times: dict[str, list[tuple[float, float]]] = {}
-        for r in range(args.rounds):
-            for scan in ((real_scan, NoScan) if r % 2 == 0 else (NoScan, real_scan)):
-                name = "scan" if scan is real_scan else "no scan"
-                tokens.TokenScan = scan  # ShardCheck.scan() builds the one named here
-                cache = Path(tmp) / f"cache-{r}-{name}"
-                try:
-                    os.sync()
-                    times.setdefault(f"cold warm, {name}", []).append(timed(lambda c=cache: warm(
-                        str(src), c, progress=False, rules=rules, max_workers=args.workers)))
-                    times.setdefault(f"local re-hash, {name}", []).append(timed(lambda c=cache: warm(
-                        str(src), c, progress=False, rules=rules, max_workers=args.workers, verify=True)))
-                finally:
-                    tokens.TokenScan = real_scan
-                    shutil.rmtree(cache, ignore_errors=True)
+        cache = Path(tmp) / "cache"
+
+        def cold() -> None:
+            warm(str(src), cache, progress=False, rules=rules, max_workers=args.workers)
+
+        def rehash() -> None:
+            warm(str(src), cache, progress=False, rules=rules, max_workers=args.workers, verify=True)
+
+        def fresh() -> None:  # untimed: an empty cache, no dirty pages left to whoever comes next
+            shutil.rmtree(cache, ignore_errors=True)
+            os.sync()
+
+        times = {"cold warm": alternated("cold warm", {"scan": with_scan(real_scan, cold, fresh),
+                                                       "no scan": with_scan(NoScan, cold, fresh)}, args.rounds)}
+        fresh()
+        cold()  # the full cache every re-hash reads
+        times["local re-hash"] = alternated("local re-hash", {"scan": with_scan(real_scan, rehash, os.sync),
+                                                              "no scan": with_scan(NoScan, rehash, os.sync)},
+                                            args.rounds)
     print(f"{total / 1e6:.0f} MB, {args.large} x {args.large_mb} MB + {args.small} x 1 MB + 8 MB, "
-          f"{args.rounds} rounds, medians")
-    for what in ("cold warm", "local re-hash"):
-        rows = {name: (statistics.median(t[0] for t in times[f"{what}, {name}"]),
-                       statistics.median(t[1] for t in times[f"{what}, {name}"])) for name in ("no scan", "scan")}
-        for name, (wall, cpu) in rows.items():
-            print(f"  {what:<14} {name:<8} wall {wall:6.2f} s ({total / 1e6 / wall:6.0f} MB/s)  cpu {cpu:6.2f} s")
-        print(f"  {what:<14} scan / no scan: wall {rows['scan'][0] / rows['no scan'][0]:.3f}, "
-              f"cpu {rows['scan'][1] / rows['no scan'][1]:.3f}")
+          f"{len(times['cold warm']['scan'])} rounds, medians")
+    for what, got in times.items():
+        for name in ("no scan", "scan"):
+            wall = median(got[name])
+            print(f"  {what:<14} {name:<8} wall {stats(got[name])} ({total / 1e6 / wall:6.0f} MB/s)  "
+                  f"cpu {stats(got[name], what='cpu_s', load=False)}")
+        print(f"  {what:<14} scan / no scan: wall {median(got['scan']) / median(got['no scan']):.3f}, "
+              f"cpu {median(got['scan'], 'cpu_s') / median(got['no scan'], 'cpu_s'):.3f}")
 
 
 if __name__ == "__main__":
