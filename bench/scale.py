@@ -26,8 +26,9 @@ have together:
   weight. Ratio = ours / theirs (goal <= 1.0).
 - evaluate: `tasks.evaluate.evaluate` of that run's checkpoint (2 ranks, pp=2, the whole job: launch,
   warm, load, score) vs a new process scoring the same windows with transformers (load + forward), as many
-  threads as our ranks together; the CPU seconds of both sides are printed too. Ratio = ours / theirs (goal
-  <= 0.7, and no more CPU seconds than the peer).
+  threads as our ranks together, in the same dtype (`--eval-dtypes`: `evaluate.dtype` bf16, the default, and
+  fp32; the peer's `from_pretrained(dtype=...)` alike); the CPU seconds of both sides are printed too. Ratio =
+  ours / theirs (goal <= 0.7, and no more CPU seconds than the peer).
 - resume: a run (the same 2 ranks) trains 2 steps with a checkpoint each, then is made to look killed after
   step 1 (`latest` names step 1, step 2, the summary and the status gone) and launched again: from the
   `tasks.launch.train` call to the moment rank 0 reports "training" with the step-1 checkpoint loaded (its
@@ -214,8 +215,8 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 from transformers import AutoModelForCausalLM
 from tasks.evaluate.spec import window_order
 from tasks.train.data import TokenWindows
-hf, data, seq, batches, size = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+hf, data, seq, batches, size, dtype = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
+model = AutoModelForCausalLM.from_pretrained(hf, dtype=getattr(torch, dtype)).eval()
 windows = TokenWindows(data, "heldout", seq, model.config.vocab_size)
 order = window_order(len(windows), batches, size)
 nll = n = 0.0
@@ -253,9 +254,11 @@ def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
-def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str]) -> None:
+def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str], eval_dtypes: list[str]
+                             ) -> None:
     """Start (launch -> training) and evaluation against transformers, and each rank's peak RSS against the plan."""
     from tasks.evaluate import evaluate
+    from tasks.model_files import DTYPES
     from tasks.plan import plan
     from tasks.run import RunIdentity
 
@@ -298,19 +301,24 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
         scored: list[Any] = []
         eval_dir = Path(summary["checkpoint_dir"]).parent.parent / "eval"
 
-        def ours_eval() -> None:
-            eval_cfg = cfg.with_overrides({"cluster.master_port": _free_port()})
-            scored.append(evaluate(eval_cfg, run, summary["checkpoint_dir"], root / "data"))
+        for dtype in eval_dtypes:  # ours in `evaluate.dtype`, the peer in the same dtype
+            eval_cfg = cfg.with_overrides({"evaluate.dtype": dtype})
 
-        got = alternated("evaluate", {
-            "ours": timer(ours_eval, lambda: shutil.rmtree(eval_dir, ignore_errors=True)),
-            "theirs": timer(lambda: _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES, EVAL_BATCH_SIZE)),
-        }, repeat)
-        a, b = got["ours"], got["theirs"]
-        print(f"{'evaluate':<11} ours {stats(a)} | transformers (1 process, {PEER_THREADS} threads) {stats(b)} | "
-              f"ratio ours/theirs {median(a) / median(b):.2f}; CPU seconds ours ({OUR_RANKS} ranks + spawner + "
-              f"this process) {stats(a, what='cpu_s', load=False)} theirs {stats(b, what='cpu_s', load=False)}; "
-              f"{scored[-1].tokens} tokens, loss {scored[-1].loss:.4f}", flush=True)
+            def ours_eval(eval_cfg: Any = eval_cfg) -> None:
+                launched = eval_cfg.with_overrides({"cluster.master_port": _free_port()})
+                scored.append(evaluate(launched, run, summary["checkpoint_dir"], root / "data"))
+
+            got = alternated(f"evaluate {dtype}", {
+                "ours": timer(ours_eval, lambda: shutil.rmtree(eval_dir, ignore_errors=True)),
+                "theirs": timer(lambda dtype=dtype: _peer(_PEER_EVAL, hf, root / "data", SEQ_LEN, EVAL_BATCHES,
+                                                          EVAL_BATCH_SIZE, DTYPES[dtype])),
+            }, repeat)
+            a, b = got["ours"], got["theirs"]
+            print(f"{'evaluate':<11} {dtype}: ours {stats(a)} | transformers (1 process, {PEER_THREADS} threads, "
+                  f"{dtype}) {stats(b)} | ratio ours/theirs {median(a) / median(b):.2f}; CPU seconds ours "
+                  f"({OUR_RANKS} ranks + spawner + this process) {stats(a, what='cpu_s', load=False)} theirs "
+                  f"{stats(b, what='cpu_s', load=False)}; {scored[-1].tokens} tokens, loss {scored[-1].loss:.4f}",
+                  flush=True)
 
 
 def _rewind(cfg: Any, step: int) -> None:
@@ -372,6 +380,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--eval-dtypes", default="bf16,fp32", help="evaluate.dtype values timed (peer alike)")
     parser.add_argument("--only", default="export,pull,cache,start,evaluate,memory,resume",
                         help="comma-separated sections")
     args = parser.parse_args()
@@ -404,7 +413,7 @@ def main() -> None:
         if "export" in sections:
             _bench_export(root, store, args.repeat)
         _write_dataset(root / "data", 32000, 200_000)
-        _bench_start_eval_memory(root, root / "hf", args.repeat, sections)
+        _bench_start_eval_memory(root, root / "hf", args.repeat, sections, args.eval_dtypes.split(","))
         if "resume" in sections:
             _bench_resume(root, root / "hf", args.repeat)
 
