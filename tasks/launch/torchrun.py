@@ -37,10 +37,11 @@ WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
-# the job's own settings (threads, NCCL/gloo, torch, Python, CUDA), which a launcher sends to other hosts (ssh);
+# the job's own settings (threads, glibc's allocator, NCCL/gloo, torch, Python, CUDA), which a launcher sends to
+# other hosts (ssh);
 # the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its own of.
 PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR", "THP_MEM_ALLOC_ENABLE"})
-PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
+PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "MALLOC_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
 RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "SHELL",
     "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -50,7 +51,16 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # THP_MEM_ALLOC_ENABLE: torch's CPU allocator backs tensors of 2 MiB and more with transparent huge pages
 # (madvise), so a rank's first touch of its host buffers (optimizer state, flat partitions, checkpoint snapshots)
 # takes one page fault per 2 MiB instead of per 4 KiB: 2.4 GB first-touched in 0.25-0.5 s instead of 0.9-1.0 s.
-RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1"}
+# MALLOC_MMAP_THRESHOLD_: every block of 2 MiB and more comes from its own mmap and goes back to the kernel when
+# freed. glibc's default threshold is dynamic (mallopt(3)): 128 KiB at first, raised to the size of each mmapped
+# block freed, up to 32 MiB. A rank frees such blocks at once (a step's activations and gradients, the checkpoint
+# snapshot), and from then on its blocks up to 32 MiB (a Llama's weight matrices, their gradients, Adam's moments,
+# the snapshot's copies; torch allocates them 2 MiB-aligned with THP_MEM_ALLOC_ENABLE) come from the heap and the
+# threads' arenas, which only give back memory at their top: freed holes are reused only by blocks that fit, so the
+# RSS climbed with every step and save (issue 38: MEASURED). Setting the threshold fixes it (no dynamic
+# adjustment); 2 MiB: the size torch starts aligning blocks for huge pages.
+RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
+                     "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
 
 
 def node_command(

@@ -5,6 +5,13 @@ compute in fp32 so every layout gives the same numbers), no gradients or optimiz
 temporaries of one forward (`windows_per_forward`: a batch on one stage, a window across stages): a
 layer's hidden states, its attention and MLP intermediates, and on the last stage the vocab-parallel
 logits with their fp32 softmax terms.
+
+Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
+adds the process's runtime: on CPU runtime + those tensors, on a GPU runtime + its slice's file pages while it
+loads (taken as its weights). The runtime is an evaluation rank's own, below a training rank's (no engine, no
+optimizer): a 2-rank evaluation of a tiny model peaked at 282-287 MiB per rank; the 51M Llama of
+tests/plan/test_process_memory.py at 393-407 MiB, where runtime + weights + temporaries say 396 (issue 38: the
+plan without a runtime term was 1.5x below the measured peaks).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_p
 from tasks.plan.layout import validate_layout
 
 FP32 = 4
+EVAL_RUNTIME_BYTES = 290 * 1024**2
 
 
 def evaluation_layout(cfg: JobConfig) -> JobConfig:
@@ -30,9 +38,10 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     return cfg.model_copy(update={"parallel": parallel})
 
 
-def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
-    """Bytes on the busiest evaluation rank, and whether they fit `capacity_bytes`; an evaluation layout the
-    cluster cannot run is refused naming `evaluate.parallel`."""
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool = False) -> dict[str, Any]:
+    """Bytes on the busiest evaluation rank and its host RSS, and whether they fit `capacity_bytes` (on CPU the
+    host's: the RSS must fit it); an evaluation layout the cluster cannot run is refused naming
+    `evaluate.parallel`."""
     eval_cfg = evaluation_layout(cfg)
     if cfg.evaluate.parallel is not None:
         try:
@@ -56,5 +65,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
             best = {"stage": stage.index, "weights": weights, "activations": block, "logits": logits,
                     "comm_buffers": p2p, "total": total}
     assert best is not None
-    return {**best, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
-            "fits": best["total"] <= capacity_bytes}
+    process = EVAL_RUNTIME_BYTES + (best["total"] if on_cpu else best["weights"])
+    return {**best, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
+            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
+            "fits": (process if on_cpu else best["total"]) <= capacity_bytes}
