@@ -7,8 +7,9 @@ A fresh run through the launcher (2 ranks, pp=2, ZeRO-1, fp32 on CPU, gloo) of `
 every `--every` (the last two kept); each rank records its RSS after every step (after the save when the step
 saves) and the summary carries it (`rss_trace`, tasks/train/memory_trace.py). Printed: the trace, one line per
 recorded step with every rank's RSS / anonymous RSS; per rank the ratio RSS at the end / RSS after the first
-save (goal <= 1.05) and `retrainer plan`'s process peak against the plateau, the highest RSS after the run's
-first half (goal within 15%); the median step time (what the allocator setting costs).
+save (goal <= 1.05), the plateau between steps (the highest RSS recorded in the run's second half), and
+`retrainer plan`'s process peak against the rank's high-water mark (`peak_rss_bytes`; on a plateau it is the
+steps' own peak; goal within 15%); the median step time (what the allocator setting costs).
 `--glibc-default` runs the ranks without the fix (glibc's dynamic mmap threshold, as before issue 38: the
 bench drops MALLOC_MMAP_THRESHOLD_ from tasks/launch/torchrun.py's RANK_ENV_DEFAULTS in its own process), for
 the before figure.
@@ -86,11 +87,12 @@ def main() -> None:
         end = trace[-1]
         plateau = max(rss for step, rss, _ in trace if step > args.steps // 2)
         want = predicted.stages[rank]["process_total"]  # pp=2, dp=1: rank r holds stage r
+        peak = summary["peak_rss_bytes"][rank]
         print(f"rank {rank}: RSS end / after the first save (step {first[0]}) {end[1] / first[1]:.3f} (anon "
-              f"{end[2] / first[2]:.3f}; goal <= 1.05); peak RSS {_gib(summary['peak_rss_bytes'][rank])} GiB; "
-              f"plateau {_gib(plateau)} GiB, planned {_gib(want)} GiB (plan / plateau {want / plateau:.3f}; "
-              f"process terms {', '.join(f'{k} {_gib(v)}' for k, v in predicted.stages[rank]['process'].items())})",
-              flush=True)
+              f"{end[2] / first[2]:.3f}; goal <= 1.05); between steps: plateau {_gib(plateau)} GiB; peak RSS "
+              f"{_gib(peak)} GiB, planned {_gib(want)} GiB, {predicted.stages[rank]['process_phase']} (plan / peak "
+              f"{want / peak:.3f}; goal within 15%; process terms "
+              f"{', '.join(f'{k} {_gib(v)}' for k, v in predicted.stages[rank]['process'].items())})", flush=True)
     print(f"median step {statistics.median(steps_s):.3f}s (min {min(steps_s):.3f}, max {max(steps_s):.3f}); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
 

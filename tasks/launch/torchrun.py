@@ -38,8 +38,8 @@ EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
 # the job's own settings (threads, glibc's allocator, NCCL/gloo, torch, Python, CUDA), which a launcher sends to
-# other hosts (ssh);
-# the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its own of.
+# other hosts (ssh); the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its
+# own of.
 PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR", "THP_MEM_ALLOC_ENABLE"})
 PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "MALLOC_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
 RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
@@ -53,12 +53,17 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # takes one page fault per 2 MiB instead of per 4 KiB: 2.4 GB first-touched in 0.25-0.5 s instead of 0.9-1.0 s.
 # MALLOC_MMAP_THRESHOLD_: every block of 2 MiB and more comes from its own mmap and goes back to the kernel when
 # freed. glibc's default threshold is dynamic (mallopt(3)): 128 KiB at first, raised to the size of each mmapped
-# block freed, up to 32 MiB. A rank frees such blocks at once (a step's activations and gradients, the checkpoint
-# snapshot), and from then on its blocks up to 32 MiB (a Llama's weight matrices, their gradients, Adam's moments,
-# the snapshot's copies; torch allocates them 2 MiB-aligned with THP_MEM_ALLOC_ENABLE) come from the heap and the
-# threads' arenas, which only give back memory at their top: freed holes are reused only by blocks that fit, so the
-# RSS climbed with every step and save (issue 38: MEASURED). Setting the threshold fixes it (no dynamic
-# adjustment); 2 MiB: the size torch starts aligning blocks for huge pages.
+# block freed, up to 32 MiB. A rank frees such blocks after its first step and save (activations, gradients, the
+# checkpoint snapshot: tasks/train/async_save.py), and from then on its blocks up to 32 MiB (a Llama's weight
+# matrices, their gradients and Adam moments, the snapshot's copies of them; torch asks for them 2 MiB-aligned
+# with THP_MEM_ALLOC_ENABLE, which carves a bigger chunk) come from the heap and the threads' arenas, which give
+# memory back only from their top: the freed holes are reused only by blocks that fit them, and the RSS climbs
+# with every step and save. Measured (issue 38, `bench/soak.py`: a 51M Llama, pp=2 on CPU, 300 steps, a save every
+# 10): without this the ranks' RSS after a save grew 13% and 21% from the first save to the last (peak RSS 1.59 /
+# 1.72 GiB), with it 1.5% and 0.7% (peak 1.42 / 1.40 GiB, what the plan says). Setting the threshold turns the
+# dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
+# limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
+# such block is mapped and first-touched anew (more system time per step).
 RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
                      "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
 
