@@ -9,7 +9,7 @@ logits with their fp32 softmax terms.
 Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
 adds the process's runtime: on CPU runtime + those tensors, on a GPU runtime + its slice's file pages while it
 loads (taken as its weights). The runtime is an evaluation rank's own, below a training rank's (no engine, no
-optimizer): a 2-rank evaluation of a tiny model peaked at 282-287 MiB per rank; the 51M Llama of
+optimizer): a 2-rank evaluation of a tiny model peaked at 282-287 MiB per rank; the 45M Llama of
 tests/plan/test_process_memory.py at 393-407 MiB, where runtime + weights + temporaries say 396 (issue 38: the
 plan without a runtime term was 1.5x below the measured peaks).
 """
@@ -38,7 +38,7 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     return cfg.model_copy(update={"parallel": parallel})
 
 
-def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool = False) -> dict[str, Any]:
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict[str, Any]:
     """Bytes on the busiest evaluation rank and its host RSS, and whether they fit `capacity_bytes` (on CPU the
     host's: the RSS must fit it); an evaluation layout the cluster cannot run is refused naming
     `evaluate.parallel`."""

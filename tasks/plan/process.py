@@ -15,8 +15,11 @@ tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `re
   step, the RSS does not drop by them), so the saving peak counts the gradients too. A run that saves before
   its last step trains the next step while the snapshot is written: its peak is the step's with the snapshot
   on top (issue 38, measured with `bench/soak.py --steps 24 --every 1`, a 51M Llama saving at every step: peak
-  RSS 1.42 / 1.40 GiB on its two ranks, planned training + snapshot 1.40 GiB, the step alone 1.02); a run
-  whose only save is its last step holds the snapshot beside the step's leftovers only.
+  RSS 1.42 / 1.40 GiB on its two ranks, planned training + snapshot 1.40 GiB, the step alone 1.02). That is
+  the worst case, a write that outlasts the step: a 300M Llama on CPU (`--size 300m --steps 20 --every 5`, 14 s
+  steps) wrote its 2.4 GB snapshot before the step's own peak and peaked at 5.78 / 5.64 GiB, planned 6.53
+  (the snapshot beside the step's leftovers alone: 5.40). A run whose only save is its last step holds the
+  snapshot beside the step's leftovers only.
 - weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
   stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
   load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
