@@ -60,10 +60,11 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # memory back only from their top: the freed holes are reused only by blocks that fit them, and the RSS climbs
 # with every step and save. Measured (issue 38, `bench/soak.py`: a 51M Llama, pp=2 on CPU, 300 steps, a save every
 # 10): without this the ranks' RSS after a save grew 13% and 21% from the first save to the last (peak RSS 1.59 /
-# 1.72 GiB), with it 1.5% and 0.7% (peak 1.42 / 1.40 GiB, what the plan says). Setting the threshold turns the
+# 1.72 GiB), with it 1.5% and 0.7% (peak 1.42 / 1.40 GiB, what the plan says); a 300M Llama's rank 1 peaked at
+# 7.41 GiB without it, 5.64 with it (BENCHMARKS.md "Rank memory across saves"). Setting the threshold turns the
 # dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
 # limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
-# such block is mapped and first-touched anew (more system time per step).
+# such block is mapped and first-touched anew (more system time per step: ~1.5% of a 300M step on CPU).
 RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
                      "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
 
