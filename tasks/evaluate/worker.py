@@ -7,7 +7,8 @@ fetches a registry version's weights into the node's cache; every rank then load
 (tasks/evaluate/sharded.py). DP replicas take batches b = dp_rank (mod dp); the per-token losses are
 summed in float64, so any layout gives the same numbers up to float32 rounding in the forward.
 Rank 0 keeps the status file current (batches done) and writes `summary.json`:
-`{"models": {name: {"<suite>.loss": ..., "<suite>.perplexity": ..., "<suite>.tokens": ..., ...}}}`.
+`{"models": {name: {"<suite>.loss": ..., "<suite>.perplexity": ..., "<suite>.tokens": ..., ...}}, ...,
+"peak_rss_bytes": [each rank's host high-water mark]}`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tasks.job_status import Status, log_for_relay, now, write_status
 from tasks.run import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
+from tasks.train.memory_trace import peak_rss_bytes
 from tasks.train.mirror import Mirror
 from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
 from tasks.warm import warm
@@ -217,8 +219,10 @@ class Evaluation:
             if self.rank == 0:
                 log.info("evaluated %s: %s", entry["name"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
             del model
+        peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the plan's evaluation term)
+        tdist.all_gather_object(peak_rss, peak_rss_bytes())
         summary = {"models": results, "markers": self.markers, "world_size": self.world,
-                   "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}}
+                   "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "peak_rss_bytes": peak_rss}
         if self.rank == 0:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
         self.report("finished")

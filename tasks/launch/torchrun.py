@@ -37,10 +37,11 @@ WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
-# the job's own settings (threads, NCCL/gloo, torch, Python, CUDA), which a launcher sends to other hosts (ssh);
-# the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its own of.
+# the job's own settings (threads, glibc's allocator, NCCL/gloo, torch, Python, CUDA), which a launcher sends to
+# other hosts (ssh); the rest (paths, user, locale, Slurm's step) is this host's own, which a remote node has its
+# own of.
 PORTABLE_ENV_NAMES = frozenset({"TP_SOCKET_IFNAME", "DS_ACCELERATOR", "THP_MEM_ALLOC_ENABLE"})
-PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
+PORTABLE_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "MALLOC_", "NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON")
 RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "SHELL",
     "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -50,7 +51,22 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # THP_MEM_ALLOC_ENABLE: torch's CPU allocator backs tensors of 2 MiB and more with transparent huge pages
 # (madvise), so a rank's first touch of its host buffers (optimizer state, flat partitions, checkpoint snapshots)
 # takes one page fault per 2 MiB instead of per 4 KiB: 2.4 GB first-touched in 0.25-0.5 s instead of 0.9-1.0 s.
-RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1"}
+# MALLOC_MMAP_THRESHOLD_: every block of 2 MiB and more comes from its own mmap and goes back to the kernel when
+# freed. glibc's default threshold is dynamic (mallopt(3)): 128 KiB at first, raised to the size of each mmapped
+# block freed, up to 32 MiB. A rank frees such blocks after its first step and save (activations, gradients, the
+# checkpoint snapshot: tasks/train/async_save.py), and from then on its blocks up to 32 MiB (a Llama's weight
+# matrices, their gradients and Adam moments, the snapshot's copies of them; torch asks for them 2 MiB-aligned
+# with THP_MEM_ALLOC_ENABLE, which carves a bigger chunk) come from the heap and the threads' arenas, which give
+# memory back only from their top: the freed holes are reused only by blocks that fit them, and the RSS climbs
+# with every step and save. Measured (issue 38, `bench/soak.py`: a 51M Llama, pp=2 on CPU, 300 steps, a save every
+# 10): without this the ranks' RSS after a save grew 13% and 21% from the first save to the last (peak RSS 1.59 /
+# 1.72 GiB), with it 1.5% and 0.7% (peak 1.42 / 1.40 GiB, what the plan says); a 300M Llama's rank 1 peaked at
+# 7.41 GiB without it, 5.64 with it (BENCHMARKS.md "Rank memory across saves"). Setting the threshold turns the
+# dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
+# limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
+# such block is mapped and first-touched anew (more system time per step: ~1.5% of a 300M step on CPU).
+RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
+                     "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
 
 
 def node_command(

@@ -84,6 +84,7 @@ class Memory:
     checkpoint_snapshot: int = 0
     weights_file_pages: int = 0
     process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
+    process_phase: str = ""  # what peaks: training, saving, training + snapshot, loading
 
 
 @dataclass
@@ -267,6 +268,8 @@ def plan(
     # A run that may start from weights (a pretrained directory, a LoRA base, a version or path) reads its stage
     # from a file at start: a peak of its own (tasks/plan/process.py).
     loads_weights = m.pretrained is not None or m.base is not None or t.init_from != "scratch"
+    # A save before the last step: the next step trains while its snapshot is written (tasks/plan/process.py).
+    saves_mid_run = t.checkpoint_every < t.steps
 
     def stage_memory(st: Stage) -> dict[str, int]:
         # With train.lora the base is frozen (weights only, in the training dtype) and only the stage's
@@ -296,7 +299,7 @@ def plan(
         grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
                    "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
-        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights)
+        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run)
         return {
             "stage": st.index,
             "blocks": st.blocks,
@@ -314,6 +317,7 @@ def plan(
             "total": weights + grads + optim + act + comm,
             "process": process["terms"],
             "process_total": process["peak"],
+            "process_phase": process["phase"],
             "dp_grad_payload_bytes": grad_payload,
             "dp_param_allgather_payload_bytes": gather_payload,
             "tp_payload_bytes": _tp_payload(cfg, st, b),
@@ -339,12 +343,13 @@ def plan(
         checkpoint_snapshot=process_stage["process"]["checkpoint_snapshot"],
         weights_file_pages=process_stage["process"]["weights_file_pages"],
         process_peak=process_stage["process_total"],
+        process_phase=process_stage["process_phase"],
     )
 
     step = _step(cfg, busiest, b)
     n_total = get_family(m.family).total_params(m)
 
-    evaluation = evaluation_budget(cfg, capacity)
+    evaluation = evaluation_budget(cfg, capacity, cpu)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
     process_fits = not cpu or mem.process_peak <= capacity
     fits = mem.total <= capacity and evaluation["fits"] and process_fits
@@ -354,8 +359,9 @@ def plan(
         overflow = {"term": "process", "term_bytes": mem.process_peak, "by_bytes": mem.process_peak - capacity,
                     "total_bytes": mem.process_peak, "capacity_bytes": capacity, "stage": process_stage["stage"]}
     elif not evaluation["fits"] and mem.total <= capacity:
-        overflow = {"term": "evaluation", "term_bytes": evaluation["total"], "by_bytes": evaluation["total"] - capacity,
-                    "total_bytes": evaluation["total"], "capacity_bytes": capacity, "stage": evaluation["stage"]}
+        held = evaluation["process_total"] if cpu else evaluation["total"]  # what evaluation_budget compared
+        overflow = {"term": "evaluation", "term_bytes": held, "by_bytes": held - capacity,
+                    "total_bytes": held, "capacity_bytes": capacity, "stage": evaluation["stage"]}
     elif not fits:
         names = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers")
         terms = {k: getattr(mem, k) for k in names}
@@ -480,7 +486,8 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "inter-node bandwidth (GB/s) / ranks per node",
         f"capacity {capacity} B = gpu_memory_gib GiB minus reserve; comm buffers = DeepSpeed bucket "
         f"(min({DS_BUCKET_ELEMENTS} elements, params)) + p2p/TP staging",
-        "process (host RSS per rank, tasks/plan/process.py): runtime + the larger of the step (tensors, with "
-        "ZeRO-1/2's two gradient-sized partition copies in place of the freed activations) and a save (weights, "
-        "gradients, optimizer states and their host snapshot); on CPU it must fit the capacity",
+        "process (host RSS per rank, tasks/plan/process.py): runtime + the largest of the step (tensors, with "
+        "ZeRO-1/2's two gradient-sized partition copies in place of the freed activations), a save (weights, "
+        "gradients, optimizer states and their host snapshot; a run that saves before its last step: the next "
+        "step with the snapshot on top) and the load of starting weights; on CPU it must fit the capacity",
     ]

@@ -130,7 +130,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lines.append(f"process per rank (host RSS): runtime {_gib(m.process_runtime)}, ZeRO step buffers "
                  f"{_gib(m.zero_step_buffers)}, checkpoint snapshot {_gib(m.checkpoint_snapshot)}, "
                  f"weights file pages {_gib(m.weights_file_pages)}; "
-                 f"peak {_gib(m.process_peak)}")
+                 f"peak {_gib(m.process_peak)} ({m.process_phase})")
     lines += [
         "per step:",
         f"  FLOPs {s.flops_total:.3e} ({s.flops_per_gpu:.3e}/GPU), compute {_ms(s.compute_s)}",
@@ -143,7 +143,8 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
         ev, el = r.evaluation, r.evaluation["layout"]
         lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, fp32): weights "
                      f"{_gib(ev['weights'])} + activations {_gib(ev['activations'])} + logits {_gib(ev['logits'])} "
-                     f"= {_gib(ev['total'])} on stage {ev['stage']}")
+                     f"= {_gib(ev['total'])} on stage {ev['stage']}; process per rank (host RSS): runtime "
+                     f"{_gib(ev['runtime'])}, peak {_gib(ev['process_total'])}")
     if serving:
         lines.append(f"serving ({serving['dtype']}): weights {_gib(serving['weights_bytes'])} + KV "
                      f"{serving['kv_cache_bytes_per_token']} B/token x {serving['concurrency']} x "

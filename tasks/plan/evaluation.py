@@ -5,6 +5,13 @@ in it: no fp32 copy while loading), no gradients or optimizer states, and the te
 (`windows_per_forward`: a batch on one stage, a window across stages): a layer's hidden states, its attention
 and MLP intermediates, and on the last stage the vocab-parallel logits with their fp32 softmax terms (a bf16
 rank's logits are taken to fp32 first).
+
+Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
+adds the process's runtime: on CPU runtime + those tensors, on a GPU runtime + its slice's file pages while it
+loads (taken as its weights). The runtime is an evaluation rank's own, below a training rank's (no engine, no
+optimizer): a 2-rank evaluation of a tiny model peaked at 282-287 MiB per rank; the 45M Llama of
+tests/plan/test_process_memory.py at 393-407 MiB in fp32, where runtime + weights + temporaries say 396 (issue
+38: the plan without a runtime term was 1.5x below the measured peaks).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from tasks.plan.layout import validate_layout
 
 FP32 = 4
 DTYPE_BYTES = {"bf16": 2, "fp32": FP32}  # each `evaluate.dtype`
+EVAL_RUNTIME_BYTES = 290 * 1024**2
 
 
 def evaluation_layout(cfg: JobConfig) -> JobConfig:
@@ -31,9 +39,10 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     return cfg.model_copy(update={"parallel": parallel})
 
 
-def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
-    """Bytes on the busiest evaluation rank, and whether they fit `capacity_bytes`; an evaluation layout the
-    cluster cannot run is refused naming `evaluate.parallel`."""
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict[str, Any]:
+    """Bytes on the busiest evaluation rank and its host RSS, and whether they fit `capacity_bytes` (on CPU the
+    host's: the RSS must fit it); an evaluation layout the cluster cannot run is refused naming
+    `evaluate.parallel`."""
     eval_cfg = evaluation_layout(cfg)
     if cfg.evaluate.parallel is not None:
         try:
@@ -60,5 +69,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int) -> dict[str, Any]:
             best = {"stage": stage.index, "weights": weights, "activations": block, "logits": logits,
                     "comm_buffers": p2p, "total": total}
     assert best is not None
-    return {**best, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
-            "fits": best["total"] <= capacity_bytes}
+    process = EVAL_RUNTIME_BYTES + (best["total"] if on_cpu else best["weights"])
+    return {**best, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
+            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
+            "fits": (process if on_cpu else best["total"]) <= capacity_bytes}

@@ -12,7 +12,14 @@ tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `re
   base weights only its adapters, whose base is those weights) and the optimizer states to host memory and
   trains on while a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
   steps, the rank also still holds one gradient-sized block (DeepSpeed frees its gradients after the
-  step, the RSS does not drop by them), so the saving peak counts the gradients too.
+  step, the RSS does not drop by them), so the saving peak counts the gradients too. A run that saves before
+  its last step trains the next step while the snapshot is written: its peak is the step's with the snapshot
+  on top (issue 38, measured with `bench/soak.py --steps 24 --every 1`, a 51M Llama saving at every step: peak
+  RSS 1.42 / 1.40 GiB on its two ranks, planned training + snapshot 1.40 GiB, the step alone 1.02). That is
+  the worst case, a write that outlasts the step: a 300M Llama on CPU (`--size 300m --steps 20 --every 5`, 14 s
+  steps) wrote its 2.4 GB snapshot before the step's own peak and peaked at 5.78 / 5.64 GiB, planned 6.53
+  (the snapshot beside the step's leftovers alone: 5.40). A run whose only save is its last step holds the
+  snapshot beside the step's leftovers only.
 - weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
   stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
   load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
@@ -28,10 +35,12 @@ RUNTIME_BYTES = 360 * 1024**2
 
 
 def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: int, on_cpu: bool,
-                   loads_weights: bool = False) -> dict[str, Any]:
+                   loads_weights: bool = False, saves_mid_run: bool = False) -> dict[str, Any]:
     """The process terms of one pipeline stage's rank (`stage`: the budget's per-stage tensor terms, with
-    `saved_weights`, the weight bytes a save copies) and the peak host memory they add up to;
-    `loads_weights`: the rank reads its starting weights from a file at start."""
+    `saved_weights`, the weight bytes a save copies), the peak host memory they add up to and the phase that
+    peaks (training, saving, training + snapshot, loading); `loads_weights`: the rank reads its starting
+    weights from a file at start; `saves_mid_run`: it saves before its last step, so a step trains while the
+    snapshot is written."""
     shard = -(-stage["params"] // dp)
     step_buffers = 2 * grad_bytes * shard if zero_stage in (1, 2) else 0
     snapshot = stage["saved_weights"] + stage["optimizer_states"]
@@ -41,9 +50,14 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
     terms = {"runtime": RUNTIME_BYTES, "zero_step_buffers": step_buffers, "checkpoint_snapshot": snapshot,
              "weights_file_pages": file_pages}
     if not on_cpu:
-        return {"terms": terms, "peak": RUNTIME_BYTES + max(snapshot, file_pages)}
-    training = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"] \
-        + max(stage["activations"], step_buffers)
-    saving = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + snapshot
-    loading = stage["weights"] + file_pages
-    return {"terms": terms, "peak": RUNTIME_BYTES + max(training, saving, loading)}
+        phases = {"saving": snapshot, "loading": file_pages}
+    else:
+        training = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"] \
+            + max(stage["activations"], step_buffers)
+        phases = {"training": training, "loading": stage["weights"] + file_pages}
+        if saves_mid_run:
+            phases["training + snapshot"] = training + snapshot
+        else:
+            phases["saving"] = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + snapshot
+    phase = max(phases, key=phases.__getitem__)
+    return {"terms": terms, "peak": RUNTIME_BYTES + phases[phase], "phase": phase}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from tasks.config import format_duration
+from tasks.train.memory_trace import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def take_comm_seconds() -> float:
 def peak_memory_bytes() -> int:
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return peak_rss_bytes()
 
 
 class Telemetry:

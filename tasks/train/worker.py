@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import random
-import resource
 import time
 import uuid
 from datetime import timedelta
@@ -49,6 +48,7 @@ from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
 from tasks.train.export import export_stage, read_reports
 from tasks.train.lean_start import eager_adamw, import_muon_uncompiled
+from tasks.train.memory_trace import MemoryTrace, peak_rss_bytes
 from tasks.train.mirror import Mirror, assign_uploads
 from tasks.train.rank import (
     deepspeed_prints_to_debug,
@@ -211,6 +211,7 @@ class Trainer:
         self.saver = async_save.BackgroundSaver()
         self.ckpt_group = tdist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.saves: list[dict[str, Any]] = []  # rank 0: per committed save, its seconds and training's stall
+        self.memory = MemoryTrace()  # this rank's RSS after each step (after its save): the summary's rss_trace
         seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         if self.rank == 0:
@@ -463,6 +464,7 @@ class Trainer:
                 losses.append(loss)
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
                     final_dir = self.save(root, step, losses)
+                self.memory.record(step)
                 self.report("training", step, loss)
         except TrainingFailedError:
             self.saver.drain()
@@ -494,8 +496,10 @@ class Trainer:
     def summary(self, out: Path, final_dir: Path, start: int, losses: list[float],
                 exported: dict[str, Any] | None = None) -> dict[str, Any]:
         p = self.cfg.parallel
-        peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the planner's process term)
-        tdist.all_gather_object(peak_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+        # Each rank's host high-water mark (the planner's process term) and its RSS over the steps (a plateau, or
+        # a climb: issue 38).
+        memory: list[Any] = [None] * self.world
+        tdist.all_gather_object(memory, (peak_rss_bytes(), self.memory.points()))
         summary = {
             "experiment_key": self.run_identity.experiment_key,
             "run": self.run_identity.to_dict(),
@@ -514,7 +518,8 @@ class Trainer:
             "export": exported,
             "checkpoint_saves": self.saves,
             "resharded": self.resharded,
-            "peak_rss_bytes": peak_rss,
+            "peak_rss_bytes": [peak for peak, _ in memory],
+            "rss_trace": [trace for _, trace in memory],
         }
         if self.rank == 0:
             atomic_write_json(out / "summary.json", summary)

@@ -52,6 +52,7 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}
     env = {e["name"]: e["value"] for e in container["env"]}  # plain values only: no secret configured
     assert env["RETRAINER_LAUNCH_ID"] == "ab" * 16 and env["OMP_NUM_THREADS"] == "1"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "2097152"  # the ranks' allocator setting (issue 38) reaches the pods
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["ssd-cache"] == str(tmp_path / "cache") and "hostPath" in volumes["ssd-cache"]

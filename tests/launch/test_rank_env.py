@@ -1,5 +1,6 @@
 """The ranks' environment: torch's CPU allocator backs a rank's large host tensors with transparent huge pages
-(one page fault per 2 MiB on first touch, not per 4 KiB), unless the caller turns it off; ssh carries it."""
+(one page fault per 2 MiB on first touch, not per 4 KiB), unless the caller turns it off; glibc's mmap threshold is
+fixed (issue 38), unless the caller sets its own; ssh carries both."""
 
 from __future__ import annotations
 
@@ -40,3 +41,15 @@ def test_a_ranks_large_tensors_sit_on_huge_pages_unless_the_caller_says_no(monke
     assert off["THP_MEM_ALLOC_ENABLE"] == "0"
     if "[always]" not in THP_MODE.read_text():  # "always" gives huge pages whatever torch asks
         assert _huge_bytes(off) == 0
+
+
+def test_a_ranks_large_blocks_go_back_to_the_kernel_unless_the_caller_tunes_glibc(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    env = torchrun.rank_env()
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)
+    assert torchrun.portable_env(env)["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(4 << 20))
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    tuned = torchrun.portable_env(torchrun.rank_env())
+    assert tuned["MALLOC_MMAP_THRESHOLD_"] == str(4 << 20) and tuned["MALLOC_ARENA_MAX"] == "2"

@@ -10,6 +10,8 @@ from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import EVALUATION_PARTITION, TRAINING_PARTITION, pipeline_stages
 from tasks.plan import plan, search, serving_estimate
+from tasks.plan.evaluation import EVAL_RUNTIME_BYTES
+from tasks.plan.process import RUNTIME_BYTES
 from tests.plan.conftest import make_config
 
 # d=64, heads=4 (hd=16), kv=4, ffn=256, vocab=256, seq=64, 4 layers: the demo model.
@@ -218,3 +220,26 @@ def test_serving_estimate_by_hand() -> None:
     fp32 = cfg.with_overrides({"serving.dtype": "fp32", "serving.context_len": None})
     assert math.isclose(serving_estimate(fp32)["kv_cache_bytes_per_token"], 1024)
     assert serving_estimate(fp32)["context"] == 64  # model.seq_len by default
+
+
+def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step() -> None:
+    """A run saving before its last step trains on while the snapshot is written: its peak is the step's with the
+    snapshot on top; a run saving only at its end holds the snapshot beside the step's leftovers (issue 38)."""
+    m = {"vocab_size": 4096, "seq_len": 16, "n_layers": 4, "d_model": 256, "n_heads": 4, "d_ff": 1024}
+    for every, phase in ((5, "training + snapshot"), (10, "saving")):
+        r = plan(make_config(model=m, parallel={"pp": 2, "micro_batches": 2},
+                             train={"steps": 10, "checkpoint_every": every, "micro_batch_size": 1}), device="cpu")
+        for st in r.stages:
+            terms = st["process"]
+            training = st["weights"] + st["gradients"] + st["optimizer_states"] + st["comm_buffers"] \
+                + max(st["activations"], terms["zero_step_buffers"])
+            assert terms["runtime"] == RUNTIME_BYTES and terms["weights_file_pages"] == 0
+            assert terms["checkpoint_snapshot"] == st["weights"] + st["optimizer_states"]
+            held = {"training + snapshot": training + terms["checkpoint_snapshot"],
+                    "saving": st["weights"] + st["gradients"] + st["optimizer_states"] + terms["checkpoint_snapshot"]}
+            assert st["process_phase"] == phase and st["process_total"] == RUNTIME_BYTES + held[phase]
+        ev = r.evaluation
+        assert ev["runtime"] == EVAL_RUNTIME_BYTES and ev["process_total"] == EVAL_RUNTIME_BYTES + ev["total"]
+    gpu = plan(make_config(model=m, train={"steps": 10, "checkpoint_every": 5}), device="gpu")
+    assert gpu.memory.process_peak == RUNTIME_BYTES + gpu.memory.checkpoint_snapshot
+    assert gpu.evaluation["process_total"] == EVAL_RUNTIME_BYTES + gpu.evaluation["weights"]
