@@ -90,8 +90,8 @@ def test_a_ranks_memory_plateaus_across_saves(full_run: tuple[JobConfig, Plan, d
 
 
 def test_the_evaluation_ranks_peak_as_planned(full_run: tuple[JobConfig, Plan, dict[str, Any]], dataset: Path) -> None:
-    """The run's checkpoint scored by its evaluation ranks (its layout, in bf16, `evaluate.dtype`'s default): each rank's peak RSS within 15% of
-    the plan's evaluation term for the busiest stage."""
+    """The run's checkpoint scored by its evaluation ranks (its layout, in bf16, `evaluate.dtype`'s default): each
+    rank's peak RSS within 15% of the plan's evaluation term for the busiest stage."""
     cfg, predicted, summary = full_run
     launch, _ = evaluation_launch(cfg, RunIdentity.from_dict(summary["run"]), summary["checkpoint_dir"], dataset)
     peaks = launch.run_here()["peak_rss_bytes"]
