@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -485,6 +484,8 @@ class ArtifactStore:
         """A remote store's files into `tmp` through the fetcher the dataset warm uses (tasks/fetch): large files
         as parallel ranged parts, every file retried with backoff and verified before it is renamed into `tmp`.
         Its temporary files go to a folder of their own beside `tmp` (no name of the tree's is taken)."""
+        import tempfile
+
         from tasks.fetch.fetcher import PART_SIZE, ChecksumMismatchError, Fetcher, FetchError, FileEntry
 
         source = open_source(self.fs.unstrip_protocol(base), self._storage_options, PULL_WORKERS)
