@@ -59,6 +59,8 @@ class Entry(Protocol):
 
 @dataclass(frozen=True)
 class FileEntry:
+    """An `Entry` for a caller whose records name their fields otherwise (a tree file's `path` is its key)."""
+
     key: str
     size: int
     sha256: str
