@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -92,6 +93,7 @@ def main() -> None:
 
     from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server: no line per request
     server_cpus, _ = check_cpus(args.server_cpus, args.client_cpus)
     os.sched_setaffinity(0, server_cpus)  # moto serves from this process's threads; rclone is pinned there too
     peers = ensure_peers(args.peers_venv)
