@@ -15,7 +15,7 @@ the 1-minute load average at the start of each run are printed. A tool whose run
 (max / min) is run again (its whole set, twice at most), not averaged; a set still scattered is flagged.
 Prints ours / s5cmd (goal >= 0.7: s5cmd's time / ours) and ours / the fastest peer.
 
-    .venv/bin/python bench/pull_s3.py [--server rclone|moto] [--shards 4] [--shard-mb 250] [--rounds 3]
+    .venv/bin/python bench/pull_s3.py [--server rclone|moto] [--shards 6] [--shard-mb 150] [--rounds 3]
 Peers come from bench/warm.py's venv (/tmp/warm-peers-venv, created on first use).
 """
 
@@ -82,8 +82,9 @@ def sample_all(names: list[str], rounds: int, run: Callable[[str], Sample]) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", choices=["rclone", "moto"], default="rclone")
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--shard-mb", type=int, default=250)
+    ap.add_argument("--shards", type=int, default=6)
+    ap.add_argument("--shard-mb", type=int, default=150,
+                    help="MiB a shard; above 150 `rclone serve s3` fails our commit (no ETag in its UploadPartCopy)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--server-cpus", default="0", help="taskset -c list for the S3 server (and this process)")
     ap.add_argument("--client-cpus", default="1", help="taskset -c list for every client run")
