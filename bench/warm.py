@@ -175,7 +175,8 @@ def start_server(kind: str, peers: dict[str, Path], data_root: Path, cpus: str) 
 
     fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, client_kwargs={"endpoint_url": url})
     fs.mkdir(BUCKET)
-    fs.put(str(data_root / BUCKET / PREFIX) + "/", f"{BUCKET}/{PREFIX}/", recursive=True)
+    if (data_root / BUCKET / PREFIX).is_dir():  # bench/pull_s3.py puts its own tree through the store
+        fs.put(str(data_root / BUCKET / PREFIX) + "/", f"{BUCKET}/{PREFIX}/", recursive=True)
     return url, server, os.getpid()
 
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 1 << 20
 # obstore's own retries (connection errors, dropped connections, 5xx), kept short: every read is
-# retried again by the warm (tenacity, with backoff), since obstore does not retry every failure to
+# retried again by the fetcher (tasks/fetch, with backoff), since obstore does not retry every failure to
 # send a request, and an endpoint that is down for good must fail the warm in seconds.
 _OBSTORE_RETRY = {"max_retries": 2, "retry_timeout": timedelta(seconds=10),
                   "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=2),

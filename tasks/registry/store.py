@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import hashlib
 import logging
 import os
@@ -45,15 +44,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.errors import InvalidInputError, RetrainerError
-from tasks.fastcopy import (
-    PARALLEL_FILES,
-    HashingWriter,
-    copy_chunks,
-    copy_files,
-    copy_stream,
-    feed_file,
-    largest_first,
-)
+from tasks.fastcopy import HashingWriter, copy_files, copy_stream, feed_file
 from tasks.fsutil import (
     CHUNK,
     atomic_write_bytes,
@@ -67,7 +58,7 @@ from tasks.fsutil import (
     sha256_file,
 )
 from tasks.model_files import LEGACY_FILE
-from tasks.object_source import ObjectSource, open_source
+from tasks.object_source import open_source
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
 from tasks.registry.records import ArtifactKind, ArtifactRef, VersionRecord
@@ -80,6 +71,9 @@ TREES_DIR = "trees"
 TMP_DIR = "tmp"
 _STAGING_NAME = re.compile(r"^[0-9a-f]{32}$")
 _MAX_PROBLEMS = 5
+# Reads in flight while pulling a remote tree (files at once, and ranged parts of the large ones): one object
+# store stream runs at a fraction of the link.
+PULL_WORKERS = 8
 
 
 def _copy_hashing(fin: Any, fout: BinaryIO | None) -> tuple[str, int]:
@@ -92,18 +86,6 @@ def _copy_hashing(fin: Any, fout: BinaryIO | None) -> tuple[str, int]:
         if fout is not None:
             fout.write(chunk)
     return h.hexdigest(), n
-
-
-def _download(source: ObjectSource, path: str, target: Path, digest: str) -> tuple[str, int]:
-    """One file of a remote tree: the next chunk is received while the last one is written and hashed (a tree's
-    files a few at once: one object store stream runs at a fraction of the link)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(target, "wb", buffering=0) as fout:
-            return copy_chunks(source.stream(path), fout)
-    except FileNotFoundError:
-        raise CorruptArtifactError(f"tree {digest}: {path} is missing from the store; refused, "
-                                   "nothing written") from None
 
 
 def _local_files(root: Path) -> list[tuple[str, Path]]:
@@ -151,10 +133,14 @@ _AREAS: dict[str, Literal["file", "tree", "staging"]] = {FILES_DIR: "file", TREE
 class ArtifactStore:
     """A content-addressed store rooted at `url` (a path, file://..., or s3://bucket/prefix)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 part_size: int | None = None) -> None:
+        """`part_size`: a remote tree's files larger than this are pulled as parallel ranged parts (None: the
+        fetcher's default, 16 MiB)."""
         if not url:
             raise InvalidInputError("artifact store URL must not be empty")
         self._storage_options = dict(storage_options or {})
+        self._part_size = part_size
         self.fs, root = fsspec.core.url_to_fs(url, **self._storage_options)
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
@@ -483,19 +469,41 @@ class ArtifactStore:
         wanted = [f for f in manifest.files if only is None or f.path in only]
         with fresh_dir(dest_dir) as tmp:
             if self.local:
-                got = self._copy_local(base, tmp, wanted, digest)
+                for f, (sha, size) in zip(wanted, self._copy_local(base, tmp, wanted, digest), strict=True):
+                    if (sha, size) != (f.sha256, f.size):
+                        raise CorruptArtifactError(
+                            f"tree {digest}: {f.path} is corrupt in the store ({size} bytes hashing to {sha}, the "
+                            f"manifest says {f.size} bytes, {f.sha256}); refused, nothing written")
             else:
-                source = open_source(self.fs.unstrip_protocol(base), self._storage_options, PARALLEL_FILES)
-                got = largest_first([(f.size, functools.partial(_download, source, f.path, tmp / f.path, digest))
-                                     for f in wanted])
-            for f, (sha, size) in zip(wanted, got, strict=True):
-                if (sha, size) != (f.sha256, f.size):
-                    raise CorruptArtifactError(
-                        f"tree {digest}: {f.path} is corrupt in the store ({size} bytes hashing to {sha}, the "
-                        f"manifest says {f.size} bytes, {f.sha256}); refused, nothing written")
+                self._fetch_remote(base, tmp, wanted, digest)
         log.info("tree %s: %d files, %d bytes verified into %s", digest[:12], len(manifest.files), manifest.size,
                  dest_dir)
         return Path(dest_dir)
+
+    def _fetch_remote(self, base: str, tmp: Path, files: list[TreeFile], digest: str) -> None:
+        """A remote store's files into `tmp` through the fetcher the dataset warm uses (tasks/fetch): large files
+        as parallel ranged parts, every file retried with backoff and verified before it is renamed into `tmp`.
+        Its temporary files go to a folder of their own beside `tmp` (no name of the tree's is taken)."""
+        import tempfile
+
+        from tasks.fetch.fetcher import PART_SIZE, ChecksumMismatchError, Fetcher, FetchError, FileEntry
+
+        source = open_source(self.fs.unstrip_protocol(base), self._storage_options, PULL_WORKERS)
+        with tempfile.TemporaryDirectory(prefix=f"{tmp.name}.", suffix=".partial", dir=tmp.parent) as partial:
+            fetcher = Fetcher(source, tmp, partial, None, max_workers=PULL_WORKERS, label="pull",
+                              dest_what="the pull's temporary directory", log=log,
+                              part_size=self._part_size or PART_SIZE)
+            try:
+                fetcher.run([FileEntry(f.path, f.size, f.sha256) for f in files])
+            except FetchError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, ChecksumMismatchError):
+                    raise CorruptArtifactError(f"tree {digest}: {exc.key} is corrupt in the store ({cause.detail}); "
+                                               "refused, nothing written") from exc
+                if isinstance(cause, FileNotFoundError):
+                    raise CorruptArtifactError(f"tree {digest}: {exc.key} is missing from the store; refused, "
+                                               "nothing written") from None
+                raise
 
     @staticmethod
     def _copy_local(base: str, tmp: Path, files: list[TreeFile], digest: str) -> list[tuple[str, int]]:

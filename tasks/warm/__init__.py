@@ -10,10 +10,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ChecksumMismatchError": "tasks.warm.fetch",
     "DatasetEvictedError": "tasks.warm.cache",
     "DiskBudgetError": "tasks.warm.cache",
-    "WarmFetchError": "tasks.warm.fetch",
     "WarmReport": "tasks.warm.report",
     "WarmResult": "tasks.warm.report",
     "dataset_in_use": "tasks.warm.cache",

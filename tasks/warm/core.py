@@ -12,7 +12,7 @@ finds every file already verified and fetches nothing):
    budget fails here, before any download);
 4. skip files recorded as verified, re-hash present but unrecorded files locally
    (after a crash) or all files with `verify=True`;
-5. fetch the rest (fetch.py), record each as it lands, then fsync directories,
+5. fetch the rest (tasks/fetch), record each as it lands, then fsync directories,
    write the manifest copy and the compacted record.
 Every file's largest token id is found in the pass that hashes it and kept in the record:
 a file the model cannot read is refused before it is committed (steps 4-5), or from the
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.errors import InvalidInputError, RetrainerError
+from tasks.fetch.retry import with_retries
 from tasks.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.object_source import ObjectSource, open_source
 from tasks.warm.cache import (
@@ -44,7 +45,6 @@ from tasks.warm.cache import (
     warm_lock,
 )
 from tasks.warm.report import Progress, WarmReport, WarmResult
-from tasks.warm.retry import with_retries
 from tasks.warm.sources import DataSource, training_sources
 from tasks.warm.state import VerifiedRecord, complete_record, tokens_of
 from tasks.warm.tokens import ShardCheck, ShardRules, Tokens
@@ -193,7 +193,7 @@ def _warm_files(source: ObjectSource, layout: CacheLayout, dsid: str, manifest: 
                 check: ShardCheck, disk_budget_bytes: int | None, verify: bool, workers: int, progress: bool,
                 part_size: int | None, t0: float) -> WarmReport:
     """Under the warm lock: make room, reuse what is verified, fetch the rest, commit the record."""
-    from tasks.warm.fetch import PART_SIZE  # lazy: a no-op re-warm never loads the fetcher and its retry library
+    from tasks.fetch.fetcher import PART_SIZE  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
     dataset_dir = layout.dataset_dir(dsid)
     targets = {f.key: _local_target(dataset_dir, f.key) for f in manifest.files}
@@ -285,7 +285,7 @@ def _reuse_local(manifest: Manifest, targets: dict[str, str], record: VerifiedRe
 def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list[ManifestFile],
            record: VerifiedRecord, report: WarmReport, check: ShardCheck, workers: int, progress: bool,
            part_size: int) -> None:
-    from tasks.warm.fetch import Fetcher  # lazy: a no-op re-warm never loads the fetcher and its retry library
+    from tasks.fetch.fetcher import Fetcher  # lazy: a no-op re-warm never loads the fetcher and its retry library
 
     if not entries:
         return
@@ -304,8 +304,9 @@ def _fetch(source: ObjectSource, dataset_dir: Path, partial: Path, entries: list
             report.retries += 1
 
     try:
-        Fetcher(source, dataset_dir, partial, check, max_workers=workers, on_done=done, on_retry=retried,
-                part_size=part_size).run(entries)
+        Fetcher(source, dataset_dir, partial, check, max_workers=workers, label="warm",
+                dest_what="the cache's dataset directory", log=log, on_done=done, on_retry=retried,
+                part_size=part_size, direct=os.environ.get("RETRAINER_WARM_DIRECT", "1") != "0").run(entries)
     finally:
         bar.close()
 

@@ -218,33 +218,123 @@ def test_corrupt_tree_is_refused_on_download_naming_the_file(
     assert list(out.iterdir()) == [out / "empty"] and list((out / "empty").iterdir()) == []
 
 
-def test_a_tree_on_s3_downloads_several_files_at_once_each_in_many_chunks_bit_for_bit(
-    s3, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+PART = 1 << 20  # the store's part size in these tests: the 3 MB shard is pulled as 4 ranged parts
+
+
+class WatchedSource:
+    """The store's real reader (obstore on moto's server), with every ranged read it is asked for noted; `fail`
+    names (key, start) of one part whose first read fails as a dropped connection would. Each file's first part
+    waits for another file's: two files must be in flight at the same time."""
+
+    def __init__(self, inner: Any, fail: tuple[str, int] | None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.fail = fail
+        self.ranges: list[tuple[str, int, int]] = []
+        self._together = threading.Barrier(2, timeout=10)
+        self._waited: set[str] = set()
+        self._lock = threading.Lock()
+
+    def read(self, key: str) -> Any:
+        return self.inner.read(key)
+
+    def read_range(self, key: str, start: int, end: int) -> Any:
+        with self._lock:
+            self.ranges.append((key, start, end))
+            failing = self.fail == (key, start)
+            if failing:
+                self.fail = None
+            wait = start == 0 and key not in self._waited and len(self._waited) < 2
+            self._waited.add(key)
+        if wait:
+            self._together.wait()
+        if failing:
+            raise ConnectionResetError(f"injected: connection reset reading {key} at {start}")
+        return self.inner.read_range(key, start, end)
+
+    def stream(self, key: str) -> Any:
+        return self.inner.stream(key)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+
+class WatchedList(list[WatchedSource]):
+    """The readers a pull opened; `fail` is handed to the next one."""
+
+    fail: tuple[str, int] | None = None
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> WatchedList:
+    """Every reader the store opens for a pull is a `WatchedSource` around the real one."""
     import tasks.registry.store as store_module
-    from tasks.object_source import STREAM_CHUNK
 
-    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options)
-    src = model_dir(tmp_path / "src")
-    (src / "model-00002-of-00002.safetensors").write_bytes(os.urandom(5 * STREAM_CHUNK + 3))  # many chunks
+    real = store_module.open_source
+    opened = WatchedList()
+
+    def watching(*args: Any) -> WatchedSource:
+        opened.append(WatchedSource(real(*args), opened.fail))
+        return opened[-1]
+
+    monkeypatch.setattr(store_module, "open_source", watching)
+    return opened
+
+
+def two_large_shards(root: Path) -> Path:
+    src = model_dir(root)
+    (src / "model-00002-of-00002.safetensors").write_bytes(os.urandom(PART + 1))  # one byte over: two parts
+    return src
+
+
+def test_a_tree_on_s3_is_pulled_in_ranged_parts_several_files_at_once_bit_for_bit(
+    s3, s3_bucket: str, tmp_path: Path, watched: WatchedList
+) -> None:
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options, part_size=PART)
+    src = two_large_shards(tmp_path / "src")
     ref = store.put_tree(src)
-    together = threading.Barrier(2, timeout=10)  # the two largest files must be in flight at the same time
-    download = store_module._download
-    readers = set()
 
-    def in_step(source: Any, path: str, *args: Any) -> tuple[str, int]:
-        readers.add(type(source).__name__)
-        if path.endswith(".safetensors"):
-            together.wait()
-        return download(source, path, *args)
+    assert store.get_tree(ref.digest, tmp_path / "out") == tmp_path / "out"
+    assert same_tree(src, tmp_path / "out")
+    (source,) = watched
+    assert type(source.inner).__name__ == "ObstoreS3Source"  # these options have an obstore equivalent
+    big = (3 << 20) + 5
+    assert sorted(source.ranges) == [
+        ("model-00001-of-00002.safetensors", start, min(start + PART, big)) for start in range(0, big, PART)
+    ] + [("model-00002-of-00002.safetensors", 0, PART), ("model-00002-of-00002.safetensors", PART, PART + 1)]
 
-    monkeypatch.setattr(store_module, "_download", in_step)
-    store.get_tree(ref.digest, tmp_path / "out")
-    got = {p.relative_to(tmp_path / "out").as_posix(): p.read_bytes() for p in (tmp_path / "out").rglob("*")
-           if p.is_file()}
-    want = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
-    assert got.keys() - {MANIFEST_NAME} == want.keys() and all(got[k] == want[k] for k in want)
-    assert readers == {"ObstoreS3Source"}  # these options have an obstore equivalent: S3 read in Rust
+
+def test_a_part_that_fails_once_is_retried_and_the_pull_completes(
+    s3, s3_bucket: str, tmp_path: Path, watched: WatchedList, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options, part_size=PART)
+    src = two_large_shards(tmp_path / "src")
+    ref = store.put_tree(src)
+    watched.fail = ("model-00001-of-00002.safetensors", 2 * PART)
+
+    with caplog.at_level("WARNING", logger="tasks.registry.store"):
+        store.get_tree(ref.digest, tmp_path / "out")
+    assert same_tree(src, tmp_path / "out")
+    assert watched[0].ranges.count(("model-00001-of-00002.safetensors", 2 * PART, 3 * PART)) == 2
+    assert "pull: retrying (attempt 1 failed): injected: connection reset" in caplog.text
+
+
+def test_a_large_file_corrupt_in_the_store_is_refused_naming_it_and_nothing_is_written(
+    s3, s3_bucket: str, tmp_path: Path
+) -> None:
+    store = ArtifactStore(f"s3://{s3_bucket}/models", s3.storage_options, part_size=PART)
+    ref = store.put_tree(two_large_shards(tmp_path / "src"))
+    victim = f"{store.tree_path(ref.digest)}/model-00001-of-00002.safetensors"
+    data = bytearray(store.fs.cat_file(victim))
+    data[PART + 10] ^= 0xFF  # one byte, in its second part; same size
+    store.fs.pipe_file(victim, bytes(data))
+    out = tmp_path / "out"
+    out.mkdir()
+
+    with pytest.raises(CorruptArtifactError, match=r"model-00001-of-00002\.safetensors is corrupt in the store") as err:
+        store.get_tree(ref.digest, out / "dest")
+    assert "refused, nothing written" in str(err.value)
+    assert list(out.iterdir()) == []  # no dest, no temporary directory, no partial files
 
 
 def test_get_tree_refuses_a_non_empty_destination_and_unknown_trees(store: ArtifactStore, tmp_path: Path) -> None:

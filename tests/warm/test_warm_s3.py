@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import InvalidInputError
-from tasks.warm import WarmFetchError, warm
+from tasks.fetch.fetcher import FetchError
+from tasks.warm import warm
 from tests.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
 
 PART = 1 << 20  # 1 MiB parts: the 3 MB and 5 MB objects go through the ranged parallel path
@@ -58,7 +59,7 @@ def test_object_changed_behind_manifest_fails_naming_key(small_tree: Tree, tmp_p
     original = small_tree.files[key]
     small_tree.put(key, bytes(b ^ 0x5A for b in original))  # same size, different bytes
     cache = tmp_path / "cache"
-    with pytest.raises(WarmFetchError, match=key) as err:
+    with pytest.raises(FetchError, match=key) as err:
         warm(small_tree.url, cache, storage_options=small_tree.storage_options, part_size=PART, progress=False)
     assert "sha256" in str(err.value)
     dataset_dir = cache / "datasets" / small_tree.manifest.hash[:16]

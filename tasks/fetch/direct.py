@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import mmap
 import os
 import threading
 from typing import Any
-
-log = logging.getLogger("tasks.warm")
 
 ALIGN = 4096  # offsets, lengths and buffer addresses of O_DIRECT I/O (logical block size <= a page)
 BUFFER = 8 << 20

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.warm.direct import ALIGN, BUFFER, BufferPool, ObjectFile
+from tasks.fetch.direct import ALIGN, BUFFER, BufferPool, ObjectFile
 from tests.services import require
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.warm import retry
-from tasks.warm.retry import ATTEMPTS, with_retries
+from tasks.fetch import retry
+from tasks.fetch.retry import ATTEMPTS, with_retries
 
 
 def _flaky(failures: list[BaseException]):
