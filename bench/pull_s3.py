@@ -10,9 +10,9 @@ there, in the time). Ours is the whole CLI process (registry lookup in SQLite, e
 against the manifest, fsynced); the peers copy without verifying. Whether the server honours a ranged GET is
 probed first and printed.
 
-Sampling: --rounds (>= 3) runs of each tool, the order rotated each round; each tool's median, min, max and
-the 1-minute load average at the start of each run are printed. A tool whose runs spread by more than 1.5x
-(max / min) is run again (its whole set, twice at most), not averaged; a set still scattered is flagged.
+Sampling: bench/fair.py's method, --rounds (>= 3) runs of each tool, the order rotated each round; each tool's
+median, min, max and the 1-minute load average at the start of each run are printed; a set where any tool's
+runs spread by more than 1.5x is taken again (twice at most), not averaged; a set still scattered is flagged.
 Prints ours / s5cmd (goal >= 0.7: s5cmd's time / ours) and ours / the fastest peer.
 
     .venv/bin/python bench/pull_s3.py [--server rclone|moto] [--shards 6] [--shard-mb 150] [--rounds 3]
@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.scale import MAX_SPREAD, RESAMPLES, Sample, _median, _spread, _stats  # noqa: E402
+from fair import Sample, alternated, median, stats  # noqa: E402
+
 from bench.warm import BUCKET, KEY, SECRET, check_cpus, ensure_peers, start_server, stop_server  # noqa: E402
 
 OURS = "retrainer registry pull"
@@ -68,15 +69,6 @@ def ranges_honoured(url: str, key: str) -> str:
     except RangeUnsupportedError as exc:
         return f"no: a ranged GET is answered with the whole object ({exc})"
     return f"yes ({len(got)} bytes for bytes=0-9)"
-
-
-def sample_all(names: list[str], rounds: int, run: Callable[[str], Sample]) -> dict[str, list[Sample]]:
-    """`rounds` runs of each named tool, in an order rotated each round."""
-    out: dict[str, list[Sample]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            out[name].append(run(name))
-    return out
 
 
 def main() -> None:
@@ -147,7 +139,7 @@ def main() -> None:
                 if got != want:
                     raise SystemExit(f"{name}: copied {got}")
                 shutil.rmtree(dest)
-                return wall, load
+                return Sample(wall, load)
 
             shard = f"store/trees/{ref.digest[:2]}/{ref.digest}/{next(n for n in want if n.endswith('.safetensors'))}"
             print(f"server: {args.server} on CPU {args.server_cpus}; ranged GETs honoured: "
@@ -155,19 +147,12 @@ def main() -> None:
             print(f"tree: {args.shards} x {args.shard_mb} MB + 4 json ({ref.size / 1e6:.0f} MB); clients on CPU "
                   f"{args.client_cpus}; load {os.getloadavg()[0]:.2f}", flush=True)
             run(OURS)  # untimed: the first copy after the server starts is slower, whoever makes it
-            samples = sample_all(list(tools), rounds, run)
-            for _ in range(RESAMPLES):
-                scattered = [n for n, s in samples.items() if _spread(s) > MAX_SPREAD]
-                if not scattered:
-                    break
-                print(f"runs spread > {MAX_SPREAD}x: {', '.join(scattered)}: running them again", flush=True)
-                samples |= sample_all(scattered, rounds, run)
-            for name, s in samples.items():
-                flag = f"  SCATTERED ({_spread(s):.2f}x)" if _spread(s) > MAX_SPREAD else ""
-                print(f"{name:<24} {_stats(s)} {ref.size / 1e6 / _median(s):5.0f} MB/s{flag}", flush=True)
-            ours = _median(samples[OURS])
-            best = min((_median(s), n) for n, s in samples.items() if n != OURS)
-            print(f"s5cmd / ours: {_median(samples['s5cmd cp']) / ours:.2f} (goal >= {GOAL}); fastest peer "
+            samples = alternated("pull", {name: lambda name=name: run(name) for name in tools}, rounds)
+            for name, got in samples.items():
+                print(f"{name:<24} {stats(got)} {ref.size / 1e6 / median(got):5.0f} MB/s", flush=True)
+            ours = median(samples[OURS])
+            best = min((median(s), n) for n, s in samples.items() if n != OURS)
+            print(f"s5cmd / ours: {median(samples['s5cmd cp']) / ours:.2f} (goal >= {GOAL}); fastest peer "
                   f"({best[1]}) / ours: {best[0] / ours:.2f}", flush=True)
         finally:
             stop_server(server)
