@@ -173,11 +173,19 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
     return _VocabParallelCE.apply(flat, labels.reshape(-1), tp).mean()
 
 
+# Tokens whose logits one fp32 pass of the evaluation's cross entropy takes: the fp32 copy and its log-softmax of
+# 32 rows of a vocabulary stay near the core's cache (a whole window's went through memory: [256, 32000] bf16 logits
+# took 15.8 ms, in 32-row passes 7.5 ms on one Xeon core, the same numbers bit for bit).
+NLL_ROWS = 32
+
+
 def vocab_parallel_token_nll(local_logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     """Per-token next-token cross entropy [*labels.shape] in fp32 from each rank's logit slice (evaluation)."""
     flat = local_logits.reshape(-1, local_logits.shape[-1])
     if tp.size == 1:
-        nll = F.cross_entropy(flat.float(), labels.reshape(-1), reduction="none")
+        targets = labels.reshape(-1)
+        nll = torch.cat([F.cross_entropy(flat[i:i + NLL_ROWS].float(), targets[i:i + NLL_ROWS], reduction="none")
+                         for i in range(0, flat.shape[0], NLL_ROWS)])
     else:
         nll = _VocabParallelCE.apply(flat, labels.reshape(-1), tp)
     return nll.reshape(labels.shape)
