@@ -7,11 +7,13 @@ and MLP intermediates, and on the last stage the vocab-parallel logits with thei
 rank's logits are taken to fp32 first).
 
 Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
-adds the process's runtime: on CPU runtime + those tensors, on a GPU runtime + its slice's file pages while it
-loads (taken as its weights). The runtime is an evaluation rank's own, below a training rank's (no engine, no
-optimizer): a 2-rank evaluation of a tiny model peaked at 282-287 MiB per rank; the 45M Llama of
-tests/plan/test_process_memory.py at 393-407 MiB in fp32, where runtime + weights + temporaries say 396 (issue
-38: the plan without a runtime term was 1.5x below the measured peaks).
+adds the process's runtime: on CPU runtime + the larger of those tensors and the load (its weights with the
+checkpoint's pages, mapped while it reads them: a bf16 rank read a 45M model's fp32 checkpoint at 423 MiB where
+runtime + tensors said 343), on a GPU runtime + its slice's file pages while it loads. The runtime is an
+evaluation rank's own, below a training rank's (no engine, no optimizer): a 2-rank evaluation of a tiny model
+peaked at 282-287 MiB per rank; the 45M Llama of tests/plan/test_process_memory.py at 393-407 MiB in fp32, where
+runtime + weights + temporaries say 396 (issue 38: the plan without a runtime term was 1.5x below the measured
+peaks).
 """
 
 from __future__ import annotations
@@ -65,11 +67,15 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
         logits = tokens * logit_bytes * -(-m.vocab_size // p.tp) if stage.has_head else 0
         p2p = 2 * hidden if p.pp > 1 else 0
         total = weights + block + logits + p2p
+        # The checkpoint's pages, read through a memory map, count in the RSS while the stage loads (its weights as
+        # a checkpoint holds them: fp32 at most).
+        pages = stage.params(counts) * FP32
         if best is None or total > best["total"]:
             best = {"stage": stage.index, "weights": weights, "activations": block, "logits": logits,
-                    "comm_buffers": p2p, "total": total}
+                    "comm_buffers": p2p, "total": total, "weights_file_pages": pages}
     assert best is not None
-    process = EVAL_RUNTIME_BYTES + (best["total"] if on_cpu else best["weights"])
+    loading = best["weights"] + best["weights_file_pages"]
+    process = EVAL_RUNTIME_BYTES + (max(best["total"], loading) if on_cpu else best["weights_file_pages"])
     return {**best, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
             "fits": (process if on_cpu else best["total"]) <= capacity_bytes}

@@ -333,11 +333,12 @@ def test_a_retried_run_reuses_the_export_each_host_holds_a_part_of(netns_hosts: 
 def test_evaluation_ranks_across_two_hosts_match_one_local_rank(netns_hosts: NetnsHosts, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Evaluation through the ssh launcher, tp=2 x pp=2 over two hosts (stage-to-stage sends cross hosts):
-    the same numbers as one local rank, and nothing left on either host."""
+    the same numbers as one local rank (in fp32: `evaluate.dtype`'s layout-exact mode), and nothing left on either
+    host."""
     from tasks.evaluate import evaluate
     from tests.checkpoints import reference_checkpoint
 
-    cfg = ssh_config(tmp_path, netns_hosts, "eval", **{"model.family": "llama"})
+    cfg = ssh_config(tmp_path, netns_hosts, "eval", **{"model.family": "llama", "evaluate.dtype": "fp32"})
     run, ckpt = reference_checkpoint(cfg)
     local = evaluate(cfg.with_overrides({"cluster.launcher": "local", "cluster.master_addr": "127.0.0.1"}), run, ckpt,
                      cfg.data.source_url)

@@ -96,9 +96,13 @@ def test_the_evaluation_ranks_peak_as_planned(full_run: tuple[JobConfig, Plan, d
     launch, _ = evaluation_launch(cfg, RunIdentity.from_dict(summary["run"]), summary["checkpoint_dir"], dataset)
     peaks = launch.run_here()["peak_rss_bytes"]
     assert predicted.evaluation is not None and len(peaks) == 2
-    want = predicted.evaluation["process_total"]
+    ev = predicted.evaluation
+    want = ev["process_total"]
+    # With the checkpoint's pages or without them: whether they are still mapped and resident at the high-water
+    # mark depends on the page cache (measured 423 MiB in one suite, under 400 alone; planned 343 without them).
+    without_pages = ev["runtime"] + ev["total"]
     for rank, peak in enumerate(peaks):
-        assert want - 0.15 * peak <= peak <= want + 0.15 * peak, (
+        assert without_pages - 0.15 * peak <= peak <= want + 0.15 * peak, (
             f"evaluation rank {rank}: planned {want / 2**20:.0f} MiB ({predicted.evaluation}), measured peak RSS "
             f"{peak / 2**20:.0f} MiB")
 
