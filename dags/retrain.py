@@ -155,9 +155,10 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
         # Evaluation runs as ranks on the training nodes: it takes the training pool's slots.
         # A retry soon, not after Airflow's default 5 minutes: a deferred task resumed within seconds can lose its
         # first try to the executor's stale "success" of the deferring exit (seen: "finished with state success, but
-        # the task instance's state attribute is queued" -> up_for_retry), and the retry then only collects.
+        # the task instance's state attribute is queued" -> up_for_retry), and the retry then only collects. Two
+        # retries: one run lost both of its tries that way across a restart of every component (apache/airflow#67330).
         evaluate = RankJobOperator(task_id="evaluate", stage="evaluate", plan_out=planned, warm_out=warmed,
-                                   summary=train.output, execution_timeout=timedelta(hours=6), retries=1,
+                                   summary=train.output, execution_timeout=timedelta(hours=6), retries=2,
                                    retry_delay=timedelta(seconds=10), pool_slots=eval_slots, **ranks)
 
         @task.short_circuit(execution_timeout=timedelta(hours=1))
