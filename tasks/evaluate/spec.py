@@ -4,8 +4,7 @@ The windows of a suite are a deterministic function of the config (`evaluate.bat
 `evaluate.batch_size` windows evenly spaced over the suite's split), so any layout scores the same
 tokens. The suite hash names everything that decides an evaluation's numbers except the weights
 (each suite's data by manifest hash, the windows, the model shape, the compute dtype, the user
-metrics): a live
-version's numbers are cached under it.
+metrics): a live version's numbers are cached under it.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     ]
     if r.evaluation:
         ev, el = r.evaluation, r.evaluation["layout"]
-        lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, fp32): weights "
+        lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, {ev['dtype']}): weights "
                      f"{_gib(ev['weights'])} + activations {_gib(ev['activations'])} + logits {_gib(ev['logits'])} "
                      f"= {_gib(ev['total'])} on stage {ev['stage']}; process per rank (host RSS): runtime "
                      f"{_gib(ev['runtime'])}, peak {_gib(ev['process_total'])}")

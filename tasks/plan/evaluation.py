@@ -25,9 +25,9 @@ from tasks.errors import InvalidInputError
 from tasks.models import get_family
 from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_per_forward
 from tasks.plan.layout import validate_layout
+from tasks.plan.serving import DTYPE_BYTES
 
 FP32 = 4
-DTYPE_BYTES = {"bf16": 2, "fp32": FP32}  # each `evaluate.dtype`
 EVAL_RUNTIME_BYTES = 290 * 1024**2
 
 
@@ -76,6 +76,6 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
     assert best is not None
     loading = best["weights"] + best["weights_file_pages"]
     process = EVAL_RUNTIME_BYTES + (max(best["total"], loading) if on_cpu else best["weights_file_pages"])
-    return {**best, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
+    return {**best, "dtype": e.dtype, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
             "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
             "fits": (process if on_cpu else best["total"]) <= capacity_bytes}

@@ -7,7 +7,7 @@ from typing import Any
 from tasks.config import JobConfig
 from tasks.models import get_family
 
-SERVING_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}  # bytes per element of each `serving.dtype`
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}  # bytes per element: `serving.dtype`, `evaluate.dtype`
 
 
 def serving_estimate(cfg: JobConfig) -> dict[str, Any]:
@@ -19,7 +19,7 @@ def serving_estimate(cfg: JobConfig) -> dict[str, Any]:
     """
     m, s = cfg.model, cfg.serving
     context = m.seq_len if s.context_len is None else s.context_len
-    e = SERVING_BYTES[s.dtype]
+    e = DTYPE_BYTES[s.dtype]
     family = get_family(m.family)
     params = family.total_params(m)
     weights = params * e
