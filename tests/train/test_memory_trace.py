@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from tasks.train.memory_trace import MAX_POINTS, MemoryTrace, rss_now
 
 
@@ -29,9 +27,11 @@ def test_a_resumed_runs_trace_starts_at_its_first_step_and_holds_rss_in_bytes() 
     assert [p[0] for p in trace.points()] == list(range(31, 38))
     rss, anon = rss_now()
     assert rss is not None and anon is not None and 0 < anon <= rss
-    held = torch.ones(64 << 18)  # 64 MiB, first-touched
+    # Bytes, not KiB: the same figure psutil reads from /proc/self/statm (the kernel's RSS counters are updated in
+    # batches, so a fresh allocation's growth is not a reliable unit check).
+    import psutil
+
     trace.record(38)
     step, rss_after, anon_after = trace.points()[-1]
     assert rss_after >= anon_after
-    assert step == 38 and anon_after - anon >= 60 << 20, (anon, anon_after)
-    del held
+    assert step == 38 and 0.75 <= rss_after / psutil.Process().memory_info().rss <= 1.25, rss_after
