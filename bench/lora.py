@@ -3,7 +3,7 @@ our LoRA step vs a plain PyTorch + peft loop, side by side in one run.
 
 Run: `.venv/bin/python bench/lora.py [--steps N] [--layers L] [--d-model D] [--seq S]`.
 
-Ours: the DeepSpeed engine as the ranks run it (tasks.spawn, one rank, PipelineModule + ZeRO-1 + telemetry),
+Ours: the DeepSpeed engine as the ranks run it (tasks.base.spawn, one rank, PipelineModule + ZeRO-1 + telemetry),
 full fine-tuning and `train.lora` on the same model, batches and initial weights. Plain: a transformers
 LlamaForCausalLM of the same sizes in a loop (forward, backward, clip, AdamW), in full and wrapped by
 `peft.get_peft_model` with the same rank, alpha and target modules. fp32, micro-batch 1, one thread each

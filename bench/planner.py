@@ -1,7 +1,7 @@
 """Planner benchmark: predicted vs measured memory per rank, next to DeepSpeed's own estimator.
 
 CPU (always): for several (tp, pp, dp, ZeRO) layouts of our GPT, one real DeepSpeed
-step under tasks.spawn (gloo); model-state bytes (weights + gradients at their peak +
+step under tasks.base.spawn (gloo); model-state bytes (weights + gradients at their peak +
 optimizer states) counted per rank, vs the planner and vs DeepSpeed's
 `estimate_zero2_model_states_mem_needs` (the peer: the only up-front estimator a
 DeepSpeed user has; it knows neither TP/PP nor activations). Plus activations:

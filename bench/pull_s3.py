@@ -61,7 +61,7 @@ def write_tree(src: Path, shards: int, shard_mb: int) -> None:
 
 def ranges_honoured(url: str, key: str) -> str:
     """Ask the server for 10 bytes of `key` (obstore, as ours reads): does it answer 206 or the whole object?"""
-    from tasks.object_source import RangeUnsupportedError, open_source
+    from tasks.base.object_source import RangeUnsupportedError, open_source
 
     source = open_source(f"s3://{BUCKET}", {"key": KEY, "secret": SECRET, "endpoint_url": url}, 1)
     try:

@@ -167,7 +167,7 @@ def _train_watched(cfg: Any, dataset: Path, hf: Path) -> tuple[dict[str, Any], f
     says "training" (the engine built, the weights or the checkpoint in, the next step about to run)."""
     import threading
 
-    from tasks.job_status import STATUS_FILE, read_status
+    from tasks.base.job_status import STATUS_FILE, read_status
     from tasks.launch import train
 
     status = Path(cfg.train.output_dir) / STATUS_FILE
@@ -240,7 +240,7 @@ def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
     """Random tokens in the warm stage's format (train/ and heldout/ shards + manifest)."""
     import numpy as np
 
-    from tasks.fsutil import sha256_bytes
+    from tasks.base.fsutil import sha256_bytes
 
     rng = np.random.default_rng(0)
     files = []
@@ -257,10 +257,10 @@ def _write_dataset(directory: Path, vocab: int, tokens: int) -> None:
 def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[str], eval_dtypes: list[str]
                              ) -> None:
     """Start (launch -> training) and evaluation against transformers, and each rank's peak RSS against the plan."""
+    from tasks.base.model_files import DTYPES
     from tasks.evaluate import evaluate
-    from tasks.model_files import DTYPES
     from tasks.plan import plan
-    from tasks.run import RunIdentity
+    from tasks.runs.identity import RunIdentity
 
     runs: list[dict[str, Any]] = []
 
@@ -324,8 +324,8 @@ def _bench_start_eval_memory(root: Path, hf: Path, repeat: int, sections: set[st
 def _rewind(cfg: Any, step: int) -> None:
     """Leave the run as one killed right after committing `step`: `latest` names it, no newer checkpoint, no
     summary, no status (a killed rank 0's last status would read "training")."""
-    from tasks.fsutil import atomic_write_bytes
-    from tasks.job_status import STATUS_FILE
+    from tasks.base.fsutil import atomic_write_bytes
+    from tasks.base.job_status import STATUS_FILE
     from tasks.train import checkpoint as ck
     from tasks.train.commit import LATEST
 

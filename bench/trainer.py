@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/trainer.py [--steps N] [--gpu]`.
 
-CPU (always): median step time of our engine with DP=1 (tasks.spawn, one rank,
+CPU (always): median step time of our engine with DP=1 (tasks.base.spawn, one rank,
 PipelineModule + ZeRO-1 + telemetry) vs `tasks.train.reference.train_reference`
 (the plain loop: forward, backward, clip, AdamW, scheduler) on the same model,
 batches and initial weights, one thread each (our one rank at OMP_NUM_THREADS=1,
@@ -40,8 +40,8 @@ from fair import Sample, alternated, median, stats, timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tasks.base.fsutil import sha256_bytes
 from tasks.config import JobConfig
-from tasks.fsutil import sha256_bytes
 
 
 def write_dataset(root: Path, vocab: int, tokens: int, seed: int = 0) -> Path:

@@ -1,4 +1,4 @@
-"""Benchmark: what the token scan (tasks/warm/tokens.py) adds to a warm, which hashes every byte anyway.
+"""Benchmark: what the token scan (tasks/data/tokens.py) adds to a warm, which hashes every byte anyway.
 
 Lays out a local uint16 dataset (default 4 x 64 MB + 64 x 1 MB train shards and a held-out shard, about
 330 MB) and warms it into a fresh cache, with the scan and with the scan replaced by one that does nothing
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 from fair import Sample, alternated, median, stats, timed
 
-import tasks.warm.tokens as tokens
-from tasks.dataset_format import shard_key
-from tasks.warm.core import warm
-from tasks.warm.tokens import ShardRules
+import tasks.data.tokens as tokens
+from tasks.base.dataset_format import shard_key
+from tasks.data.tokens import ShardRules
+from tasks.data.warm import warm
 
 
 class NoScan(tokens.TokenScan):
@@ -63,7 +63,7 @@ def lay_out(root: Path, large: int, large_mb: int, small: int) -> None:
 def with_scan(scan: type[tokens.TokenScan], fn: Callable[[], object], reset: Callable[[], object]
               ) -> Callable[[], Sample]:
     """A side: `fn` timed with `scan` as the warm's token scan (ShardCheck.scan() builds the one named in
-    tasks.warm.tokens), after `reset` untimed."""
+    tasks.data.tokens), after `reset` untimed."""
     def run() -> Sample:
         real = tokens.TokenScan
         tokens.TokenScan = scan

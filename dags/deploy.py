@@ -23,8 +23,8 @@ from retrainer_airflow.configs import MODEL_EVENTS, job_configs
 from retrainer_airflow.contract import note_run, refusal_noted
 
 from tasks import deploy
+from tasks.models.resolve import ConfigSnapshot
 from tasks.registry import alias_asset_uri
-from tasks.resolve import ConfigSnapshot
 
 log = logging.getLogger("dags.deploy")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_deploy
 

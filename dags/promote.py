@@ -6,7 +6,7 @@ job's launcher, or from the cache; skipped when forced) -> gate (the config's ru
 approvers, when `publish.policy.<alias>.approval` requires it; never the person who started the run unless the
 alias allows self-approval) -> promote (one compare-and-swap on the version live when the promotion started,
 recorded as `promote` under the approver, and the alias's Asset event model://<name>/<alias>). Thin wiring over
-tasks.promote.
+tasks.stages.promote.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from retrainer_airflow.contract import note_run, refusal_noted, refuse_unknown_p
 from retrainer_airflow.operators import PromoteApproval
 from retrainer_airflow.people import run_starter
 
-from tasks import promote as promotion_stages
-from tasks.approval import MAX_COMMENT, ApprovalAnswer
-from tasks.audit import via
+from tasks.base.audit import via
 from tasks.evaluate import VersionsScored
-from tasks.gate import GateDecision
+from tasks.models.resolve import ConfigSnapshot
 from tasks.registry import alias_asset_uri
-from tasks.resolve import ConfigSnapshot
+from tasks.stages import promote as promotion_stages
+from tasks.stages.approval import MAX_COMMENT, ApprovalAnswer
+from tasks.stages.gate import GateDecision
 
 CONFIGS = configs_by_name()
 

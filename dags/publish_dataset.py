@@ -13,8 +13,8 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 from retrainer_airflow.configs import job_configs
 
-from tasks import lifecycle
-from tasks.resolve import load_config
+from tasks.models.resolve import load_config
+from tasks.stages import lifecycle
 
 DATA_EVENTS = AssetAlias("retrainer-data-arrived")
 PRODUCED = {cfg.name: path for path, cfg in job_configs().items() if cfg.data.asset}

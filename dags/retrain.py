@@ -1,4 +1,4 @@
-"""retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.lifecycle).
+"""retrain_<name>: one DAG per job config in the config folder (thin wiring over tasks.stages.lifecycle).
 
 plan -> warm -> [dry-run stop] -> train (experiment lock, retries resume) -> evaluate -> gate -> approval
 (a person approves or rejects when the run's alias requires it: `publish.approval`) -> publish
@@ -35,17 +35,17 @@ from retrainer_airflow.configs import MODEL_EVENTS, config_dir, job_configs
 from retrainer_airflow.contract import note_run, refusal_noted, run_overrides
 from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
-from tasks import lifecycle
-from tasks.alerts import deadline_missed
-from tasks.approval import MAX_COMMENT, approver, publish_attribution
+from tasks.base.alerts import deadline_missed
 from tasks.config import NAME_PATTERN, JobConfig, format_duration
 from tasks.evaluate import Evaluated
-from tasks.gate import GateDecision
 from tasks.launch import pool_for
+from tasks.models.resolve import ConfigSnapshot
 from tasks.plan.evaluation import evaluation_layout
-from tasks.publish import PublishResult
 from tasks.registry import alias_asset_uri
-from tasks.resolve import ConfigSnapshot
+from tasks.stages import lifecycle
+from tasks.stages.approval import MAX_COMMENT, approver, publish_attribution
+from tasks.stages.gate import GateDecision
+from tasks.stages.publish import PublishResult
 
 log = logging.getLogger("dags.retrain")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_retrain
 

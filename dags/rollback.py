@@ -3,7 +3,7 @@
 Only for a person the alias's policy admits as a mover (`publish.policy.<alias>.movers`, default role:op), and
 only back: a chosen version the alias never held is refused (putting it there is a promotion: promote_model).
 
-Thin wiring over tasks.lifecycle.stage_rollback. By default the alias goes to the newest version live on it
+Thin wiring over tasks.stages.lifecycle.stage_rollback. By default the alias goes to the newest version live on it
 before the current one that was not itself rolled back from it (twice means further back, never redo); a
 chosen version that was rolled back from the alias needs `force` and a reason. The switch is audited in the
 registry's history under the person who triggered the run (`alice via airflow rollback_model/<run>`) and
@@ -18,9 +18,9 @@ from retrainer_airflow.configs import MODEL_EVENTS, alias_params, configs_by_nam
 from retrainer_airflow.contract import refusal_noted, refuse_unknown_params
 from retrainer_airflow.people import run_starter
 
-from tasks import lifecycle
+from tasks.models.resolve import load_config
 from tasks.registry import alias_asset_uri
-from tasks.resolve import load_config
+from tasks.stages import lifecycle
 
 CONFIGS = configs_by_name()
 

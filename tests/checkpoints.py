@@ -18,7 +18,7 @@ def write_base_weights(m: ModelConfig, directory: Path, seed: int = 3) -> Path:
     """Base weights for a LoRA run to start from (seeded, as a legacy single file); returns the file."""
     import torch
 
-    from tasks.model_files import LEGACY_FILE
+    from tasks.base.model_files import LEGACY_FILE
 
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(reference_state(m, seed), directory / LEGACY_FILE)
@@ -54,8 +54,8 @@ def reference_checkpoint(cfg, init=None) -> tuple:
     """(run, checkpoint): a synthetic dataset at `data.source_url` and the single-process reference loop's
     weights after `train.steps` steps, committed as that run's checkpoint (no ranks started); `init`: the
     StartingWeights the run names (default: scratch)."""
-    from tasks.data import make_data
-    from tasks.run import for_dataset, identity
+    from tasks.data.manifest import make_data
+    from tasks.runs.identity import for_dataset, identity
     from tasks.train.reference import train_reference
 
     manifest = make_data(cfg.data.source_url, name="eval-test", n_train_shards=2, tokens_per_shard=8192, seed=3)

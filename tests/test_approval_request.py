@@ -1,4 +1,4 @@
-"""What a person is shown before approving a publish, and what their answer records (tasks/approval.py).
+"""What a person is shown before approving a publish, and what their answer records (tasks/stages/approval.py).
 
 The request is built from a real registry (SQLite) with a live version and a real gate decision on the
 candidate's metrics; the answers are the human-in-the-loop responses Airflow hands back."""
@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from tasks.approval import ApprovalAnswer, publish_attribution
-from tasks.errors import RetrainerError
-from tasks.resolve import load_config
+from tasks.base.errors import RetrainerError
+from tasks.models.resolve import load_config
+from tasks.stages.approval import ApprovalAnswer, publish_attribution
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_path: Path) -> None:
     from tasks.evaluate import Evaluated, LiveScore
-    from tasks.gate import judge
-    from tasks.lifecycle import stage_approval_request
     from tasks.registry import ArtifactRef, Lineage, Registry, upgrade
-    from tasks.run import identity, scratch
+    from tasks.runs.identity import identity, scratch
+    from tasks.stages.gate import judge
+    from tasks.stages.lifecycle import stage_approval_request
 
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     upgrade(url)
@@ -57,8 +57,8 @@ def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_
 
 
 def test_first_version_request_says_nothing_is_live() -> None:
-    from tasks.approval import request_body
-    from tasks.run import identity, scratch
+    from tasks.runs.identity import identity, scratch
+    from tasks.stages.approval import request_body
 
     cfg = load_config(ROOT / "configs" / "tiny-llama.yaml")
     gate = {"publish": True, "reason": "no live model: first version", "rules": []}

@@ -27,4 +27,4 @@ def test_a_verb_imports_only_its_own_module() -> None:
     mods = sorted(set(cli.COMMAND_MODULES.values()))
     out = subprocess.run([sys.executable, "-c", f"cli_mods = {mods!r}; {probe}"], capture_output=True, text=True,
                          check=True).stdout
-    assert out.strip() == "['tasks.warm.cli']"
+    assert out.strip() == "['tasks.cli.warm']"

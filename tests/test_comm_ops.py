@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.comm_ops import EXTENSIONS_VAR, default_extensions_dir
+from tasks.base.comm_ops import EXTENSIONS_VAR, default_extensions_dir
 
 
 def test_a_lock_left_by_a_killed_loader_does_not_wedge_the_next_load() -> None:
@@ -18,7 +18,7 @@ def test_a_lock_left_by_a_killed_loader_does_not_wedge_the_next_load() -> None:
     stale.touch()  # what a loader SIGKILLed inside torch's load leaves
     try:
         done = subprocess.run(
-            [sys.executable, "-c", "from tasks.comm_ops import load_shm_op; print(load_shm_op())"],
+            [sys.executable, "-c", "from tasks.base.comm_ops import load_shm_op; print(load_shm_op())"],
             capture_output=True, text=True, timeout=180, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     finally:
         stale.unlink(missing_ok=True)  # never leave the wedge for the rest of the suite
@@ -37,7 +37,7 @@ def test_a_process_without_the_venv_on_its_path_loads_the_built_op_without_rebui
 
     def load(path: str) -> None:
         done = subprocess.run(
-            [sys.executable, "-c", "from tasks.comm_ops import load_shm_op; print(load_shm_op())"],
+            [sys.executable, "-c", "from tasks.base.comm_ops import load_shm_op; print(load_shm_op())"],
             capture_output=True, text=True, timeout=600,
             env={**os.environ, "DS_ACCELERATOR": "cpu", "PATH": path})
         assert done.returncode == 0, done.stderr[-2000:]

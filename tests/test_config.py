@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tasks.config import GEMMA_OPTIONS, ConfigError
-from tasks.resolve import load_config
+from tasks.models.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "tiny-llama.yaml"
@@ -64,7 +64,7 @@ def test_attention_options_at_their_plain_values_keep_the_key_a_run_had_before_t
 
 def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> None:
     """New data or new starting weights = a new run (and run dir); the same three = the same run."""
-    from tasks.run import StartingWeights, identity, scratch
+    from tasks.runs.identity import StartingWeights, identity, scratch
 
     cfg = load_config(DEMO)
     base = identity(cfg, "a" * 64, scratch(cfg))
@@ -80,8 +80,8 @@ def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> N
 
 
 def test_run_dir_of_another_key_is_refused_naming_both(tmp_path: Path) -> None:
-    from tasks.errors import InvalidInputError
-    from tasks.run import claim_run_dir, identity, scratch
+    from tasks.base.errors import InvalidInputError
+    from tasks.runs.identity import claim_run_dir, identity, scratch
 
     cfg = load_config(DEMO)
     mine, other = identity(cfg, "a" * 64, scratch(cfg)), identity(cfg, "b" * 64, scratch(cfg))

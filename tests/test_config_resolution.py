@@ -73,10 +73,10 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validations: list[object]) -> None:
     from tasks import launch
     from tasks.launch.torchrun import write_worker_config
-    from tasks.lifecycle import Planned
+    from tasks.models.resolve import ConfigSnapshot, load_config
     from tasks.plan.evaluation import evaluation_layout
-    from tasks.resolve import ConfigSnapshot, load_config
-    from tasks.run import RunIdentity, scratch
+    from tasks.runs.identity import RunIdentity, scratch
+    from tasks.stages.lifecycle import Planned
 
     path = job_file(tmp_path, monkeypatch)
     # The plan task: the form's values and the arrived data as overrides, resolved once.
@@ -126,7 +126,7 @@ def test_dag_parse_loads_each_config_once(airflow_db: str, tmp_path: Path, monke
 
     from airflow.dag_processing.dagbag import DagBag
 
-    from tasks import resolve
+    from tasks.models import resolve
 
     config_dir = job_file(tmp_path, monkeypatch).parent
     shutil.copy(ROOT / "configs" / "tiny-llama.yaml", config_dir / "tiny-llama.yaml")

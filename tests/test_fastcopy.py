@@ -1,4 +1,4 @@
-"""tasks.fastcopy: every byte copied once, hashed on the way, files in parallel; a failed copy leaves nothing."""
+"""tasks.base.fastcopy: every byte copied once, hashed on the way, files in parallel; a failed copy leaves nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.fastcopy import BUFFER, SLICE, HashingWriter, copy_file, copy_files
+from tasks.base.fastcopy import BUFFER, SLICE, HashingWriter, copy_file, copy_files
 
 
 def test_copy_files_gives_the_same_bytes_and_their_sha256_whatever_the_size(tmp_path: Path) -> None:

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tasks.base.fsutil import dir_bytes
 from tasks.evaluate.cache import write_cached
-from tasks.fsutil import dir_bytes
-from tasks.lifecycle import describe_outcome
+from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
-from tasks.resolve import load_config
-from tasks.run import claim_run_dir, identity, scratch
+from tasks.runs.identity import claim_run_dir, identity, scratch
+from tasks.stages.lifecycle import describe_outcome
 from tasks.train.checkpoint import read_latest
 from tests.registry.test_tree import model_dir
 from tests.test_weekly_retrain import ROOT, new_week, retrainer, run, week_config

@@ -1,10 +1,10 @@
-"""Who may move or approve a move onto an alias (tasks/policy.py): names and roles against the alias's lists."""
+"""Who may move or approve a move onto an alias (tasks/base/policy.py): names and roles against the alias's lists."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.policy import AliasPolicy, NotPermittedError, Person, admits, check_approver, check_mover
+from tasks.base.policy import AliasPolicy, NotPermittedError, Person, admits, check_approver, check_mover
 
 OPS = frozenset({"op", "user", "viewer"})  # what the simple auth manager's ranking gives an `op`
 
@@ -49,9 +49,9 @@ def test_a_forced_promotion_is_for_movers_only_and_says_why(tmp_path) -> None:
     or scored; without force anyone who may start promote_model may ask, since the gate and approval decide."""
     from pathlib import Path
 
-    from tasks.errors import InvalidInputError
-    from tasks.promote import stage_promote_check
-    from tasks.resolve import ConfigSnapshot
+    from tasks.base.errors import InvalidInputError
+    from tasks.models.resolve import ConfigSnapshot
+    from tasks.stages.promote import stage_promote_check
 
     demo = Path(__file__).resolve().parents[1] / "configs" / "tiny-llama.yaml"
     job = ConfigSnapshot.take(demo, {"publish.registry_url": f"sqlite:///{tmp_path / 'registry.db'}"})

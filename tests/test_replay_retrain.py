@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.run import experiment_key
+from tasks.runs.identity import experiment_key
 from tests.test_weekly_retrain import new_week, retrainer, run, show, week_config
 
 pytestmark = pytest.mark.multiproc

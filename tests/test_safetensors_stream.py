@@ -1,4 +1,4 @@
-"""tasks.safetensors_stream: a streamed file is the very bytes `save_file` writes, and loads as such."""
+"""tasks.base.safetensors_stream: a streamed file is the very bytes `save_file` writes, and loads as such."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tasks.errors import InvalidInputError
-from tasks.safetensors_stream import TensorEntry, write
+from tasks.base.errors import InvalidInputError
+from tasks.base.safetensors_stream import TensorEntry, write
 
 
 def _tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:

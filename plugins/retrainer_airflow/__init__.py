@@ -2,5 +2,5 @@
 
 They live under plugins/ because Airflow puts the plugins folder on every component's sys.path
 (the triggerer included), and a trigger is found by its import path. No business logic: the
-operator calls tasks.lifecycle, the trigger tasks.launch.
+operator calls tasks.stages.lifecycle, the trigger tasks.launch.
 """

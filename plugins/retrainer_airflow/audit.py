@@ -1,4 +1,4 @@
-"""Who an Airflow run acts for, as the registry's audit trail names it (tasks.audit joins the parts).
+"""Who an Airflow run acts for, as the registry's audit trail names it (tasks.base.audit joins the parts).
 
 A run a person started (the UI's trigger button, the REST API, `airflow dags trigger`) carries that
 person on its DagRun (`triggering_user_name`); a scheduled or data-triggered run carries nobody and is
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.audit import via
+from tasks.base.audit import via
 
 
 def run_name(context: Any) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from airflow.sdk import AssetAlias, Param
 
 from tasks.config import NAME_PATTERN, ConfigError, JobConfig
-from tasks.resolve import load_config
+from tasks.models.resolve import load_config
 
 log = logging.getLogger(__name__)
 

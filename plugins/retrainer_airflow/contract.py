@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from tasks.errors import ConfigError, InvalidInputError, RetrainerError
+from tasks.base.errors import ConfigError, InvalidInputError, RetrainerError
 
 log = logging.getLogger(__name__)
 

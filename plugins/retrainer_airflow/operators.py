@@ -27,14 +27,14 @@ from retrainer_airflow.audit import triggering_user
 from retrainer_airflow.contract import note_run, refusal_noted
 from retrainer_airflow.people import person, respondents
 from retrainer_airflow.triggers import RankJobTrigger
-from tasks import lifecycle
-from tasks.approval import ApprovalAnswer, promotion_body
+from tasks.base.policy import NotPermittedError, check_approver
 from tasks.config import JobConfig
-from tasks.endpoints import registry_for
+from tasks.config.endpoints import registry_for
 from tasks.evaluate import Evaluated
-from tasks.gate import GateDecision
-from tasks.policy import NotPermittedError, check_approver
-from tasks.promote import Promotion
+from tasks.stages import lifecycle
+from tasks.stages.approval import ApprovalAnswer, promotion_body
+from tasks.stages.gate import GateDecision
+from tasks.stages.promote import Promotion
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class AliasApproval(ApprovalOperator):
 
 class PublishApproval(AliasApproval):
     """The retrain DAG's approval between gate and publish: the candidate's metrics next to the live version's
-    and every gate rule's result (tasks.approval's summary), for the run's alias."""
+    and every gate rule's result (tasks.stages.approval's summary), for the run's alias."""
 
     template_fields = (*AliasApproval.template_fields, "metrics", "decision")
 

@@ -1,6 +1,6 @@
 """Who a person is to an alias's policy: their roles under Airflow's auth manager (the Airflow contract).
 
-tasks/policy.py checks names and roles against `publish.policy`; only Airflow knows the roles. Its own simple
+tasks/base/policy.py checks names and roles against `publish.policy`; only Airflow knows the roles. Its own simple
 auth manager (the standalone's, the README's) lists users and roles in `[core] simple_auth_manager_users`
 (`alice:op,bob:user`) and ranks them viewer < user < op < admin in its permission checks, so a person holds
 their role and every role below it, and `role:op` admits op and admin alike. With
@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.configuration import conf
 
-from tasks.policy import NotPermittedError, Person, admits
+from tasks.base.policy import NotPermittedError, Person, admits
 
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 

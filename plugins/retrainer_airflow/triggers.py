@@ -19,7 +19,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tasks import launch as launching
-from tasks.resolve import ConfigSnapshot
+from tasks.models.resolve import ConfigSnapshot
 
 log = logging.getLogger(__name__)
 

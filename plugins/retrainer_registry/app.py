@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 from retrainer_registry import render
 from retrainer_registry.render import esc
 from retrainer_registry.source import Sources, VersionFacts, dag_run_of, load_sources, training_losses, version_facts
+from tasks.base.policy import NotPermittedError, Person, check_mover
 from tasks.config import JobConfig
-from tasks.endpoints import registry_at
-from tasks.policy import NotPermittedError, Person, check_mover
+from tasks.config.endpoints import registry_at
 from tasks.registry import NotFoundError, NothingToRollBackError, Registry
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ app = FastAPI(
 
 # -- reading the registry -------------------------------------------------------------------
 def _registries(sources: Sources) -> list[Registry]:
-    """The page process's Registry of each URL (tasks.endpoints: one per URL, kept across requests)."""
+    """The page process's Registry of each URL (tasks.config.endpoints: one per URL, kept across requests)."""
     return [registry_at(url) for url in sources.registry_urls]
 
 

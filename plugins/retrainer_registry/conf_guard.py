@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Where the page reads the registry from, which job config owns each model, and what a version's record says.
 
-The registries shown: `tasks.endpoints.shown_registry_urls` over the job configs in
+The registries shown: `tasks.config.endpoints.shown_registry_urls` over the job configs in
 $RETRAINER_CONFIG_DIR (default: the project's configs/). The configs also
 tell the page which `rollback_model` form value (the job name) moves a given model.
 `VersionFacts` picks the numbers a person compares out of a version's recorded metrics
@@ -20,7 +20,7 @@ from retrainer_airflow.configs import job_configs
 
 from retrainer_registry.render import number
 from tasks.config import JobConfig
-from tasks.endpoints import shown_registry_urls
+from tasks.config.endpoints import shown_registry_urls
 from tasks.registry.records import origin
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def training_losses(version: dict[str, Any], job: JobConfig | None) -> list[floa
 
 
 # The actor the DAGs record on a version and on each alias move: "airflow <dag_id>/<run_id>" (dags/retrain.py,
-# dags/rollback.py), after "<person> via " for a run a person triggered or approved (tasks.audit.via), possibly
+# dags/rollback.py), after "<person> via " for a run a person triggered or approved (tasks.base.audit.via), possibly
 # followed by more words. A DAG id has no "/" or space; the run id has no space.
 _DAG_RUN_ACTOR = re.compile(r"^(?:.* via )?airflow ([A-Za-z0-9_.-]+)/(\S+)")
 

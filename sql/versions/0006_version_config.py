@@ -5,7 +5,7 @@ Revises: 0005
 Create Date: 2026-12-04
 
 `config` is the run's resolved job configuration as JSON (model sizes, layout, steps, learning rate,
-data mixture, ...), with every credential redacted before it is written (tasks/credentials.py):
+data mixture, ...), with every credential redacted before it is written (tasks/base/credentials.py):
 the hashes beside it say *which* config, this says *what* it was. `started_from` is one line
 naming the weights training started from: `scratch`, `pretrained <directory>`, `version <N>` or
 a weights path. Both nullable: NULL for every version published before this revision, which

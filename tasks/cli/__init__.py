@@ -22,28 +22,28 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tasks.errors import ConfigError, RetrainerError
+from tasks.base.errors import ConfigError, RetrainerError
 
 # verb -> the module whose register() adds it (tests/test_cli.py checks this against the modules)
 COMMAND_MODULES = {
     "make-data": "tasks.cli.data",
     "manifest": "tasks.cli.data",
-    "prepare-data": "tasks.prepare.cli",
+    "prepare-data": "tasks.data.prepare.cli",
     "plan": "tasks.cli.plan",
-    "warm": "tasks.warm.cli",
-    "warm-url": "tasks.warm.cli",
+    "warm": "tasks.cli.warm",
+    "warm-url": "tasks.cli.warm",
     "train": "tasks.cli.train",
     "evaluate": "tasks.evaluate",
     "db": "tasks.cli.registry",
     "publish": "tasks.cli.registry",
-    "promote": "tasks.promote",
+    "promote": "tasks.stages.promote",
     "rollback": "tasks.cli.registry",
     "registry": "tasks.cli.registry",
-    "run": "tasks.lifecycle",
+    "run": "tasks.stages.lifecycle",
     "deploy": "tasks.deploy",
-    "gc": "tasks.gc",
-    "demo": "tasks.demo",
-    "airflow": "tasks.airflow_cmd",
+    "gc": "tasks.stages.housekeeping",
+    "demo": "tasks.cli.demo",
+    "airflow": "tasks.cli.airflow_cmd",
 }
 
 

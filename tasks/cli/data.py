@@ -1,6 +1,6 @@
 """`retrainer make-data CONFIG` (a synthetic or given-text dataset where the config's data goes) and
 `retrainer manifest URL` (hash a prefix's objects into its manifest). The verbs live here, on top of the
-graph: make-data reads a job config, resolved (tasks/resolve.py), which the data layer below cannot."""
+graph: make-data reads a job config, resolved (tasks/models/resolve.py), which the data layer below cannot."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import argparse
 import json
 from typing import Any
 
-from tasks.data import MANIFEST_KEY, build_manifest, claim_destination, make_data
+from tasks.data.manifest import MANIFEST_KEY, build_manifest, claim_destination, make_data
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
     import fsspec
 
-    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.models.resolve import (
+        load_config,  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    )
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url

@@ -1,7 +1,7 @@
 """`retrainer plan CONFIG`: the budget (tasks/plan/cli.py), once the data the config names has been checked
 against the model where this machine's cache holds it already.
 
-Why here: the check reads the warm's record of a cached dataset (its largest token ids, tasks/warm/state.py),
+Why here: the check reads the warm's record of a cached dataset (its largest token ids, tasks/data/warm_state.py),
 a layer above the planner. A dataset cached for a model with a larger vocabulary is refused, naming the
 dataset, its largest id and `model.vocab_size`, before anything is warmed or any rank starts; data not cached
 yet (or not readable now) is the warm's to check.
@@ -13,7 +13,7 @@ import argparse
 import logging
 from typing import Any
 
-from tasks.errors import RetrainerError
+from tasks.base.errors import RetrainerError
 from tasks.plan import cli as budget
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.warm.core import remote_manifest_hash
-    from tasks.warm.sources import refuse_cached, suite_sources, training_sources
+    from tasks.data.sources import refuse_cached, suite_sources, training_sources
+    from tasks.data.warm import remote_manifest_hash
 
     cfg = budget.configured(args)
     planned = []

@@ -1,5 +1,5 @@
 """CLI verbs for the registry: db upgrade, publish, rollback, registry show/history/models/pull (promote, which
-runs the alias's gate, is tasks/promote.py).
+runs the alias's gate, is tasks/stages/promote.py).
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
@@ -17,14 +17,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.audit import default_actor
-from tasks.errors import InvalidInputError
+from tasks.base.audit import default_actor
+from tasks.base.errors import InvalidInputError
 
 MAIN_ALIAS = "production"
 
 
 def _db(args: argparse.Namespace) -> str:
-    from tasks.endpoints import registry_url
+    from tasks.config.endpoints import registry_url
 
     return registry_url(given=args.db)
 
@@ -91,8 +91,10 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from tasks.publish import publish  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.resolve import load_config  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.models.resolve import (
+        load_config,  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    )
+    from tasks.stages.publish import publish  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     cfg = load_config(args.config)
     try:

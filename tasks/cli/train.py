@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 
 
 def register(subparsers: Any) -> None:
@@ -22,12 +22,12 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.endpoints import registry_for
+    from tasks.config.endpoints import registry_for
+    from tasks.inputs.start import resolve_start
     from tasks.launch import train
-    from tasks.lifecycle import fetch_start_here
-    from tasks.resolve import load_config
-    from tasks.run import for_dataset
-    from tasks.warm.identity import resolve_start
+    from tasks.models.resolve import load_config
+    from tasks.runs.identity import for_dataset
+    from tasks.stages.lifecycle import fetch_start_here
 
     cfg = load_config(args.config)
     if args.steps is not None:
@@ -38,7 +38,7 @@ def _handle(args: argparse.Namespace) -> int:
     if args.dataset_dir is not None:
         dataset_dir, replay_dirs = args.dataset_dir, []
     else:
-        from tasks.warm import warm_mixture
+        from tasks.data.warm import warm_mixture
 
         primary, *replay = warm_mixture(cfg)
         dataset_dir, replay_dirs = primary.dataset_dir, [r.dataset_dir for r in replay]

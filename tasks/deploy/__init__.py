@@ -38,19 +38,19 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.base.dataset_format import TOKEN_DTYPES, window_starts
+from tasks.base.errors import RetrainerError
+from tasks.base.lock import default_holder
+from tasks.base.model_files import HF_CONFIG, LEGACY_FILE
+from tasks.base.spawn import die_with_parent
 from tasks.config import REPO_ROOT, JobConfig, load_entry_point
-from tasks.data import read_manifest
-from tasks.dataset_format import TOKEN_DTYPES, window_starts
-from tasks.endpoints import registry_for
-from tasks.errors import RetrainerError
+from tasks.config.endpoints import registry_for
+from tasks.data.manifest import read_manifest
 from tasks.evaluate.spec import suite_hash, window_order
 from tasks.launch.torchrun import rank_env
-from tasks.lifecycle import stage_rollback
-from tasks.lock import default_holder
-from tasks.model_files import HF_CONFIG, LEGACY_FILE
+from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, ConflictError, NothingToRollBackError
-from tasks.resolve import load_config
-from tasks.spawn import die_with_parent
+from tasks.stages.lifecycle import stage_rollback
 
 if TYPE_CHECKING:
     from tasks.registry import VersionRecord

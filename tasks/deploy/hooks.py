@@ -10,8 +10,8 @@ import logging
 import os
 from pathlib import Path
 
+from tasks.base.fsutil import atomic_write_json, fsync_dir
 from tasks.deploy import DeployTarget
-from tasks.fsutil import atomic_write_json, fsync_dir
 
 log = logging.getLogger(__name__)
 

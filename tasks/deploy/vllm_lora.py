@@ -19,8 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tasks.base.errors import RetrainerError
 from tasks.deploy import DeployTarget
-from tasks.errors import RetrainerError
 from tasks.models.lora_export import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.base.errors import InvalidInputError
 from tasks.config import JobConfig, sha256_json
-from tasks.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from tasks.launch import Launch
     from tasks.registry import VersionRecord
-    from tasks.run import RunIdentity
+    from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     if checkpoint_dir.is_dir() or not cfg.train.checkpoint_url:  # fail here, before any rank, when we can see it
         validate_checkpoint_dir(checkpoint_dir, cfg.fingerprint(), run.experiment_key)
     else:  # node-local checkpoints: each node completes the weights from the mirror
-        from tasks.credentials import split_credentials
+        from tasks.base.credentials import split_credentials
 
         public, _ = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         candidate["mirror"] = {"url": cfg.train.checkpoint_url, "storage_options": public, "run_id": run.run_id}
@@ -112,13 +112,13 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
 def version_entry(cfg: JobConfig, run: RunIdentity, version: VersionRecord, name: str) -> dict[str, Any]:
     """A published version as one of the models an evaluation job scores: its weights fetched from the store on
     each node (an adapter published alone: on the base it was trained on, this run's or its own)."""
-    from tasks.run import StartingWeights
+    from tasks.runs.identity import StartingWeights
 
     weights = StartingWeights(requested="live", version=version.version, digest=version.artifact_digest,
                               url=version.artifact_url, note=f"{name} v{version.version}", kind=version.artifact_kind)
     lora = (version.config or {}).get("train", {}).get("lora")
     if lora is not None and (version.config or {}).get("publish", {}).get("lora_export") == "adapter":
-        from tasks.warm.adapter import base_of
+        from tasks.inputs.adapter import base_of
 
         base = base_of(cfg, version, run.base)
         return {"name": name, "weights": dataclasses.asdict(base), "as_dtype": None,
@@ -204,7 +204,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     """The evaluation ranks' job (the job's launcher, the evaluation layout), whose summary has each model's
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
-    from tasks.credentials import split_credentials
+    from tasks.base.credentials import split_credentials
     from tasks.launch import JobSpec, Launch
     from tasks.plan.evaluation import evaluation_layout
 
@@ -258,16 +258,16 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.fsutil import atomic_write_json
-    from tasks.resolve import load_config
-    from tasks.run import RunIdentity
+    from tasks.base.fsutil import atomic_write_json
+    from tasks.models.resolve import load_config
+    from tasks.runs.identity import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     cfg = load_config(args.config)
     run = RunIdentity.from_dict(validate_checkpoint_dir(args.checkpoint, cfg.fingerprint())["run"])
     dataset_dir = args.dataset_dir
     if dataset_dir is None:
-        from tasks.warm import warm_for_config
+        from tasks.data.warm import warm_for_config
 
         dataset_dir = warm_for_config(cfg).dataset_dir
     metrics = evaluate(cfg, run, args.checkpoint, dataset_dir).to_xcom()  # the same JSON as the stage's XCom

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.base.fsutil import modified_at
 from tasks.config import JobConfig
-from tasks.fsutil import modified_at
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.config import JobConfig, sha256_json
-from tasks.warm.core import remote_manifest_hash
+from tasks.data.warm import remote_manifest_hash
 
 if TYPE_CHECKING:
-    from tasks.run import RunIdentity
+    from tasks.runs.identity import RunIdentity
 
 
 def window_order(n_windows: int, batches: int, batch_size: int) -> np.ndarray:

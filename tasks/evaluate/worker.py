@@ -26,23 +26,23 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from tasks.comm_ops import load_shm_op
+from tasks.base.comm_ops import load_shm_op
+from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.base.fsutil import atomic_write_json
+from tasks.base.job_status import Status, log_for_relay, now, write_status
 from tasks.config import LoraConfig, TrainingJob, load_entry_point
-from tasks.errors import InvalidInputError, RetrainerError
+from tasks.data.report import refuse_unplanned
+from tasks.data.tokens import ShardRules
+from tasks.data.warm import warm
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
-from tasks.fsutil import atomic_write_json
-from tasks.job_status import Status, log_for_relay, now, write_status
-from tasks.run import StartingWeights
+from tasks.inputs.weights import WeightSources, fetch_model_files, fetch_weights
+from tasks.runs.identity import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
 from tasks.train.memory_trace import peak_rss_bytes
 from tasks.train.mirror import Mirror
 from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
-from tasks.warm import warm
-from tasks.warm.report import refuse_unplanned
-from tasks.warm.tokens import ShardRules
-from tasks.warm.weights import WeightSources, fetch_model_files, fetch_weights
 
 log = logging.getLogger("tasks.evaluate.worker")
 
@@ -113,8 +113,8 @@ class Evaluation:
             return self.job.train.lora, None
         if "adapter" not in entry:
             return None, None
-        from tasks.run import StartingWeights
-        from tasks.warm.adapter import fetch_adapter
+        from tasks.inputs.adapter import fetch_adapter
+        from tasks.runs.identity import StartingWeights
 
         version = StartingWeights(**entry["adapter"])
         dest = Path(self.job.train.output_dir) / "live-adapter" / str(version.digest)

@@ -11,7 +11,7 @@ a ranged GET with the whole object gets one streamed GET instead. Objects above
 BATCH_MAX_OBJECT bypass the page cache (O_DIRECT, direct.py). Each file is retried with
 exponential backoff (retry.py) and then fails naming its key.
 The pass that hashes an object also feeds the caller's `ContentCheck`, if any (the warm's token scan,
-tasks/warm/tokens.py); an object it refuses is refused before it is renamed into place (or, when
+tasks/data/tokens.py); an object it refuses is refused before it is renamed into place (or, when
 small, before anything of it is written).
 """
 
@@ -30,12 +30,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tasks.errors import InvalidInputError, RetrainerError
-from tasks.fastcopy import SLICE
+from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.base.fastcopy import SLICE
+from tasks.base.fsutil import leads_outside
+from tasks.base.object_source import ObjectSource, RangeUnsupportedError
 from tasks.fetch.direct import BufferPool, ObjectFile, write_all
 from tasks.fetch.retry import with_retries
-from tasks.fsutil import leads_outside
-from tasks.object_source import ObjectSource, RangeUnsupportedError
 
 PART_SIZE = 16 << 20
 PART_WINDOW = 6

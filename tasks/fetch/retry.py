@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 
 T = TypeVar("T")
 

@@ -2,8 +2,8 @@
 
 `get_launcher(cfg).run(cfg, dataset_dir, job=JobSpec(name, output_dir))` runs
 one rank job (the job's name on the engine, its directory) and returns the
-ranks' summary, whichever engine runs them: `local` (`tasks.spawn` here), `ssh`
-(one `tasks.spawn` per node over SSH), `slurm` (`sbatch` + `srun python -m tasks.spawn`),
+ranks' summary, whichever engine runs them: `local` (`tasks.base.spawn` here), `ssh`
+(one `tasks.base.spawn` per node over SSH), `slurm` (`sbatch` + `srun python -m tasks.base.spawn`),
 `kubernetes` (a Kubeflow PyTorchJob). Each engine takes its typed config section
 (`cluster.ssh`, `cluster.slurm`, `cluster.kubernetes`), validated at load.
 """
@@ -21,7 +21,7 @@ from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
 from tasks.launch.spec import JobSpec
 
 if TYPE_CHECKING:
-    from tasks.run import RunIdentity
+    from tasks.runs.identity import RunIdentity
 
 __all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "Launcher", "cancel", "collect", "follow",
            "get_launcher", "pool_for", "train"]

@@ -1,4 +1,5 @@
-"""The per-node agent: runs the node's ranks (`tasks.spawn`), guarantees cleanup there, and relays the run's status.
+"""The per-node agent: runs the node's ranks (`tasks.base.spawn`), guarantees cleanup there, and relays the run's
+status.
 
 Why an agent: killing an ssh client does not kill what it started on the
 remote host (no tty, no signal is forwarded), and a rank may start processes in
@@ -8,7 +9,7 @@ launcher cancelled, or the launcher/ssh connection died; `--watch-stdin`), or on
 SIGTERM/SIGHUP. With `--env-stdin` the first line on stdin is the ranks'
 environment as JSON (so no value ever sits on a command line, where `ps` on the
 node would show it). With `--relay-status PATH` it prints each new status of the
-run (tasks/job_status.py) as one `RETRAINER-STATUS` line on its output, which
+run (tasks/base/job_status.py) as one `RETRAINER-STATUS` line on its output, which
 the launcher follows: the run directory may be on this node's own disk. So may
 the job's input: with `--files-stdin` the next stdin line is a JSON object
 {path: text} of files written (0600) before the job starts and removed after it;
@@ -35,10 +36,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.fsutil import atomic_write_bytes
-from tasks.job_status import log_for_relay, read_status, relay_line, summary_line
+from tasks.base.fsutil import atomic_write_bytes
+from tasks.base.job_status import log_for_relay, read_status, relay_line, summary_line
+from tasks.base.spawn import die_with_parent
 from tasks.launch.procs import TAG_VAR, stop_all, tagged
-from tasks.spawn import die_with_parent
 
 log = logging.getLogger("tasks.launch.agent")
 

@@ -5,7 +5,7 @@ are the same whether ranks run here, over SSH, under Slurm or in Kubernetes:
 logs stream into `logging`, the exit status becomes the result or a
 `TrainingFailedError` carrying the reason from the run's status file (else the
 first rank failure a node's spawner reported: the rank, its exception and where
-it was raised, its traceback logged once; tasks/rank_failure.py), a hang
+it was raised, its traceback logged once; tasks/base/rank_failure.py), a hang
 (the status's step does not move for `cluster.hang_timeout_s`) fails the task
 naming the last step, and SIGTERM, a timeout exception or any other error
 cancels the job on every node and waits until nothing is left. Before starting,
@@ -30,17 +30,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tasks.base.credentials import split_credentials
+from tasks.base.errors import RetrainerError, TrainingFailedError
+from tasks.base.job_status import STATUS_FILE, Status
+from tasks.base.rank_failure import RankFailure
 from tasks.config import JobConfig
-from tasks.credentials import split_credentials
-from tasks.data import read_manifest
-from tasks.errors import RetrainerError, TrainingFailedError
-from tasks.job_status import STATUS_FILE, Status
+from tasks.data.manifest import read_manifest
 from tasks.launch.procs import new_tag
 from tasks.launch.spec import JobSpec
 from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
-from tasks.rank_failure import RankFailure
-from tasks.run import RunIdentity, for_dataset
+from tasks.runs.identity import RunIdentity, for_dataset
 from tasks.train.checkpoint import refuse_layout_change
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class Launcher(ABC):
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
     def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, Any]]:
-        """Warm every node that will train (tasks/warm/node.py) and return their reports, refusing (naming the
+        """Warm every node that will train (tasks/inputs/node.py) and return their reports, refusing (naming the
         node) one that failed or verified other data. Engines that warm inside the job (Slurm's staging
         step, Kubernetes' init container) or on this machine (local: the warm task did) return []."""
         return []

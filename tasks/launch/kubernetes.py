@@ -1,4 +1,4 @@
-"""`kubernetes`: a Kubeflow `PyTorchJob` (kubeflow.org/v1): one Master pod plus Workers, `tasks.spawn` in each.
+"""`kubernetes`: a Kubeflow `PyTorchJob` (kubeflow.org/v1): one Master pod plus Workers, `tasks.base.spawn` in each.
 
 Why build the pod template from the official client's models: the `kubernetes`
 package's V1* classes check required fields as they are built, and
@@ -12,7 +12,7 @@ trainer's node command gets node rank and rendezvous from them. The SSD
 cache is mounted at `data.cache_dir` (`cache_volume`: the node's hostPath, a
 PersistentVolumeClaim such as a local PV, or an emptyDir); run from the
 lifecycle, an init container `warm` in every pod first warms the dataset and
-the starting weights into it (tasks/warm/node.py, like Kubeflow's dataset and
+the starting weights into it (tasks/inputs/node.py, like Kubeflow's dataset and
 model initializers: the pods that warm are the pods that train; storage
 credentials reach it only through `env_from_secrets`), writes its report to
 `<output_dir>/warm/<node>.json`, and on failure the reason to the status file. The job's directory
@@ -38,19 +38,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tasks.base.credentials import credential_keys
+from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.base.job_status import STATUS_FILE, Status
+from tasks.base.rank_failure import RankFailure, earliest
 from tasks.config import JobConfig, KubernetesConfig
-from tasks.credentials import credential_keys
-from tasks.errors import InvalidInputError, RetrainerError
-from tasks.job_status import STATUS_FILE, Status
+from tasks.inputs.node import REPORT_DIR, SPEC_VAR, node_spec
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.launch.spec import JobSpec
-from tasks.rank_failure import RankFailure, earliest
-from tasks.run import RunIdentity
-from tasks.warm.node import REPORT_DIR, SPEC_VAR, node_spec
+from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
                       tag: str, *, shm_size: str = "8Gi", warm_spec: dict[str, Any] | None = None,
                       evaluation: bool = False) -> dict[str, Any]:
     """The PyTorchJob manifest of the job `spec` names as the API server receives it (a plain dict), the shared
-    output claim mounted at the job's directory; with `warm_spec` (tasks/warm/node.py) every pod's init
+    output claim mounted at the job's directory; with `warm_spec` (tasks/inputs/node.py) every pod's init
     container warms its node first."""
     from kubernetes import client as k
 
@@ -117,7 +117,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
             field_ref=k.V1ObjectFieldSelector(field_path="spec.nodeName")))
         init_containers = [k.V1Container(
             name="warm", image=cfg.cluster.image,
-            command=[k8s.python, "-m", "tasks.warm.node", "--report-dir", str(out / REPORT_DIR),
+            command=[k8s.python, "-m", "tasks.inputs.node", "--report-dir", str(out / REPORT_DIR),
                      "--status-dir", str(out)],
             env=sorted([*env, node, k.V1EnvVar(name=SPEC_VAR, value=json.dumps(pod_warm_spec(warm_spec)))],
                        key=lambda e: e.name),

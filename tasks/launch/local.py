@@ -1,4 +1,4 @@
-"""`local`: the ranks on this machine (`tasks.spawn`) (the default, and what tests use).
+"""`local`: the ranks on this machine (`tasks.base.spawn`) (the default, and what tests use).
 
 It is the trainer's own path (`tasks.launch.torchrun.node_command` and
 `rank_env`) behind the launcher interface, plus what the trainer alone does
@@ -12,16 +12,16 @@ import logging
 import subprocess
 from pathlib import Path
 
+from tasks.base.job_status import STATUS_FILE, Status, read_status
+from tasks.base.rank_failure import RankFailure
+from tasks.base.spawn import die_with_parent
 from tasks.config import JobConfig
-from tasks.job_status import STATUS_FILE, Status, read_status
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, stop_all
 from tasks.launch.spec import JobSpec
-from tasks.rank_failure import RankFailure
-from tasks.run import RunIdentity
-from tasks.spawn import die_with_parent
+from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
 

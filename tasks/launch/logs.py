@@ -12,14 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.job_status import Status, parse_relay, parse_summary, parse_tagged, split_level
-from tasks.rank_failure import LINE_PREFIX, RankFailure, earliest
+from tasks.base.job_status import Status, parse_relay, parse_summary, parse_tagged, split_level
+from tasks.base.rank_failure import LINE_PREFIX, RankFailure, earliest
 
 
 class LineSink:
     """Logs each line with a prefix, at the level the line starts with (`log_for_relay`: a rank's WARNING
-    stays a WARNING). A status a node agent relays (tasks/job_status.py) is kept as the job's latest
-    status, and a failed rank a node's spawner reports (tasks/rank_failure.py) as the earliest one, not
+    stays a WARNING). A status a node agent relays (tasks/base/job_status.py) is kept as the job's latest
+    status, and a failed rank a node's spawner reports (tasks/base/rank_failure.py) as the earliest one, not
     logged: supervision never reads the log text itself."""
 
     def __init__(self, logger: logging.Logger, prefix: str = "") -> None:

@@ -1,14 +1,15 @@
-"""`slurm`: an `sbatch` script: a staging step warming every node, then `srun python -m tasks.spawn ...`, one per node.
+"""`slurm`: an `sbatch` script: a staging step warming every node, then `srun python -m tasks.base.spawn ...`, one
+per node.
 
 Why this shape: Slurm owns the allocation and the processes (it tracks and
-kills every process of a step), `tasks.spawn` owns the ranks on each node, and the
+kills every process of a step), `tasks.base.spawn` owns the ranks on each node, and the
 rendezvous is the first node of the allocation (`scontrol show hostnames`),
 at `cluster.master_port`. The job id is written to `<output_dir>/slurm-job-id`
 and logged; the job's output file (on the shared output dir) is tailed into
 `logging`. Cancelling is `scancel`, then waiting until Slurm reports the job
 ended and no longer COMPLETING, i.e. every node has reaped the step. Run from the
 lifecycle, the script's first step is `srun --ntasks-per-node=1 python -m
-tasks.warm.node` in the same allocation, so the nodes that warm are the nodes that
+tasks.inputs.node` in the same allocation, so the nodes that warm are the nodes that
 train; each writes its report to `<output_dir>/warm/<node>.json`, and a node that
 fails or verified other data writes the reason to the status file and ends the
 job before any rank starts (`set -e`). The warm spec travels in sbatch's
@@ -29,19 +30,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tasks.base.errors import RetrainerError
+from tasks.base.fsutil import atomic_write_bytes
+from tasks.base.job_status import STATUS_FILE, Status, read_status
+from tasks.base.rank_failure import RankFailure
 from tasks.config import JobConfig, SlurmConfig
-from tasks.errors import RetrainerError
-from tasks.fsutil import atomic_write_bytes
-from tasks.job_status import STATUS_FILE, Status, read_status
+from tasks.inputs.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
 from tasks.launch.spec import JobSpec
-from tasks.rank_failure import RankFailure
-from tasks.run import RunIdentity
-from tasks.warm.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
+from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def job_name(cfg: JobConfig, spec: JobSpec) -> str:
 def render_script(cfg: JobConfig, slurm: SlurmConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, *,
                   warm: bool = False, evaluation: bool = False) -> str:
     """The batch script of the job `spec` names, writing into its directory: (with `warm`) a staging step per
-    node, then one `tasks.spawn` per node, node rank and master from Slurm."""
+    node, then one `tasks.base.spawn` per node, node rank and master from Slurm."""
     nodes = slurm.nodes
     cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nodes, node_rank=0, python=slurm.python,
                                 evaluation=evaluation)
@@ -93,7 +94,7 @@ def render_script(cfg: JobConfig, slurm: SlurmConfig, spec: JobSpec, dataset_dir
         'echo "retrainer: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $RETRAINER_MASTER_ADDR"',
     ]
     if warm:
-        stage = (f"NODE_NAME=$(hostname) exec {shlex.quote(slurm.python)} -m tasks.warm.node "
+        stage = (f"NODE_NAME=$(hostname) exec {shlex.quote(slurm.python)} -m tasks.inputs.node "
                  f"--report-dir {shlex.quote(str(out / REPORT_DIR))} --status-dir {shlex.quote(str(out))}")
         lines += [f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(stage)}",
                   f"unset {SPEC_VAR}"]

@@ -1,4 +1,4 @@
-"""`ssh`: one `tasks.spawn --nnodes N --node-rank i` per host, each started over SSH under the node agent.
+"""`ssh`: one `tasks.base.spawn --nnodes N --node-rank i` per host, each started over SSH under the node agent.
 
 Why one spawn per node over plain ssh (and not the DeepSpeed launcher's pdsh
 fan-out): every node's job runs under `tasks.launch.agent`, whose stdin is our
@@ -10,7 +10,7 @@ of the ranks' allow-listed environment, and explicit extras) goes to each agent 
 the first line on its stdin: never on a command line (`ps` on a node shows those),
 never in a file. Node 0's agent relays the run's status file. Run from the
 lifecycle, every host first warms the dataset and the starting weights into its
-own `data.cache_dir` (in parallel, one `tasks.warm.node` per host under the
+own `data.cache_dir` (in parallel, one `tasks.inputs.node` per host under the
 agent, the spec on its stdin), and the ranks read from that local copy. Every
 node must see the repository and the run directory at the same paths.
 """
@@ -26,18 +26,18 @@ import subprocess
 import threading
 from pathlib import Path
 
+from tasks.base.errors import InvalidInputError, RetrainerError, TrainingFailedError
+from tasks.base.job_status import STATUS_FILE, Status
+from tasks.base.rank_failure import RankFailure, earliest
+from tasks.base.spawn import die_with_parent
 from tasks.config import JobConfig, SshConfig
-from tasks.errors import InvalidInputError, RetrainerError, TrainingFailedError
-from tasks.job_status import STATUS_FILE, Status
+from tasks.inputs.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all
 from tasks.launch.spec import JobSpec
-from tasks.rank_failure import RankFailure, earliest
-from tasks.run import RunIdentity
-from tasks.spawn import die_with_parent
-from tasks.warm.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
+from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class SshLauncher(Launcher):
             remote = (f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [
                 self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node, "--grace",
                 str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--",
-                self.section.python, "-m", "tasks.warm.node"]))
+                self.section.python, "-m", "tasks.inputs.node"]))
             proc = subprocess.Popen([*self.ssh_base(host), remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                     preexec_fn=die_with_parent)

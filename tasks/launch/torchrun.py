@@ -1,5 +1,5 @@
 """How every launcher starts the ranks: one node's command (torchrun's flags and rank environment, run by
-`tasks.spawn`), the ranks' environment, their input file.
+`tasks.base.spawn`), the ranks' environment, their input file.
 
 Every launcher (local, ssh, slurm, kubernetes) builds its per-node command here, so the
 ranks start the same way everywhere. What reaches a rank is only what training needs:
@@ -9,7 +9,7 @@ ranks start the same way everywhere. What reaches a rank is only what training n
   Python, Slurm) plus the launcher's explicit extras; registry URLs, AWS keys and Airflow
   Connections in the caller's environment never reach a rank.
 
-DeepSpeed's CPU shared-memory op is JIT-built into torch's extension cache (tasks/comm_ops.py loads
+DeepSpeed's CPU shared-memory op is JIT-built into torch's extension cache (tasks/base/comm_ops.py loads
 it on the ranks). The ranks' cache is per Python environment (`<sys.prefix>/torch-extensions`
 unless TORCH_EXTENSIONS_DIR is set), so two checkouts with their own venvs never rebuild each
 other's op (a shared `~/.cache/torch_extensions` alternated between them), and
@@ -26,13 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.comm_ops import EXTENSIONS_VAR, default_extensions_dir, load_shm_op
+from tasks.base.comm_ops import EXTENSIONS_VAR, default_extensions_dir, load_shm_op
+from tasks.base.errors import InvalidInputError
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
 from tasks.launch.spec import JobSpec
-from tasks.run import RunIdentity
+from tasks.runs.identity import RunIdentity
 
-# The rank modules `tasks.spawn` runs on every node: training and evaluation (tests swap in their hooked workers).
+# The rank modules `tasks.base.spawn` runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
 
@@ -81,14 +81,14 @@ def node_command(
     evaluation: bool = False,
 ) -> list[str]:
     """One node's command for the training ranks, or with `evaluation` the evaluation ranks: torchrun's flags
-    (static rendezvous at cluster.master_addr:master_port), run by `tasks.spawn`, which starts the ranks
+    (static rendezvous at cluster.master_addr:master_port), run by `tasks.base.spawn`, which starts the ranks
     without importing torch itself."""
     world = cfg.parallel.world_size
     per_node = nproc_per_node or cfg.cluster.nproc_per_node or world // nnodes
     if per_node * nnodes != world:
         raise InvalidInputError(f"cluster: {nnodes} node(s) x {per_node} processes != tp x pp x dp = {world}")
     return [
-        python, "-m", "tasks.spawn",
+        python, "-m", "tasks.base.spawn",
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={per_node}",

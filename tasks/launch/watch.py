@@ -1,4 +1,4 @@
-"""Hang detection and the failure reason, from the run's status file (tasks/job_status.py).
+"""Hang detection and the failure reason, from the run's status file (tasks/base/job_status.py).
 
 Why the status and not the process table or the logs: a rank stuck in a collective (its
 peer SIGSTOPped, a dead NIC) is alive and idle, and log lines are for people (rewording one
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from tasks.job_status import Status
+from tasks.base.job_status import Status
 
 log = logging.getLogger(__name__)
 

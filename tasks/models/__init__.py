@@ -1,6 +1,6 @@
 """Model families by name (`model.family`): each is a `ModelFamily` (tasks/models/family.py) in its own package.
 
-tasks.families names where each family object lives, so asking for one imports only
+tasks.base.families names where each family object lives, so asking for one imports only
 that family (and torch); the config and the planner's imports stay light.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from tasks.errors import InvalidInputError
-from tasks.families import FAMILIES
+from tasks.base.errors import InvalidInputError
+from tasks.base.families import FAMILIES
 
 if TYPE_CHECKING:
     from tasks.models.family import ModelFamily

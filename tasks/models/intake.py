@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.base.errors import InvalidInputError
+from tasks.base.model_files import HF_CONFIG
+from tasks.base.safetensors_stream import DTYPE_NAMES
 from tasks.config import ModelConfig
-from tasks.errors import InvalidInputError
-from tasks.model_files import HF_CONFIG
 from tasks.models.weights import HFWeights, check_shapes
-from tasks.safetensors_stream import DTYPE_NAMES
 
 # The float dtypes (safetensors' names) a model's weights may start from -> (each element as an unsigned
 # little-endian integer, its exponent bits): an element is NaN or Inf iff all its exponent bits are set.

@@ -2,7 +2,7 @@
 
 Why streamed from the checkpoint's layer files: the adapter is megabytes, but the layer files hold the frozen
 base too; reading them one pipeline layer at a time (`CheckpointWeights`) and writing one tensor at a time
-(`tasks.safetensors_stream`) keeps every process at one layer, at 70B as at 1B. The merged export is the
+(`tasks.base.safetensors_stream`) keeps every process at one layer, at 70B as at 1B. The merged export is the
 full export (tasks/models/export.py) with each layer's targeted weights replaced by W + (alpha / r) B A.
 
 What vLLM needs of the adapter directory (vllm/lora/peft_helper.py, lora_model.py): `adapter_config.json`
@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import atomic_write_json, fresh_dir
+from tasks.base.model_files import DTYPES
+from tasks.base.safetensors_stream import TensorEntry
+from tasks.base.safetensors_stream import write as write_safetensors
 from tasks.config import LoraConfig, ModelConfig
-from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_json, fresh_dir
-from tasks.model_files import DTYPES
 from tasks.models import get_family
 from tasks.models.lora import adapter_full_shapes, is_adapter_param
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import Weights
-from tasks.safetensors_stream import TensorEntry
-from tasks.safetensors_stream import write as write_safetensors
 
 log = logging.getLogger(__name__)
 

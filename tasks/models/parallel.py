@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.errors import ConfigError
+from tasks.base.errors import ConfigError
 
 
 class TPGroup:

@@ -24,12 +24,12 @@ from typing import Any
 import fsspec
 from filelock import FileLock
 
+from tasks.base.dataset_format import relative_key
+from tasks.base.errors import ConfigError, InvalidInputError
+from tasks.base.fastcopy import copy_local, copy_stream
+from tasks.base.fsutil import atomic_write_json, atomic_writer, fsync_dir, is_local_fs, leads_outside
+from tasks.base.model_files import HF_INDEX, index_shards
 from tasks.config import ModelConfig, sha256_json
-from tasks.dataset_format import relative_key
-from tasks.errors import ConfigError, InvalidInputError
-from tasks.fastcopy import copy_local, copy_stream
-from tasks.fsutil import atomic_write_json, atomic_writer, fsync_dir, is_local_fs, leads_outside
-from tasks.model_files import HF_INDEX, index_shards
 from tasks.models import family_for_architecture
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tasks.config import LoraConfig, ModelConfig
-from tasks.errors import InvalidInputError
-from tasks.fsutil import leads_outside
-from tasks.model_files import (
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import leads_outside
+from tasks.base.model_files import (
     CHECKPOINT_BASE_FILE,
     DTYPES,
     HF_CONFIG,
@@ -33,6 +32,7 @@ from tasks.model_files import (
     LEGACY_FILE,
     index_shards,
 )
+from tasks.config import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common import no_default_init

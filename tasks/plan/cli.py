@@ -12,12 +12,12 @@ import logging
 import sys
 from typing import Any
 
+from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.config import ConfigError, JobConfig
-from tasks.errors import InvalidInputError, RetrainerError
+from tasks.models.resolve import load_config
 from tasks.plan.budget import Plan, plan
 from tasks.plan.search import search
 from tasks.plan.serving import serving_estimate
-from tasks.resolve import load_config
 
 EXIT_FITS, EXIT_INVALID, EXIT_DOES_NOT_FIT = 0, 2, 3
 

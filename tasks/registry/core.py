@@ -34,8 +34,8 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from tasks.credentials import unredacted_credentials
-from tasks.errors import InvalidInputError
+from tasks.base.credentials import unredacted_credentials
+from tasks.base.errors import InvalidInputError
 from tasks.registry import schema as t
 from tasks.registry.db import make_engine
 from tasks.registry.errors import (

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 

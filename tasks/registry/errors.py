@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.errors import InvalidInputError, RetrainerError
+from tasks.base.errors import InvalidInputError, RetrainerError
 
 
 class NotFoundError(InvalidInputError):

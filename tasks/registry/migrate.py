@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 import tasks
-from tasks.errors import RetrainerError
+from tasks.base.errors import RetrainerError
 from tasks.registry.db import make_engine
 from tasks.registry.schema import VERSION_TABLE, revision
 

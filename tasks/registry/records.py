@@ -40,7 +40,7 @@ class Lineage:
     # Earlier snapshots mixed into training (`data.replay`): {url, manifest_hash, weight} each, in order;
     # the primary data above had the rest of the weight. Empty: trained on the primary data alone.
     data_replay: list[dict[str, Any]] = field(default_factory=list)
-    # The run's resolved job config, credentials redacted (tasks/credentials.py: redact); None: not recorded.
+    # The run's resolved job config, credentials redacted (tasks/base/credentials.py: redact); None: not recorded.
     config: dict[str, Any] | None = None
     # Where training started, one line: "scratch", "pretrained <dir>", "version <N>", "weights directory <path>".
     started_from: str | None = None

@@ -20,7 +20,7 @@ content address: one rename on a local disk, server-side copies on S3, the manif
 The commit does not re-read the bytes (hundreds of GB): the writers hashed while writing,
 and every download verifies them.
 
-`contents()` lists the store as housekeeping deletes it (tasks/gc.py), one object at a time: a single
+`contents()` lists the store as housekeeping deletes it (tasks/stages/housekeeping.py), one object at a time: a single
 file, a tree (its manifest first: a tree without it is not there, never a tree missing some files), or
 a staging area.
 """
@@ -44,9 +44,9 @@ from typing import Any, BinaryIO, Literal
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from tasks.errors import InvalidInputError, RetrainerError
-from tasks.fastcopy import HashingWriter, copy_files, copy_stream, feed_file
-from tasks.fsutil import (
+from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.base.fastcopy import HashingWriter, copy_files, copy_stream, feed_file
+from tasks.base.fsutil import (
     CHUNK,
     atomic_write_bytes,
     atomic_writer,
@@ -58,8 +58,8 @@ from tasks.fsutil import (
     sha256_bytes,
     sha256_file,
 )
-from tasks.model_files import LEGACY_FILE
-from tasks.object_source import open_source
+from tasks.base.model_files import LEGACY_FILE
+from tasks.base.object_source import open_source
 from tasks.registry.errors import CorruptArtifactError, NotFoundError
 from tasks.registry.names import check_digest
 from tasks.registry.records import ArtifactKind, ArtifactRef, VersionRecord

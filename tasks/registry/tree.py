@@ -3,7 +3,7 @@
 `{"format": "retrainer-tree/1", "files": [{"path", "sha256", "size"}, ...]}`, files sorted by
 path, keys sorted, no whitespace, ASCII: one tree has exactly one byte string, and its digest
 (the version's `artifact_digest`) is the sha256 of those bytes. Paths follow the dataset key
-rules (`tasks.dataset_format.validate_key`: relative, no `..`, no empty segment), appear once,
+rules (`tasks.base.dataset_format.validate_key`: relative, no `..`, no empty segment), appear once,
 and none is both a file and a folder. The manifest is stored in the tree as `manifest.json`,
 which the key rules reserve, so it can never collide with a listed file.
 """
@@ -17,9 +17,9 @@ from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
-from tasks.dataset_format import MANIFEST_KEY, validate_key
-from tasks.errors import InvalidInputError
-from tasks.fsutil import sha256_bytes
+from tasks.base.dataset_format import MANIFEST_KEY, validate_key
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import sha256_bytes
 from tasks.registry.names import check_digest
 
 FORMAT = "retrainer-tree/1"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from tasks.errors import TrainingFailedError
+from tasks.base.errors import TrainingFailedError
 
 log = logging.getLogger(__name__)
 

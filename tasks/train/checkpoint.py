@@ -20,10 +20,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import atomic_write_json, fsync_dir
 from tasks.config import JobConfig, ParallelConfig
-from tasks.errors import InvalidInputError
-from tasks.fsutil import atomic_write_json, fsync_dir
-from tasks.run import RunIdentity
+from tasks.runs.identity import RunIdentity
 from tasks.train.commit import LATEST, MARKER, commit
 from tasks.train.mirror import Mirror
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
+from tasks.base.fsutil import atomic_write_bytes, fsync_dir, fsync_tree
 
 MARKER = "COMPLETE"  # a checkpoint dir without it is not committed
 LATEST = "latest"  # the checkpoint root's pointer to its newest committed tag

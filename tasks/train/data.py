@@ -14,9 +14,9 @@ A mixture (`data.replay`) keeps that property: how many samples each source has
 given before step s is a function of s alone (see `Sampler.drawn`), so each
 source's position in its own permuted stream is too.
 
-Dataset format (written by `tasks.data` / `tasks.prepare`, copied by `tasks.warm`):
+Dataset format (written by `tasks.data.manifest` / `tasks.data.prepare`, copied by `tasks.data.warm`):
 `manifest.json` with `format: retrainer-dataset/1`, `dtype` (`uint16` or `uint32`,
-`tasks.dataset_format.TOKEN_DTYPES`), `files: [{key, size, sha256}]`; shards are flat
+`tasks.base.dataset_format.TOKEN_DTYPES`), `files: [{key, size, sha256}]`; shards are flat
 little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 """
 
@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.data import read_manifest
-from tasks.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash, window_starts
-from tasks.errors import InvalidInputError
-from tasks.warm.cache import sibling_dataset_dir
+from tasks.base.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash, window_starts
+from tasks.base.errors import InvalidInputError
+from tasks.data.cache import sibling_dataset_dir
+from tasks.data.manifest import read_manifest
 
 
 def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:

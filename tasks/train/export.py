@@ -8,7 +8,7 @@ hold the final weights already, sharded. A stage's tensors go to `FILES_PER_STAG
 tensor-parallel group: file k is written by TP rank k mod tp, which gathers each of its tensors' TP slices
 (one tensor at a time) and streams the file straight into the staging area: the header first (the shapes
 are known before any byte), then tensor by tensor, hashed while written, written once
-(`ArtifactStore.stage_stream`, `tasks.safetensors_stream`), converted to the export dtype piece by piece.
+(`ArtifactStore.stage_stream`, `tasks.base.safetensors_stream`), converted to the export dtype piece by piece.
 A rank writing several files writes them at once, a thread each: a sha256 is one core's work, the disk is
 faster. Host memory holds the stage's own weights and a few pieces and gathered tensors more, never a
 second copy. It imports `tasks.registry.store`, never the registry's database layer (sqlalchemy). Each file
@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
+from tasks.base.fsutil import atomic_write_json
+from tasks.base.model_files import DTYPES
+from tasks.base.safetensors_stream import PIECE, TensorEntry
+from tasks.base.safetensors_stream import write as write_safetensors
 from tasks.config import ModelConfig
-from tasks.fsutil import atomic_write_json
-from tasks.model_files import DTYPES
 from tasks.models import get_family
 from tasks.models.export import FILES_PER_STAGE, shard_name, split_stage
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
-from tasks.run import EXPORT_DIR
-from tasks.safetensors_stream import PIECE, TensorEntry
-from tasks.safetensors_stream import write as write_safetensors
+from tasks.runs.identity import EXPORT_DIR
 
 if TYPE_CHECKING:
     from tasks.registry.tree import TreeFile

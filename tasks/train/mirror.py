@@ -8,7 +8,7 @@ then `latest`: a tag whose marker is not in the mirror is not there, whatever el
 start, a node whose disk lacks the checkpoint the run resumes from takes that tag's marker, then its
 ranks download only the files they load (tasks/train/reshard.py: rank_files): every rank resumes from
 the same step, bit for bit, and a replaced node fetches its own ranks' share, not the whole checkpoint.
-Credentials for the mirror reach the ranks as environment variables (tasks/credentials.py), never in a
+Credentials for the mirror reach the ranks as environment variables (tasks/base/credentials.py), never in a
 file.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import fsspec
 
-from tasks.errors import InvalidInputError
-from tasks.fsutil import fsync_dir, fsync_tree
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import fsync_dir, fsync_tree
 from tasks.train.commit import LATEST, MARKER, commit
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """What every rank program (training, evaluation) does around its work: a quiet start-up, the failure it
-reports (a known reason in the status file; any failure, expected or not, in the error file `tasks.spawn`
-named for it: tasks/rank_failure.py), an orderly end, and an exit without interpreter teardown.
+reports (a known reason in the status file; any failure, expected or not, in the error file `tasks.base.spawn`
+named for it: tasks/base/rank_failure.py), an orderly end, and an exit without interpreter teardown.
 
-Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by `tasks.spawn` under
+Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by `tasks.base.spawn` under
 the same launchers, which supervise them through the status file; the two must start and end the same way.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from tasks import rank_failure
-from tasks.job_status import Status, now, write_status
+from tasks.base import rank_failure
+from tasks.base.job_status import Status, now, write_status
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from deepspeed.checkpoint.constants import (
     SINGLE_PARTITION_OF_FP32_GROUPS,
 )
 
-from tasks.errors import InvalidInputError
-from tasks.model_files import CHECKPOINT_BASE_FILE
+from tasks.base.errors import InvalidInputError
+from tasks.base.model_files import CHECKPOINT_BASE_FILE
 from tasks.train import checkpoint as ck
 
 

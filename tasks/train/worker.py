@@ -1,4 +1,4 @@
-"""One training rank, started by `tasks.spawn`: `python -m tasks.train.worker --config C.json --dataset-dir D`.
+"""One training rank, started by `tasks.base.spawn`: `python -m tasks.train.worker --config C.json --dataset-dir D`.
 
 D is the primary dataset; a run's replay sources (its identity's `replay`) are the warmed datasets
 beside D in the same cache, found by manifest hash.
@@ -8,7 +8,7 @@ Why this shape: every rank runs the same loop over a DeepSpeed PipelineEngine
 launcher wrote (a `TrainingJob`: no credentials), so CLI overrides survive. A
 non-finite loss or gradient norm raises at once, naming the step, and the rank
 exits non-zero; no summary is written for such a run. Rank 0 keeps the run's
-status file current (tasks/job_status.py): that, not the log, is what the
+status file current (tasks/base/job_status.py): that, not the log, is what the
 launcher supervises.
 """
 
@@ -30,19 +30,19 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from tasks.comm_ops import load_shm_op
+from tasks.base.comm_ops import load_shm_op
+from tasks.base.errors import InvalidInputError, TrainingFailedError
+from tasks.base.fsutil import atomic_write_bytes, atomic_write_json
+from tasks.base.job_status import State, Status, log_for_relay, now, write_status
+from tasks.base.model_files import CHECKPOINT_BASE_FILE
 from tasks.config import TrainingJob
-from tasks.errors import InvalidInputError, TrainingFailedError
-from tasks.fsutil import atomic_write_bytes, atomic_write_json
-from tasks.job_status import State, Status, log_for_relay, now, write_status
-from tasks.model_files import CHECKPOINT_BASE_FILE
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.export import FILES_PER_STAGE
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import load_into
-from tasks.run import RunIdentity
+from tasks.runs.identity import RunIdentity
 from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck
 from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_inputs
@@ -194,7 +194,7 @@ class Trainer:
             if self.rank == 0:
                 log.info("LoRA: rank %d adapters on %d linears of this stage, base frozen", lora.rank, wrapped)
             if self.resume_from is None:
-                from tasks.warm.adapter import load_start_adapter
+                from tasks.inputs.adapter import load_start_adapter
 
                 load_start_adapter(module, cfg, run, tp)
         import_muon_uncompiled()

@@ -1,6 +1,6 @@
 """A stand-in for a training run, as its own OS process: take the experiment lock, "train", exit.
 
-Used by test_lock.py to race real processes for tasks.lock.experiment_lock. Once the
+Used by test_lock.py to race real processes for tasks.base.lock.experiment_lock. Once the
 go file exists it tries the lock; on success it writes `<name>.trained` and holds the
 lock until the release file appears (or it is killed); on refusal it writes the
 error to `<name>.refused` and exits 3.
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.errors import LockHeldError
-from tasks.lock import experiment_lock
+from tasks.base.errors import LockHeldError
+from tasks.base.lock import experiment_lock
 
 
 def main(registry_url: str, key: str, workdir: str, name: str) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.airflow_cmd import PROJECT_ROOT, airflow_env
+from tasks.cli.airflow_cmd import PROJECT_ROOT, airflow_env
 from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER, under_airflow_bash_blocks
 
 README = (PROJECT_ROOT / "README.md").read_text()

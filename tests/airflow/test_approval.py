@@ -44,8 +44,8 @@ TENANT = Tenant(models={MODEL: _requires_approval}, dag_ids=(RETRAIN,))  # unpau
 
 
 def _registry(sa: Standalone):
+    from tasks.models.resolve import load_config
     from tasks.registry import Registry
-    from tasks.resolve import load_config
 
     return Registry(load_config(sa.config_path(MODEL)).publish.registry_url)
 

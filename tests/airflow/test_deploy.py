@@ -31,7 +31,7 @@ TENANT = Tenant(models={MODEL: _deploys}, dag_ids=(RETRAIN, DEPLOY))
 
 
 def _cfg(sa: Standalone):
-    from tasks.resolve import load_config
+    from tasks.models.resolve import load_config
 
     return load_config(sa.config_path(MODEL))
 

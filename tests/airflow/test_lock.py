@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.errors import LockHeldError
+from tasks.base.lock import experiment_lock
 from tasks.config import sha256_json
-from tasks.errors import LockHeldError
-from tasks.lock import experiment_lock
 
 HOLDER = Path(__file__).with_name("lock_holder.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -119,8 +119,8 @@ def test_a_layout_the_plan_refuses_is_the_runs_note(retrain_dag, airflow_db: str
     """tp=3 passes the form (1..64) but the model's 2 heads do not divide by it: the plan's own message. The
     task log says so in lines naming the field, from loggers with readable names, and no traceback (a
     refusal, not a bug)."""
-    from tasks.errors import ConfigError
-    from tasks.resolve import load_config
+    from tasks.base.errors import ConfigError
+    from tasks.models.resolve import load_config
 
     with pytest.raises(ConfigError) as refused:
         load_config(ROOT / "configs" / "tiny-llama.yaml", {"parallel.tp": 3})

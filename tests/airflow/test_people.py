@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.policy import AliasPolicy, NotPermittedError, check_approver, check_mover
+from tasks.base.policy import AliasPolicy, NotPermittedError, check_approver, check_mover
 
 
 @pytest.fixture
@@ -60,9 +60,9 @@ def test_the_approval_task_itself_refuses_an_answer_from_someone_the_policy_does
 
     from retrainer_airflow.operators import PublishApproval
 
-    from tasks.lifecycle import Planned
-    from tasks.resolve import ConfigSnapshot
-    from tasks.run import identity, scratch
+    from tasks.models.resolve import ConfigSnapshot
+    from tasks.runs.identity import identity, scratch
+    from tasks.stages.lifecycle import Planned
     from tests.airflow.conftest import ROOT
 
     job = ConfigSnapshot.take(ROOT / "configs" / "tiny-llama.yaml", {

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from tasks.publish import PublishResult
+from tasks.stages.publish import PublishResult
 from tests.airflow.browser import section
 from tests.airflow.conftest import ROOT
 
@@ -233,10 +233,10 @@ def _retrain(cfg, week: int, losses: list[float], heldout: float, live_heldout: 
     """One retrain run as the DAG records it, minus the training and scoring: a committed checkpoint of the
     run (starting from the live version), the evaluate stage's output shape (the live model scored in the
     same evaluation), then the real gate and the real publish with the DAG's actor."""
-    from tasks import lifecycle
     from tasks.evaluate import Evaluated
     from tasks.registry import Registry
-    from tasks.run import StartingWeights, identity, scratch
+    from tasks.runs.identity import StartingWeights, identity, scratch
+    from tasks.stages import lifecycle
     from tests.checkpoints import commit_reference, reference_state
 
     with Registry(cfg.publish.registry_url) as reg:
@@ -278,9 +278,9 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     rollback_model run moves production back to v1. The page shows each version's numbers and gate
     verdicts, v1's curve as the live one (not the newest's), both curves overlaid, v2 beside v1 with the
     live numbers of v2's own evaluation, and links to the runs that made them and to the parent."""
-    from tasks import lifecycle
+    from tasks.models.resolve import load_config
     from tasks.registry import upgrade
-    from tasks.resolve import load_config
+    from tasks.stages import lifecycle
 
     client, token = airflow_app
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path / "home"))

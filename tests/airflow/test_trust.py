@@ -36,8 +36,8 @@ TENANT = Tenant(models={MODEL: _guarded}, dag_ids=(RETRAIN, ROLLBACK, PROMOTE))
 
 
 def _registry(sa: Standalone):
+    from tasks.models.resolve import load_config
     from tasks.registry import Registry
-    from tasks.resolve import load_config
 
     return Registry(load_config(sa.config_path(MODEL)).publish.registry_url)
 

@@ -46,8 +46,8 @@ def test_rollback_refuses_an_alias_that_is_no_name_at_the_trigger(standalone: St
 
 
 def test_a_layout_the_plan_refuses_fails_the_run_with_the_plans_reason_as_its_note(standalone: Standalone) -> None:
-    from tasks.errors import ConfigError
-    from tasks.resolve import load_config
+    from tasks.base.errors import ConfigError
+    from tasks.models.resolve import load_config
 
     with pytest.raises(ConfigError) as refused:  # what `retrainer plan` says of this layout
         load_config(standalone.config_path(MODEL), {"parallel.tp": 3})

@@ -80,17 +80,17 @@ def test_train_deadline_becomes_the_retrain_dags_deadline_alert(airflow_db: str,
 
     [alert] = dag.deadline
     assert alert.reference == DeadlineReference.DAGRUN_QUEUED_AT and alert.interval == timedelta(hours=36)
-    assert alert.callback.path == "tasks.alerts.deadline_missed"  # importable by the triggerer
+    assert alert.callback.path == "tasks.base.alerts.deadline_missed"  # importable by the triggerer
     assert alert.callback.kwargs == {"deadline": "1 day 12 hours"}
     serialized = DagSerialization.to_dict(dag)
-    assert "tasks.alerts.deadline_missed" in str(serialized)
+    assert "tasks.base.alerts.deadline_missed" in str(serialized)
 
 
 def test_deadline_alert_names_the_run_and_the_limit() -> None:
     import asyncio
     import logging
 
-    from tasks.alerts import deadline_missed
+    from tasks.base.alerts import deadline_missed
 
     context = {"dag_run": {"dag_id": "retrain_tiny-llama", "dag_run_id": "manual__1", "state": "running",
                            "queued_at": "2026-03-01T02:00:00Z"},
@@ -98,11 +98,11 @@ def test_deadline_alert_names_the_run_and_the_limit() -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("tasks.alerts").addHandler(handler)
+    logging.getLogger("tasks.base.alerts").addHandler(handler)
     try:
         asyncio.run(deadline_missed(deadline="1 day 12 hours", context=context))
     finally:
-        logging.getLogger("tasks.alerts").removeHandler(handler)
+        logging.getLogger("tasks.base.alerts").removeHandler(handler)
     [record] = records
     assert record.levelno == logging.ERROR
     assert record.getMessage() == (

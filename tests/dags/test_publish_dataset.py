@@ -32,6 +32,6 @@ def test_publish_dataset_writes_a_snapshot_and_announces_it(
     assert snapshot.parent == tmp_path / "store" / "data-snapshots"
     manifest = (snapshot / "manifest.json").read_bytes()
     assert json.loads(manifest)["files"]
-    from tasks.dataset_format import manifest_hash
+    from tasks.base.dataset_format import manifest_hash
 
     assert extra["manifest_hash"] == manifest_hash(manifest)

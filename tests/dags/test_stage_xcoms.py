@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from tasks.evaluate import Evaluated
-from tasks.gate import GateDecision
-from tasks.lifecycle import Trained, Warmed
-from tasks.publish import PublishResult
+from tasks.stages.gate import GateDecision
+from tasks.stages.lifecycle import Trained, Warmed
+from tasks.stages.publish import PublishResult
 
 # The XComs as the dict-passing stages wrote them (keys and shapes of main before issue 25).
 WARM = {"dataset_dir": "/cache/datasets/abc", "manifest_hash": "m" * 64, "report": {"fetched": 3},

@@ -22,8 +22,8 @@ from retrainer_airflow.contract import RUN_NOTE_KEY, refusal_noted
 
 from tasks.config import ConfigError, JobConfig
 from tasks.deploy import DeployError, pull, resolve_target, roll_back, run_hook
+from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
-from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, ALIAS = "tiny-llama", "production"
@@ -56,7 +56,7 @@ def _evaluated(cfg: JobConfig, checkpoint: Path) -> dict[str, Any]:
 
     from tasks.evaluate.spec import resolve_suites, suite_hash, window_order
     from tasks.models.weights import load_reference
-    from tasks.run import RunIdentity
+    from tasks.runs.identity import RunIdentity
     from tasks.train.data import TokenWindows
 
     run = RunIdentity.from_dict(json.loads((checkpoint / "COMPLETE").read_text())["run"])
@@ -73,9 +73,9 @@ def _evaluated(cfg: JobConfig, checkpoint: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Export:
-    """One real publish (tasks.publish: the checkpoint exported as a Hugging Face directory), its tree kept."""
-    from tasks.data import make_data
-    from tasks.publish import publish
+    """One real publish (tasks.stages.publish: the checkpoint exported as a Hugging Face directory), its tree kept."""
+    from tasks.data.manifest import make_data
+    from tasks.stages.publish import publish
     from tests.registry.conftest import experiment_key_of, make_checkpoint
 
     root = tmp_path_factory.mktemp("deploy-export") / "publisher"

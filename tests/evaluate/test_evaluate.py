@@ -16,14 +16,14 @@ import pytest
 import torch
 import yaml
 
+from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.config import JobConfig
-from tasks.errors import ConfigError, InvalidInputError
 from tasks.evaluate import evaluate
 from tasks.evaluate.spec import resolve_suites, suite_hash, window_order
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import load_reference
-from tasks.run import RunIdentity, StartingWeights
+from tasks.runs.identity import RunIdentity, StartingWeights
 from tasks.train.data import TokenWindows
 from tests.checkpoints import reference_checkpoint
 from tests.train.conftest import tiny_config

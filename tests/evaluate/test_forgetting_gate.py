@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.data import make_data
-from tasks.lifecycle import Trained, Warmed, run_lifecycle, stage_evaluate, stage_identify
+from tasks.data.manifest import make_data
+from tasks.models.resolve import load_config
 from tasks.registry import Registry
-from tasks.resolve import load_config
+from tasks.stages.lifecycle import Trained, Warmed, run_lifecycle, stage_evaluate, stage_identify
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

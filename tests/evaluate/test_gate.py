@@ -4,8 +4,8 @@ that are already published versions."""
 from __future__ import annotations
 
 from tasks.config import EvaluateConfig, GateRule
-from tasks.gate import judge, known_candidate
 from tasks.registry import SwitchRecord, VersionRecord
+from tasks.stages.gate import judge, known_candidate
 
 
 def version(n: int) -> VersionRecord:

@@ -50,13 +50,13 @@ class Job:
         self.config.write_text(yaml.safe_dump(cfg))
 
     def cfg(self):
-        from tasks.resolve import load_config
+        from tasks.models.resolve import load_config
 
         return load_config(self.config)
 
     def run_dir(self, state: Path) -> Path:
         """The run directory of the run the driver planned in `state`."""
-        from tasks.run import RunIdentity
+        from tasks.runs.identity import RunIdentity
 
         return RunIdentity.from_dict(read_json(state / "plan.json")["run"]).run_dir(self.cfg())
 
@@ -69,7 +69,7 @@ class Job:
 def make_job(tmp: Path, registry_url: str, *, steps: int = 6, checkpoint_every: int = 2) -> Job:
     """The e2e test's shrunk demo config (imported, not copied) + a small synthetic dataset + its registry,
     migrated (as `retrainer db upgrade` does before any task runs)."""
-    from tasks.data import make_data
+    from tasks.data.manifest import make_data
     from tasks.registry import upgrade
 
     upgrade(registry_url)
@@ -162,7 +162,7 @@ def no_leftovers(tmp_path: Path) -> Iterator[None]:
 
 def finished_steps(run_dir: Path) -> int:
     """The last finished step the run's status file reports (0 before the first)."""
-    from tasks.job_status import STATUS_FILE, read_status
+    from tasks.base.job_status import STATUS_FILE, read_status
 
     status = read_status(run_dir / STATUS_FILE)
     return status.step if status is not None and status.state == "training" else 0

@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks import lifecycle
+from tasks.base.errors import RetrainerError
+from tasks.base.fsutil import atomic_write_json
 from tasks.config import ConfigError
-from tasks.errors import RetrainerError
 from tasks.evaluate import Evaluated
-from tasks.fsutil import atomic_write_json
-from tasks.resolve import load_config
-from tasks.run import RunIdentity
+from tasks.models.resolve import load_config
+from tasks.runs.identity import RunIdentity
+from tasks.stages import lifecycle
 from tests import hooks
 
 STAGES = ("plan", "warm", "train", "evaluate", "gate", "publish", "rollback")

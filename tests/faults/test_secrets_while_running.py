@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.data import make_data
+from tasks.data.manifest import make_data
 from tests.faults.conftest import TaskProcess, driver, finished_steps, make_job, processes_mentioning, reap, task_env
 from tests.secrets_scan import argv_containing, environments_containing, files_containing
 from tests.services import S3Endpoint
@@ -74,7 +74,7 @@ def tagged_ranks(under: Path):
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "tests.hooks.worker" in cmd and "tasks.spawn" not in cmd and str(under) in " ".join(cmd):
+        if "tests.hooks.worker" in cmd and "tasks.base.spawn" not in cmd and str(under) in " ".join(cmd):
             try:
                 if f"{TAG_VAR}=".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes():
                     found.append(proc)

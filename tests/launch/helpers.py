@@ -46,7 +46,7 @@ def launched(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) 
 def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[bytes] | None = None,
                   timeout_s: float = 240.0) -> None:
     """Block until the run's status file says `step` finished."""
-    from tasks.job_status import STATUS_FILE, read_status
+    from tasks.base.job_status import STATUS_FILE, read_status
 
     path = Path(output_dir) / STATUS_FILE
     deadline = time.monotonic() + timeout_s
@@ -63,7 +63,7 @@ def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[byte
 def is_rank(cmdline: list[str]) -> bool:
     """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not its spawner or agent."""
     return bool({"tasks.train.worker", "tests.hooks.worker"} & set(cmdline)) and not (
-        {"tasks.spawn", "tasks.launch.agent"} & set(cmdline))
+        {"tasks.base.spawn", "tasks.launch.agent"} & set(cmdline))
 
 
 def training_processes(output_dir: str | Path) -> list[psutil.Process]:

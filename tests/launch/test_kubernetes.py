@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from tasks.base.errors import InvalidInputError
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
 from tasks.launch import JobSpec, get_launcher
 from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
 from tasks.launch.kubernetes import KubernetesLauncher, validate_manifest
@@ -151,8 +151,8 @@ def test_missing_image_is_a_clear_config_error(tmp_path: Path) -> None:
 def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_manifest(tmp_path: Path) -> None:
     import json
 
-    from tasks.run import identity, scratch
-    from tasks.warm.node import SPEC_VAR, node_spec
+    from tasks.inputs.node import SPEC_VAR, node_spec
+    from tasks.runs.identity import identity, scratch
 
     cfg = k8s_config(tmp_path, **{"cluster.kubernetes.cache_volume": "claim",
                                   "cluster.kubernetes.cache_claim": "local-ssd",
@@ -167,7 +167,7 @@ def test_init_container_warms_every_pod_node_and_keeps_credentials_out_of_the_ma
         pod = pod_spec(job, replica)
         (init,) = pod["initContainers"]
         assert init["name"] == "warm" and init["image"] == "registry.example/retrainer:1"
-        assert init["command"][:3] == ["python", "-m", "tasks.warm.node"]
+        assert init["command"][:3] == ["python", "-m", "tasks.inputs.node"]
         assert init["command"][init["command"].index("--report-dir") + 1] == str(tmp_path / "run" / "warm")
         env = {e["name"]: e for e in init["env"]}
         assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -190,7 +190,7 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
     """The evaluate stage's job (tasks/evaluate ranks_launch) is named for the evaluation and writes in its
     `eval/<id>` directory; the run's training job is named for the run. Both under the run's real identity."""
     from tasks.evaluate import ranks_launch
-    from tasks.run import identity, scratch
+    from tasks.runs.identity import identity, scratch
 
     cfg = k8s_config(tmp_path)
     run = identity(cfg, "e" * 64, scratch(cfg))
@@ -229,7 +229,7 @@ def test_priority_class_and_kueue_queue_reach_the_job(tmp_path: Path) -> None:
 
 
 def _node_output(tmp_path: Path, node_rank: int) -> bytes:
-    """What a pod's container prints: `tasks.spawn` for node `node_rank` of 2 (2 ranks each), whose rank 3
+    """What a pod's container prints: `tasks.base.spawn` for node `node_rank` of 2 (2 ranks each), whose rank 3
     raises IndexError and rank 0 RuntimeError (its entry point records them, as every rank program's does)."""
     import subprocess
     import sys
@@ -237,12 +237,12 @@ def _node_output(tmp_path: Path, node_rank: int) -> bytes:
     from tests.conftest import ROOT
 
     script = tmp_path / "rank.py"
-    script.write_text("import os, sys\nfrom tasks.rank_failure import record\nrank = int(os.environ['RANK'])\n"
+    script.write_text("import os, sys\nfrom tasks.base.rank_failure import record\nrank = int(os.environ['RANK'])\n"
                       "try:\n"
                       "    if rank == 3:\n        [1, 2][rank]\n"
                       "    if rank == 0:\n        raise RuntimeError('Connection closed by peer')\n"
                       "except Exception as exc:\n    record(exc)\n    sys.exit(1)\n")
-    done = subprocess.run([sys.executable, "-m", "tasks.spawn", "--nnodes=2", f"--node-rank={node_rank}",
+    done = subprocess.run([sys.executable, "-m", "tasks.base.spawn", "--nnodes=2", f"--node-rank={node_rank}",
                            "--nproc-per-node=2", str(script)], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=60)
     assert done.returncode == 1, done.stdout
@@ -260,10 +260,10 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
 
     from kubernetes.config import kube_config
 
-    from tasks.errors import TrainingFailedError
-    from tasks.job_status import Status, relay_line
+    from tasks.base.errors import TrainingFailedError
+    from tasks.base.job_status import Status, relay_line
     from tasks.launch import collect, follow
-    from tasks.run import for_dataset
+    from tasks.runs.identity import for_dataset
     from tests.launch.k8s_api import kubernetes_api
 
     worker_log = _node_output(tmp_path, 1)  # first: its rank 3's failure is the earlier one
@@ -292,8 +292,8 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
     assert str(failed.value) == ("training of tiny-test failed (kubernetes launcher): rank 3 failed: IndexError: "
                                  f"list index out of range ({tmp_path / 'rank.py'}:{line} on {host})")
     relayed = {(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tasks.launch.ranks"}
-    assert (logging.ERROR, f"[{name}-worker-0] tasks.spawn: rank 3 failed: IndexError: list index out of range "
+    assert (logging.ERROR, f"[{name}-worker-0] tasks.base.spawn: rank 3 failed: IndexError: list index out of range "
                            f"({tmp_path / 'rank.py'}:{line} on {host}); stopping this node's other ranks") in relayed
-    assert any(level == logging.ERROR and text.startswith(f"[{name}-master-0] tasks.spawn: rank 0 failed")
+    assert any(level == logging.ERROR and text.startswith(f"[{name}-master-0] tasks.base.spawn: rank 0 failed")
                for level, text in relayed)
     assert not [text for _, text in relayed if "RETRAINER-" in text]  # reports and statuses are not log lines

@@ -1,4 +1,4 @@
-"""The local launcher (`tasks.spawn` here): SIGTERM mid-training leaves no rank behind."""
+"""The local launcher (`tasks.base.spawn` here): SIGTERM mid-training leaves no rank behind."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_supervision_reads_the_status_file_not_the_log_text(tmp_path: Path, hook
     through, because launchers read the run's status file, never the log text. The relayed rank lines
     keep their level (a rank's WARNING is a WARNING in the task log), carry no second timestamp, and
     DeepSpeed's start-up chatter ("Using topology") stays out of it."""
-    from tasks.errors import TrainingFailedError
+    from tasks.base.errors import TrainingFailedError
     from tasks.launch import train
 
     dataset = write_dataset(tmp_path / "dataset")

@@ -1,4 +1,4 @@
-"""A rank's failure record (tasks/rank_failure.py): what a rank writes, the one line its spawner prints, what the
+"""A rank's failure record (tasks/base/rank_failure.py): what a rank writes, the one line its spawner prints, what the
 launcher's log sink keeps. The processes that carry it (spawn, every launcher) are tested in their own files."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.base.rank_failure import ERROR_FILE_VAR, LINE_BYTES, LINE_PREFIX, RankFailure, read, record, unrecorded
 from tasks.launch.logs import LineSink
-from tasks.rank_failure import ERROR_FILE_VAR, LINE_BYTES, LINE_PREFIX, RankFailure, read, record, unrecorded
 
 HERE = Path(__file__).relative_to(Path(__file__).parents[2])
 
@@ -27,7 +27,7 @@ def test_a_recorded_exception_names_the_line_of_our_code_not_the_librarys(tmp_pa
     try:
         _look_up_a_token_past_the_vocabulary()
     except IndexError as exc:
-        assert not record(exc)  # not under tasks.spawn: the caller prints it as usual
+        assert not record(exc)  # not under tasks.base.spawn: the caller prints it as usual
         monkeypatch.setenv(ERROR_FILE_VAR, str(tmp_path / "rank-3.json"))
         assert record(exc)
     failure = read(tmp_path / "rank-3.json", 1)

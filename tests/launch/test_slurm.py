@@ -103,10 +103,10 @@ def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
 
 def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(slurm_cluster: SlurmCluster,
                                                                               tmp_path: Path) -> None:
-    from tasks.data import make_data
-    from tasks.errors import TrainingFailedError
-    from tasks.run import identity, scratch
-    from tasks.warm import remote_manifest_hash, warm_for_config
+    from tasks.base.errors import TrainingFailedError
+    from tasks.data.manifest import make_data
+    from tasks.data.warm import remote_manifest_hash, warm_for_config
+    from tasks.runs.identity import identity, scratch
 
     overrides = {"cluster.launcher": "slurm", "cluster.partition": "test", "cluster.slurm.time_limit": "00:10:00"}
     cfg = tiny_config(tmp_path, overrides, out="staged")
@@ -117,7 +117,7 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
 
     out = Path(cfg.train.output_dir)
     script = (out / "slurm-job.sbatch").read_text()
-    order = [script.index(s) for s in ("-m tasks.warm.node", "unset RETRAINER_WARM_SPEC", "-m tasks.spawn")]
+    order = [script.index(s) for s in ("-m tasks.inputs.node", "unset RETRAINER_WARM_SPEC", "-m tasks.base.spawn")]
     assert order == sorted(order)
     assert run.data_manifest_hash not in script  # the spec travels in sbatch's environment, not in the file
     (node,) = summary["nodes"]
@@ -167,9 +167,9 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     import asyncio
     import time
 
-    from tasks.errors import TrainingFailedError
+    from tasks.base.errors import TrainingFailedError
     from tasks.launch import cancel, collect, follow
-    from tasks.run import for_dataset
+    from tasks.runs.identity import for_dataset
 
     hooked(HOOK_STEP_DELAY_S="1")
     for name, value in slurm_cluster.env.items():  # the triggerer's environment reaches Slurm the same way
@@ -209,9 +209,9 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     traceback goes to the collecting task's log."""
     import asyncio
 
-    from tasks.errors import TrainingFailedError
+    from tasks.base.errors import TrainingFailedError
     from tasks.launch import collect, follow
-    from tasks.run import for_dataset
+    from tasks.runs.identity import for_dataset
 
     hooked(HOOK_BAD_TOKEN_AT="2:1")
     for name, value in slurm_cluster.env.items():

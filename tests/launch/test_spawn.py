@@ -1,4 +1,4 @@
-"""`tasks.spawn`, the node's rank starter: torchrun's environment for each rank, one failed rank stops the
+"""`tasks.base.spawn`, the node's rank starter: torchrun's environment for each rank, one failed rank stops the
 node, a stop signal stops every rank, and a bad command line is refused naming the flag. Its ranks here are
 small Python programs (the training ranks run under it in every launcher test)."""
 
@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 
 def _spawn(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tasks.spawn", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "tasks.base.spawn", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -60,11 +60,11 @@ def test_the_first_failure_by_time_is_reported_with_its_exception_not_the_lowest
     """Rank 2 raises (and records, as every rank program's entry point does); rank 0 dies of it afterwards
     (here: of the SIGTERM that stops it, as a rank in a broken collective would). The node reports rank 2
     as the cause, at once, then rank 0; rank 1, stopped without an exception, is no failure of its own."""
-    from tasks.rank_failure import LINE_PREFIX
+    from tasks.base.rank_failure import LINE_PREFIX
 
     script = _rank_script(tmp_path, (
         "import signal\n"
-        "from tasks.rank_failure import record\n"
+        "from tasks.base.rank_failure import record\n"
         "def peer_gone(signum, frame):\n    raise RuntimeError('Connection closed by peer')\n"
         "if rank == 0:\n    signal.signal(signal.SIGTERM, peer_gone)\n"
         "open(f'{out}/started-{rank}', 'w').close()\n"
@@ -88,9 +88,9 @@ def test_the_first_failure_by_time_is_reported_with_its_exception_not_the_lowest
         (2, "KeyError", "'shard-00007'", 1), (0, "RuntimeError", "Connection closed by peer", 1)]
     assert reports[0]["where"] == f"{script}:{line}" and "Traceback" in reports[0]["traceback"]
     logged = err.splitlines()
-    assert logged[0] == (f"ERROR tasks.spawn: rank 2 failed: KeyError: 'shard-00007' ({script}:{line} on "
+    assert logged[0] == (f"ERROR tasks.base.spawn: rank 2 failed: KeyError: 'shard-00007' ({script}:{line} on "
                          f"{reports[0]['host']}); stopping this node's other ranks")
-    assert logged[1].startswith("WARNING tasks.spawn: then rank 0 failed: RuntimeError: Connection closed by peer")
+    assert logged[1].startswith("WARNING tasks.base.spawn: then rank 0 failed: RuntimeError: Connection closed by peer")
     assert "rank 1" not in err and "Traceback" not in err  # the ranks' tracebacks travel in the reports
     assert list(scratch.iterdir()) == []  # the ranks' error files went with the spawner
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.errors import TrainingFailedError
 from tasks.config import JobConfig
-from tasks.errors import TrainingFailedError
 from tasks.launch import get_launcher
 from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
@@ -141,9 +141,9 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     import subprocess
 
-    from tasks.data import make_data
-    from tasks.run import identity, scratch
-    from tasks.warm import remote_manifest_hash, warm_for_config
+    from tasks.data.manifest import make_data
+    from tasks.data.warm import remote_manifest_hash, warm_for_config
+    from tasks.runs.identity import identity, scratch
     from tests.services import S3Endpoint
 
     s3 = S3Endpoint.start(ip=netns_hosts.service_addr)  # on the hosts' bridge: both reach it
@@ -206,13 +206,13 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
 
 def test_each_host_refuses_a_shard_the_model_cannot_read_before_any_rank_starts(netns_hosts: NetnsHosts,
                                                                                  tmp_path: Path) -> None:
-    """Each node's own warm (tasks/warm/node.py) runs the warm stage's token check: a shard holding an id the
+    """Each node's own warm (tasks/inputs/node.py) runs the warm stage's token check: a shard holding an id the
     model has no row for stops the launch, naming the node, the shard and the id; nothing of it stays cached."""
     import numpy as np
 
-    from tasks.data import make_data
-    from tasks.run import identity, scratch
-    from tasks.warm import remote_manifest_hash, warm
+    from tasks.data.manifest import make_data
+    from tasks.data.warm import remote_manifest_hash, warm
+    from tasks.runs.identity import identity, scratch
     from tests.warm.test_dataset_checks import rewrite
 
     source = tmp_path / "corpus"
@@ -241,9 +241,9 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     """...and the finished run is evaluated on those hosts: the weights come from their disks and the mirror."""
     import shutil
 
-    from tasks.data import make_data
+    from tasks.data.manifest import make_data
     from tasks.evaluate import evaluate
-    from tasks.run import for_dataset
+    from tasks.runs.identity import for_dataset
 
     mirror = tmp_path / "mirror"
     layout = {"parallel.dp": 2, "train.steps": 6, "train.checkpoint_every": 2, "train.keep_last": 2}
@@ -307,7 +307,7 @@ def test_a_retried_run_reuses_the_export_each_host_holds_a_part_of(netns_hosts: 
     reuses the union of both hosts' reports: no file is written again, every byte is what was reported."""
     import hashlib
 
-    from tasks.lifecycle import export_spec
+    from tasks.stages.lifecycle import export_spec
 
     cfg = ssh_config(tmp_path, netns_hosts, "unused", **{
         "parallel.pp": 2, "train.steps": 2, "train.checkpoint_every": 2,

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.base.errors import InvalidInputError
+from tasks.base.job_status import Status
 from tasks.config import ConfigError, SlurmConfig
-from tasks.errors import InvalidInputError
-from tasks.job_status import Status
 from tasks.launch import JobSpec, get_launcher, pool_for
 from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged
@@ -102,7 +102,7 @@ def test_slurm_script_runs_one_spawn_per_node_with_rank_and_rendezvous_from_slur
     srun = next(line for line in lines if line.startswith("srun "))
     assert '--node-rank="$SLURM_NODEID"' in srun and '--master-addr="$RETRAINER_MASTER_ADDR"' in srun
     assert "--nnodes=2" in srun and "--nproc-per-node=2" in srun and "--kill-on-bad-exit=1" in srun
-    assert srun.split("bash -c ")[1].startswith("'/opt/py -m tasks.spawn")
+    assert srun.split("bash -c ")[1].startswith("'/opt/py -m tasks.base.spawn")
     assert "#SBATCH --job-name=retrainer-tiny-test-0123456789abcdef" in lines  # how a retry finds this run's job
     assert f"#SBATCH --output={tmp_path / 'run'}/slurm-%j.out" in lines
     default = render_script(tiny_config(tmp_path), SlurmConfig(), JobSpec("0" * 16, tmp_path / "run"),
@@ -181,7 +181,7 @@ def test_pool_is_per_cluster_and_sized_in_ranks(tmp_path: Path) -> None:
 
 def test_a_ranks_failure_is_not_overwritten_by_another_ranks_progress(tmp_path: Path) -> None:
     """Rank 1 fails; rank 0, not yet aware, reports its next step: the launcher must still read rank 1's reason."""
-    from tasks.job_status import read_status, write_status
+    from tasks.base.job_status import read_status, write_status
 
     write_status(tmp_path, Status(state="training", step=3, steps=6, at=1.0, rank=0))
     write_status(tmp_path, Status(state="failed", step=4, steps=6, at=2.0, reason="No space left on device", rank=1))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.errors import ConfigError
+from tasks.base.families import ALWAYS, FAMILIES, LORA_TARGETS
 from tasks.config import VLLM_LORA_RANKS
-from tasks.errors import ConfigError
-from tasks.families import ALWAYS, FAMILIES, LORA_TARGETS
 from tests.train.conftest import tiny_config
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
@@ -42,7 +42,7 @@ def test_lora_settings_enter_the_fingerprint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_config_knows_every_familys_lora_targets(tmp_path: Path, family: str) -> None:
-    """The torch-free table the config checks target modules against (tasks/families.py) is the family's."""
+    """The torch-free table the config checks target modules against (tasks/base/families.py) is the family's."""
     from tasks.models.lora import targets
 
     options = {"model.family": family, **({"model.qk_norm": True} if family in ALWAYS else {})}

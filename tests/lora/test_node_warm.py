@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.data import make_data
-from tasks.fsutil import sha256_file
+from tasks.base.fsutil import sha256_file
+from tasks.data.manifest import make_data
+from tasks.data.warm import warm_mixture
+from tasks.inputs.adapter import start_adapter_dir
+from tasks.inputs.node import node_spec, warm_node
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import write_adapter
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params, open_weights
 from tasks.registry import ArtifactStore
-from tasks.run import StartingWeights, identity
-from tasks.warm import warm_mixture
-from tasks.warm.adapter import start_adapter_dir
-from tasks.warm.node import node_spec, warm_node
+from tasks.runs.identity import StartingWeights, identity
 from tests.train.conftest import tiny_config
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["qkv", "fc2"]}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.errors import RetrainerError
 from tasks.deploy import DeployTarget
 from tasks.deploy.vllm_lora import load_adapter
-from tasks.errors import RetrainerError
 from tasks.models.lora_export import ADAPTER_CONFIG
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.base.errors import ConfigError, InvalidInputError
+from tasks.base.families import OPTIONS
 from tasks.config import ModelConfig
-from tasks.errors import ConfigError, InvalidInputError
-from tasks.families import OPTIONS
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
+from tasks.models.resolve import load_config
 from tasks.plan.cli import main as plan_main
-from tasks.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = dict(vocab_size=96, seq_len=16, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48)

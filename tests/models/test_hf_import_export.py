@@ -99,8 +99,8 @@ def _write(tmp: Path, cfg: dict) -> Path:
 def test_sizes_come_from_config_json_and_imported_logits_equal_transformers(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
+    from tasks.models.resolve import load_config
     from tasks.models.weights import load_reference
-    from tasks.resolve import load_config
 
     hf = make_hf_llama(tmp_path / "hf")
     assert (hf / "model.safetensors.index.json").is_file()  # sharded, as a real checkpoint is
@@ -155,7 +155,7 @@ def test_an_export_and_an_export_of_it_keep_the_inputs_config_json_but_its_dtype
     with the input's logits."""
     from transformers import AutoModelForCausalLM
 
-    from tasks.resolve import load_config
+    from tasks.models.resolve import load_config
 
     hf = make_hf_llama(tmp_path / "hf", arch=arch, tokenizer=False)
     given = json.loads((hf / "config.json").read_text())
@@ -188,7 +188,7 @@ def test_a_rotary_the_model_changed_is_written_in_the_inputs_rope_parameters(tmp
     from transformers import AutoConfig
 
     from tasks.models import get_family
-    from tasks.resolve import load_config
+    from tasks.models.resolve import load_config
 
     hf = make_hf_llama(tmp_path / "hf", arch=arch, tokenizer=False)
     given = json.loads((hf / "config.json").read_text())
@@ -211,8 +211,8 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
 
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
+    from tasks.models.resolve import load_config
     from tasks.models.weights import load_reference
-    from tasks.resolve import load_config
     from tasks.train.data import Sampler, TokenWindows, split_inputs
     from tasks.train.reference import train_reference
 

@@ -26,8 +26,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.config import ModelConfig, RopeScaling
-from tasks.errors import ConfigError, InvalidInputError
 from tasks.models import family_for_architecture, get_family
 from tasks.models.llama.model import inv_freq, rope_attention_scale
 from tasks.models.parallel import TPGroup

@@ -20,7 +20,7 @@ WORKER = Path(__file__).with_name("tp_worker.py")
 
 @pytest.mark.multiproc
 def test_tp2_layers_match_the_reference(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "tasks.spawn", "--nproc-per-node=2", f"--master-port={free_port()}",
+    cmd = [sys.executable, "-m", "tasks.base.spawn", "--nproc-per-node=2", f"--master-port={free_port()}",
            str(WORKER), "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -216,7 +216,7 @@ def test_the_finite_check_finds_the_first_bad_element_whatever_the_pieces_a_copy
     """Pieces of any size cut the header and the elements anywhere; mixed dtypes put tensors at odd offsets."""
     from safetensors.torch import save
 
-    from tasks.errors import InvalidInputError
+    from tasks.base.errors import InvalidInputError
     from tasks.models.intake import FiniteCheck
 
     rng = random.Random(0)

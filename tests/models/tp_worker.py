@@ -17,7 +17,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from tasks.comm_ops import load_shm_op
+from tasks.base.comm_ops import load_shm_op
 from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup

@@ -100,7 +100,7 @@ def main() -> None:
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-    from tasks.comm_ops import load_shm_op
+    from tasks.base.comm_ops import load_shm_op
     from tasks.config import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.parallel import TPGroup

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 from tasks.models import get_family
 from tasks.plan import plan
 from tests.plan.conftest import make_config

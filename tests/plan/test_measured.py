@@ -49,7 +49,7 @@ def run_layout(layout: dict[str, int], out: Path, mbs: int = 2, model: dict | No
         "d-model": model["d_model"], "heads": model["n_heads"], "kv-heads": model["n_kv_heads"],
         "ffn": model["d_ff"], "vocab": model["vocab_size"], "seq": model["seq_len"], "lora-rank": lora_rank,
     }
-    cmd = [sys.executable, "-m", "tasks.spawn", f"--nproc-per-node={world}",
+    cmd = [sys.executable, "-m", "tasks.base.spawn", f"--nproc-per-node={world}",
            f"--master-port={free_port()}", str(WORKER), "--out", str(out)]
     cmd += [x for k, v in args.items() for x in (f"--{k}", str(v))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -21,7 +21,7 @@ from tasks.config import JobConfig
 from tasks.evaluate import evaluation_launch
 from tasks.launch import train
 from tasks.plan import Plan, plan
-from tasks.run import RunIdentity
+from tasks.runs.identity import RunIdentity
 from tests.checkpoints import write_base_weights
 from tests.train.conftest import tiny_config, write_dataset
 

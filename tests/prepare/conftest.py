@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tasks import cli
-from tasks.dataset_format import TOKEN_DTYPES
+from tasks.base.dataset_format import TOKEN_DTYPES
 
 EOS = "<|endoftext|>"
 WORDS = ["the", "model", "learns", "a", "quiet", "song", "near", "the", "harbour", "while", "every", "apples;",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import fsspec
 
-from tasks.data import read_manifest
+from tasks.data.manifest import read_manifest
 from tests.prepare.conftest import texts, tree, write_jsonl, write_parquet
 from tests.services import S3Endpoint
 

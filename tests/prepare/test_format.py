@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.data import Manifest
-from tasks.dataset_format import MAX_VOCAB, dtype_for_vocab
-from tasks.errors import InvalidInputError
+from tasks.base.dataset_format import MAX_VOCAB, dtype_for_vocab
+from tasks.base.errors import InvalidInputError
+from tasks.data.manifest import Manifest
 from tasks.train.data import TokenWindows
 
 FILE = {"key": "train/shard-00000.bin", "size": 4, "sha256": "a" * 64}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tasks.config import JobConfig
-from tasks.resolve import load_config
+from tasks.models.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, *, data_manifest_hash: str = "m",
                     fingerprint: str | None = None) -> Path:
     """A checkpoint dir as the trainer leaves it: DeepSpeed layer files + COMPLETE marker with the run identity."""
-    from tasks.run import identity, scratch
+    from tasks.runs.identity import identity, scratch
     from tasks.train.checkpoint import make_marker
     from tests.checkpoints import reference_state, write_layer_files
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 from tasks.registry import ArtifactRef, ForceRequiredError, Lineage, Registry, RolledBackError, upgrade
 from tasks.registry.db import make_engine
 from tasks.registry.migrate import VERSION_TABLE, current

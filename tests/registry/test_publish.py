@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.base.errors import InvalidInputError
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError
 from tasks.models.weights import weights_digest
-from tasks.publish import publish
 from tasks.registry import ArtifactStore, Registry, upgrade
+from tasks.stages.publish import publish
 from tests.registry.conftest import ROOT, experiment_key_of, make_checkpoint
 
 METRICS = {"loss": 2.5, "tokens": 4096}
@@ -182,7 +182,7 @@ def test_a_rollback_while_a_candidate_awaits_approval_is_not_undone(
     """Week 3's candidate is judged against v2 and waits for a person; meanwhile an operator rolls production
     back to v1. Approving the candidate must not move production off the operator's choice: it was never
     compared with v1. A retry of a publish that did switch is no such case."""
-    from tasks.errors import LiveMovedError
+    from tasks.base.errors import LiveMovedError
 
     upgrade(registry_url)
     cfg = job_config(registry_url)

@@ -123,12 +123,12 @@ def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weig
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tasks.fsutil import sha256_file
+    from tasks.base.fsutil import sha256_file
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.models.weights import local_named_params
-    from tasks.publish import commit_staged
     from tasks.registry.store import local_tree_manifest
+    from tasks.stages.publish import commit_staged
     from tasks.train.export import export_stage
 
     cfg = job_config(sqlite_url)

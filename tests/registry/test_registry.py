@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 from tasks.registry import (
     ArtifactRef,
     ConflictError,

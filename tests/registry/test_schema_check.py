@@ -94,10 +94,10 @@ def test_python_api_checks_once_and_publish_uploads_nothing_to_a_stale_registry(
 ) -> None:
     from alembic import command
 
-    from tasks.endpoints import registry_for
-    from tasks.publish import publish
+    from tasks.config.endpoints import registry_for
     from tasks.registry.db import make_engine
     from tasks.registry.migrate import alembic_config
+    from tasks.stages.publish import publish
 
     engine = make_engine(sqlite_url, poolclass=sa.NullPool)
     with engine.begin() as conn:  # an older schema: only `retrainer db upgrade` moves it
@@ -128,7 +128,7 @@ def test_a_new_embedded_sqlite_registry_is_created_on_first_use(
 ) -> None:
     """A user's first run on the embedded default: no `retrainer db upgrade`, the publish goes through and the
     registry then reads like any other (the CLI, another process)."""
-    from tasks.publish import publish
+    from tasks.stages.publish import publish
 
     cfg = job_config(sqlite_url)
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()

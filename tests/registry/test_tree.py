@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
 from tasks.registry import ArtifactStore, CorruptArtifactError, NotFoundError
 from tasks.registry.tree import FORMAT, MANIFEST_NAME, TreeFile, TreeManifest
 from tests.registry import tree_writer
@@ -123,8 +123,8 @@ def test_put_tree_get_tree_roundtrip_with_nested_paths(store: ArtifactStore, tmp
 def test_files_of_many_copy_buffers_are_recorded_and_pulled_with_their_own_sha256(
     store: ArtifactStore, tmp_path: Path
 ) -> None:
-    from tasks.fastcopy import BUFFER
-    from tasks.fsutil import sha256_file
+    from tasks.base.fastcopy import BUFFER
+    from tasks.base.fsutil import sha256_file
 
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

@@ -21,7 +21,7 @@ TEXT = (
 
 def write_dataset(root: Path, *, train_shards: int = 2, tokens_per_shard: int = 8192, heldout_tokens: int = 4096,
                   seed: int = 0) -> Path:
-    """Byte-level shards (text with light noise) + manifest.json, exactly as tasks.warm lays them out."""
+    """Byte-level shards (text with light noise) + manifest.json, exactly as tasks.data.warm lays them out."""
     rng = np.random.default_rng(seed)
     base = np.frombuffer(TEXT.encode() * 200, dtype=np.uint8).astype("<u2")
     files = []

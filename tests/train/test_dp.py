@@ -15,7 +15,7 @@ import yaml
 from tasks.launch.torchrun import node_command
 from tasks.models import get_family
 from tasks.models.weights import load_reference
-from tasks.run import for_dataset
+from tasks.runs.identity import for_dataset
 from tasks.train import checkpoint as ck
 
 pytestmark = pytest.mark.multiproc

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tasks.errors import InvalidInputError
-from tasks.fsutil import sha256_file
+from tasks.base.errors import InvalidInputError
+from tasks.base.fsutil import sha256_file
+from tasks.base.safetensors_stream import PIECE, TensorEntry, write
 from tasks.registry.store import ArtifactStore
-from tasks.safetensors_stream import PIECE, TensorEntry, write
 
 ROOT = Path(__file__).resolve().parents[2]
 # ~66M parameters (265 MB fp32, a 132 MB bf16 shard): big enough that a stage held twice would show.

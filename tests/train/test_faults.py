@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.base.errors import InvalidInputError, TrainingFailedError
+from tasks.base.job_status import STATUS_FILE, read_status
 from tasks.config import JobConfig
-from tasks.errors import InvalidInputError, TrainingFailedError
-from tasks.job_status import STATUS_FILE, read_status
 from tasks.launch import JobSpec, torchrun, train
 from tasks.models.weights import weights_digest
-from tasks.run import RunIdentity, for_dataset
+from tasks.runs.identity import RunIdentity, for_dataset
 from tasks.train import checkpoint as ck
 from tests.train.conftest import tiny_config, write_dataset
 
@@ -133,8 +133,8 @@ def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeyp
 def mixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, RunIdentity, dict]:
     """An unbroken run of the experiment on a mixture (this week's data + 25% replay of an older snapshot),
     both warmed into one cache as the warm stage does: (tmp root, primary dataset dir, identity, summary)."""
-    from tasks.data import make_data
-    from tasks.warm import warm_mixture
+    from tasks.data.manifest import make_data
+    from tasks.data.warm import warm_mixture
 
     root = tmp_path_factory.mktemp("mixture")
     new, old = root / "snap-new", root / "snap-old"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import InvalidInputError
-from tasks.job_status import STATUS_FILE
+from tasks.base.errors import InvalidInputError
+from tasks.base.job_status import STATUS_FILE
 from tasks.launch import train
-from tasks.run import for_dataset
+from tasks.runs.identity import for_dataset
 from tasks.train import checkpoint as ck
 from tasks.train.reshard import overlapping, partition_numel
 from tests.checkpoints import write_base_weights
@@ -137,9 +137,9 @@ def test_lowering_dp_without_raising_micro_batches_is_refused_naming_the_fix(tmp
     run is the stopped one again; forced, the new run may start; a finished run at another batch is no loss."""
     import yaml
 
-    from tasks.data import make_data
-    from tasks.lifecycle import stage_identify, stage_plan
-    from tasks.resolve import load_config
+    from tasks.data.manifest import make_data
+    from tasks.models.resolve import load_config
+    from tasks.stages.lifecycle import stage_identify, stage_plan
     from tests.test_weekly_retrain import retrainer, week_config
 
     config = week_config(tmp_path)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.config import ModelConfig
-from tasks.errors import InvalidInputError, TrainingFailedError
 from tasks.models.gpt.model import Reference as GPT
 from tasks.models.gpt.model import TransformerBlock
 from tasks.models.gpt.sharding import shard_spec, unshard
@@ -135,7 +135,7 @@ def test_pointer_prune_and_sweep(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     root.mkdir()
     assert ck.read_latest(root) is None
-    from tasks.run import RunIdentity, StartingWeights
+    from tasks.runs.identity import RunIdentity, StartingWeights
 
     run = RunIdentity("k", "f", "d", "url", StartingWeights("scratch"))
     marker = {"experiment_key": "k", "config_fingerprint": "f"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tasks.data import Manifest, build_manifest
+from tasks.data.manifest import Manifest, build_manifest
 from tests.services import S3Endpoint
 
 ROOT = Path(__file__).resolve().parents[2]

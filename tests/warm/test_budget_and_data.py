@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.data import Manifest, build_manifest, make_data, read_manifest
-from tasks.errors import InvalidInputError
-from tasks.warm import DatasetEvictedError, DiskBudgetError, dataset_in_use, warm
-from tasks.warm.cache import CacheLayout, make_room, use_lock
+from tasks.base.errors import InvalidInputError
+from tasks.data.cache import CacheLayout, DatasetEvictedError, DiskBudgetError, dataset_in_use, make_room, use_lock
+from tasks.data.manifest import Manifest, build_manifest, make_data, read_manifest
+from tasks.data.warm import warm
 from tests.services import S3Endpoint
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.data import make_data
-from tasks.errors import InvalidInputError
-from tasks.run import identity, scratch
-from tasks.warm.core import warm
-from tasks.warm.node import node_spec, warm_node
-from tasks.warm.tokens import ShardRules, TokenScan
+from tasks.base.errors import InvalidInputError
+from tasks.data.manifest import make_data
+from tasks.data.tokens import ShardRules, TokenScan
+from tasks.data.warm import warm
+from tasks.inputs.node import node_spec, warm_node
+from tasks.runs.identity import identity, scratch
 from tests.train.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ def test_an_empty_split_is_refused_at_warm_before_anything_is_written(tmp_path: 
 
 def test_an_empty_shard_beside_others_is_no_empty_split(tmp_path: Path) -> None:
     """One empty shard of a split with tokens is fine: it warms, and the split's windows skip it."""
-    from tasks.resolve import load_config
+    from tasks.models.resolve import load_config
     from tasks.train.data import TokenWindows
 
     config = job(tmp_path)
@@ -280,7 +280,7 @@ def test_replay_and_suite_sources_are_checked_too(tmp_path: Path) -> None:
 
 
 def test_each_node_warm_runs_the_same_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ssh, Slurm and Kubernetes nodes warm through tasks/warm/node.py: the spec carries the model's vocabulary
+    """ssh, Slurm and Kubernetes nodes warm through tasks/inputs/node.py: the spec carries the model's vocabulary
     and each source's splits, and the node refuses the shard as the warm stage does."""
     src = tmp_path / "src"
     make_data(str(src), name="tiny-test", n_train_shards=2, tokens_per_shard=4096)

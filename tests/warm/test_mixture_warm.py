@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.config import JobConfig
-from tasks.data import make_data
-from tasks.errors import InvalidInputError, RetrainerError
-from tasks.lifecycle import stage_warm
-from tasks.run import identity, scratch
+from tasks.data.cache import DiskBudgetError
+from tasks.data.manifest import make_data
+from tasks.data.warm import warm_mixture
+from tasks.inputs.node import describe, node_spec, warm_node
+from tasks.runs.identity import identity, scratch
+from tasks.stages.lifecycle import stage_warm
 from tasks.train.data import replay_dataset_dir
-from tasks.warm import DiskBudgetError, warm_mixture
-from tasks.warm.node import describe, node_spec, warm_node
 from tests.train.conftest import tiny_config
 
 

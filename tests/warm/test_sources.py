@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.object_source import FsspecSource, ObstoreS3Source, open_source
-from tasks.warm import warm
+from tasks.base.object_source import FsspecSource, ObstoreS3Source, open_source
+from tasks.data.warm import warm
 from tests.warm.conftest import RcloneS3, Tree, assert_dataset_matches, subprocess_env
 
 ENDPOINT = {"endpoint_url": "http://127.0.0.1:9"}  # never contacted: building a source opens no connection
@@ -64,7 +64,7 @@ def test_server_that_ignores_ranges_gets_whole_streams(rclone_s3: RcloneS3, tmp_
         {"key": k, "size": len(v), "sha256": hashlib.sha256(v).hexdigest()} for k, v in sorted(files.items())]}
     (base / "manifest.json").write_text(json.dumps(manifest))
 
-    with caplog.at_level(logging.WARNING, logger="tasks.warm"):
+    with caplog.at_level(logging.WARNING, logger="tasks.data.warm"):
         result = warm("s3://bkt/ds", tmp_path / "cache", storage_options=rclone_s3.storage_options,
                       part_size=1 << 20, progress=False)
     assert result.report.files_fetched == len(files) and result.report.retries == 0

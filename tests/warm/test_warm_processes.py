@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tasks.warm import warm
+from tasks.data.warm import warm
 from tests.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import InvalidInputError
+from tasks.base.errors import InvalidInputError
+from tasks.data.warm import warm
 from tasks.fetch.fetcher import FetchError
-from tasks.warm import warm
 from tests.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
 
 PART = 1 << 20  # 1 MiB parts: the 3 MB and 5 MB objects go through the ranged parallel path
@@ -115,7 +115,7 @@ def test_plain_s3fs_path_round_trip(small_tree: Tree, tmp_path: Path, monkeypatc
 
 def test_local_source_url_round_trip(tmp_path: Path) -> None:
     """Any fsspec URL works: a plain local path goes through the thread-pool path."""
-    from tasks.data import make_data
+    from tasks.data.manifest import make_data
 
     made = make_data(str(tmp_path / "src"), name="local", n_train_shards=2, tokens_per_shard=5000)
     result = warm(f"file://{tmp_path / 'src'}", tmp_path / "cache", progress=False)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tasks.base.errors import InvalidInputError
 from tasks.config import ModelConfig
-from tasks.errors import InvalidInputError
 from tasks.models.common import BLOCK
 from tasks.models.gemma.model import is_sliding
 from tasks.models.llama import hf as llama_hf

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.base.errors import InvalidInputError
 from tasks.config import ModelConfig
-from tasks.errors import InvalidInputError
 from tasks.models.common import relative
 
 ARCHITECTURE = "RetrainerGPT"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tasks.base.errors import InvalidInputError
+from tasks.base.families import ROPE_TYPES, rope_types_text
 from tasks.config import ROPE_FIELDS, ModelConfig
-from tasks.errors import InvalidInputError
-from tasks.families import ROPE_TYPES, rope_types_text
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
 
@@ -125,7 +125,7 @@ def rope_parameters(m: ModelConfig) -> dict[str, Any]:
 
 def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
-    a rope type the family does not implement (tasks.families.ROPE_TYPES) is refused, naming it."""
+    a rope type the family does not implement (tasks.base.families.ROPE_TYPES) is refused, naming it."""
     params = config.get("rope_parameters") or {}
     if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
         raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")

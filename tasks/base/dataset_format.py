@@ -1,0 +1,82 @@
+"""The dataset format's names and key rules, without pydantic.
+
+Kept apart from `tasks.data.manifest` (the pydantic manifest model) so that a no-op re-warm
+can recognise a dataset it already holds in milliseconds, without importing pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+FORMAT = "retrainer-dataset/1"
+MANIFEST_KEY = "manifest.json"
+SPLITS = ("train", "heldout")
+
+# Token dtype as the manifest names it -> the numpy dtype of its shards (flat, little-endian).
+# Every writer and reader takes its dtypes from here.
+TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+
+
+def token_bytes(name: str) -> int:
+    """Bytes per token of a dtype: a shard's size is a whole multiple of it."""
+    return int(TOKEN_DTYPES[name][2:])
+
+
+def dtype_capacity(name: str) -> int:
+    """How many token ids a dtype holds (ids 0 .. capacity - 1)."""
+    return 1 << (8 * token_bytes(name))
+
+
+MAX_VOCAB = max(dtype_capacity(name) for name in TOKEN_DTYPES)
+
+
+def wider_dtype(name: str) -> str | None:
+    """The next wider token dtype, or None: wider tokens written under a manifest that says `name` are what a
+    warm looks for when the dtype and the bytes disagree."""
+    wider = sorted((other for other in TOKEN_DTYPES if token_bytes(other) > token_bytes(name)), key=token_bytes)
+    return wider[0] if wider else None
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The narrowest token dtype holding every id of the vocabulary: uint16 when it fits, else uint32."""
+    for name in sorted(TOKEN_DTYPES, key=dtype_capacity):
+        if vocab_size <= dtype_capacity(name):
+            return name
+    raise ValueError(f"vocab_size {vocab_size} exceeds the widest token dtype ({MAX_VOCAB} ids)")
+
+
+def shard_key(split: str, index: int) -> str:
+    """The object key of one token shard of a split."""
+    return f"{split}/shard-{index:05d}.bin"
+
+
+def validate_key(key: str) -> str:
+    """Refuse object keys that could escape a cache root or collide (`relative_key`), and the manifest's own key."""
+    if relative_key(key) == MANIFEST_KEY:
+        raise ValueError(f"key {key!r} is reserved for the manifest itself")
+    return key
+
+
+def relative_key(key: str) -> str:
+    """Refuse a key (a path under a root) that could escape the root or collide: `..`, absolute, NUL, empty
+    segments."""
+    if not key:
+        raise ValueError("key is empty")
+    if "\x00" in key:
+        raise ValueError(f"key {key!r} contains NUL")
+    if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
+        raise ValueError(f"key {key!r} is absolute or uses backslashes")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"key {key!r} has an empty, '.' or '..' segment")
+    return key
+
+
+def manifest_hash(raw: bytes) -> str:
+    """The dataset's identity: sha256 of the manifest file's bytes as stored."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def window_starts(n_tokens: int, seq_len: int) -> range:
+    """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
+    return range(0, n_tokens - seq_len, seq_len)

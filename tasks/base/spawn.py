@@ -1,0 +1,182 @@
+"""One node's ranks, started the way torchrun starts them, without importing torch first.
+
+Why not torchrun: its agent imports torch and sets up an elastic rendezvous before the first rank starts
+(3.5 s of CPU on a quiet box, for ranks that then import torch themselves), and a job here never restarts a
+worker group (torchrun's `--max-restarts` was 0). This keeps torchrun's interface: the same flags
+(`tasks.launch.torchrun.node_command` builds them, `tasks.launch.shell` fills node rank and rendezvous in
+under Slurm and Kubernetes), and each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), so `init_process_group("env://")` meets at
+the master address: global rank 0 holds the rendezvous store, the others connect to it, on any node.
+
+It stops every rank when one fails (exit 1) or when it is told to stop (SIGTERM, SIGINT, SIGHUP: exit
+128 + the signal), SIGKILLing those still alive after a grace. A failed rank is reported at once, before
+the others are stopped (a pod may be deleted soon after), as the failure it recorded (tasks/base/rank_failure.py:
+each rank gets its own error file) or, if it recorded none, its exit code or signal: one log line and one
+`RETRAINER-RANK-FAILURE` line on stdout, which the launcher follows; ranks that fail while they are being
+stopped are reported after. The ranks stay in its process group and get SIGTERM if it dies
+(`die_with_parent`). It lives outside `tasks.launch`, whose package loads the config layer (0.7 s), and
+imports nothing but the standard library (and tasks/base/rank_failure.py, which imports nothing else).
+
+    python -m tasks.base.spawn --nnodes=N --node-rank=R --nproc-per-node=P --master-addr=A --master-port=M
+                                 (-m MODULE | SCRIPT) [ARGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tasks.base.rank_failure import ERROR_FILE_VAR, RankFailure, read, unrecorded
+
+log = logging.getLogger("tasks.base.spawn")
+
+GRACE_S = 30.0  # torchrun's own wait between SIGTERM and SIGKILL of its workers
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+# torchrun's flags that take a value (given as `--flag=value` by node_command, or as two words).
+_VALUE_FLAGS = {"--nnodes", "--node-rank", "--nproc-per-node", "--master-addr", "--master-port", "--grace"}
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` for the processes a launcher starts: SIGTERM them when the launcher dies.
+
+    A SIGKILLed Airflow task process runs no cleanup; without this, the node's ranks (in their own
+    session) would keep training next to the retry. On SIGTERM this module stops its ranks, an
+    ssh client's exit closes the remote agent's stdin (which then reaps its node).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The node's flags, and the rank's command after them (`-m MODULE ...` or `SCRIPT ...`)."""
+    parser = argparse.ArgumentParser(prog="python -m tasks.base.spawn", allow_abbrev=False)
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    argv = list(argv)
+    split = 0
+    while split < len(argv) and argv[split] != "-m" and argv[split].startswith("-"):
+        split += 2 if argv[split] in _VALUE_FLAGS else 1
+    args, target = parser.parse_args(argv[:split]), argv[split:]
+    if not target or target == ["-m"]:
+        parser.error("the rank's module (-m MODULE) or script is missing")
+    if not 0 <= args.node_rank < args.nnodes or args.nproc_per_node < 1:
+        parser.error(f"--node-rank {args.node_rank} of --nnodes {args.nnodes}, --nproc-per-node "
+                     f"{args.nproc_per_node}: no such node")
+    return args, target
+
+
+def rank_environment(args: argparse.Namespace, local_rank: int) -> dict[str, str]:
+    """What torchrun sets for one of its workers (static rendezvous, no restarts)."""
+    world = args.nnodes * args.nproc_per_node
+    rank = args.node_rank * args.nproc_per_node + local_rank
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
+        "GROUP_RANK": str(args.node_rank),
+        "GROUP_WORLD_SIZE": str(args.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": args.master_addr,
+        "MASTER_PORT": str(args.master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def _stop(ranks: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM the live ranks (SIGCONT too: a stopped one must see it), SIGKILL those left after the grace."""
+    for proc in ranks:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for proc in ranks:
+        if proc.poll() is None:
+            log.warning("rank pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, grace_s)
+            proc.kill()
+    for proc in ranks:
+        proc.wait()
+
+
+def _report(failure: RankFailure, *, cause: bool) -> None:
+    """Log a failed rank and print its record for the launcher, in one write (other ranks may be printing)."""
+    if cause:
+        log.error("%s; stopping this node's other ranks", failure.describe())
+    else:
+        log.warning("then %s", failure.describe())
+    with contextlib.suppress(OSError):  # a closed output (the launcher gone) must not keep the ranks alive
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (failure.line() + "\n").encode())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, target = _parse(sys.argv[1:] if argv is None else argv)
+    stop_signal: list[int] = []
+
+    def on_stop(signum: int, frame: object) -> None:
+        stop_signal.append(signum)
+
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, on_stop)
+    errors = Path(tempfile.mkdtemp(prefix="retrainer-ranks-"))  # node-local: each rank's error file
+    try:
+        return _run(args, target, errors, stop_signal)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, target: list[str], errors: Path, stop_signal: list[int]) -> int:
+    cmd = [sys.executable, "-u", *target]
+    first = args.node_rank * args.nproc_per_node
+    error_files = [errors / f"rank-{first + local}.json" for local in range(args.nproc_per_node)]
+    ranks = [subprocess.Popen(cmd, env={**os.environ, **rank_environment(args, local),
+                                        ERROR_FILE_VAR: str(error_files[local])}, preexec_fn=die_with_parent)
+             for local in range(args.nproc_per_node)]
+    while True:
+        codes = [proc.poll() for proc in ranks]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            failures = [read(error_files[i], codes[i]) or unrecorded(first + i, codes[i]) for i in failed]
+            cause = min(failures, key=lambda f: f.at)
+            _report(cause, cause=True)  # at once: a node may be torn down soon after one of its ranks failed
+            _stop(ranks, args.grace)
+            later = [read(error_files[i], proc.returncode) for i, proc in enumerate(ranks) if i not in failed]
+            for failure in sorted([f for f in failures if f is not cause] + [f for f in later if f is not None],
+                                  key=lambda f: f.at):
+                _report(failure, cause=False)
+            return 1
+        if stop_signal:
+            log.warning("signal %d: stopping this node's ranks", stop_signal[0])
+            _stop(ranks, args.grace)
+            return 128 + stop_signal[0]
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # as log_for_relay
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Datasets: the manifest format, `make-data` (a seeded synthetic corpus) and `manifest URL`.
+
+A dataset is `manifest.json` plus token shards under one fsspec prefix. Shards are
+flat little-endian token arrays of the manifest's `dtype` (uint16 when the vocabulary
+fits, else uint32: `tasks.base.dataset_format.TOKEN_DTYPES`); splits are key prefixes
+(`train/`, `heldout/`). The manifest lists every object with its size and sha256, so a warm
+can verify every byte; the *manifest hash* (sha256 of the manifest file's bytes as
+stored) names the dataset in the cache and in a published version's lineage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
+
+from tasks.base.dataset_format import (
+    FORMAT,
+    MANIFEST_KEY,
+    MAX_VOCAB,
+    SPLITS,
+    TOKEN_DTYPES,
+    dtype_capacity,
+    manifest_hash,
+    shard_key,
+    token_bytes,
+    validate_key,
+)
+from tasks.base.errors import InvalidInputError, validation_problems
+from tasks.base.fsutil import put_object
+
+log = logging.getLogger(__name__)
+
+class ManifestFile(BaseModel):
+    """One object of a dataset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        return validate_key(v)
+
+
+class Manifest(BaseModel):
+    """The dataset manifest (`retrainer-dataset/1`). Parse with `Manifest.parse` to keep its hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["retrainer-dataset/1"] = FORMAT
+    name: str = Field(min_length=1)
+    dtype: str = "uint16"
+    vocab_size: int = Field(256, gt=0, le=MAX_VOCAB)
+    files: list[ManifestFile]
+
+    _raw: bytes | None = PrivateAttr(default=None)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in TOKEN_DTYPES:
+            raise ValueError(f"must be one of {sorted(TOKEN_DTYPES)}, got {v!r}")
+        return v
+
+    @field_validator("vocab_size")
+    @classmethod
+    def _fits_dtype(cls, v: int, info: ValidationInfo) -> int:
+        dtype = info.data.get("dtype")
+        if dtype is not None and v > dtype_capacity(dtype):
+            raise ValueError(f"{v} token ids do not fit {dtype} (at most {dtype_capacity(dtype)})")
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _whole_tokens(cls, files: list[ManifestFile], info: ValidationInfo) -> list[ManifestFile]:
+        """Every file of a split is a token shard: a size that is not a whole number of tokens is a cut or
+        foreign file, which the reader would split into misaligned tokens."""
+        dtype = info.data.get("dtype")
+        if dtype is None:
+            return files
+        width = token_bytes(dtype)
+        for f in files:
+            if f.key.split("/", 1)[0] in SPLITS and f.size % width:
+                raise ValueError(f"{f.key}: {f.size} bytes is not a whole number of {dtype} tokens "
+                                 f"({width} bytes each)")
+        return files
+
+    @field_validator("files")
+    @classmethod
+    def _unique(cls, files: list[ManifestFile]) -> list[ManifestFile]:
+        seen: set[str] = set()
+        for f in files:
+            if f.key in seen:
+                raise ValueError(f"duplicate key {f.key!r}")
+            seen.add(f.key)
+        # A key may not be both a file and a directory of another key.
+        dirs = {"/".join(f.key.split("/")[:i]) for f in files for i in range(1, f.key.count("/") + 1)}
+        clash = seen & dirs
+        if clash:
+            raise ValueError(f"key {sorted(clash)[0]!r} is both a file and a directory")
+        return files
+
+    @classmethod
+    def parse(cls, raw: bytes, source: str) -> Manifest:
+        """Validate manifest bytes; errors name `source` and the offending field."""
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"{source}: manifest is not valid JSON: {exc}") from None
+        try:
+            manifest = cls.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidInputError(f"{source}: invalid manifest:\n  {validation_problems(exc)}") from None
+        manifest._raw = bytes(raw)
+        return manifest
+
+    def to_bytes(self) -> bytes:
+        """Canonical stored form (the bytes the manifest hash is taken over when we write one)."""
+        if self._raw is not None:
+            return self._raw
+        return (json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n").encode()
+
+    @property
+    def hash(self) -> str:
+        return manifest_hash(self.to_bytes())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def split(self, name: str) -> list[ManifestFile]:
+        """Files of one split (`train` or `heldout`), in key order."""
+        prefix = name.rstrip("/") + "/"
+        return sorted((f for f in self.files if f.key.startswith(prefix)), key=lambda f: f.key)
+
+
+def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def _join(root: str, key: str) -> str:
+    return f"{root.rstrip('/')}/{key}" if root else key
+
+
+def claim_destination(fs: Any, root: str, url: str, *, overwrite: bool) -> None:
+    """Where a dataset is about to be written (`make-data`, `prepare-data`): refuse a prefix that already holds
+    one (its manifest or a split) unless `overwrite`, which removes it first, manifest first (a reader never
+    sees a manifest naming a removed shard, and no shard of the old dataset stays behind)."""
+    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(_join(root, key))]
+    if held and not overwrite:
+        raise InvalidInputError(f"{url}: already holds a dataset ({', '.join(held)}): pass --overwrite to replace it")
+    for key in held:
+        fs.rm(_join(root, key), recursive=True)
+
+
+def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+    """Read and validate a manifest. `url` is the manifest object, or a dataset prefix (then `manifest.json`)."""
+    if not url.rstrip("/").endswith(".json"):
+        url = url.rstrip("/") + "/" + MANIFEST_KEY
+    fs, path = _fs(url, storage_options)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{url}: manifest not found") from None
+    return Manifest.parse(raw, source=url)
+
+
+# ---------------------------------------------------------------- synthetic text
+
+_SUBJECTS = ["the model", "a small robot", "the old sailor", "my neighbour", "the river", "a curious cat",
+             "the teacher", "every student", "the baker", "a quiet engineer", "the city", "our team"]
+_VERBS = ["builds", "finds", "remembers", "carries", "watches", "paints", "learns", "counts", "follows",
+          "answers", "opens", "repairs"]
+_OBJECTS = ["a red boat", "the morning light", "three green apples", "the long road", "a broken clock",
+            "the secret map", "warm bread", "the tall tower", "a new song", "the heavy door", "small stones"]
+_PLACES = ["near the harbour", "in the garden", "after the rain", "before dawn", "under the bridge",
+           "at the market", "on the hill", "inside the library"]
+_LINKS = ["and then", "because", "while", "so", "but"]
+
+
+def _sentence(rng: random.Random) -> str:
+    s = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+    if rng.random() < 0.6:
+        s += f" {rng.choice(_PLACES)}"
+    if rng.random() < 0.35:
+        s += f", {rng.choice(_LINKS)} {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+    return s[0].upper() + s[1:] + rng.choice([".", ".", ".", "!", "?"])
+
+
+def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
+    """English-like sentences from a seeded word grammar: learnable structure for a tiny byte-level GPT."""
+    parts: list[str] = []
+    size = 0
+    while size < n_bytes:
+        para = " ".join(_sentence(rng) for _ in range(rng.randint(2, 6))) + "\n"
+        parts.append(para)
+        size += len(para)
+    return "".join(parts).encode("ascii")[:n_bytes]
+
+
+def _tokens(data: bytes) -> bytes:
+    import numpy as np
+
+    return np.frombuffer(data, dtype=np.uint8).astype(TOKEN_DTYPES["uint16"]).tobytes()
+
+
+def make_data(
+    dest_url: str,
+    *,
+    name: str,
+    n_train_shards: int = 4,
+    n_heldout_shards: int = 1,
+    tokens_per_shard: int = 65536,
+    seed: int = 1234,
+    text_files: list[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """Write token shards and `manifest.json` under `dest_url`; the same seed gives the same bytes.
+
+    With `text_files`, their bytes (concatenated, byte-level tokens) are cut into the
+    shards (held-out shards from the end); otherwise a seeded synthetic corpus is used.
+    The manifest is written last, so a reader never sees a manifest naming a missing shard.
+    """
+    if n_train_shards < 1 or n_heldout_shards < 0 or tokens_per_shard < 1:
+        raise InvalidInputError("make-data: need >= 1 train shard, >= 0 heldout shards, >= 1 token per shard")
+    n_total = n_train_shards + n_heldout_shards
+    if text_files:
+        corpus = b""
+        for tf in text_files:
+            try:
+                corpus += Path(tf).read_bytes()
+            except OSError as exc:
+                raise InvalidInputError(f"{tf}: cannot read text file: {exc.strerror}") from None
+        if not corpus:
+            raise InvalidInputError(f"{', '.join(text_files)}: text files are empty")
+        tokens_per_shard = min(tokens_per_shard, len(corpus) // n_total)
+        if tokens_per_shard < 1:
+            raise InvalidInputError(f"{', '.join(text_files)}: too little text for {n_total} shards")
+        chunks = [corpus[i * tokens_per_shard:(i + 1) * tokens_per_shard] for i in range(n_total)]
+    else:
+        chunks = [synthetic_text(tokens_per_shard, random.Random(f"{seed}:{i}")) for i in range(n_total)]
+
+    fs, root = _fs(dest_url, storage_options)
+    files: list[ManifestFile] = []
+    for i, chunk in enumerate(chunks):
+        split, idx = ("train", i) if i < n_train_shards else ("heldout", i - n_train_shards)
+        key = shard_key(split, idx)
+        blob = _tokens(chunk)
+        put_object(fs, _join(root, key), blob)
+        files.append(ManifestFile(key=key, size=len(blob), sha256=hashlib.sha256(blob).hexdigest()))
+    manifest = Manifest(name=name, vocab_size=256, files=files)
+    put_object(fs, _join(root, MANIFEST_KEY), manifest.to_bytes())
+    log.info("make-data: %d shards (%d tokens each) + manifest %s under %s",
+             len(files), tokens_per_shard, manifest.hash[:16], dest_url)
+    return manifest
+
+
+def build_manifest(
+    prefix_url: str,
+    *,
+    output_key: str = MANIFEST_KEY,
+    name: str | None = None,
+    vocab_size: int = 256,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """List every object under a prefix, hash it, and write the manifest at `output_key` under the prefix."""
+    if output_key != MANIFEST_KEY:
+        try:
+            validate_key(output_key)
+        except ValueError as exc:
+            raise InvalidInputError(f"--output: {exc}") from None
+    fs, root = _fs(prefix_url, storage_options)
+    root = root.rstrip("/")
+    try:
+        listing = fs.find(root, detail=True)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{prefix_url}: prefix not found") from None
+    files: list[ManifestFile] = []
+    for path, info in sorted(listing.items()):
+        if info.get("type") == "directory":
+            continue
+        key = path[len(root) + 1:] if root else path
+        if key in (output_key, MANIFEST_KEY):
+            continue
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+        try:
+            files.append(ManifestFile(key=key, size=int(info["size"]), sha256=h.hexdigest()))
+        except ValidationError as exc:
+            raise InvalidInputError(f"{prefix_url}: object {key!r} cannot be in a manifest: "
+                                    f"{exc.errors()[0]['msg']}") from None
+    if not files:
+        raise InvalidInputError(f"{prefix_url}: no objects under this prefix")
+    try:
+        manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
+    except ValidationError as exc:
+        raise InvalidInputError(f"{prefix_url}: cannot write a manifest:\n  {validation_problems(exc)}") from None
+    put_object(fs, _join(root, output_key), manifest.to_bytes())
+    log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
+    return manifest

@@ -1,0 +1,1 @@
+"""The lifecycle's stages: the chain a retrain runs, the gate, approval, publishing, promotion and housekeeping."""
