@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from tasks import REPO_ROOT
 from tasks.base.dataset_format import MAX_VOCAB
 from tasks.base.errors import ConfigError, InvalidInputError, validation_problems
 from tasks.base.families import (
@@ -437,7 +438,6 @@ class TrainConfig(_Strict):
         return value
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # A Kubernetes resource.Quantity ("8", "500m", "64Gi"), as the PyTorchJob CRD checks it (tasks/launch/k8s_schema).
 K8S_QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
                         r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")

@@ -38,12 +38,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks import REPO_ROOT
 from tasks.base.dataset_format import TOKEN_DTYPES, window_starts
 from tasks.base.errors import RetrainerError
 from tasks.base.lock import default_holder
 from tasks.base.model_files import HF_CONFIG, LEGACY_FILE
 from tasks.base.spawn import die_with_parent
-from tasks.config import REPO_ROOT, JobConfig, load_entry_point
+from tasks.config import JobConfig, load_entry_point
 from tasks.config.endpoints import registry_for
 from tasks.data.manifest import read_manifest
 from tasks.evaluate.spec import suite_hash, window_order

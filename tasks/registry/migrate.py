@@ -36,7 +36,7 @@ _PG_LOCK_KEY = 0x7265747261696E72
 
 def sql_dir() -> Path:
     """The migrations folder: `sql/` next to the `tasks` package (editable install / repo checkout)."""
-    path = Path(tasks.__file__).resolve().parent.parent / "sql"
+    path = tasks.REPO_ROOT / "sql"
     if not (path / "env.py").is_file():
         raise RetrainerError(f"registry migrations not found at {path} (run from a repo checkout)")
     return path

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks import REPO_ROOT
 from tasks.base.audit import default_actor
 from tasks.base.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.base.lock import default_holder, experiment_lock
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-llama.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny-llama.yaml"
 
 
 @dataclass(frozen=True)
