@@ -178,6 +178,17 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_rank(seed: int, dp_rank: int, stage: int) -> None:
+    """Dropout RNG: TP peers share a seed so replicated activations get the same mask."""
+    import numpy as np
+    import torch
+
+    s = seed + 1009 * dp_rank + 101 * stage
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
     import torch
