@@ -205,7 +205,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.base.credentials import split_credentials
-    from tasks.launch import JobSpec, Launch
+    from tasks.launch import JobSpec, Launch, LaunchOptions
     from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
@@ -230,7 +230,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
              len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
     job = JobSpec(f"eval-{eval_id[:12]}", eval_root / eval_id[:16])
-    return Launch(eval_cfg, job, dataset_dir, run, {"secret_env": secret_env, "evaluation": spec})
+    return Launch(eval_cfg, job, dataset_dir, run, LaunchOptions(secret_env=secret_env, evaluation=spec))
 
 
 def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:

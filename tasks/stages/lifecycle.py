@@ -289,7 +289,7 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> Trained | None:
 
 
 def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
-    from tasks.launch import JobSpec, Launch, get_launcher
+    from tasks.launch import JobSpec, Launch, LaunchOptions, get_launcher
 
     # Where the nodes' own warm puts the starting weights (and a continued adapter); a launcher on this machine
     # fetches them here.
@@ -298,7 +298,7 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(cfg, JobSpec(run.run_id, run.run_dir(cfg)), warm.dataset_dir, run,
-                  {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+                  LaunchOptions(init_path=init_path, node_warm=True, export=export, secret_env=secret_env))
 
 
 def fetch_start_here(cfg: JobConfig, run: RunIdentity, job_dir: Path) -> Path | None:

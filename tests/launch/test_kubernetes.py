@@ -199,9 +199,8 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
                           run.run_dir(cfg) / "eval")
     assert launch.run == run and launch.job.output_dir.parent == run.run_dir(cfg) / "eval"
     launcher = get_launcher(launch.cfg)
-    launcher.evaluation = True  # what Launcher.run sets for an evaluation spec
     job = launcher.manifest(launch.cfg, launch.job, tmp_path / "cache" / "ds", launch.job.output_dir / "job.json",
-                            "ab" * 16)
+                            "ab" * 16, evaluation=launch.options.evaluating)
     jsonschema.validate(job, PYTORCHJOB_SCHEMA)
     container = pod_spec(job)["containers"][0]
     words = shlex.split(container["command"][2])
@@ -212,7 +211,6 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
     assert eval_name == f"retrainer-tiny-test-{launch.job.name}" and eval_name.startswith("retrainer-tiny-test-eval-")
     assert len(eval_name) <= 63 and job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"][
         "labels"]["retrainer/job"] == eval_name
-    launcher.evaluation = False
     training = launcher.manifest(cfg, JobSpec(run.run_id, run.run_dir(cfg)), tmp_path / "cache" / "ds",
                                  run.run_dir(cfg) / "job.json", "ab" * 16)
     assert training["metadata"]["name"] == f"retrainer-tiny-test-{run.run_id[:12]}" != eval_name

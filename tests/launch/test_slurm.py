@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.launch import get_launcher
+from tasks.launch import LaunchOptions, get_launcher
 from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
 from tests.launch.helpers import launched, source_line, training_processes, wait_for_step
 
@@ -113,7 +113,8 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
     make_data(cfg.data.source_url, name=cfg.name, seed=5, tokens_per_shard=16384)
     run = identity(cfg, remote_manifest_hash(cfg.data.source_url), scratch(cfg))
     here = warm_for_config(cfg)  # the Airflow worker's own warm (planning, evaluation)
-    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, here.dataset_dir, run=run,
+                                                           options=LaunchOptions(node_warm=True))
 
     out = Path(cfg.train.output_dir)
     script = (out / "slurm-job.sbatch").read_text()
@@ -129,7 +130,8 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
     make_data(cfg.data.source_url, name=cfg.name, seed=6, tokens_per_shard=16384)
     late = tiny_config(tmp_path, overrides, out="late")
     with pytest.raises(TrainingFailedError, match=rf"node {node['node']}: the dataset at .* verified as manifest"):
-        get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run, node_warm=True)
+        get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run,
+                                                      options=LaunchOptions(node_warm=True))
     job_id = (Path(late.train.output_dir) / "slurm-job-id").read_text().strip()
     assert "step 1/" not in (Path(late.train.output_dir) / f"slurm-{job_id}.out").read_text()
 
