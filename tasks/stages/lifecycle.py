@@ -356,7 +356,7 @@ def _evaluation_launch(cfg: JobConfig, run: RunIdentity, trained: Trained, warm:
     from tasks.evaluate import evaluation_launch
 
     live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
-    return evaluation_launch(cfg, run, trained.checkpoint_dir, warm.dataset_dir, live=live)
+    return evaluation_launch(cfg, run, trained.checkpoint_dir, warm.dataset_dir, run.run_dir(cfg), live=live)
 
 
 def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:

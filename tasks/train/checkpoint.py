@@ -36,6 +36,12 @@ def ckpt_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "ckpt"
 
 
+def run_dir_of(checkpoint_dir: str | Path) -> Path:
+    """The run directory a committed checkpoint `<run dir>/ckpt/<tag>` lives in (`ckpt_root`'s inverse), for a
+    caller that was handed only the checkpoint (`retrainer evaluate`, `retrainer publish`)."""
+    return Path(checkpoint_dir).parent.parent
+
+
 def is_tag(name: str) -> bool:
     """Whether `name` is a committed checkpoint's directory name (`step-NNNNNN`)."""
     return bool(_TAG.match(name))
