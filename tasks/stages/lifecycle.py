@@ -36,6 +36,7 @@ from tasks.stages.publish import PublishResult, require_approval
 if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
     from tasks.launch import Launch
+    from tasks.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +50,22 @@ class Planned:
 
     job: ConfigSnapshot
     run: RunIdentity
-    budget: dict[str, Any]
+    budget: Plan
     skip: str | None
 
     def config(self) -> JobConfig:
         return self.job.config()
 
     def to_xcom(self) -> dict[str, Any]:
-        return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget, "skip": self.skip}
+        return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget.to_dict(),
+                "skip": self.skip}
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> Planned:
-        return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]), data["budget"],
-                   data["skip"])
+        from tasks.plan import Plan
+
+        return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]),
+                   Plan.from_dict(data["budget"]), data["skip"])
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ def refused_before_training(cfg: JobConfig, run: RunIdentity) -> str | None:
     return f"gate: {rolled_back_reason(model, alias, candidate.version, back)}"
 
 
-def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict[str, Any]:
+def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan:
     """The run's memory and communication budget; a launch that cannot fit, or a fresh run that would start
     over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced.
     Data this machine has cached already that the model cannot read is refused whatever `force` says."""
@@ -187,7 +191,7 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict
         if not force:
             raise PlanDoesNotFitError(f"plan: {result.verdict} (force to launch anyway)")
         log.warning("plan says the launch cannot work; launching anyway because force is set")
-    return result.to_dict()
+    return result
 
 
 def refuse_cached_data(cfg: JobConfig, run: RunIdentity) -> None:
@@ -519,7 +523,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         log.info("run %s: %s", run.run_id, reason)
         out["skipped"] = reason
         return out
-    out["plan"] = stage_plan(cfg, run, force=force)
+    out["plan"] = stage_plan(cfg, run, force=force).to_dict()
     warmed = stage_warm(cfg, run)
     out["warm"] = warmed.to_xcom()
     if dry_run:

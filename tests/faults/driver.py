@@ -40,7 +40,7 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
 
     if stage == "plan":
         run = lifecycle.stage_identify(cfg)
-        return {"run": run.to_dict(), "budget": lifecycle.stage_plan(cfg, run)}
+        return {"run": run.to_dict(), "budget": lifecycle.stage_plan(cfg, run).to_dict()}
     if stage == "rollback":
         return lifecycle.stage_rollback(cfg, actor="fault-suite")
     plan_path = state / "plan.json"
