@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
     from tasks.launch import Launch
     from tasks.plan import Plan
+    from tasks.stages.housekeeping import Pruned
 
 log = logging.getLogger(__name__)
 
@@ -467,14 +468,14 @@ def publish_note(published: PublishResult) -> str:
             f"{published.alias!r}")
 
 
-def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResult) -> dict[str, Any]:
+def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResult) -> Pruned:
     """Once the alias points at the published version: its run's other checkpoints go (locally and in the
     mirror), the one it came from stays (`retention.prune_checkpoints`; tasks/stages/housekeeping.py). A deletion
     that fails is logged, never raised: the publish stands, and `retrainer gc` reclaims what is left."""
-    from tasks.stages.housekeeping import prune_published
+    from tasks.stages.housekeeping import Pruned, prune_published
 
     if not cfg.retention.prune_checkpoints:
-        return {"pruned": [], "bytes": 0}
+        return Pruned()
     label = f"{published.model} v{published.version}"
     record = registry_for(cfg).get_version(published.model, published.version)
     tag = record.checkpoint_tag if record.config_hash == run.experiment_key else None
@@ -483,8 +484,8 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResul
     except (OSError, RetrainerError) as exc:
         log.warning("housekeeping: pruning run %s after %s failed (retrainer gc will reclaim it): %s", run.run_id,
                     label, exc)
-        return {"pruned": [], "bytes": 0, "error": str(exc)}
-    return {"pruned": [i.to_dict() for i in items], "bytes": sum(i.bytes for i in items)}
+        return Pruned(error=str(exc))
+    return Pruned(tuple(items))
 
 
 def stage_rollback(
@@ -534,7 +535,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     out.update(train=trained.to_xcom(), evaluate=evaluated.to_xcom(), gate=decision.to_xcom())
     if decision.publish:
         published = stage_publish(cfg, run, trained, evaluated, gate=decision)
-        out.update(publish=published.to_xcom(), housekeeping=stage_housekeeping(cfg, run, published))
+        out.update(publish=published.to_xcom(), housekeeping=stage_housekeeping(cfg, run, published).to_xcom())
     return out
 
 
