@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
     from tasks.launch import Launch
     from tasks.plan import Plan
+    from tasks.registry import SwitchRecord
     from tasks.stages.housekeeping import Pruned
 
 log = logging.getLogger(__name__)
@@ -492,7 +493,7 @@ def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
     actor: str | None = None, reason: str = "rollback", expect: int | None = None, force: bool = False,
     mover: Person | None = None,
-) -> dict[str, Any]:
+) -> SwitchRecord:
     """Move the alias back (to the newest version live before the current one that was not rolled back from it,
     or to `to_version`: one that was needs `force`; one it never held is refused, being a promotion), audited;
     with `expect`, only if the alias still points to that version (ConflictError otherwise). `mover`: the
@@ -507,10 +508,9 @@ def stage_rollback(
         cfg.publish.model_name, alias, to=to_version,
         actor=actor or default_actor(), reason=reason, expect=ANY if expect is None else expect, force=force,
     )
-    out = record.to_dict()
-    log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, out["alias"],
-             out["from_version"], out["to_version"])
-    return out
+    log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, record.alias, record.from_version,
+             record.to_version)
+    return record
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
