@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
 from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
+from tasks.launch.outcome import Outcome
 from tasks.launch.spec import JobSpec, LaunchOptions
 
 if TYPE_CHECKING:
     from tasks.runs.identity import RunIdentity
 
-__all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "LaunchOptions", "Launcher", "cancel",
-           "collect", "follow", "get_launcher", "pool_for", "train"]
+__all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "LaunchOptions", "Launcher", "Outcome",
+           "cancel", "collect", "follow", "get_launcher", "pool_for", "train"]
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ class Launch:
                                              options=self.options)
 
 
-async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> Outcome:
     """Wait for a submitted job (see Launcher.follow); `cfg` is its config (engine, timeouts), the handle names
     the job and its directory."""
     return await get_launcher(cfg).follow(cfg, handle, deadline=deadline)
 
 
-def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     """The summary of a followed job, or the failure (see Launcher.collect)."""
     return get_launcher(cfg).collect(cfg, handle, outcome)
 

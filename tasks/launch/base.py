@@ -25,7 +25,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tasks.base.job_status import STATUS_FILE, Status
 from tasks.base.rank_failure import RankFailure
 from tasks.config import JobConfig
 from tasks.data.manifest import read_manifest
+from tasks.launch.outcome import Outcome
 from tasks.launch.procs import new_tag
 from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.launch.torchrun import write_worker_config
@@ -193,21 +194,20 @@ class Launcher(ABC):
         or stopping it (detachable engines)."""
         raise RetrainerError(f"the {self.name} launcher cannot attach to a job it did not start")
 
-    async def follow(self, cfg: JobConfig, handle: Mapping[str, Any], *,
-                     deadline: float | None = None) -> dict[str, Any]:
+    async def follow(self, cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> Outcome:
         """Wait (without blocking the event loop) until the job ends, hangs (`cluster.hang_timeout_s`) or
         `deadline` (unix time) passes; the outcome `collect()` takes. Each blocking engine call runs in a
         thread. A hung or overdue job is cancelled here, on every node, before returning."""
         job = self.attach(handle, output=True)
         watcher = _watcher(cfg)
-        outcome: dict[str, Any] = {}
+        cancelled: dict[str, str] = {}
         try:
             while (rc := await asyncio.to_thread(job.poll)) is None:
                 watcher.observe(await asyncio.to_thread(job.status))
                 if watcher.hung() or (deadline is not None and time.time() > deadline):
-                    outcome = ({"hung": watcher.describe()} if watcher.hung()
-                               else {"timed_out": f"still running at its deadline ({time.ctime(deadline)})"})
-                    log.error("%s job hung or overdue: %s; cancelling", self.name, next(iter(outcome.values())))
+                    cancelled = ({"hung": watcher.describe()} if watcher.hung()
+                                 else {"timed_out": f"still running at its deadline ({time.ctime(deadline)})"})
+                    log.error("%s job hung or overdue: %s; cancelling", self.name, next(iter(cancelled.values())))
                     await asyncio.to_thread(job.stop)
                     rc = 1
                     break
@@ -215,31 +215,29 @@ class Launcher(ABC):
             watcher.observe(await asyncio.to_thread(job.status))
         finally:
             job.close()
-        failed = job.rank_failure()
-        return {**outcome, "rc": rc, "failure": watcher.failure, "last_step": watcher.last_step,
-                "rank_failure": None if failed is None else asdict(failed),
-                "preempted": not outcome and rc != 0 and job.preempted()}
+        return Outcome(rc=rc, failure=watcher.failure, last_step=watcher.last_step, rank_failure=job.rank_failure(),
+                       preempted=not cancelled and rc != 0 and job.preempted(), **cancelled)
 
-    def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         """The summary of a followed job (`follow()`'s outcome): TrainingFailedError for a failed, hung or
         overdue one (JobPreempted when the engine took it away), after making sure nothing of it is left."""
         job = self.attach(handle)
         what = handle["what"]
         try:
-            if outcome["rc"] != 0:
+            if outcome.rc != 0:
                 job.stop()
         finally:
             job.close()
         Path(handle["config_json"]).unlink(missing_ok=True)
-        if reason := outcome.get("hung") or outcome.get("timed_out"):
-            raise TrainingFailedError(f"{what} of {cfg.name} {'hung' if outcome.get('hung') else 'timed out'} "
+        if reason := outcome.hung or outcome.timed_out:
+            raise TrainingFailedError(f"{what} of {cfg.name} {'hung' if outcome.hung else 'timed out'} "
                                       f"({self.name} launcher): {reason}; job cancelled on every node")
-        if outcome["preempted"]:
+        if outcome.preempted:
             raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
-                               f"cluster after step {outcome['last_step'] or 0}")
-        return self._result(cfg, JobSpec.from_handle(handle), job, outcome["rc"], outcome["failure"],
-                            RankFailure.from_dict(outcome.get("rank_failure")), what,
-                            handle["reports"] if handle["node_warm"] else None, preempted=False)
+                               f"cluster after step {outcome.last_step or 0}")
+        return self._result(cfg, JobSpec.from_handle(handle), job, outcome.rc, outcome.failure,
+                            outcome.rank_failure, what, handle["reports"] if handle["node_warm"] else None,
+                            preempted=False)
 
     def stop_job(self, handle: Mapping[str, Any]) -> None:
         """Stop a submitted job on every node and wait until nothing of it is left (idempotent)."""

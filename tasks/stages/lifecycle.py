@@ -35,7 +35,7 @@ from tasks.stages.publish import PublishResult, require_approval
 
 if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
-    from tasks.launch import Launch
+    from tasks.launch import Launch, Outcome
     from tasks.plan import Plan
     from tasks.registry import SwitchRecord
     from tasks.stages.housekeeping import Pruned
@@ -252,7 +252,7 @@ def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: Warmed, *,
 
 
 def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: Warmed, job: dict[str, Any],
-                        outcome: dict[str, Any], *, holder: str | None = None) -> Trained | dict[str, Any]:
+                        outcome: Outcome, *, holder: str | None = None) -> Trained | dict[str, Any]:
     """The trained run from its followed job's outcome; a job the cluster took away is submitted again and
     resumes from its last checkpoint (its new handle), as long as each attempt gets further than the one
     before."""
@@ -262,7 +262,7 @@ def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: Warmed, job: dic
     try:
         summary = collect(cfg, job, outcome)
     except JobPreempted as exc:
-        step = outcome.get("last_step") or 0
+        step = outcome.last_step or 0
         if job.get("preempted_at_step") is not None and step <= job["preempted_at_step"]:
             raise TrainingFailedError(f"{exc}, again without passing step {job['preempted_at_step']}: not "
                                       "submitting it a third time") from None
@@ -351,7 +351,7 @@ def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, trained: Trained, wa
     return {**launch.submit(), "pending": pending}
 
 
-def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> Evaluated:
+def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: Outcome) -> Evaluated:
     """The evaluation's metrics from its followed job's outcome."""
     from tasks.launch import collect
 

@@ -260,7 +260,7 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
 
     from tasks.base.errors import TrainingFailedError
     from tasks.base.job_status import Status, relay_line
-    from tasks.launch import collect, follow
+    from tasks.launch import Outcome, collect, follow
     from tasks.runs.identity import for_dataset
     from tests.launch.k8s_api import kubernetes_api
 
@@ -281,12 +281,13 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
         api.logs[f"{name}-master-0"] = (relay_line(status) + "\n").encode() + master_log
         api.logs[f"{name}-worker-0"] = worker_log
         with caplog.at_level(logging.INFO, logger="tasks.launch.ranks"):
-            outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))  # the trigger's event is JSON
-        assert outcome["rc"] == 1 and outcome["last_step"] == 1 and not outcome["preempted"], outcome
+            event = json.loads(json.dumps(asyncio.run(follow(cfg, handle)).to_dict()))  # the trigger's event is JSON
+        outcome = Outcome.from_dict(event)
+        assert outcome.rc == 1 and outcome.last_step == 1 and not outcome.preempted, outcome
         with pytest.raises(TrainingFailedError) as failed:
             collect(cfg, handle, outcome)
         assert api.jobs == {}  # deleted on the way out
-    host = outcome["rank_failure"]["host"]
+    host = event["rank_failure"]["host"]
     assert str(failed.value) == ("training of tiny-test failed (kubernetes launcher): rank 3 failed: IndexError: "
                                  f"list index out of range ({tmp_path / 'rank.py'}:{line} on {host})")
     relayed = {(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tasks.launch.ranks"}

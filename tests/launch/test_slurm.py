@@ -181,7 +181,7 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
                                  "train.steps": 3}, out="slurm")
     handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
     outcome = asyncio.run(follow(cfg, handle))
-    assert outcome["rc"] == 0 and not outcome["preempted"], outcome
+    assert outcome.rc == 0 and not outcome.preempted, outcome
     summary = collect(cfg, handle, outcome)
     assert len(summary["losses"]) == 3 and summary["trained_steps"] == 3
 
@@ -189,7 +189,7 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     handle = get_launcher(slow).submit(slow, dataset, run=for_dataset(slow, dataset))
     wait_for_step(slow.train.output_dir, 1)
     outcome = asyncio.run(follow(slow, handle, deadline=time.time()))
-    assert "timed_out" in outcome and job_processes(handle["job_id"]) == []
+    assert outcome.timed_out is not None and job_processes(handle["job_id"]) == []
     assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
     with pytest.raises(TrainingFailedError, match=r"timed out .* deadline"):
         collect(slow, handle, outcome)
@@ -212,7 +212,7 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     import asyncio
 
     from tasks.base.errors import TrainingFailedError
-    from tasks.launch import collect, follow
+    from tasks.launch import Outcome, collect, follow
     from tasks.runs.identity import for_dataset
 
     hooked(HOOK_BAD_TOKEN_AT="2:1")
@@ -222,8 +222,8 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.slurm.time_limit": "00:10:00",
                                  "parallel.dp": 2, "train.steps": 4}, out="slurm")
     handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
-    outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))
-    assert outcome["rc"] != 0 and not outcome["preempted"], outcome
+    outcome = Outcome.from_dict(json.loads(json.dumps(asyncio.run(follow(cfg, handle)).to_dict())))
+    assert outcome.rc != 0 and not outcome.preempted, outcome
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="tasks.launch.base"), pytest.raises(TrainingFailedError) as failed:
         collect(cfg, handle, outcome)
