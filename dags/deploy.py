@@ -109,11 +109,10 @@ def build_deploy_dag(config_path: Path, cfg):
                 out = deploy.roll_back(job.config(),
                                        None if target is None else deploy.DeployTarget.from_dict(target),
                                        reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
-            outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(out["model"], out["alias"])),
-                                            extra={"version": out["to_version"],
-                                                   "rolled_back_from": out["from_version"]})
-            note_run(ti, f"{reasons[0]}; rolled back {out['alias']} v{out['from_version']} -> v{out['to_version']}")
-            return out
+            outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(out.model, out.alias)),
+                                            extra={"version": out.to_version, "rolled_back_from": out.from_version})
+            note_run(ti, f"{reasons[0]}; rolled back {out.alias} v{out.from_version} -> v{out.to_version}")
+            return out.to_dict()
 
         pulled = pull()
         smoked = smoke_test(pulled)

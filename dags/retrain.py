@@ -191,7 +191,7 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
 
         @task(execution_timeout=timedelta(hours=1), retries=1)  # after the switch; the publish stands regardless
         def housekeeping(plan_out: dict, published_out: dict) -> dict:
-            return lifecycle.stage_housekeeping(*frozen(plan_out), PublishResult.from_xcom(published_out))
+            return lifecycle.stage_housekeeping(*frozen(plan_out), PublishResult.from_xcom(published_out)).to_xcom()
 
         go >> train
         summary, metrics = train.output, evaluate.output

@@ -53,9 +53,9 @@ def rollback_model():
                 cfg, alias=params["alias"], to_version=params["to_version"], actor=run_actor(ctx),
                 reason=params["reason"], force=bool(params["force"]), mover=run_starter(ctx),
             )
-        outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result["model"], result["alias"])),
-                                        extra={"version": result["to_version"]})
-        return result
+        outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result.model, result.alias)),
+                                        extra={"version": result.to_version})
+        return result.to_dict()
 
     rollback()
 

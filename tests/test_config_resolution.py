@@ -74,6 +74,7 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
     from tasks import launch
     from tasks.launch.torchrun import write_worker_config
     from tasks.models.resolve import ConfigSnapshot, load_config
+    from tasks.plan import plan
     from tasks.plan.evaluation import evaluation_layout
     from tasks.runs.identity import RunIdentity, scratch
     from tasks.stages.lifecycle import Planned
@@ -92,7 +93,7 @@ def test_the_plan_freezes_the_resolved_config_and_each_later_process_validates_i
     run = RunIdentity(experiment_key="k" * 64, config_fingerprint=cfg.fingerprint(), data_url=cfg.data.source_url,
                       data_manifest_hash="m" * 64,
                       init=scratch(cfg))
-    plan_out = json.loads(json.dumps(Planned(job, run, {}, None).to_xcom()))  # as XCom carries it
+    plan_out = json.loads(json.dumps(Planned(job, run, plan(cfg, device="cpu"), None).to_xcom()))  # as XCom has it
     shutil.rmtree(tmp_path / "hf")  # the pretrained model is gone (or its store unreachable) after the plan
 
     # warm, gate, approval, publish, housekeeping: the frozen config, nothing else.

@@ -68,9 +68,11 @@ class RankJobOperator(BaseOperator):
         return self._next(step)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
+        from tasks.launch import Outcome
+
         planned = lifecycle.Planned.from_xcom(self.plan_out)
         cfg, run = planned.config(), planned.run
-        job, outcome = event["job"], event["outcome"]
+        job, outcome = event["job"], Outcome.from_dict(event["outcome"])
         if self.stage == "train":
             step = lifecycle.stage_train_collect(cfg, run, lifecycle.Warmed.from_xcom(self.warm_out), job, outcome,
                                                  holder=self._holder(context))

@@ -36,7 +36,7 @@ class RankJobTrigger(BaseTrigger):
         cfg = ConfigSnapshot.from_dict(self.snapshot).config()  # resolved at plan time: no I/O on the event loop
         log.info("following the %s job of %s (%s)", self.job["what"], cfg.name, self.job["engine"])
         outcome = await launching.follow(cfg, self.job, deadline=self.job.get("deadline"))
-        yield TriggerEvent({"job": self.job, "outcome": outcome})
+        yield TriggerEvent({"job": self.job, "outcome": outcome.to_dict()})
 
     async def on_kill(self) -> None:
         cfg = ConfigSnapshot.from_dict(self.snapshot).config()

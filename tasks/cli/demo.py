@@ -54,7 +54,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print("== rollback (the pointer-switch task): production misbehaves", flush=True)
     back = stage_rollback(cfg, reason="demo rollback")
-    print(f"   {back['alias']}: v{back['from_version']} -> v{back['to_version']}", flush=True)
+    print(f"   {back.alias}: v{back.from_version} -> v{back.to_version}", flush=True)
 
     _run(cfg, "week 2 again: the schedule fires on the same data after the rollback")
 

@@ -54,7 +54,7 @@ from tasks.registry import ArtifactStore, ConflictError, NothingToRollBackError
 from tasks.stages.lifecycle import stage_rollback
 
 if TYPE_CHECKING:
-    from tasks.registry import VersionRecord
+    from tasks.registry import SwitchRecord, VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def unrecorded_failure(steps: list[str]) -> str:
     return f"{named} failed without a recorded reason (its process was killed or its worker lost; see its log)"
 
 
-def roll_back(cfg: JobConfig, target: DeployTarget | None, failure: str, *, actor: str) -> dict[str, Any]:
+def roll_back(cfg: JobConfig, target: DeployTarget | None, failure: str, *, actor: str) -> SwitchRecord:
     """Move the alias back from the version whose deploy failed (compare-and-swap on it), audited with `failure`.
 
     Refused, loudly (DeployError), when the version got there by a rollback itself (no cascade), when the alias
@@ -400,7 +400,7 @@ def roll_back(cfg: JobConfig, target: DeployTarget | None, failure: str, *, acto
     except NothingToRollBackError as exc:
         raise DeployError(f"deploy of {where} failed: {failure}; and there is nothing to roll back to "
                           f"({exc})") from None
-    log.error("deploy: %s failed (%s): rolled %s back to v%d", where, failure, target.alias, out["to_version"])
+    log.error("deploy: %s failed (%s): rolled %s back to v%d", where, failure, target.alias, out.to_version)
     return out
 
 
@@ -422,8 +422,8 @@ def run_deploy(cfg: JobConfig, *, actor: str, event_extras: list[dict[str, Any]]
     except Exception as exc:
         failure = failure_reason(exc, step)
         rolled = roll_back(cfg, target, failure, actor=actor)
-        raise DeployError(f"{failure}; rolled {rolled['alias']} back v{rolled['from_version']} -> "
-                          f"v{rolled['to_version']}") from exc
+        raise DeployError(f"{failure}; rolled {rolled.alias} back v{rolled.from_version} -> "
+                          f"v{rolled.to_version}") from exc
     return out
 
 

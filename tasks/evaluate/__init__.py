@@ -73,18 +73,21 @@ class Evaluated:
 
 def evaluate(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
              live: VersionRecord | None = None) -> Evaluated:
-    """Score the run's checkpoint (and `live`, unless cached) on every suite; InvalidInputError for incomplete
-    checkpoints, another model's or another run's."""
-    launch, pending = evaluation_launch(cfg, run, checkpoint_dir, dataset_dir, live=live)
+    """Score the run's checkpoint (and `live`, unless cached) on every suite, its rank job in the checkpoint's
+    run directory; InvalidInputError for incomplete checkpoints, another model's or another run's."""
+    from tasks.train.checkpoint import run_dir_of
+
+    launch, pending = evaluation_launch(cfg, run, checkpoint_dir, dataset_dir, run_dir_of(checkpoint_dir), live=live)
     return evaluation_result(cfg, pending, launch.run_here())
 
 
-def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path, *,
-                      live: VersionRecord | None = None) -> tuple[Launch, dict[str, Any]]:
-    """The evaluation ranks' job, and what `evaluation_result` needs of this evaluation besides their summary
-    (JSON: it may wait in Airflow while the job runs)."""
+def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Path, dataset_dir: str | Path,
+                      run_dir: Path, *, live: VersionRecord | None = None) -> tuple[Launch, dict[str, Any]]:
+    """The evaluation ranks' job (in the run directory's `eval/<id>`), and what `evaluation_result` needs of this
+    evaluation besides their summary (JSON: it may wait in Airflow while the job runs)."""
     from tasks.evaluate.cache import read_cached
     from tasks.evaluate.spec import resolve_suites, suite_hash
+    from tasks.runs.identity import EVAL_DIR
     from tasks.train.checkpoint import validate_checkpoint_dir
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -103,7 +106,7 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
     live_metrics = read_cached(cfg, live.version, key) if live is not None else None
     if live is not None and live_metrics is None:
         models.append(version_entry(cfg, run, live, "live"))
-    launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), checkpoint_dir.parent.parent / "eval")
+    launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), run_dir / EVAL_DIR)
     pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
                "live_version": None if live is None else live.version, "live_cached": live_metrics}
     return launch, pending
@@ -205,7 +208,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.base.credentials import split_credentials
-    from tasks.launch import JobSpec, Launch
+    from tasks.launch import JobSpec, Launch, LaunchOptions
     from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
@@ -230,7 +233,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
              len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
     job = JobSpec(f"eval-{eval_id[:12]}", eval_root / eval_id[:16])
-    return Launch(eval_cfg, job, dataset_dir, run, {"secret_env": secret_env, "evaluation": spec})
+    return Launch(eval_cfg, job, dataset_dir, run, LaunchOptions(secret_env=secret_env, evaluation=spec))
 
 
 def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:

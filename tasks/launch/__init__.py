@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.config import JobConfig
 from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
-from tasks.launch.spec import JobSpec
+from tasks.launch.outcome import Outcome
+from tasks.launch.spec import JobSpec, LaunchOptions
 
 if TYPE_CHECKING:
     from tasks.runs.identity import RunIdentity
 
-__all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "Launcher", "cancel", "collect", "follow",
-           "get_launcher", "pool_for", "train"]
+__all__ = ["Job", "JobPreempted", "JobSpec", "Launch", "LaunchCancelled", "LaunchOptions", "Launcher", "Outcome",
+           "cancel", "collect", "follow", "get_launcher", "pool_for", "train"]
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,26 @@ class Launch:
     job: JobSpec
     dataset_dir: Path
     run: RunIdentity
-    options: Mapping[str, Any]  # init_path, node_warm, export, secret_env, evaluation
+    options: LaunchOptions
 
     def run_here(self) -> dict[str, Any]:
         """Start and supervise it from this process; its summary."""
-        return get_launcher(self.cfg).run(self.cfg, self.dataset_dir, job=self.job, run=self.run, **self.options)
+        return get_launcher(self.cfg).run(self.cfg, self.dataset_dir, job=self.job, run=self.run,
+                                          options=self.options)
 
     def submit(self) -> dict[str, Any]:
         """Start it and return its handle, to follow from elsewhere (`follow`, `collect`)."""
         return get_launcher(self.cfg).submit(self.cfg, self.dataset_dir, job=self.job, run=self.run,
-                                             **self.options)
+                                             options=self.options)
 
 
-async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+async def follow(cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> Outcome:
     """Wait for a submitted job (see Launcher.follow); `cfg` is its config (engine, timeouts), the handle names
     the job and its directory."""
     return await get_launcher(cfg).follow(cfg, handle, deadline=deadline)
 
 
-def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+def collect(cfg: JobConfig, handle: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     """The summary of a followed job, or the failure (see Launcher.collect)."""
     return get_launcher(cfg).collect(cfg, handle, outcome)
 
@@ -64,9 +66,11 @@ def cancel(cfg: JobConfig, handle: Mapping[str, Any]) -> None:
     get_launcher(cfg).stop_job(handle)
 
 
-def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], **run: Any) -> dict[str, Any]:
-    """Run one training job through the config's launcher; the summary, or TrainingFailedError."""
-    return get_launcher(cfg).run(cfg, dataset_dir, **run)
+def train(cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity | None = None,
+          init_path: Path | None = None) -> dict[str, Any]:
+    """Run one training job through the config's launcher, into `cfg.train.output_dir` (`init_path`: the starting
+    weights a fresh run loads); the summary, or TrainingFailedError."""
+    return get_launcher(cfg).run(cfg, dataset_dir, run=run, options=LaunchOptions(init_path=init_path))
 
 
 def get_launcher(cfg: JobConfig, *, env: dict[str, str] | None = None) -> Launcher:

@@ -25,9 +25,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from tasks.base.credentials import split_credentials
@@ -36,8 +35,9 @@ from tasks.base.job_status import STATUS_FILE, Status
 from tasks.base.rank_failure import RankFailure
 from tasks.config import JobConfig
 from tasks.data.manifest import read_manifest
+from tasks.launch.outcome import Outcome
 from tasks.launch.procs import new_tag
-from tasks.launch.spec import JobSpec
+from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.launch.torchrun import write_worker_config
 from tasks.launch.watch import ProgressWatcher
 from tasks.runs.identity import RunIdentity, for_dataset
@@ -106,18 +106,15 @@ class Launcher(ABC):
     poll_interval_s = 0.5
     detachable = False  # True: jobs outlive this process (submit / follow / collect; Airflow deferral)
     warms_nodes = False  # True: warm_nodes (or the job itself) fetches the data and starting weights per node
-    node_warm = False  # set by run(): warm the dataset and starting weights on every node before the ranks
-    # Set by run(): credentials the ranks need (the export's store), passed by environment only.
-    secret_env: Mapping[str, str] = MappingProxyType({})
-    evaluation = False  # set by run(): the ranks are evaluation ranks (tasks/evaluate/worker.py)
 
     @abstractmethod
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-              run: RunIdentity) -> Job:
+              run: RunIdentity, options: LaunchOptions) -> Job:
         """Start the job `spec` names, in its directory; every process it creates must carry the launch tag (see
         procs.TAG_VAR)."""
 
-    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:  # noqa: B027 (optional hook)
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path,  # noqa: B027 (optional hook)
+                options: LaunchOptions) -> None:
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
     def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, Any]]:
@@ -136,31 +133,27 @@ class Launcher(ABC):
         the launcher (local, ssh: parent-death signal, agent on the ssh channel) have nothing to do."""
 
     def run(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, job: JobSpec | None = None,
-            run: RunIdentity | None = None, init_path: Path | None = None, node_warm: bool = False,
-            export: dict[str, Any] | None = None, secret_env: dict[str, str] | None = None,
-            evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+            run: RunIdentity | None = None, options: LaunchOptions | None = None) -> dict[str, Any]:
         """Run the job `job` names into its directory, supervising it from this process; return the ranks'
-        summary (with `node_warm`: each node's warm report under "nodes").
+        summary (with `options.node_warm`: each node's warm report under "nodes").
 
         `job` defaults to the run's training straight into `cfg.train.output_dir` (the `train` verb, tests).
-        `run` is the run's identity (default: a scratch run on this dataset); `init_path` the local
-        starting weights a fresh run loads. `node_warm`: first warm `data.source_url` (and the starting
-        weights) on every training node into its own `data.cache_dir` (the lifecycle does; a caller that
-        hands over a dataset directory every node already sees does not). `export`: the ranks write the
-        final weights' Hugging Face shards into the store's staging area (tasks/train/export.py), with
-        `secret_env` (the store's credentials) in their environment. Before the first step of this
-        launch (imports, rendezvous, one-off op builds) the allowance is `cluster.startup_timeout_s`
-        (default: cluster.hang_timeout_s). `evaluation`: run the evaluation ranks on this spec instead
-        (tasks/evaluate: same engine, same supervision, their summary returned)."""
-        spec, dataset_dir, run, config_json, reports = self._before_start(
-            cfg, dataset_dir, job=job, run=run, init_path=init_path, node_warm=node_warm, export=export,
-            secret_env=secret_env, evaluation=evaluation)
-        what = self._what()
+        `run` is the run's identity (default: a scratch run on this dataset); `options` what else the ranks
+        take (none: a training on the data as handed over, from scratch or its checkpoint). With
+        `options.node_warm` the nodes warm `data.source_url` (and the starting weights) into their own
+        `data.cache_dir` first (the lifecycle does; a caller that hands over a dataset directory every node
+        already sees does not). Before the first step of this launch (imports, rendezvous, one-off op
+        builds) the allowance is `cluster.startup_timeout_s` (default: cluster.hang_timeout_s). With
+        `options.evaluation` the evaluation ranks run instead (tasks/evaluate: same engine, same
+        supervision, their summary returned)."""
+        spec, dataset_dir, run, config_json, options, reports = self._before_start(cfg, dataset_dir, job=job, run=run,
+                                                                                   options=options)
+        what = options.what
         watcher = _watcher(cfg)
         try:
             with _sigterm_cancels() as cancel:
                 with cancel.deferred():  # never leave a half-started job untracked
-                    started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run)
+                    started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run, options)
                 try:
                     rc = self._supervise(cfg, started, watcher, what)
                 finally:
@@ -170,26 +163,23 @@ class Launcher(ABC):
             config_json.unlink(missing_ok=True)
         watcher.observe(started.status())  # a rank's last word (its failure reason) lands as it exits
         return self._result(cfg, spec, started, rc, watcher.failure, started.rank_failure(), what,
-                            reports if node_warm else None, preempted=rc != 0 and started.preempted())
+                            reports if options.node_warm else None, preempted=rc != 0 and started.preempted())
 
     def submit(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, run: RunIdentity,
-               job: JobSpec | None = None, init_path: Path | None = None, node_warm: bool = False,
-               export: dict[str, Any] | None = None, secret_env: dict[str, str] | None = None,
-               evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+               job: JobSpec | None = None, options: LaunchOptions | None = None) -> dict[str, Any]:
         """Start the job as `run()` does and return at once with its handle (JSON, no credentials): for engines
         whose jobs outlive this process (`detachable`). `follow()` waits for it (anywhere: Airflow's
         triggerer), `collect()` turns the outcome into the summary, `stop_job()` stops it."""
         if not self.detachable:
             raise RetrainerError(f"the {self.name} launcher's ranks die with the process that started them: "
                                  "its jobs cannot be submitted and followed from elsewhere")
-        spec, dataset_dir, run, config_json, reports = self._before_start(
-            cfg, dataset_dir, job=job, run=run, init_path=init_path, node_warm=node_warm, export=export,
-            secret_env=secret_env, evaluation=evaluation)
+        spec, dataset_dir, run, config_json, options, reports = self._before_start(cfg, dataset_dir, job=job, run=run,
+                                                                                   options=options)
         with _sigterm_cancels() as cancel:
             with cancel.deferred():  # a SIGTERM while starting: cancel what started, once it has
-                started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run)
+                started = self.start(cfg, spec, dataset_dir, config_json, new_tag(), run, options)
                 handle = {"engine": self.name, **started.handle(), **spec.handle_fields(),
-                          "config_json": str(config_json), "what": self._what(), "node_warm": node_warm,
+                          "config_json": str(config_json), "what": options.what, "node_warm": options.node_warm,
                           "reports": reports, "submitted_at": time.time()}
                 if cancel.pending:
                     with _sigterm_ignored():
@@ -204,21 +194,20 @@ class Launcher(ABC):
         or stopping it (detachable engines)."""
         raise RetrainerError(f"the {self.name} launcher cannot attach to a job it did not start")
 
-    async def follow(self, cfg: JobConfig, handle: Mapping[str, Any], *,
-                     deadline: float | None = None) -> dict[str, Any]:
+    async def follow(self, cfg: JobConfig, handle: Mapping[str, Any], *, deadline: float | None = None) -> Outcome:
         """Wait (without blocking the event loop) until the job ends, hangs (`cluster.hang_timeout_s`) or
         `deadline` (unix time) passes; the outcome `collect()` takes. Each blocking engine call runs in a
         thread. A hung or overdue job is cancelled here, on every node, before returning."""
         job = self.attach(handle, output=True)
         watcher = _watcher(cfg)
-        outcome: dict[str, Any] = {}
+        cancelled: dict[str, str] = {}
         try:
             while (rc := await asyncio.to_thread(job.poll)) is None:
                 watcher.observe(await asyncio.to_thread(job.status))
                 if watcher.hung() or (deadline is not None and time.time() > deadline):
-                    outcome = ({"hung": watcher.describe()} if watcher.hung()
-                               else {"timed_out": f"still running at its deadline ({time.ctime(deadline)})"})
-                    log.error("%s job hung or overdue: %s; cancelling", self.name, next(iter(outcome.values())))
+                    cancelled = ({"hung": watcher.describe()} if watcher.hung()
+                                 else {"timed_out": f"still running at its deadline ({time.ctime(deadline)})"})
+                    log.error("%s job hung or overdue: %s; cancelling", self.name, next(iter(cancelled.values())))
                     await asyncio.to_thread(job.stop)
                     rc = 1
                     break
@@ -226,31 +215,29 @@ class Launcher(ABC):
             watcher.observe(await asyncio.to_thread(job.status))
         finally:
             job.close()
-        failed = job.rank_failure()
-        return {**outcome, "rc": rc, "failure": watcher.failure, "last_step": watcher.last_step,
-                "rank_failure": None if failed is None else asdict(failed),
-                "preempted": not outcome and rc != 0 and job.preempted()}
+        return Outcome(rc=rc, failure=watcher.failure, last_step=watcher.last_step, rank_failure=job.rank_failure(),
+                       preempted=not cancelled and rc != 0 and job.preempted(), **cancelled)
 
-    def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    def collect(self, cfg: JobConfig, handle: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         """The summary of a followed job (`follow()`'s outcome): TrainingFailedError for a failed, hung or
         overdue one (JobPreempted when the engine took it away), after making sure nothing of it is left."""
         job = self.attach(handle)
         what = handle["what"]
         try:
-            if outcome["rc"] != 0:
+            if outcome.rc != 0:
                 job.stop()
         finally:
             job.close()
         Path(handle["config_json"]).unlink(missing_ok=True)
-        if reason := outcome.get("hung") or outcome.get("timed_out"):
-            raise TrainingFailedError(f"{what} of {cfg.name} {'hung' if outcome.get('hung') else 'timed out'} "
+        if reason := outcome.hung or outcome.timed_out:
+            raise TrainingFailedError(f"{what} of {cfg.name} {'hung' if outcome.hung else 'timed out'} "
                                       f"({self.name} launcher): {reason}; job cancelled on every node")
-        if outcome["preempted"]:
+        if outcome.preempted:
             raise JobPreempted(f"{what} of {cfg.name}: the {self.name} job was preempted or cancelled by the "
-                               f"cluster after step {outcome['last_step'] or 0}")
-        return self._result(cfg, JobSpec.from_handle(handle), job, outcome["rc"], outcome["failure"],
-                            RankFailure.from_dict(outcome.get("rank_failure")), what,
-                            handle["reports"] if handle["node_warm"] else None, preempted=False)
+                               f"cluster after step {outcome.last_step or 0}")
+        return self._result(cfg, JobSpec.from_handle(handle), job, outcome.rc, outcome.failure,
+                            outcome.rank_failure, what, handle["reports"] if handle["node_warm"] else None,
+                            preempted=False)
 
     def stop_job(self, handle: Mapping[str, Any]) -> None:
         """Stop a submitted job on every node and wait until nothing of it is left (idempotent)."""
@@ -261,33 +248,30 @@ class Launcher(ABC):
             job.close()
         Path(handle["config_json"]).unlink(missing_ok=True)
 
-    def _what(self) -> str:
-        return "evaluation" if self.evaluation else "training"
-
     def _before_start(self, cfg: JobConfig, dataset_dir: str | os.PathLike[str], *, job: JobSpec | None,
-                      run: RunIdentity | None, init_path: Path | None, node_warm: bool,
-                      export: dict[str, Any] | None, secret_env: dict[str, str] | None,
-                      evaluation: dict[str, Any] | None,
-                      ) -> tuple[JobSpec, Path, RunIdentity, Path, list[dict[str, Any]]]:
+                      run: RunIdentity | None, options: LaunchOptions | None,
+                      ) -> tuple[JobSpec, Path, RunIdentity, Path, LaunchOptions, list[dict[str, Any]]]:
         """Everything before the job starts: inputs checked, stale summary and status gone, a job of this name an
-        earlier attempt left cancelled, the nodes warmed, the ranks' input written."""
+        earlier attempt left cancelled, the nodes warmed, the ranks' input written; the options the engine
+        starts the job with (the checkpoint mirror's credentials added to the ranks' environment)."""
         dataset_dir = Path(dataset_dir).resolve()
         read_manifest(str(dataset_dir))  # fail fast, before any node is touched
         run = run or for_dataset(cfg, dataset_dir)
         spec = job or JobSpec(run.run_id, Path(cfg.train.output_dir))
-        self.evaluation = evaluation is not None
-        if not self.evaluation:  # a tp/pp change against the run's checkpoint: before any node
+        options = options or LaunchOptions()
+        if not options.evaluating:  # a tp/pp change against the run's checkpoint: before any node
             refuse_layout_change(cfg, run, spec.output_dir)
-        self.prepare(cfg, spec, dataset_dir)
+        self.prepare(cfg, spec, dataset_dir, options)
         out = spec.output_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").unlink(missing_ok=True)  # a stale summary must never describe this run
         (out / STATUS_FILE).unlink(missing_ok=True)  # nor a stale status supervise it
         self.cancel_earlier(cfg, spec)
         _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
-        self.node_warm, self.secret_env = node_warm, {**(secret_env or {}), **mirror_env}
-        reports = self.warm_nodes(cfg, spec, run) if node_warm else []
-        return spec, dataset_dir, run, write_worker_config(cfg, spec, run, init_path, export, evaluation), reports
+        options = replace(options, secret_env={**options.secret_env, **mirror_env})
+        reports = self.warm_nodes(cfg, spec, run) if options.node_warm else []
+        config_json = write_worker_config(cfg, spec, run, options.init_path, options.export, options.evaluation)
+        return spec, dataset_dir, run, config_json, options, reports
 
     def _result(self, cfg: JobConfig, spec: JobSpec, job: Job, rc: int, failure: str | None,
                 failed_rank: RankFailure | None, what: str, reports: list[dict[str, Any]] | None, *,

@@ -49,7 +49,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
-from tasks.launch.spec import JobSpec
+from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
@@ -295,9 +295,9 @@ class KubernetesLauncher(Launcher):
         return self._core
 
     def manifest(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-                 warm_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+                 warm_spec: dict[str, Any] | None = None, *, evaluation: bool = False) -> dict[str, Any]:
         manifest = render_pytorchjob(cfg, self.section, spec, dataset_dir, config_json, tag, warm_spec=warm_spec,
-                                     evaluation=self.evaluation)
+                                     evaluation=evaluation)
         validate_manifest(manifest)
         return manifest
 
@@ -337,17 +337,18 @@ class KubernetesLauncher(Launcher):
             log.warning("kubernetes: PyTorchJob %s was still there from an earlier attempt: deleted it before "
                         "launching", name)
 
-    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
-        self.manifest(cfg, spec, dataset_dir, spec.output_dir / "config.json", "0" * 32)
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, options: LaunchOptions) -> None:
+        self.manifest(cfg, spec, dataset_dir, spec.output_dir / "config.json", "0" * 32,
+                      evaluation=options.evaluating)
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-              run: RunIdentity) -> Job:
-        if self.secret_env:
+              run: RunIdentity, options: LaunchOptions) -> Job:
+        if options.secret_env:
             raise InvalidInputError("publish.storage_options: key/secret/token would be written into the "
                                     "PyTorchJob; give the pods the store's credentials by "
                                     "cluster.kubernetes.env_from_secrets instead")
-        warm_spec = node_spec(cfg, run, spec.output_dir) if self.node_warm else None
-        body = self.manifest(cfg, spec, dataset_dir, config_json, tag, warm_spec)
+        warm_spec = node_spec(cfg, run, spec.output_dir) if options.node_warm else None
+        body = self.manifest(cfg, spec, dataset_dir, config_json, tag, warm_spec, evaluation=options.evaluating)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         log.info("kubernetes: created PyTorchJob %s/%s (%d pod(s))", namespace, name,

@@ -20,7 +20,7 @@ from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, stop_all
-from tasks.launch.spec import JobSpec
+from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,8 @@ class LocalLauncher(Launcher):
         self.env, self.grace_s = dict(env or {}), grace_s
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-              run: RunIdentity) -> Job:
-        cmd = torchrun.node_command(cfg, dataset_dir, config_json, evaluation=self.evaluation)
+              run: RunIdentity, options: LaunchOptions) -> Job:
+        cmd = torchrun.node_command(cfg, dataset_dir, config_json, evaluation=options.evaluating)
         log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
-        return LocalJob(cmd, torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag}), tag,
+        return LocalJob(cmd, torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag}), tag,
                         spec.output_dir / STATUS_FILE, grace_s=self.grace_s)

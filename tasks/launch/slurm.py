@@ -41,7 +41,7 @@ from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import FileTail, LineSink
 from tasks.launch.procs import TAG_VAR
 from tasks.launch.shell import per_node_line
-from tasks.launch.spec import JobSpec
+from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
@@ -222,18 +222,18 @@ class SlurmLauncher(Launcher):
             log.info("slurm: %s", describe(report))
         return reports
 
-    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, options: LaunchOptions) -> None:
         render_script(cfg, self.section, spec, dataset_dir, Path("config.json"))  # validates the node split
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-              run: RunIdentity) -> Job:
+              run: RunIdentity, options: LaunchOptions) -> Job:
         out = spec.output_dir
         script = out / "slurm-job.sbatch"
-        script_text = render_script(cfg, self.section, spec, dataset_dir, config_json, warm=self.node_warm,
-                                    evaluation=self.evaluation)
+        script_text = render_script(cfg, self.section, spec, dataset_dir, config_json, warm=options.node_warm,
+                                    evaluation=options.evaluating)
         atomic_write_bytes(script, script_text.encode())
-        env = torchrun.rank_env({**self.env, **self.secret_env, TAG_VAR: tag})
-        if self.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
+        env = torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag})
+        if options.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
             shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
             env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run, out))}
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,

@@ -9,7 +9,7 @@ run identity stay the run's. Launchers take the job's directory and name from he
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +30,31 @@ class JobSpec:
     def from_handle(cls, handle: Mapping[str, Any]) -> JobSpec:
         """The spec a submitted job's handle carries."""
         return cls(handle["job_name"], Path(handle["output_dir"]))
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What a rank job takes besides its config, data, name and run identity, built once by the stage that starts
+    it and handed to the launcher (whose own state it never becomes).
+
+    `init_path`: the local starting weights a fresh run loads. `node_warm`: first warm the dataset (and the
+    starting weights) on every training node. `export`: the ranks write the final weights' Hugging Face shards
+    into the store's staging area (tasks/train/export.py). `secret_env`: credentials the ranks need, passed by
+    environment only. `evaluation`: what the evaluation ranks (tasks/evaluate/worker.py) evaluate; None: the
+    ranks train."""
+
+    init_path: Path | None = None
+    node_warm: bool = False
+    export: dict[str, Any] | None = None
+    secret_env: dict[str, str] = field(default_factory=dict)
+    evaluation: dict[str, Any] | None = None
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether the ranks are evaluation ranks."""
+        return self.evaluation is not None
+
+    @property
+    def what(self) -> str:
+        """What the ranks do, as messages name it."""
+        return "evaluation" if self.evaluating else "training"

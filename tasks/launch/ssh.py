@@ -24,6 +24,7 @@ import os
 import shlex
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from tasks.base.errors import InvalidInputError, RetrainerError, TrainingFailedError
@@ -36,7 +37,7 @@ from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all
-from tasks.launch.spec import JobSpec
+from tasks.launch.spec import JobSpec, LaunchOptions
 from tasks.runs.identity import RunIdentity
 
 log = logging.getLogger(__name__)
@@ -189,16 +190,16 @@ class SshLauncher(Launcher):
                                     f"reaches (usually the first host), not {cfg.cluster.master_addr!r}")
         return hosts
 
-    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path) -> None:
+    def prepare(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, options: LaunchOptions) -> None:
         hosts = self._hosts(cfg)  # and node_command validates the node/process split
         torchrun.node_command(cfg, dataset_dir, "config.json", nnodes=len(hosts), python=self.section.python,
-                              evaluation=self.evaluation)
+                              evaluation=options.evaluating)
 
     def remote_command(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-                       nnodes: int, node_rank: int) -> str:
+                       nnodes: int, node_rank: int, *, evaluation: bool) -> str:
         """The node's command line: the agent (env from stdin, stdin = liveness) running the node's ranks. No values."""
         cmd = torchrun.node_command(cfg, dataset_dir, config_json, nnodes=nnodes, node_rank=node_rank,
-                                    python=self.section.python, evaluation=self.evaluation)
+                                    python=self.section.python, evaluation=evaluation)
         agent = [self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node_tag(tag, node_rank),
                  "--grace", str(self.section.grace_s), "--watch-stdin", "--env-stdin", "--files-stdin"]
         if node_rank == 0:  # rank 0 runs there: its agent relays the status file and the summary
@@ -207,18 +208,18 @@ class SshLauncher(Launcher):
         return f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [*agent, "--",
                                                                                                      *cmd])
 
-    def node_env(self, tag: str, node_rank: int) -> dict[str, str]:
+    def node_env(self, tag: str, node_rank: int, secret_env: Mapping[str, str]) -> dict[str, str]:
         """What node `node_rank`'s ranks get in their environment (sent on the agent's stdin)."""
         env = {**torchrun.portable_env(torchrun.rank_env(self.env)), **self.env}
-        return {**env, **self.secret_env, TAG_VAR: node_tag(tag, node_rank)}
+        return {**env, **secret_env, TAG_VAR: node_tag(tag, node_rank)}
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
-              run: RunIdentity) -> Job:
+              run: RunIdentity, options: LaunchOptions) -> Job:
         hosts = self._hosts(cfg)
         datasets = [Path(self.datasets.get(h, dataset_dir)) for h in hosts]  # each node's own, once warmed there
-        remotes = [self.remote_command(cfg, spec, datasets[i], config_json, tag, len(hosts), i)
-                   for i in range(len(hosts))]
-        envs = [self.node_env(tag, i) for i in range(len(hosts))]
+        remotes = [self.remote_command(cfg, spec, datasets[i], config_json, tag, len(hosts), i,
+                                       evaluation=options.evaluating) for i in range(len(hosts))]
+        envs = [self.node_env(tag, i, options.secret_env) for i in range(len(hosts))]
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,
                  cfg.cluster.master_port, ", ".join(sorted(envs[0])))

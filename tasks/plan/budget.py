@@ -64,7 +64,7 @@ def on_cpu(device: str | None = None) -> bool:
     return device == "cpu"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Memory:
     """Bytes held by the most loaded rank."""
 
@@ -87,7 +87,7 @@ class Memory:
     process_phase: str = ""  # what peaks: training, saving, training + snapshot, loading
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
     """Per-step work and communication for one rank."""
 
@@ -111,7 +111,7 @@ class Step:
     comm_share: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """The preflight verdict and everything it was computed from."""
 
@@ -135,6 +135,11 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan `to_dict` gave (a run's plan stage hands it on as JSON)."""
+        return cls(**{**data, "memory": Memory(**data["memory"]), "step": Step(**data["step"])})
 
 
 def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -> tuple[int, int]:

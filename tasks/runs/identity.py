@@ -23,6 +23,7 @@ from tasks.config import JobConfig, sha256_json
 
 RUN_MARKER = "run.json"
 EXPORT_DIR = "export"  # <run dir>/export/: the ranks' shard reports per tag, and publish's own export copies
+EVAL_DIR = "eval"  # <run dir>/eval/<id>/: an evaluation's rank job (its worker config, status, summary)
 
 
 @dataclass(frozen=True)

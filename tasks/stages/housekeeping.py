@@ -71,6 +71,23 @@ class Item:
         return {"kind": self.kind, "url": self.url, "bytes": self.bytes, "reason": self.reason}
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What the housekeeping after a publish deleted (`prune_published`), or why it deleted nothing (`error`: it
+    failed, the publish stands, `retrainer gc` reclaims the rest)."""
+
+    items: tuple[Item, ...] = ()
+    error: str | None = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    def to_xcom(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pruned": [i.to_dict() for i in self.items], "bytes": self.bytes}
+        return out if self.error is None else {**out, "error": self.error}
+
+
 @dataclass
 class Report:
     """What a gc deleted (or, dry, would delete), skipped (a held lock) and kept on purpose."""

@@ -36,7 +36,10 @@ from tasks.stages.publish import PublishResult, require_approval
 
 if TYPE_CHECKING:
     from tasks.evaluate import Evaluated
-    from tasks.launch import Launch
+    from tasks.launch import Launch, Outcome
+    from tasks.plan import Plan
+    from tasks.registry import SwitchRecord
+    from tasks.stages.housekeeping import Pruned
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +53,22 @@ class Planned:
 
     job: ConfigSnapshot
     run: RunIdentity
-    budget: dict[str, Any]
+    budget: Plan
     skip: str | None
 
     def config(self) -> JobConfig:
         return self.job.config()
 
     def to_xcom(self) -> dict[str, Any]:
-        return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget, "skip": self.skip}
+        return {"job": self.job.to_dict(), "run": self.run.to_dict(), "budget": self.budget.to_dict(),
+                "skip": self.skip}
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> Planned:
-        return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]), data["budget"],
-                   data["skip"])
+        from tasks.plan import Plan
+
+        return cls(ConfigSnapshot.from_dict(data["job"]), RunIdentity.from_dict(data["run"]),
+                   Plan.from_dict(data["budget"]), data["skip"])
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ def refused_before_training(cfg: JobConfig, run: RunIdentity) -> str | None:
     return f"gate: {rolled_back_reason(model, alias, candidate.version, back)}"
 
 
-def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict[str, Any]:
+def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan:
     """The run's memory and communication budget; a launch that cannot fit, or a fresh run that would start
     over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced.
     Data this machine has cached already that the model cannot read is refused whatever `force` says."""
@@ -188,7 +194,7 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> dict
         if not force:
             raise PlanDoesNotFitError(f"plan: {result.verdict} (force to launch anyway)")
         log.warning("plan says the launch cannot work; launching anyway because force is set")
-    return result.to_dict()
+    return result
 
 
 def refuse_cached_data(cfg: JobConfig, run: RunIdentity) -> None:
@@ -247,7 +253,7 @@ def stage_train_submit(cfg: JobConfig, run: RunIdentity, warm: Warmed, *,
 
 
 def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: Warmed, job: dict[str, Any],
-                        outcome: dict[str, Any], *, holder: str | None = None) -> Trained | dict[str, Any]:
+                        outcome: Outcome, *, holder: str | None = None) -> Trained | dict[str, Any]:
     """The trained run from its followed job's outcome; a job the cluster took away is submitted again and
     resumes from its last checkpoint (its new handle), as long as each attempt gets further than the one
     before."""
@@ -257,7 +263,7 @@ def stage_train_collect(cfg: JobConfig, run: RunIdentity, warm: Warmed, job: dic
     try:
         summary = collect(cfg, job, outcome)
     except JobPreempted as exc:
-        step = outcome.get("last_step") or 0
+        step = outcome.last_step or 0
         if job.get("preempted_at_step") is not None and step <= job["preempted_at_step"]:
             raise TrainingFailedError(f"{exc}, again without passing step {job['preempted_at_step']}: not "
                                       "submitting it a third time") from None
@@ -290,7 +296,7 @@ def _finished(cfg: JobConfig, run: RunIdentity) -> Trained | None:
 
 
 def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
-    from tasks.launch import JobSpec, Launch, get_launcher
+    from tasks.launch import JobSpec, Launch, LaunchOptions, get_launcher
 
     # Where the nodes' own warm puts the starting weights (and a continued adapter); a launcher on this machine
     # fetches them here.
@@ -299,7 +305,7 @@ def _train_launch(cfg: JobConfig, run: RunIdentity, warm: Warmed) -> Launch:
     # A LoRA run's artifacts (the adapter, or the merged model) are written by publish from the checkpoint.
     export, secret_env = export_spec(cfg) if cfg.train.lora is None else (None, {})
     return Launch(cfg, JobSpec(run.run_id, run.run_dir(cfg)), warm.dataset_dir, run,
-                  {"init_path": init_path, "node_warm": True, "export": export, "secret_env": secret_env})
+                  LaunchOptions(init_path=init_path, node_warm=True, export=export, secret_env=secret_env))
 
 
 def fetch_start_here(cfg: JobConfig, run: RunIdentity, job_dir: Path) -> Path | None:
@@ -346,7 +352,7 @@ def stage_evaluate_submit(cfg: JobConfig, run: RunIdentity, trained: Trained, wa
     return {**launch.submit(), "pending": pending}
 
 
-def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: dict[str, Any]) -> Evaluated:
+def stage_evaluate_collect(cfg: JobConfig, job: dict[str, Any], outcome: Outcome) -> Evaluated:
     """The evaluation's metrics from its followed job's outcome."""
     from tasks.launch import collect
 
@@ -357,7 +363,7 @@ def _evaluation_launch(cfg: JobConfig, run: RunIdentity, trained: Trained, warm:
     from tasks.evaluate import evaluation_launch
 
     live = registry_for(cfg).live_version(cfg.publish.model_name, cfg.publish.alias)
-    return evaluation_launch(cfg, run, trained.checkpoint_dir, warm.dataset_dir, live=live)
+    return evaluation_launch(cfg, run, trained.checkpoint_dir, warm.dataset_dir, run.run_dir(cfg), live=live)
 
 
 def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:
@@ -464,14 +470,14 @@ def publish_note(published: PublishResult) -> str:
             f"{published.alias!r}")
 
 
-def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResult) -> dict[str, Any]:
+def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResult) -> Pruned:
     """Once the alias points at the published version: its run's other checkpoints go (locally and in the
     mirror), the one it came from stays (`retention.prune_checkpoints`; tasks/stages/housekeeping.py). A deletion
     that fails is logged, never raised: the publish stands, and `retrainer gc` reclaims what is left."""
-    from tasks.stages.housekeeping import prune_published
+    from tasks.stages.housekeeping import Pruned, prune_published
 
     if not cfg.retention.prune_checkpoints:
-        return {"pruned": [], "bytes": 0}
+        return Pruned()
     label = f"{published.model} v{published.version}"
     record = registry_for(cfg).get_version(published.model, published.version)
     tag = record.checkpoint_tag if record.config_hash == run.experiment_key else None
@@ -480,15 +486,15 @@ def stage_housekeeping(cfg: JobConfig, run: RunIdentity, published: PublishResul
     except (OSError, RetrainerError) as exc:
         log.warning("housekeeping: pruning run %s after %s failed (retrainer gc will reclaim it): %s", run.run_id,
                     label, exc)
-        return {"pruned": [], "bytes": 0, "error": str(exc)}
-    return {"pruned": [i.to_dict() for i in items], "bytes": sum(i.bytes for i in items)}
+        return Pruned(error=str(exc))
+    return Pruned(tuple(items))
 
 
 def stage_rollback(
     cfg: JobConfig, *, alias: str | None = None, to_version: int | None = None,
     actor: str | None = None, reason: str = "rollback", expect: int | None = None, force: bool = False,
     mover: Person | None = None,
-) -> dict[str, Any]:
+) -> SwitchRecord:
     """Move the alias back (to the newest version live before the current one that was not rolled back from it,
     or to `to_version`: one that was needs `force`; one it never held is refused, being a promotion), audited;
     with `expect`, only if the alias still points to that version (ConflictError otherwise). `mover`: the
@@ -503,10 +509,9 @@ def stage_rollback(
         cfg.publish.model_name, alias, to=to_version,
         actor=actor or default_actor(), reason=reason, expect=ANY if expect is None else expect, force=force,
     )
-    out = record.to_dict()
-    log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, out["alias"],
-             out["from_version"], out["to_version"])
-    return out
+    log.info("rollback: %s/%s moved v%s -> v%s", cfg.publish.model_name, record.alias, record.from_version,
+             record.to_version)
+    return record
 
 
 def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
@@ -520,7 +525,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
         log.info("run %s: %s", run.run_id, reason)
         out["skipped"] = reason
         return out
-    out["plan"] = stage_plan(cfg, run, force=force)
+    out["plan"] = stage_plan(cfg, run, force=force).to_dict()
     warmed = stage_warm(cfg, run)
     out["warm"] = warmed.to_xcom()
     if dry_run:
@@ -531,7 +536,7 @@ def run_lifecycle(cfg: JobConfig, *, force: bool = False, dry_run: bool = False)
     out.update(train=trained.to_xcom(), evaluate=evaluated.to_xcom(), gate=decision.to_xcom())
     if decision.publish:
         published = stage_publish(cfg, run, trained, evaluated, gate=decision)
-        out.update(publish=published.to_xcom(), housekeeping=stage_housekeeping(cfg, run, published))
+        out.update(publish=published.to_xcom(), housekeeping=stage_housekeeping(cfg, run, published).to_xcom())
     return out
 
 

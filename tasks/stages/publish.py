@@ -222,5 +222,6 @@ def export_dir(checkpoint_dir: Path, dtype: str) -> Path:
     """Where publish exports a checkpoint itself: `<run>/export/<tag>-<dtype>/` (a full copy of the weights,
     which housekeeping deletes once the version is published)."""
     from tasks.runs.identity import EXPORT_DIR
+    from tasks.train.checkpoint import run_dir_of
 
-    return checkpoint_dir.parent.parent / EXPORT_DIR / f"{checkpoint_dir.name}-{dtype}"
+    return run_dir_of(checkpoint_dir) / EXPORT_DIR / f"{checkpoint_dir.name}-{dtype}"

@@ -36,6 +36,12 @@ def ckpt_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "ckpt"
 
 
+def run_dir_of(checkpoint_dir: str | Path) -> Path:
+    """The run directory a committed checkpoint `<run dir>/ckpt/<tag>` lives in (`ckpt_root`'s inverse), for a
+    caller that was handed only the checkpoint (`retrainer evaluate`, `retrainer publish`)."""
+    return Path(checkpoint_dir).parent.parent
+
+
 def is_tag(name: str) -> bool:
     """Whether `name` is a committed checkpoint's directory name (`step-NNNNNN`)."""
     return bool(_TAG.match(name))
@@ -176,6 +182,17 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def seed_rank(seed: int, dp_rank: int, stage: int) -> None:
+    """Dropout RNG: TP peers share a seed so replicated activations get the same mask."""
+    import numpy as np
+    import torch
+
+    s = seed + 1009 * dp_rank + 101 * stage
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -61,6 +61,7 @@ def test_the_approval_task_itself_refuses_an_answer_from_someone_the_policy_does
     from retrainer_airflow.operators import PublishApproval
 
     from tasks.models.resolve import ConfigSnapshot
+    from tasks.plan import plan
     from tasks.runs.identity import identity, scratch
     from tasks.stages.lifecycle import Planned
     from tests.airflow.conftest import ROOT
@@ -68,7 +69,7 @@ def test_the_approval_task_itself_refuses_an_answer_from_someone_the_policy_does
     job = ConfigSnapshot.take(ROOT / "configs" / "tiny-llama.yaml", {
         "publish.policy": {"production": {"approval": "required", "approvers": ["alice"]}}})
     cfg = job.config()
-    plan_out = Planned(job, identity(cfg, "d" * 64, scratch(cfg)), {}, None).to_xcom()
+    plan_out = Planned(job, identity(cfg, "d" * 64, scratch(cfg)), plan(cfg, device="cpu"), None).to_xcom()
     approval = PublishApproval(task_id="approval", subject="s", plan_out=plan_out, metrics={}, decision={})
     notes: list[str] = []
     context = {"ti": SimpleNamespace(xcom_push=lambda key, value: notes.append(value)),

@@ -300,7 +300,7 @@ def test_two_weeks_and_a_rollback_as_the_page_shows_them(
     assert "<button type='submit'>Roll back to v1</button>" in before and "name='force'" not in before
     moved = lifecycle.stage_rollback(cfg, actor=f"alice via airflow rollback_model/{ROLLBACK_RUN}",
                                      reason="prod regression")
-    assert (moved["from_version"], moved["to_version"]) == (2, 1)
+    assert (moved.from_version, moved.to_version) == (2, 1)
 
     page = client.get("/retrainer/models/tiny-llama", headers=auth)
     assert page.status_code == 200

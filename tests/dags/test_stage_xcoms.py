@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 
 from tasks.evaluate import Evaluated
+from tasks.launch import Outcome
+from tasks.models.resolve import load_config
+from tasks.plan import Plan, plan
 from tasks.stages.gate import GateDecision
+from tasks.stages.housekeeping import Item, Pruned
 from tasks.stages.lifecycle import Trained, Warmed
 from tasks.stages.publish import PublishResult
 
@@ -43,3 +47,28 @@ def test_xcoms_written_before_the_typed_results_read_back_unchanged() -> None:
     assert trained.checkpoint_dir == Path(TRAIN["checkpoint_dir"]) and trained.export == TRAIN["export"]
     assert evaluated.live is not None and evaluated.live.cached and evaluated.live.version == 1
     assert GateDecision.from_xcom(DECISION).rules[0]["passed"] is True
+
+
+# The trigger's event as `follow` wrote it before its outcome was typed: cancelled as hung; ended by a rank's failure.
+HUNG = {"hung": "no progress for 30 s after step 3", "rc": 1, "failure": None, "last_step": 3, "rank_failure": None,
+        "preempted": False}
+FAILED = {"rc": 1, "failure": None, "last_step": 2, "preempted": False,
+          "rank_failure": {"rank": 1, "at": 1.5, "host": "gpu-07", "type": "IndexError", "message": "out of range",
+                           "where": "tasks/models/gpt/model.py:57", "traceback": "Traceback ...", "exit_code": 1}}
+# Housekeeping's XCom as the dict-returning stage wrote it: a prune, and a prune that failed.
+PRUNED = {"pruned": [{"kind": "checkpoint", "url": "/runs/r1/ckpt/step-000002", "bytes": 1024,
+                      "reason": "an intermediate checkpoint (tiny-llama v2 came from step-000004)"}], "bytes": 1024}
+PRUNE_FAILED = {"pruned": [], "bytes": 0, "error": "permission denied"}
+
+
+def test_the_trigger_event_the_housekeeping_and_the_plan_keep_their_json() -> None:
+    for event in (HUNG, FAILED):
+        assert json.loads(json.dumps(Outcome.from_dict(json.loads(json.dumps(event))).to_dict())) == event
+    assert Outcome.from_dict(FAILED).rank_failure is not None and Outcome.from_dict(HUNG).hung == HUNG["hung"]
+    assert Pruned((Item(**PRUNED["pruned"][0]),)).to_xcom() == PRUNED
+    assert Pruned(error="permission denied").to_xcom() == PRUNE_FAILED
+    assert Pruned().to_xcom() == {"pruned": [], "bytes": 0}
+    # The plan stage's budget: read back by every later stage (Planned.from_xcom), written back the same.
+    budget = json.loads(json.dumps(plan(load_config(Path(__file__).parents[2] / "configs" / "tiny-llama.yaml"),
+                                        device="cpu").to_dict()))
+    assert Plan.from_dict(budget).to_dict() == budget

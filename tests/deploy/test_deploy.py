@@ -307,7 +307,7 @@ def test_a_version_live_because_of_a_rollback_is_not_rolled_back_again(job, expo
     failed = resolve_target(cfg, [{"version": 2}])
     assert (failed.version, failed.moved_by, failed.moved_from) == (2, "publish", 1)
     out = roll_back(cfg, failed, "hook failed: reload refused", actor="ci")
-    assert (out["from_version"], out["to_version"]) == (2, 1)
+    assert (out.from_version, out.to_version) == (2, 1)
     # Its event deploys v1; that deploy failing too does not cascade: the alias stays, loudly.
     again = resolve_target(cfg, [{"version": 1}])
     assert (again.version, again.via_rollback) == (1, True)

@@ -40,9 +40,9 @@ def run_stage(stage: str, config: Path, state: Path, metrics_file: Path | None) 
 
     if stage == "plan":
         run = lifecycle.stage_identify(cfg)
-        return {"run": run.to_dict(), "budget": lifecycle.stage_plan(cfg, run)}
+        return {"run": run.to_dict(), "budget": lifecycle.stage_plan(cfg, run).to_dict()}
     if stage == "rollback":
-        return lifecycle.stage_rollback(cfg, actor="fault-suite")
+        return lifecycle.stage_rollback(cfg, actor="fault-suite").to_dict()
     plan_path = state / "plan.json"
     if not plan_path.exists() or prior("plan")["run"]["config_fingerprint"] != cfg.fingerprint():
         atomic_write_json(plan_path, run_stage("plan", config, state, metrics_file))

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from tasks.train import async_save, data, telemetry, worker
+from tasks.train import async_save, checkpointer, data, telemetry, worker
 from tasks.train import checkpoint as ck
 from tasks.train.rank import exit_without_teardown
 
@@ -144,7 +144,7 @@ def install() -> None:
                 record.msg = "~~ " + str(record.msg).replace("step", "stage").replace("failed", "went wrong")
                 return True
 
-        for logger in (worker.log, telemetry.log):
+        for logger in (worker.log, checkpointer.log, telemetry.log):
             logger.addFilter(Reword())
 
 

@@ -199,9 +199,8 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
                           run.run_dir(cfg) / "eval")
     assert launch.run == run and launch.job.output_dir.parent == run.run_dir(cfg) / "eval"
     launcher = get_launcher(launch.cfg)
-    launcher.evaluation = True  # what Launcher.run sets for an evaluation spec
     job = launcher.manifest(launch.cfg, launch.job, tmp_path / "cache" / "ds", launch.job.output_dir / "job.json",
-                            "ab" * 16)
+                            "ab" * 16, evaluation=launch.options.evaluating)
     jsonschema.validate(job, PYTORCHJOB_SCHEMA)
     container = pod_spec(job)["containers"][0]
     words = shlex.split(container["command"][2])
@@ -212,7 +211,6 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
     assert eval_name == f"retrainer-tiny-test-{launch.job.name}" and eval_name.startswith("retrainer-tiny-test-eval-")
     assert len(eval_name) <= 63 and job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"][
         "labels"]["retrainer/job"] == eval_name
-    launcher.evaluation = False
     training = launcher.manifest(cfg, JobSpec(run.run_id, run.run_dir(cfg)), tmp_path / "cache" / "ds",
                                  run.run_dir(cfg) / "job.json", "ab" * 16)
     assert training["metadata"]["name"] == f"retrainer-tiny-test-{run.run_id[:12]}" != eval_name
@@ -262,7 +260,7 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
 
     from tasks.base.errors import TrainingFailedError
     from tasks.base.job_status import Status, relay_line
-    from tasks.launch import collect, follow
+    from tasks.launch import Outcome, collect, follow
     from tasks.runs.identity import for_dataset
     from tests.launch.k8s_api import kubernetes_api
 
@@ -283,12 +281,13 @@ def test_a_rank_failed_on_a_worker_pod_reaches_the_error_a_deferred_task_collect
         api.logs[f"{name}-master-0"] = (relay_line(status) + "\n").encode() + master_log
         api.logs[f"{name}-worker-0"] = worker_log
         with caplog.at_level(logging.INFO, logger="tasks.launch.ranks"):
-            outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))  # the trigger's event is JSON
-        assert outcome["rc"] == 1 and outcome["last_step"] == 1 and not outcome["preempted"], outcome
+            event = json.loads(json.dumps(asyncio.run(follow(cfg, handle)).to_dict()))  # the trigger's event is JSON
+        outcome = Outcome.from_dict(event)
+        assert outcome.rc == 1 and outcome.last_step == 1 and not outcome.preempted, outcome
         with pytest.raises(TrainingFailedError) as failed:
             collect(cfg, handle, outcome)
         assert api.jobs == {}  # deleted on the way out
-    host = outcome["rank_failure"]["host"]
+    host = event["rank_failure"]["host"]
     assert str(failed.value) == ("training of tiny-test failed (kubernetes launcher): rank 3 failed: IndexError: "
                                  f"list index out of range ({tmp_path / 'rank.py'}:{line} on {host})")
     relayed = {(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tasks.launch.ranks"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.launch import get_launcher
+from tasks.launch import LaunchOptions, get_launcher
 from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
 from tests.launch.helpers import launched, source_line, training_processes, wait_for_step
 
@@ -113,7 +113,8 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
     make_data(cfg.data.source_url, name=cfg.name, seed=5, tokens_per_shard=16384)
     run = identity(cfg, remote_manifest_hash(cfg.data.source_url), scratch(cfg))
     here = warm_for_config(cfg)  # the Airflow worker's own warm (planning, evaluation)
-    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+    summary = get_launcher(cfg, env=slurm_cluster.env).run(cfg, here.dataset_dir, run=run,
+                                                           options=LaunchOptions(node_warm=True))
 
     out = Path(cfg.train.output_dir)
     script = (out / "slurm-job.sbatch").read_text()
@@ -129,7 +130,8 @@ def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(s
     make_data(cfg.data.source_url, name=cfg.name, seed=6, tokens_per_shard=16384)
     late = tiny_config(tmp_path, overrides, out="late")
     with pytest.raises(TrainingFailedError, match=rf"node {node['node']}: the dataset at .* verified as manifest"):
-        get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run, node_warm=True)
+        get_launcher(late, env=slurm_cluster.env).run(late, here.dataset_dir, run=run,
+                                                      options=LaunchOptions(node_warm=True))
     job_id = (Path(late.train.output_dir) / "slurm-job-id").read_text().strip()
     assert "step 1/" not in (Path(late.train.output_dir) / f"slurm-{job_id}.out").read_text()
 
@@ -179,7 +181,7 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
                                  "train.steps": 3}, out="slurm")
     handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
     outcome = asyncio.run(follow(cfg, handle))
-    assert outcome["rc"] == 0 and not outcome["preempted"], outcome
+    assert outcome.rc == 0 and not outcome.preempted, outcome
     summary = collect(cfg, handle, outcome)
     assert len(summary["losses"]) == 3 and summary["trained_steps"] == 3
 
@@ -187,7 +189,7 @@ def test_a_submitted_job_is_followed_from_elsewhere_and_its_deadline_cancels_it(
     handle = get_launcher(slow).submit(slow, dataset, run=for_dataset(slow, dataset))
     wait_for_step(slow.train.output_dir, 1)
     outcome = asyncio.run(follow(slow, handle, deadline=time.time()))
-    assert "timed_out" in outcome and job_processes(handle["job_id"]) == []
+    assert outcome.timed_out is not None and job_processes(handle["job_id"]) == []
     assert "JobState=CANCELLED" in slurm_cluster.run("scontrol", "show", "job", "-o", handle["job_id"]).stdout
     with pytest.raises(TrainingFailedError, match=r"timed out .* deadline"):
         collect(slow, handle, outcome)
@@ -210,7 +212,7 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     import asyncio
 
     from tasks.base.errors import TrainingFailedError
-    from tasks.launch import collect, follow
+    from tasks.launch import Outcome, collect, follow
     from tasks.runs.identity import for_dataset
 
     hooked(HOOK_BAD_TOKEN_AT="2:1")
@@ -220,8 +222,8 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "cluster.slurm.time_limit": "00:10:00",
                                  "parallel.dp": 2, "train.steps": 4}, out="slurm")
     handle = json.loads(json.dumps(get_launcher(cfg).submit(cfg, dataset, run=for_dataset(cfg, dataset))))
-    outcome = json.loads(json.dumps(asyncio.run(follow(cfg, handle))))
-    assert outcome["rc"] != 0 and not outcome["preempted"], outcome
+    outcome = Outcome.from_dict(json.loads(json.dumps(asyncio.run(follow(cfg, handle)).to_dict())))
+    assert outcome.rc != 0 and not outcome.preempted, outcome
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="tasks.launch.base"), pytest.raises(TrainingFailedError) as failed:
         collect(cfg, handle, outcome)

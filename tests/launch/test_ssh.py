@@ -12,7 +12,7 @@ import pytest
 
 from tasks.base.errors import TrainingFailedError
 from tasks.config import JobConfig
-from tasks.launch import get_launcher
+from tasks.launch import LaunchOptions, get_launcher
 from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
 from tests.launch.helpers import is_rank, launched, source_line, training_processes, wait_for_step
@@ -155,7 +155,8 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         cfg = ssh_config(tmp_path, netns_hosts, "warmed", **data)
         run = identity(cfg, remote_manifest_hash(source, storage_options=s3.storage_options), scratch(cfg))
         here = warm_for_config(cfg)  # the Airflow worker's own copy (planning, evaluation), in its own node-cache
-        summary = get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+        summary = get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run,
+                                                             options=LaunchOptions(node_warm=True))
 
         nodes = summary["nodes"]
         assert [n["node"] for n in nodes] == netns_hosts.addrs
@@ -176,7 +177,7 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         shard.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])
         again_cfg = ssh_config(tmp_path, netns_hosts, "again", **data)
         again = get_launcher(again_cfg, env=netns_hosts.env).run(again_cfg, here.dataset_dir, run=run,
-                                                                 node_warm=True)
+                                                                 options=LaunchOptions(node_warm=True))
         assert [n["files_fetched"] for n in again["nodes"]] == [0, 1]
         assert shard.read_bytes() == good
 
@@ -188,7 +189,7 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
             with pytest.raises(TrainingFailedError, match=rf"warm on node {netns_hosts.addrs[1]} failed, no rank "
                                                           r"started"):
                 get_launcher(blocked_cfg, env=netns_hosts.env).run(blocked_cfg, here.dataset_dir, run=run,
-                                                                   node_warm=True)
+                                                                   options=LaunchOptions(node_warm=True))
         finally:
             subprocess.run([*route[:4], "del", *route[5:]], check=True)
         assert not (Path(blocked_cfg.train.output_dir) / "status.json").exists()
@@ -198,7 +199,8 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         late = ssh_config(tmp_path, netns_hosts, "late", **data)
         with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: node "
                                                       r"10\.[\d.]+: the dataset at .* verified as manifest"):
-            get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run, node_warm=True)
+            get_launcher(late, env=netns_hosts.env).run(late, here.dataset_dir, run=run,
+                                                        options=LaunchOptions(node_warm=True))
         assert netns_hosts.left_behind() == []
     finally:
         s3.stop()
@@ -227,7 +229,8 @@ def test_each_host_refuses_a_shard_the_model_cannot_read_before_any_rank_starts(
     with pytest.raises(TrainingFailedError, match=r"warm on node 10\.[\d.]+ failed, no rank started: .*"
                                                   r"train/shard-00001\.bin holds token id 300, not below "
                                                   r"model\.vocab_size 256"):
-        get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run, node_warm=True)
+        get_launcher(cfg, env=netns_hosts.env).run(cfg, here.dataset_dir, run=run,
+                                                   options=LaunchOptions(node_warm=True))
     assert not (Path(cfg.train.output_dir) / "status.json").exists()
     refused = run.data_manifest_hash[:16]  # the cache's name for this dataset (other tests' datasets may stay)
     for private in netns_hosts.host_caches:

@@ -132,12 +132,12 @@ def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> No
     assert {"ConnectTimeout=7", "ProxyJump=bastion", "IdentitiesOnly=yes", "BatchMode=yes"} <= pairs
     assert cmd[cmd.index("-i") + 1] == "/keys/id"
     remote = launcher.remote_command(cfg, JobSpec("0" * 16, tmp_path / "run"), tmp_path / "ds", tmp_path / "c.json",
-                                     "ab" * 16, 2, 1)
+                                     "ab" * 16, 2, 1, evaluation=False)
     words = shlex.split(remote)
     assert words[:2] == ["cd", "/srv/retrainer"]
     # The environment travels on the agent's stdin, never on its command line (`ps` would show it).
     assert not any("NCCL_IB_HCA" in w for w in words) and "--env-stdin" in words
-    assert launcher.node_env("ab" * 16, 1)["NCCL_IB_HCA"] == "mlx5"
+    assert launcher.node_env("ab" * 16, 1, {})["NCCL_IB_HCA"] == "mlx5"
     agent = words.index("tasks.launch.agent")
     assert words[agent - 2 : agent] == ["/opt/py", "-m"] and words[words.index("--grace") + 1] == "4.0"
     assert "--node-rank=1" in words and "--nproc-per-node=1" in words

@@ -93,7 +93,8 @@ def test_the_evaluation_ranks_peak_as_planned(full_run: tuple[JobConfig, Plan, d
     """The run's checkpoint scored by its evaluation ranks (its layout, in bf16, `evaluate.dtype`'s default): each
     rank's peak RSS within 15% of the plan's evaluation term for the busiest stage."""
     cfg, predicted, summary = full_run
-    launch, _ = evaluation_launch(cfg, RunIdentity.from_dict(summary["run"]), summary["checkpoint_dir"], dataset)
+    launch, _ = evaluation_launch(cfg, RunIdentity.from_dict(summary["run"]), summary["checkpoint_dir"], dataset,
+                                  Path(cfg.train.output_dir))  # the `train` verb's run directory
     peaks = launch.run_here()["peak_rss_bytes"]
     assert predicted.evaluation is not None and len(peaks) == 2
     ev = predicted.evaluation

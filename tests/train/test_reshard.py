@@ -165,10 +165,10 @@ def test_lowering_dp_without_raising_micro_batches_is_refused_naming_the_fix(tmp
 
     fixed = load_config(edit(dp=1, micro_batches=2))
     assert stage_identify(fixed).run_id == stopped.run_id  # the stopped run, which resumes
-    assert stage_plan(fixed, stopped)["fits"]
+    assert stage_plan(fixed, stopped).fits
 
     forgot = load_config(edit(dp=1, micro_batches=1))
-    assert stage_plan(forgot, stage_identify(forgot), force=True)["fits"]  # forced: the new run may start
+    assert stage_plan(forgot, stage_identify(forgot), force=True).fits  # forced: the new run may start
     (root / "tmp-step-000008").mkdir()
     ck.finalize(root, "step-000008", ck.make_marker(cfg2, stopped, "step-000008", 8, 1), keep_last=2)
-    assert stage_plan(forgot, stage_identify(forgot))["fits"]  # the dp=2 run finished: another experiment
+    assert stage_plan(forgot, stage_identify(forgot)).fits  # the dp=2 run finished: another experiment
