@@ -40,7 +40,7 @@ COMMAND_MODULES = {
     "rollback": "tasks.cli.registry",
     "registry": "tasks.cli.registry",
     "run": "tasks.stages.lifecycle",
-    "deploy": "tasks.deploy",
+    "deploy": "tasks.cli.deploy",
     "gc": "tasks.stages.housekeeping",
     "demo": "tasks.cli.demo",
     "airflow": "tasks.cli.airflow_cmd",
