@@ -8,7 +8,9 @@ import argparse
 import json
 from typing import Any
 
-from tasks.data.manifest import MANIFEST_KEY, build_manifest, claim_destination, make_data
+from tasks.base.dataset_format import MANIFEST_KEY
+from tasks.data.manifest import build_manifest, claim_destination
+from tasks.data.synthetic import make_data
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:

@@ -16,20 +16,16 @@ import logging
 
 import sqlalchemy as sa
 
+from tasks.config import REPO_ROOT
 from tasks.config.endpoints import registry_for
 from tasks.models.resolve import load_config
-from tasks.stages.lifecycle import (
-    DEFAULT_CONFIG,
-    describe_outcome,
-    run_lifecycle,
-    stage_rollback,
-)
+from tasks.stages.lifecycle import describe_outcome, run_lifecycle, stage_rollback
 
 log = logging.getLogger(__name__)
 
 
 def _new_week_of_data(cfg, week: int) -> None:
-    from tasks.data.manifest import make_data  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.data.synthetic import make_data  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
@@ -45,7 +41,7 @@ def _run(cfg, title: str) -> dict:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tasks.registry import upgrade  # lazy: a verb loads only what it runs (retrainer --help stays instant)
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config or REPO_ROOT / "configs" / "tiny-llama.yaml")
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself
     _new_week_of_data(cfg, 1)
     _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
@@ -77,5 +73,5 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="job config (default: configs/tiny-llama.yaml)")
+    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml)")
     p.set_defaults(handler=_cmd_demo)

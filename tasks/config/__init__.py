@@ -437,7 +437,7 @@ class TrainConfig(_Strict):
         return value
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # A Kubernetes resource.Quantity ("8", "500m", "64Gi"), as the PyTorchJob CRD checks it (tasks/launch/k8s_schema).
 K8S_QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
                         r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")

@@ -39,9 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-llama.yaml"
-
-
 @dataclass(frozen=True)
 class Planned:
     """What a run's plan stage froze for every later stage: the resolved config, who the run is, its budget,
@@ -125,19 +122,6 @@ def stage_plan_run(job: ConfigSnapshot, *, force: bool = False) -> Planned:
     run = stage_identify(cfg)
     budget = stage_plan(cfg, run, force=force)
     return Planned(job, run, budget, refused_before_training(cfg, run))
-
-
-def write_snapshot(cfg: JobConfig, *, seed: int, dest_url: str | None) -> dict[str, Any]:
-    """The demo producer: a synthetic dataset snapshot under a new prefix; returns the event's extra."""
-    from datetime import UTC, datetime
-
-    from tasks.data.manifest import make_data
-
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    url = dest_url or f"{cfg.data.source_url.rstrip('/')}-snapshots/{stamp}"
-    manifest = make_data(url, name=cfg.name, seed=seed, storage_options=cfg.data.storage_options)
-    log.info("publish_dataset: snapshot %s (manifest %s, %d files)", url, manifest.hash[:12], len(manifest.files))
-    return {"source_url": url, "manifest_hash": manifest.hash}
 
 
 def stage_identify(cfg: JobConfig) -> RunIdentity:

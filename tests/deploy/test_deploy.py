@@ -77,7 +77,7 @@ def _evaluated(cfg: JobConfig, checkpoint: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Export:
     """One real publish (tasks.stages.publish: the checkpoint exported as a Hugging Face directory), its tree kept."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.stages.publish import publish
     from tests.registry.conftest import experiment_key_of, make_checkpoint
 

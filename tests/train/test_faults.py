@@ -133,7 +133,7 @@ def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeyp
 def mixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, RunIdentity, dict]:
     """An unbroken run of the experiment on a mixture (this week's data + 25% replay of an older snapshot),
     both warmed into one cache as the warm stage does: (tmp root, primary dataset dir, identity, summary)."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.data.warm import warm_mixture
 
     root = tmp_path_factory.mktemp("mixture")
