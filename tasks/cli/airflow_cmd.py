@@ -20,10 +20,9 @@ import sysconfig
 from pathlib import Path
 
 from tasks.base.errors import RetrainerError
+from tasks.base.home import REPO_ROOT
 
 log = logging.getLogger(__name__)
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout the package was installed from
 
 
 def served_checkout(cwd: Path) -> Path:
@@ -32,7 +31,7 @@ def served_checkout(cwd: Path) -> Path:
     here = cwd.resolve()
     if (here / "dags" / "retrain.py").is_file() and (here / "plugins" / "retrainer_airflow").is_dir():
         return here
-    return PROJECT_ROOT
+    return REPO_ROOT
 
 
 def airflow_env() -> dict[str, str]:
@@ -44,7 +43,7 @@ def airflow_env() -> dict[str, str]:
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     env["PATH"] = os.pathsep.join([bin_dir, *path])  # first: standalone's components are this venv's airflow
     checkout = served_checkout(Path.cwd())
-    if checkout != PROJECT_ROOT:  # its tasks/ too, not the package's (the DAGs and plugins import it)
+    if checkout != REPO_ROOT:  # its tasks/ too, not the package's (the DAGs and plugins import it)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH")) if p)
     defaults = {
         "AIRFLOW_HOME": str(Path.cwd() / "airflow-home"),

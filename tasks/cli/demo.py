@@ -16,7 +16,7 @@ import logging
 
 import sqlalchemy as sa
 
-from tasks.config import REPO_ROOT
+from tasks.base.home import REPO_ROOT
 from tasks.config.endpoints import registry_for
 from tasks.models.resolve import load_config
 from tasks.stages.lifecycle import describe_outcome, run_lifecycle, stage_rollback

@@ -46,7 +46,7 @@ from tasks.base.families import (
     rope_types_text,
     supported_options,
 )
-from tasks.base.home import retrainer_home
+from tasks.base.home import REPO_ROOT, retrainer_home
 from tasks.base.policy import AliasPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -437,7 +437,6 @@ class TrainConfig(_Strict):
         return value
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # A Kubernetes resource.Quantity ("8", "500m", "64Gi"), as the PyTorchJob CRD checks it (tasks/launch/k8s_schema).
 K8S_QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
                         r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")

@@ -10,8 +10,8 @@ import subprocess
 import threading
 from collections import deque
 
+from tasks.base.home import REPO_ROOT
 from tasks.base.spawn import die_with_parent
-from tasks.config import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.airflow_cmd import PROJECT_ROOT, airflow_env
+from tasks.base.home import REPO_ROOT
+from tasks.cli.airflow_cmd import airflow_env
 from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER, under_airflow_bash_blocks
 
-README = (PROJECT_ROOT / "README.md").read_text()
+README = (REPO_ROOT / "README.md").read_text()
 PROGRAM = ".venv/bin/retrainer"
 
 
@@ -42,8 +43,8 @@ def test_wrapper_sets_what_the_readme_says(bare: Path, monkeypatch: pytest.Monke
     env = airflow_env()
     assert env["PATH"].split(":") == [sysconfig.get_path("scripts"), "/usr/bin", "/bin"]
     assert env["AIRFLOW_HOME"] == str(bare / "airflow-home")
-    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(PROJECT_ROOT / "dags")
-    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(PROJECT_ROOT / "plugins")
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO_ROOT / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(REPO_ROOT / "plugins")
     assert (env["AIRFLOW__CORE__LOAD_EXAMPLES"], env["AIRFLOW__CORE__PARALLELISM"]) == ("False", "4")
     assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # a trigger runs without an unpause
     assert "`AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False`" in README
@@ -90,7 +91,7 @@ def test_airflow_reads_the_wrapper_settings(bare: Path, monkeypatch: pytest.Monk
     """Through the console script, as a user runs it: airflow itself sees the derived base URL and our dags."""
     monkeypatch.setenv("AIRFLOW__API__PORT", "8081")
     for (section, key), value in {("api", "base_url"): "http://localhost:8081",
-                                  ("core", "dags_folder"): str(PROJECT_ROOT / "dags")}.items():
+                                  ("core", "dags_folder"): str(REPO_ROOT / "dags")}.items():
         done = subprocess.run([RETRAINER, "airflow", "config", "get-value", section, key], capture_output=True,
                               text=True, timeout=300)
         assert (done.returncode, done.stdout.strip()) == (0, value), done.stderr
@@ -104,7 +105,7 @@ def test_the_task_plugin_scan_warns_nothing_and_skips_the_registry_package(bare:
     scan = ("import sys, airflow\n"
             "from airflow.sdk._shared.module_loading.file_discovery import find_path_from_directory\n"
             "print(sorted(find_path_from_directory(sys.argv[1], '.airflowignore')))\n")
-    plugins = PROJECT_ROOT / "plugins"
+    plugins = REPO_ROOT / "plugins"
     done = subprocess.run([sys.executable, "-c", scan, str(plugins)], env=airflow_env(), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -120,7 +121,7 @@ def test_a_second_checkout_sharing_the_venv_serves_itself(bare: Path, monkeypatc
 
     other = bare / "second-checkout"
     for folder in ("dags", "plugins", "configs", "tasks"):
-        shutil.copytree(PROJECT_ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO_ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.chdir(other)
     env = airflow_env()
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(other / "dags")
