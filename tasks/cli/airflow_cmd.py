@@ -36,7 +36,7 @@ def served_checkout(cwd: Path) -> Path:
 
 def airflow_env() -> dict[str, str]:
     """The environment `retrainer airflow` runs airflow in: this one plus the project's defaults."""
-    from tasks.base.home import retrainer_home  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.base.home import retrainer_home
 
     env = dict(os.environ)
     bin_dir = sysconfig.get_path("scripts")

@@ -12,25 +12,23 @@ live model is.
 from __future__ import annotations
 
 import argparse
-import logging
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from tasks.base.home import REPO_ROOT
-from tasks.config.endpoints import registry_for
-from tasks.models.resolve import load_config
-from tasks.stages.lifecycle import describe_outcome, run_lifecycle, stage_rollback
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from tasks.config import JobConfig
 
 
-def _new_week_of_data(cfg, week: int) -> None:
-    from tasks.data.synthetic import make_data  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+def _new_week_of_data(cfg: JobConfig, week: int) -> None:
+    from tasks.data.synthetic import make_data
 
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
 
-def _run(cfg, title: str) -> dict:
+def _run(cfg: JobConfig, title: str) -> dict:
+    from tasks.stages.lifecycle import describe_outcome, run_lifecycle
+
     print(f"== {title}", flush=True)
     out = run_lifecycle(cfg)
     for line in describe_outcome(out):
@@ -39,7 +37,12 @@ def _run(cfg, title: str) -> dict:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tasks.registry import upgrade  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    import sqlalchemy as sa
+
+    from tasks.config.endpoints import registry_for
+    from tasks.models.resolve import load_config
+    from tasks.registry import upgrade
+    from tasks.stages.lifecycle import stage_rollback
 
     cfg = load_config(args.config or REPO_ROOT / "configs" / "tiny-llama.yaml")
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself

@@ -9,9 +9,7 @@ internals.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from tasks.data.warm import remote_manifest_hash
 from tasks.inputs.adapter import weights_to_load
 from tasks.inputs.start import resolve_identity
 from tasks.inputs.weights import fetch_starting_weights, weights_path
-from tasks.models.resolve import ConfigSnapshot, load_config
+from tasks.models.resolve import ConfigSnapshot
 from tasks.runs.identity import RunIdentity, claim_run_dir, nothing_new
 from tasks.stages.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.stages.publish import PublishResult, require_approval
@@ -550,21 +548,3 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"dry run: planned and warmed {out['warm']['dataset_dir']}")
     return lines
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, {"train.steps": args.steps})
-    out = run_lifecycle(cfg, force=args.force, dry_run=args.dry_run)
-    print(json.dumps(out, indent=2, default=str) if args.json else "\n".join(describe_outcome(out)))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the whole lifecycle for one config in this process")
-    p.add_argument("config", help="job config YAML")
-    p.add_argument("--steps", type=int, help="override train.steps")
-    p.add_argument("--force", action="store_true", help="launch even if the plan says it cannot fit, or a "
-                   "stopped run at another global batch would be left behind")
-    p.add_argument("--dry-run", action="store_true", help="plan and warm only")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_cmd_run)

@@ -26,10 +26,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from tasks.cli.plan import main as plan_main
 from tasks.config import ModelConfig
 from tasks.models import get_family
 from tasks.models.llama.model import sliding_mask
-from tasks.plan.cli import main as plan_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
