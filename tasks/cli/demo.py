@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tasks.base.home import REPO_ROOT
 
 if TYPE_CHECKING:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
 
 
 def _new_week_of_data(cfg: JobConfig, week: int) -> None:

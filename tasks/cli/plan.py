@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.base.errors import ConfigError, InvalidInputError, RetrainerError
 
 if TYPE_CHECKING:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from tasks.base.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, shard_key
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import put_object
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.data.manifest import Manifest, ManifestFile, object_path, prefix_fs
 
 log = logging.getLogger(__name__)

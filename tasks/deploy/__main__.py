@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from tasks.config import load_entry_point
+from tasks.config.util import load_entry_point
 from tasks.deploy.target import DeployTarget
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from tasks.base.dataset_format import TOKEN_DTYPES, window_starts
 from tasks.base.errors import RetrainerError
 from tasks.base.model_files import HF_CONFIG
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.data.manifest import read_manifest
 from tasks.deploy.process import died, run_logged
 from tasks.deploy.target import DeployError, DeployTarget

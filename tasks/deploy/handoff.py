@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.deploy.process import died, run_logged
 from tasks.deploy.target import ENV_PREFIX, DeployError, DeployTarget
 

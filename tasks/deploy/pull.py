@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.base.model_files import LEGACY_FILE
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.deploy.target import DeployTarget
 from tasks.registry import ArtifactStore
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.deploy.target import DeployError, DeployTarget
 from tasks.registry import ConflictError, NothingToRollBackError
 from tasks.stages.lifecycle import stage_rollback

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.deploy.check import smoke_test
 from tasks.deploy.handoff import run_hook
 from tasks.deploy.pull import pull

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.base.errors import RetrainerError
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig, sha256_json
+from tasks.config.schema import JobConfig
+from tasks.config.util import sha256_json
 
 if TYPE_CHECKING:
     from tasks.launch import Launch

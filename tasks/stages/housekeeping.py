@@ -5,7 +5,7 @@ other one: version records are immutable, and each keeps pulling and verifying),
 whose experiment lock is held (tried without waiting; the run is skipped and the report says so; gc holds
 the lock while it deletes, so no training of that run starts meanwhile).
 
-What goes, by `retention` (tasks/config/__init__.py `RetentionConfig`):
+What goes, by `retention` (tasks/config/schema.py `RetentionConfig`):
 - right after a publish (`prune_published`): the run's other checkpoints, locally and in the mirror at
   `train.checkpoint_url`, and publish's own export copies (the version is in the store now). The checkpoint
   the version came from stays, and so does the one `latest` names (a re-run of the same key reuses it).
@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any, get_args
 from tasks.base.errors import LockHeldError, RetrainerError
 from tasks.base.fsutil import dir_bytes, modified_at
 from tasks.base.lock import default_holder, experiment_lock
-from tasks.config import ExportDtype, JobConfig, RetentionConfig, format_duration
+from tasks.config.duration import format_duration
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import ExportDtype, JobConfig, RetentionConfig
 from tasks.runs.identity import EXPORT_DIR, RUN_MARKER, RunIdentity
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from tasks.base.audit import default_actor
 from tasks.base.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.base.lock import default_holder, experiment_lock
 from tasks.base.policy import Person, check_mover
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.data.sources import refuse_cached, suite_sources, training_sources
 from tasks.data.warm import remote_manifest_hash
 from tasks.inputs.adapter import weights_to_load

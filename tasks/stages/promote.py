@@ -22,8 +22,8 @@ from typing import Any
 from tasks.base.audit import default_actor
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.policy import Person, check_mover
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.evaluate import VersionsScored, score_versions
 from tasks.models.resolve import ConfigSnapshot
 from tasks.registry import ForceRequiredError, NothingToRollBackError, SwitchRecord

@@ -20,7 +20,8 @@ import pytest
 import yaml
 from retrainer_airflow.contract import RUN_NOTE_KEY, refusal_noted
 
-from tasks.config import ConfigError, JobConfig
+from tasks.base.errors import ConfigError
+from tasks.config.schema import JobConfig
 from tasks.deploy.handoff import run_hook
 from tasks.deploy.pull import pull
 from tasks.deploy.rollback import roll_back

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.base.errors import TrainingFailedError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import get_launcher
 from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset

@@ -11,7 +11,7 @@ import yaml
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.families import OPTIONS
 from tasks.cli.plan import main as plan_main
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
 from tasks.models.resolve import load_config

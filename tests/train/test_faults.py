@@ -23,7 +23,7 @@ import yaml
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.job_status import STATUS_FILE, read_status
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import JobSpec, torchrun, train
 from tasks.models.weights import weights_digest
 from tasks.runs.identity import RunIdentity, for_dataset
