@@ -15,12 +15,13 @@ instead of trained again. The rules:
 4. The layout is how a run trains, not what: it enters as tp = pp = dp = 1 with the same global batch in
    micro-batches. The same global batch gives the same steps at any tp x pp x dp (tests/train/test_3d_equality.py),
    so a run that lost nodes resumes its own checkpoints at a smaller dp (tasks/train/reshard.py), and a tp/pp change
-   finds them and is refused by name (tasks/train/checkpoint.py: check_layout).
-5. An option enters the key only when it is on: a field in `OFF` at its off value, a `model.rope_scaling` field that
-   is null (not a field of its rope type) and `train.lora` when unset are left out. So adding an option to the schema
-   never changes the key of a config that does not use it: a run resumed across the upgrade keeps its key, its
-   checkpoints and its reuse. Every option added to `model` or `train` after keys were first recorded goes in `OFF`
-   (or is off when null, as `rope_scaling`'s fields and `train.lora` are).
+   finds them and is refused by name (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it
+   always had.
+5. An option enters the key only when it is on: a model option at the value `off_values` gives it, a
+   `model.rope_scaling` field that is null (not a field of its rope type) and `train.lora` when unset are left out.
+   So adding an option to the schema never changes the key of a config that does not use it: a run resumed across
+   the upgrade keeps its key, its checkpoints and its reuse. Every option added to `model` or `train` after keys
+   were first recorded goes in `off_values` (or is off when null, as `rope_scaling`'s fields and `train.lora` are).
 """
 
 from __future__ import annotations
