@@ -28,12 +28,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tasks import REPO_ROOT
+
 ERROR_FILE_VAR = "RETRAINER_ERROR_FILE"  # set by tasks.base.spawn for each rank: where its failure is recorded
 LINE_PREFIX = "RETRAINER-RANK-FAILURE "
 MESSAGE_CHARS = 500  # the error stays one readable line
 LINE_BYTES = 4000  # under PIPE_BUF (4096): one write that other ranks' output cannot tear apart
 
-_ROOT = Path(__file__).resolve().parents[1]  # the repository: our frames are shown relative to it
 _LIBRARY_DIRS = tuple(sorted({sysconfig.get_path(name) + os.sep for name in ("stdlib", "platstdlib", "purelib",
                                                                                "platlib")}))
 
@@ -144,5 +145,5 @@ def _innermost_own_frame(tb: TracebackType | None) -> str | None:
         return None
     frame = next((f for f in reversed(frames) if not _is_library(f.filename)), frames[-1])
     path = Path(frame.filename)
-    shown = path.relative_to(_ROOT) if path.is_relative_to(_ROOT) else path
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
     return f"{shown}:{frame.lineno}"

@@ -19,8 +19,8 @@ import os
 import sysconfig
 from pathlib import Path
 
+from tasks import REPO_ROOT
 from tasks.base.errors import RetrainerError
-from tasks.base.home import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

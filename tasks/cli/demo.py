@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from tasks.base.home import REPO_ROOT
+from tasks import REPO_ROOT
 
 if TYPE_CHECKING:
     from tasks.config.schema import JobConfig

@@ -1,5 +1,5 @@
 """CLI verbs for the registry: db upgrade, publish, rollback, registry show/history/models/pull (promote, which
-runs the alias's gate, is tasks/stages/promote.py).
+runs the alias's gate, is tasks/cli/promote.py).
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from tasks import REPO_ROOT
 from tasks.base.dataset_format import MAX_VOCAB
 from tasks.base.families import (
     ALWAYS,
@@ -35,7 +36,7 @@ from tasks.base.families import (
     rope_types_text,
     supported_options,
 )
-from tasks.base.home import REPO_ROOT, retrainer_home
+from tasks.base.home import retrainer_home
 from tasks.base.policy import AliasPolicy
 from tasks.config.duration import DURATION_HELP, Duration, format_duration
 from tasks.config.key import fingerprint_of

@@ -10,7 +10,7 @@ import subprocess
 import threading
 from collections import deque
 
-from tasks.base.home import REPO_ROOT
+from tasks import REPO_ROOT
 from tasks.base.spawn import die_with_parent
 
 log = logging.getLogger(__name__)

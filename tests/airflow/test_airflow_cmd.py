@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.base.home import REPO_ROOT
+from tasks import REPO_ROOT
 from tasks.cli.airflow_cmd import airflow_env
 from tests.airflow.conftest import README_AIRFLOW_COMMANDS, RETRAINER, under_airflow_bash_blocks
 
