@@ -13,15 +13,13 @@ from tasks.base.errors import InvalidInputError
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
-    import fsspec
-
-    from tasks.data.manifest import claim_destination
+    from tasks.data.manifest import claim_destination, prefix_fs
     from tasks.data.synthetic import make_data
     from tasks.models.resolve import load_config
 
     cfg = load_config(args.config)
     dest = args.dest or cfg.data.source_url
-    claim_destination(*fsspec.core.url_to_fs(dest, **cfg.data.storage_options), dest, overwrite=args.overwrite)
+    claim_destination(*prefix_fs(dest, cfg.data.storage_options), dest, overwrite=args.overwrite)
     manifest = make_data(
         dest, name=cfg.name, n_train_shards=args.shards, n_heldout_shards=args.heldout_shards,
         tokens_per_shard=args.tokens_per_shard, seed=args.seed if args.seed is not None else cfg.train.seed,
