@@ -41,7 +41,7 @@ from fair import Sample, alternated, median, stats, timed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tasks.base.fsutil import sha256_bytes
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 
 
 def write_dataset(root: Path, vocab: int, tokens: int, seed: int = 0) -> Path:

@@ -1,5 +1,5 @@
 """deploy_<name>: every move of a model's alias puts the version it points to into service (thin wiring over
-tasks.deploy), one DAG per job config with `deploy.enabled`.
+tasks/deploy/), one DAG per job config with `deploy.enabled`.
 
 Scheduled on the Asset `model://<name>/<alias>`, whose events the retrain DAG's publish and `rollback_model`
 emit (through the AssetAlias "retrainer-model-alias-moved"). pull (the version live now, verified) ->
@@ -22,7 +22,12 @@ from airflow.sdk import Asset, dag, get_current_context, task
 from retrainer_airflow.configs import MODEL_EVENTS, job_configs
 from retrainer_airflow.contract import note_run, refusal_noted
 
-from tasks import deploy
+from tasks.deploy.check import describe
+from tasks.deploy.check import smoke_test as run_smoke_test  # the names pull and smoke_test are the tasks'
+from tasks.deploy.handoff import run_hook
+from tasks.deploy.pull import pull as pull_here
+from tasks.deploy.rollback import failure_reason, roll_back, unrecorded_failure
+from tasks.deploy.target import DeployTarget, deploy_alias, resolve_target
 from tasks.models.resolve import ConfigSnapshot
 from tasks.registry import alias_asset_uri
 
@@ -37,16 +42,16 @@ def recorded(step: str) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:  # a timeout (AirflowTaskTimeout) and a SIGTERM are BaseExceptions too
-        get_current_context()["ti"].xcom_push(key="failure", value=deploy.failure_reason(exc, STEPS[step]))
+        get_current_context()["ti"].xcom_push(key="failure", value=failure_reason(exc, STEPS[step]))
         raise
 
 
 def build_deploy_dag(config_path: Path, cfg):
-    model, alias = cfg.publish.model_name, deploy.deploy_alias(cfg)
+    model, alias = cfg.publish.model_name, deploy_alias(cfg)
     on_host = {"queue": cfg.deploy.queue} if cfg.deploy.queue else {}
 
     def frozen(pulled: dict) -> tuple:
-        return ConfigSnapshot.from_dict(pulled["job"]).config(), deploy.DeployTarget.from_dict(pulled["target"])
+        return ConfigSnapshot.from_dict(pulled["job"]).config(), DeployTarget.from_dict(pulled["target"])
 
     @dag(
         dag_id=f"deploy_{cfg.name}",
@@ -67,9 +72,9 @@ def build_deploy_dag(config_path: Path, cfg):
                 events = sorted((e for evs in (ctx.get("triggering_asset_events") or {}).values() for e in evs),
                                 key=lambda e: e.timestamp)
                 job = ConfigSnapshot.from_dict(snap).config()
-                target = deploy.resolve_target(job, [e.extra for e in events])
+                target = resolve_target(job, [e.extra for e in events])
                 ti.xcom_push(key="target", value=target.to_dict())  # the rollback's, should the pull fail
-                deploy.pull(job, target)
+                pull_here(job, target)
             return {"job": snap, "target": target.to_dict()}
 
         # smoke_test and hook make sure the verified copy is on their host too (a no-op where pull put it):
@@ -78,20 +83,20 @@ def build_deploy_dag(config_path: Path, cfg):
         def smoke_test(pulled: dict) -> dict:
             with recorded("smoke_test"):
                 job, target = frozen(pulled)
-                deploy.pull(job, target)
-                return deploy.smoke_test(job, target)
+                pull_here(job, target)
+                return run_smoke_test(job, target)
 
         @task(execution_timeout=timedelta(hours=6), **on_host)
         def hook(pulled: dict) -> dict:
             with recorded("hook"):
                 job, target = frozen(pulled)
-                deploy.pull(job, target)
-                return deploy.run_hook(job, target)
+                pull_here(job, target)
+                return run_hook(job, target)
 
         @task
         def deployed(smoke: dict, hooked: dict) -> None:
             """The run's last task: the run's state is the deploy's (a rolled-back deploy is a failed run)."""
-            note = f"deployed v{hooked['version']} ({alias}): {deploy.describe(smoke)}"
+            note = f"deployed v{hooked['version']} ({alias}): {describe(smoke)}"
             log.info("retrainer: %s", note)
             note_run(get_current_context()["ti"], note)
 
@@ -101,14 +106,13 @@ def build_deploy_dag(config_path: Path, cfg):
             reasons = [r for r in (ti.xcom_pull(task_ids=t, key="failure") for t in STEPS) if r]
             if not reasons:  # the task process died (killed, out of memory, worker lost): only its state is known
                 states = ti.get_task_states(dag_id=ti.dag_id, task_ids=list(STEPS), run_ids=[ti.run_id])[ti.run_id]
-                reasons = [deploy.unrecorded_failure([STEPS[t] for t, s in states.items() if s == "failed"])]
+                reasons = [unrecorded_failure([STEPS[t] for t, s in states.items() if s == "failed"])]
             pulled_job = ti.xcom_pull(task_ids="pull", key="job")
             job = ConfigSnapshot.from_dict(pulled_job) if pulled_job else ConfigSnapshot.take(config_path)
             target = ti.xcom_pull(task_ids="pull", key="target")
             with refusal_noted(ti, "rollback"):  # a refused rollback (no cascade, ...) is the run's note
-                out = deploy.roll_back(job.config(),
-                                       None if target is None else deploy.DeployTarget.from_dict(target),
-                                       reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
+                out = roll_back(job.config(), None if target is None else DeployTarget.from_dict(target),
+                                reasons[0], actor=f"airflow {ti.dag_id}/{ti.run_id}")
             outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(out.model, out.alias)),
                                             extra={"version": out.to_version, "rolled_back_from": out.from_version})
             note_run(ti, f"{reasons[0]}; rolled back {out.alias} v{out.from_version} -> v{out.to_version}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
 from retrainer_airflow.configs import job_configs
 
+from tasks.data.synthetic import write_snapshot as write_synthetic_snapshot  # the task's name is write_snapshot
 from tasks.models.resolve import load_config
-from tasks.stages import lifecycle
 
 DATA_EVENTS = AssetAlias("retrainer-data-arrived")
 PRODUCED = {cfg.name: path for path, cfg in job_configs().items() if cfg.data.asset}
@@ -40,7 +40,7 @@ def publish_dataset():
         ctx = get_current_context()
         params = ctx["params"]
         cfg = load_config(PRODUCED[params["job"]])
-        snap = lifecycle.write_snapshot(cfg, seed=params["seed"], dest_url=params["dest_url"])
+        snap = write_synthetic_snapshot(cfg, seed=params["seed"], dest_url=params["dest_url"])
         outlet_events[DATA_EVENTS].add(Asset(cfg.data.asset), extra=snap)
         return snap
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 
 
 def reference_state(m: ModelConfig, seed: int = 0) -> dict:
@@ -54,7 +54,7 @@ def reference_checkpoint(cfg, init=None) -> tuple:
     """(run, checkpoint): a synthetic dataset at `data.source_url` and the single-process reference loop's
     weights after `train.steps` steps, committed as that run's checkpoint (no ranks started); `init`: the
     StartingWeights the run names (default: scratch)."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.runs.identity import for_dataset, identity
     from tasks.train.reference import train_reference
 

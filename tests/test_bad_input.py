@@ -63,7 +63,7 @@ def test_malformed_yaml_names_the_file(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_missing_data_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
 
     cfg = demo_config(tmp_path)
     make_data(cfg["data"]["source_url"], name="tiny-llama", n_train_shards=2, tokens_per_shard=4096)

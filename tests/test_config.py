@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import GEMMA_OPTIONS, ConfigError
+from tasks.base.errors import ConfigError
+from tasks.config.key import GEMMA_OPTIONS
 from tasks.models.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +220,7 @@ def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -
 def test_a_second_model_is_a_copy_with_a_new_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """What a user does for a second model: copy the demo config, change `name`. Nothing the two must not
     share (registry entry, data trigger, run folder, rank port) is shared; the demo keeps what it had."""
-    from tasks.config import MASTER_PORTS, default_master_port
+    from tasks.config.schema import MASTER_PORTS, default_master_port
 
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path))
     first = load_config(DEMO)
@@ -256,7 +257,7 @@ def test_explicit_values_win_over_the_name_defaults(tmp_path: Path) -> None:
 def test_durations_read_as_people_write_them() -> None:
     from datetime import timedelta
 
-    from tasks.config import format_duration
+    from tasks.config.duration import format_duration
 
     assert format_duration(86400) == "1 day"
     assert format_duration(timedelta(days=1, hours=12)) == "1 day 12 hours"

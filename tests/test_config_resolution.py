@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import config as config_module
-from tasks.config import ConfigError, JobConfig
+from tasks.base.errors import ConfigError
+from tasks.config import load as config_module
+from tasks.config.schema import JobConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-value-never-frozen"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from airflow.sdk import AssetAlias, Param
 
-from tasks.config import NAME_PATTERN, ConfigError, JobConfig
+from tasks.base.errors import ConfigError
+from tasks.config.schema import NAME_PATTERN, JobConfig
 from tasks.models.resolve import load_config
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from retrainer_airflow.contract import note_run, refusal_noted
 from retrainer_airflow.people import person, respondents
 from retrainer_airflow.triggers import RankJobTrigger
 from tasks.base.policy import NotPermittedError, check_approver
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.evaluate import Evaluated
 from tasks.stages import lifecycle
 from tasks.stages.approval import ApprovalAnswer, promotion_body

@@ -34,8 +34,8 @@ from retrainer_registry import render
 from retrainer_registry.render import esc
 from retrainer_registry.source import Sources, VersionFacts, dag_run_of, load_sources, training_losses, version_facts
 from tasks.base.policy import NotPermittedError, Person, check_mover
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_at
+from tasks.config.schema import JobConfig
 from tasks.registry import NotFoundError, NothingToRollBackError, Registry
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 from retrainer_airflow.configs import job_configs
 
 from retrainer_registry.render import number
-from tasks.config import JobConfig
 from tasks.config.endpoints import shown_registry_urls
+from tasks.config.schema import JobConfig
 from tasks.registry.records import origin
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,15 @@
-"""The `retrainer` command line: one verb per lifecycle stage.
+"""The `retrainer` command line: every verb's arguments and handler, one module per verb group.
 
-Each stage module owns its verbs through a `register(subparsers)` function that
-adds a subparser and sets `handler=` (a callable taking the parsed namespace and
-returning an exit code). Heavy imports (torch, deepspeed) stay inside handlers so
-`retrainer --help` is instant, and a command imports only the module that owns its
-verb: a no-op `retrainer warm-url` finishes in well under 0.1 s, before pydantic
-or torch would even have loaded.
+`COMMAND_MODULES` below is the one verb table: verb -> the tasks/cli/ module whose `register(subparsers)` adds
+its subparser and sets `handler=` (a callable taking the parsed namespace and returning an exit code). A handler
+parses, calls the business logic in its layer (tasks/stages/, tasks/data/, tasks/deploy/, ...) and prints; the
+logic itself never lives here. The package sits on top of the import graph, so a verb may drive several stages.
 
-The package sits on top of the import graph: verbs that drive several stages (`train` warms and
-launches; the registry verbs publish) live in tasks/cli/ rather than inside a lower package.
+The lazy-import rule, for every module of this package: at module level import only the standard library and
+light tasks.base modules; everything a handler runs (pydantic configs, the registry, torch, deepspeed) is
+imported inside the handler. `retrainer --help` imports every verb module and stays instant, and a command
+imports only the module that owns its verb: a no-op `retrainer warm-url` finishes in well under 0.1 s, before
+pydantic or torch would even have loaded.
 
 Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, arguments,
 manifest), 3 plan does not fit. Errors print one clear line on stderr.
@@ -28,20 +29,20 @@ from tasks.base.errors import ConfigError, RetrainerError
 COMMAND_MODULES = {
     "make-data": "tasks.cli.data",
     "manifest": "tasks.cli.data",
-    "prepare-data": "tasks.data.prepare.cli",
+    "prepare-data": "tasks.cli.data",
     "plan": "tasks.cli.plan",
     "warm": "tasks.cli.warm",
     "warm-url": "tasks.cli.warm",
     "train": "tasks.cli.train",
-    "evaluate": "tasks.evaluate",
+    "evaluate": "tasks.cli.evaluate",
     "db": "tasks.cli.registry",
     "publish": "tasks.cli.registry",
-    "promote": "tasks.stages.promote",
+    "promote": "tasks.cli.promote",
     "rollback": "tasks.cli.registry",
     "registry": "tasks.cli.registry",
-    "run": "tasks.stages.lifecycle",
-    "deploy": "tasks.deploy",
-    "gc": "tasks.stages.housekeeping",
+    "run": "tasks.cli.run",
+    "deploy": "tasks.cli.deploy",
+    "gc": "tasks.cli.gc",
     "demo": "tasks.cli.demo",
     "airflow": "tasks.cli.airflow_cmd",
 }

@@ -25,8 +25,6 @@ from tasks.base.errors import RetrainerError
 log = logging.getLogger(__name__)
 
 
-
-
 def served_checkout(cwd: Path) -> Path:
     """The checkout whose DAGs, plugins and configs `retrainer airflow` serves: `cwd` when it is a retrainer
     checkout (its own dags/retrain.py and plugins/retrainer_airflow/), else the package's own."""
@@ -38,7 +36,7 @@ def served_checkout(cwd: Path) -> Path:
 
 def airflow_env() -> dict[str, str]:
     """The environment `retrainer airflow` runs airflow in: this one plus the project's defaults."""
-    from tasks.base.home import retrainer_home  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.base.home import retrainer_home
 
     env = dict(os.environ)
     bin_dir = sysconfig.get_path("scripts")

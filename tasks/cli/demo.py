@@ -12,29 +12,23 @@ live model is.
 from __future__ import annotations
 
 import argparse
-import logging
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
+from tasks import REPO_ROOT
 
-from tasks.config.endpoints import registry_for
-from tasks.models.resolve import load_config
-from tasks.stages.lifecycle import (
-    DEFAULT_CONFIG,
-    describe_outcome,
-    run_lifecycle,
-    stage_rollback,
-)
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from tasks.config.schema import JobConfig
 
 
-def _new_week_of_data(cfg, week: int) -> None:
-    from tasks.data.manifest import make_data  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+def _new_week_of_data(cfg: JobConfig, week: int) -> None:
+    from tasks.data.synthetic import make_data
 
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
 
-def _run(cfg, title: str) -> dict:
+def _run(cfg: JobConfig, title: str) -> dict:
+    from tasks.stages.lifecycle import describe_outcome, run_lifecycle
+
     print(f"== {title}", flush=True)
     out = run_lifecycle(cfg)
     for line in describe_outcome(out):
@@ -43,9 +37,14 @@ def _run(cfg, title: str) -> dict:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tasks.registry import upgrade  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    import sqlalchemy as sa
 
-    cfg = load_config(args.config)
+    from tasks.config.endpoints import registry_for
+    from tasks.models.resolve import load_config
+    from tasks.registry import upgrade
+    from tasks.stages.lifecycle import stage_rollback
+
+    cfg = load_config(args.config or REPO_ROOT / "configs" / "tiny-llama.yaml")
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself
     _new_week_of_data(cfg, 1)
     _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
@@ -77,5 +76,5 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="job config (default: configs/tiny-llama.yaml)")
+    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml)")
     p.set_defaults(handler=_cmd_demo)

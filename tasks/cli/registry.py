@@ -1,5 +1,5 @@
 """CLI verbs for the registry: db upgrade, publish, rollback, registry show/history/models/pull (promote, which
-runs the alias's gate, is tasks/stages/promote.py).
+runs the alias's gate, is tasks/cli/promote.py).
 
 The registry URL comes from `--db`, else `RETRAINER_DB_URL`, else
 `sqlite:///$RETRAINER_HOME/registry.db` (`publish` uses the config's
@@ -79,7 +79,6 @@ def _switch_text(rec: Any) -> str:
 
 # -- handlers ---------------------------------------------------------------
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.registry.migrate import current, upgrade
 
     url = _db(args)
@@ -91,10 +90,8 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from tasks.models.resolve import (
-        load_config,  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    )
-    from tasks.stages.publish import publish  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.models.resolve import load_config
+    from tasks.stages.publish import publish
 
     cfg = load_config(args.config)
     try:
@@ -114,7 +111,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.registry import Registry
 
     with Registry(_db(args)) as reg:
         rec = reg.rollback(args.model, args.alias, to=args.to, expect=args.expect,
@@ -137,8 +134,8 @@ def _gate(metrics: dict[str, Any]) -> str | None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.registry.records import origin  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.registry import Registry
+    from tasks.registry.records import origin
 
     with Registry(_db(args)) as reg:
         info = reg.show(args.model)
@@ -158,7 +155,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.registry import Registry
 
     with Registry(_db(args)) as reg:
         recs = reg.history(args.model, args.alias)
@@ -172,7 +169,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from tasks.registry import Registry  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.registry import Registry
 
     with Registry(_db(args)) as reg:
         models = reg.models()
@@ -185,7 +182,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch a version, verified, into an empty or new DEST: a tree as the directory itself, ready for
     `from_pretrained(DEST)`; a single-file version as DEST/consolidated.pt. Nothing is left on failure."""
-    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.registry import ArtifactStore, NotFoundError, Registry
 
     with Registry(_db(args)) as reg:

@@ -21,7 +21,6 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    # lazy: a verb loads only what it runs (retrainer --help stays instant)
     from tasks.config.endpoints import registry_for
     from tasks.inputs.start import resolve_start
     from tasks.launch import train

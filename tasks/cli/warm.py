@@ -21,10 +21,8 @@ def _print(result: Any, as_json: bool) -> None:
 
 
 def _cmd_warm(args: argparse.Namespace) -> int:
-    from tasks.data.warm import warm_mixture  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    from tasks.models.resolve import (
-        load_config,  # lazy: a verb loads only what it runs (retrainer --help stays instant)
-    )
+    from tasks.data.warm import warm_mixture
+    from tasks.models.resolve import load_config
 
     cfg = load_config(args.config)
     results = warm_mixture(cfg, verify=args.verify, max_workers=args.workers, progress=not args.json)
@@ -37,7 +35,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _cmd_warm_url(args: argparse.Namespace) -> int:
-    from tasks.data.warm import warm  # lazy: a verb loads only what it runs (retrainer --help stays instant)
+    from tasks.data.warm import warm
 
     try:
         opts = json.loads(args.storage_options) if args.storage_options else None

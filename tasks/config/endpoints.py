@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tasks.base.home import retrainer_home
 
 if TYPE_CHECKING:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
     from tasks.registry import Registry
 
 

@@ -1,4 +1,4 @@
-"""Datasets: the manifest format, `make-data` (a seeded synthetic corpus) and `manifest URL`.
+"""Datasets: the manifest format, reading one, and `manifest URL` (a prefix's objects hashed into its manifest).
 
 A dataset is `manifest.json` plus token shards under one fsspec prefix. Shards are
 flat little-endian token arrays of the manifest's `dtype` (uint16 when the vocabulary
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +26,6 @@ from tasks.base.dataset_format import (
     TOKEN_DTYPES,
     dtype_capacity,
     manifest_hash,
-    shard_key,
     token_bytes,
     validate_key,
 )
@@ -35,6 +33,7 @@ from tasks.base.errors import InvalidInputError, validation_problems
 from tasks.base.fsutil import put_object
 
 log = logging.getLogger(__name__)
+
 
 class ManifestFile(BaseModel):
     """One object of a dataset."""
@@ -143,13 +142,15 @@ class Manifest(BaseModel):
         return sorted((f for f in self.files if f.key.startswith(prefix)), key=lambda f: f.key)
 
 
-def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+def prefix_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec filesystem of a dataset URL and the path under it."""
     import fsspec
 
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
 
 
-def _join(root: str, key: str) -> str:
+def object_path(root: str, key: str) -> str:
+    """The path of a dataset's object `key` under its root (`prefix_fs`'s path)."""
     return f"{root.rstrip('/')}/{key}" if root else key
 
 
@@ -157,113 +158,23 @@ def claim_destination(fs: Any, root: str, url: str, *, overwrite: bool) -> None:
     """Where a dataset is about to be written (`make-data`, `prepare-data`): refuse a prefix that already holds
     one (its manifest or a split) unless `overwrite`, which removes it first, manifest first (a reader never
     sees a manifest naming a removed shard, and no shard of the old dataset stays behind)."""
-    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(_join(root, key))]
+    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(object_path(root, key))]
     if held and not overwrite:
         raise InvalidInputError(f"{url}: already holds a dataset ({', '.join(held)}): pass --overwrite to replace it")
     for key in held:
-        fs.rm(_join(root, key), recursive=True)
+        fs.rm(object_path(root, key), recursive=True)
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Read and validate a manifest. `url` is the manifest object, or a dataset prefix (then `manifest.json`)."""
     if not url.rstrip("/").endswith(".json"):
         url = url.rstrip("/") + "/" + MANIFEST_KEY
-    fs, path = _fs(url, storage_options)
+    fs, path = prefix_fs(url, storage_options)
     try:
         raw = fs.cat_file(path)
     except FileNotFoundError:
         raise InvalidInputError(f"{url}: manifest not found") from None
     return Manifest.parse(raw, source=url)
-
-
-# ---------------------------------------------------------------- synthetic text
-
-_SUBJECTS = ["the model", "a small robot", "the old sailor", "my neighbour", "the river", "a curious cat",
-             "the teacher", "every student", "the baker", "a quiet engineer", "the city", "our team"]
-_VERBS = ["builds", "finds", "remembers", "carries", "watches", "paints", "learns", "counts", "follows",
-          "answers", "opens", "repairs"]
-_OBJECTS = ["a red boat", "the morning light", "three green apples", "the long road", "a broken clock",
-            "the secret map", "warm bread", "the tall tower", "a new song", "the heavy door", "small stones"]
-_PLACES = ["near the harbour", "in the garden", "after the rain", "before dawn", "under the bridge",
-           "at the market", "on the hill", "inside the library"]
-_LINKS = ["and then", "because", "while", "so", "but"]
-
-
-def _sentence(rng: random.Random) -> str:
-    s = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
-    if rng.random() < 0.6:
-        s += f" {rng.choice(_PLACES)}"
-    if rng.random() < 0.35:
-        s += f", {rng.choice(_LINKS)} {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
-    return s[0].upper() + s[1:] + rng.choice([".", ".", ".", "!", "?"])
-
-
-def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
-    """English-like sentences from a seeded word grammar: learnable structure for a tiny byte-level GPT."""
-    parts: list[str] = []
-    size = 0
-    while size < n_bytes:
-        para = " ".join(_sentence(rng) for _ in range(rng.randint(2, 6))) + "\n"
-        parts.append(para)
-        size += len(para)
-    return "".join(parts).encode("ascii")[:n_bytes]
-
-
-def _tokens(data: bytes) -> bytes:
-    import numpy as np
-
-    return np.frombuffer(data, dtype=np.uint8).astype(TOKEN_DTYPES["uint16"]).tobytes()
-
-
-def make_data(
-    dest_url: str,
-    *,
-    name: str,
-    n_train_shards: int = 4,
-    n_heldout_shards: int = 1,
-    tokens_per_shard: int = 65536,
-    seed: int = 1234,
-    text_files: list[str] | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> Manifest:
-    """Write token shards and `manifest.json` under `dest_url`; the same seed gives the same bytes.
-
-    With `text_files`, their bytes (concatenated, byte-level tokens) are cut into the
-    shards (held-out shards from the end); otherwise a seeded synthetic corpus is used.
-    The manifest is written last, so a reader never sees a manifest naming a missing shard.
-    """
-    if n_train_shards < 1 or n_heldout_shards < 0 or tokens_per_shard < 1:
-        raise InvalidInputError("make-data: need >= 1 train shard, >= 0 heldout shards, >= 1 token per shard")
-    n_total = n_train_shards + n_heldout_shards
-    if text_files:
-        corpus = b""
-        for tf in text_files:
-            try:
-                corpus += Path(tf).read_bytes()
-            except OSError as exc:
-                raise InvalidInputError(f"{tf}: cannot read text file: {exc.strerror}") from None
-        if not corpus:
-            raise InvalidInputError(f"{', '.join(text_files)}: text files are empty")
-        tokens_per_shard = min(tokens_per_shard, len(corpus) // n_total)
-        if tokens_per_shard < 1:
-            raise InvalidInputError(f"{', '.join(text_files)}: too little text for {n_total} shards")
-        chunks = [corpus[i * tokens_per_shard:(i + 1) * tokens_per_shard] for i in range(n_total)]
-    else:
-        chunks = [synthetic_text(tokens_per_shard, random.Random(f"{seed}:{i}")) for i in range(n_total)]
-
-    fs, root = _fs(dest_url, storage_options)
-    files: list[ManifestFile] = []
-    for i, chunk in enumerate(chunks):
-        split, idx = ("train", i) if i < n_train_shards else ("heldout", i - n_train_shards)
-        key = shard_key(split, idx)
-        blob = _tokens(chunk)
-        put_object(fs, _join(root, key), blob)
-        files.append(ManifestFile(key=key, size=len(blob), sha256=hashlib.sha256(blob).hexdigest()))
-    manifest = Manifest(name=name, vocab_size=256, files=files)
-    put_object(fs, _join(root, MANIFEST_KEY), manifest.to_bytes())
-    log.info("make-data: %d shards (%d tokens each) + manifest %s under %s",
-             len(files), tokens_per_shard, manifest.hash[:16], dest_url)
-    return manifest
 
 
 def build_manifest(
@@ -280,7 +191,7 @@ def build_manifest(
             validate_key(output_key)
         except ValueError as exc:
             raise InvalidInputError(f"--output: {exc}") from None
-    fs, root = _fs(prefix_url, storage_options)
+    fs, root = prefix_fs(prefix_url, storage_options)
     root = root.rstrip("/")
     try:
         listing = fs.find(root, detail=True)
@@ -308,6 +219,6 @@ def build_manifest(
         manifest = Manifest(name=name or Path(root).name or "dataset", vocab_size=vocab_size, files=files)
     except ValidationError as exc:
         raise InvalidInputError(f"{prefix_url}: cannot write a manifest:\n  {validation_problems(exc)}") from None
-    put_object(fs, _join(root, output_key), manifest.to_bytes())
+    put_object(fs, object_path(root, output_key), manifest.to_bytes())
     log.info("manifest: %d objects, %d bytes, hash %s", len(files), manifest.total_bytes, manifest.hash[:16])
     return manifest

@@ -19,7 +19,7 @@ from tasks.data.tokens import ShardRules
 from tasks.data.warm_state import complete_record
 
 if TYPE_CHECKING:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from tasks.data.warm_state import VerifiedRecord, complete_record, tokens_of
 from tasks.fetch.retry import with_retries
 
 if TYPE_CHECKING:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
     from tasks.data.manifest import Manifest, ManifestFile
 
 log = logging.getLogger("tasks.data.warm")

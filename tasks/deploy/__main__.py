@@ -1,4 +1,4 @@
-"""`python -m tasks.deploy MODULE:FUNCTION`: the process a `deploy.entry_point` hook runs in (tasks.deploy.run_hook).
+"""`python -m tasks.deploy MODULE:FUNCTION`: the process a `deploy.entry_point` hook runs in (tasks/deploy/handoff.py).
 
 The function gets the `DeployTarget` rebuilt from the `RETRAINER_DEPLOY_*` environment; raising fails the deploy.
 """
@@ -6,12 +6,14 @@ The function gets the `DeployTarget` rebuilt from the `RETRAINER_DEPLOY_*` envir
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-from tasks.deploy import call_entry_point
+from tasks.config.util import load_entry_point
+from tasks.deploy.target import DeployTarget
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if len(sys.argv) != 2:
         sys.exit("usage: python -m tasks.deploy MODULE:FUNCTION")
-    call_entry_point(sys.argv[1])
+    load_entry_point(sys.argv[1], "deploy")(DeployTarget.from_env(dict(os.environ)))

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from tasks.base.fsutil import atomic_write_json, fsync_dir
-from tasks.deploy import DeployTarget
+from tasks.deploy.target import DeployTarget
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The deploy smoke test's own process: `python -m tasks.deploy.smoke SPEC.json RESULT.json` (tasks.deploy.smoke_test).
+"""The deploy smoke test's own process: `python -m tasks.deploy.smoke SPEC.json RESULT.json` (tasks/deploy/check.py).
 
 It loads the pulled export with transformers as a server would (`device_map="auto"`: the layers spread over
 every GPU of the serving host, then its CPU memory; transformers builds the model on the meta device and streams

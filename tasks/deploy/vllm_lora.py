@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from tasks.base.errors import RetrainerError
-from tasks.deploy import DeployTarget
+from tasks.deploy.target import DeployTarget
 from tasks.models.lora_export import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)

@@ -15,16 +15,15 @@ candidate; `live` (version, metrics, cached) or None; `suite_hash`; and, for the
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig, sha256_json
+from tasks.config.schema import JobConfig
+from tasks.config.util import sha256_json
 
 if TYPE_CHECKING:
     from tasks.launch import Launch
@@ -249,32 +248,3 @@ def merged_env(*parts: tuple[str, dict[str, str]]) -> dict[str, str]:
                                         "(instance roles) or one key for both")
             env[name], owner[name] = value, field
     return env
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("evaluate", help="every suite's metrics of a committed checkpoint, scored by ranks")
-    p.add_argument("config", help="job config YAML")
-    p.add_argument("--checkpoint", required=True, help="committed checkpoint dir (has COMPLETE)")
-    p.add_argument("--dataset-dir", help="warmed dataset dir (default: warm it from the config)")
-    p.add_argument("--output", help="also write the metrics JSON to this file (atomically)")
-    p.set_defaults(handler=_handle)
-
-
-def _handle(args: argparse.Namespace) -> int:
-    from tasks.base.fsutil import atomic_write_json
-    from tasks.models.resolve import load_config
-    from tasks.runs.identity import RunIdentity
-    from tasks.train.checkpoint import validate_checkpoint_dir
-
-    cfg = load_config(args.config)
-    run = RunIdentity.from_dict(validate_checkpoint_dir(args.checkpoint, cfg.fingerprint())["run"])
-    dataset_dir = args.dataset_dir
-    if dataset_dir is None:
-        from tasks.data.warm import warm_for_config
-
-        dataset_dir = warm_for_config(cfg).dataset_dir
-    metrics = evaluate(cfg, run, args.checkpoint, dataset_dir).to_xcom()  # the same JSON as the stage's XCom
-    if args.output:
-        atomic_write_json(args.output, metrics)
-    print(json.dumps(metrics, indent=2, sort_keys=True))
-    return 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.base.fsutil import modified_at
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 
 log = logging.getLogger(__name__)
 

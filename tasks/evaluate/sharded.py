@@ -19,7 +19,7 @@ import torch
 import torch.distributed as tdist
 
 from tasks.base.model_files import DTYPES
-from tasks.config import LoraConfig, ModelConfig
+from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.lora import apply_lora

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.config import JobConfig, sha256_json
+from tasks.config.schema import JobConfig
+from tasks.config.util import sha256_json
 from tasks.data.warm import remote_manifest_hash
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.fsutil import atomic_write_json
 from tasks.base.job_status import Status, log_for_relay, now, write_status
-from tasks.config import LoraConfig, TrainingJob, load_entry_point
+from tasks.config.schema import LoraConfig, TrainingJob
+from tasks.config.util import load_entry_point
 from tasks.data.report import refuse_unplanned
 from tasks.data.tokens import ShardRules
 from tasks.data.warm import warm

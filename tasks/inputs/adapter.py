@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import fresh_dir
-from tasks.config import JobConfig, TrainingJob
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig, TrainingJob
 from tasks.inputs.weights import WeightSources, pretrained, resolve_starting_weights
 from tasks.runs.identity import RunIdentity, StartingWeights, scratch
 

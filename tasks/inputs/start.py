@@ -7,7 +7,7 @@ adapter (tasks/inputs/adapter.py), which resolves on top of the plain starting w
 
 from __future__ import annotations
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.data.warm import remote_manifest_hash
 from tasks.inputs.adapter import adapter_start, resolve_base
 from tasks.inputs.weights import resolve_starting_weights

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch.base import Job, JobPreempted, LaunchCancelled, Launcher
 from tasks.launch.outcome import Outcome
 from tasks.launch.spec import JobSpec, LaunchOptions

@@ -33,7 +33,7 @@ from tasks.base.credentials import split_credentials
 from tasks.base.errors import RetrainerError, TrainingFailedError
 from tasks.base.job_status import STATUS_FILE, Status
 from tasks.base.rank_failure import RankFailure
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.data.manifest import read_manifest
 from tasks.launch.outcome import Outcome
 from tasks.launch.procs import new_tag

@@ -15,7 +15,7 @@ from pathlib import Path
 from tasks.base.job_status import STATUS_FILE, Status, read_status
 from tasks.base.rank_failure import RankFailure
 from tasks.base.spawn import die_with_parent
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher
 from tasks.launch.logs import LineSink, pump

@@ -28,7 +28,7 @@ from typing import Any
 
 from tasks.base.comm_ops import EXTENSIONS_VAR, default_extensions_dir, load_shm_op
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch.spec import JobSpec
 from tasks.runs.identity import RunIdentity
 

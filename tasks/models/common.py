@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.parallel import TPGroup
 
 BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config import LoraConfig, ModelConfig
+from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.common import BLOCK
 from tasks.models.parallel import TPGroup, copy_to_tp, set_slice

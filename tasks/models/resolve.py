@@ -16,14 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from tasks.base.errors import ConfigError, validation_problems
-from tasks.config import (
-    JobConfig,
-    ModelConfig,
-    apply_overrides,
-    config_from_document,
-    expand_vars,
-    read_config_document,
-)
+from tasks.config.load import apply_overrides, config_from_document, expand_vars, read_config_document
+from tasks.config.schema import JobConfig, ModelConfig
 from tasks.models.pretrained import sizes_from_pretrained
 
 
@@ -55,11 +49,11 @@ class ConfigSnapshot:
         source = str(config_path)
         document = resolve_document(read_config_document(config_path), source)
         given = {k: v for k, v in (overrides or {}).items() if v is not None}
-        return cls(source, apply_overrides(document, given))
+        return cls(source, apply_overrides(JobConfig, document, given))
 
     def config(self) -> JobConfig:
         """The validated config (no I/O; once per process)."""
-        return config_from_document(self.document, source=self.source)
+        return config_from_document(JobConfig, self.document, source=self.source)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "document": self.document}

@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget

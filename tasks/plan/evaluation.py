@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models import get_family
 from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_per_forward
 from tasks.plan.layout import validate_layout

@@ -10,7 +10,7 @@ room for them (on CPU a "GPU" is one rank process).
 from __future__ import annotations
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import ClusterConfig, JobConfig
+from tasks.config.schema import ClusterConfig, JobConfig
 
 
 def ranks_per_node(c: ClusterConfig) -> tuple[int, str]:

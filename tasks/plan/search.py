@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from tasks.base.errors import InvalidInputError
-from tasks.config import ConfigError, JobConfig
+from tasks.base.errors import ConfigError, InvalidInputError
+from tasks.config.schema import JobConfig
 from tasks.plan.budget import Plan, plan
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models import get_family
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}  # bytes per element: `serving.dtype`, `evaluate.dtype`

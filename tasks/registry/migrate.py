@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-import tasks
+from tasks import REPO_ROOT
 from tasks.base.errors import RetrainerError
 from tasks.registry.db import make_engine
 from tasks.registry.schema import VERSION_TABLE, revision
@@ -36,7 +36,7 @@ _PG_LOCK_KEY = 0x7265747261696E72
 
 def sql_dir() -> Path:
     """The migrations folder: `sql/` next to the `tasks` package (editable install / repo checkout)."""
-    path = tasks.REPO_ROOT / "sql"
+    path = REPO_ROOT / "sql"
     if not (path / "env.py").is_file():
         raise RetrainerError(f"registry migrations not found at {path} (run from a repo checkout)")
     return path

@@ -19,7 +19,8 @@ from typing import Any
 from tasks.base.dataset_format import MANIFEST_KEY, manifest_hash
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import atomic_write_json
-from tasks.config import JobConfig, sha256_json
+from tasks.config.schema import JobConfig
+from tasks.config.util import sha256_json
 
 RUN_MARKER = "run.json"
 EXPORT_DIR = "export"  # <run dir>/export/: the ranks' shard reports per tag, and publish's own export copies

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.base.audit import via
 from tasks.base.errors import RetrainerError
-from tasks.config import format_duration
+from tasks.config.duration import format_duration
 
 if TYPE_CHECKING:
     from tasks.registry import VersionRecord

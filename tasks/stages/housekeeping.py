@@ -5,7 +5,7 @@ other one: version records are immutable, and each keeps pulling and verifying),
 whose experiment lock is held (tried without waiting; the run is skipped and the report says so; gc holds
 the lock while it deletes, so no training of that run starts meanwhile).
 
-What goes, by `retention` (tasks/config/__init__.py `RetentionConfig`):
+What goes, by `retention` (tasks/config/schema.py `RetentionConfig`):
 - right after a publish (`prune_published`): the run's other checkpoints, locally and in the mirror at
   `train.checkpoint_url`, and publish's own export copies (the version is in the store now). The checkpoint
   the version came from stays, and so does the one `latest` names (a re-run of the same key reuses it).
@@ -23,7 +23,6 @@ A crash leaves nothing that looks complete, and the next gc finishes the job.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -40,8 +39,9 @@ from typing import TYPE_CHECKING, Any, get_args
 from tasks.base.errors import LockHeldError, RetrainerError
 from tasks.base.fsutil import dir_bytes, modified_at
 from tasks.base.lock import default_holder, experiment_lock
-from tasks.config import ExportDtype, JobConfig, RetentionConfig, format_duration
+from tasks.config.duration import format_duration
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import ExportDtype, JobConfig, RetentionConfig
 from tasks.runs.identity import EXPORT_DIR, RUN_MARKER, RunIdentity
 
 if TYPE_CHECKING:
@@ -497,8 +497,8 @@ def _still_unreferenced(cfg: JobConfig, items: list[Item]) -> list[Item]:
     return [i for i in items if i.name not in digests]
 
 
-# -- CLI --------------------------------------------------------------------------------------------------------
 def describe(report: Report) -> str:
+    """The report as `retrainer gc` prints it: a total, then each item with its bytes and reason."""
     verb = "would delete" if report.dry_run else "deleted"
     total = sum(i.bytes for i in report.delete)
     lines = [f"gc: {verb} {len(report.delete)} items, {_size(total)}"
@@ -507,19 +507,3 @@ def describe(report: Report) -> str:
                          ("keep", report.kept)):
         lines += [f"  {label:6} {i.kind:17} {i.url}  {_size(i.bytes)}  {i.reason}" for i in items]
     return "\n".join(lines)
-
-
-def _cmd_gc(args: argparse.Namespace) -> int:
-    from tasks.models.resolve import load_config
-
-    report = gc(load_config(args.config), dry_run=args.dry_run)
-    print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else describe(report))
-    return 1 if report.failed else 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gc", help="reclaim run directories and unreferenced artifacts by the config's retention")
-    p.add_argument("config", help="job config YAML")
-    p.add_argument("--dry-run", action="store_true", help="list what would be deleted (paths, bytes); delete nothing")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_cmd_gc)

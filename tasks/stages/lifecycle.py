@@ -9,27 +9,24 @@ internals.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks import REPO_ROOT
 from tasks.base.audit import default_actor
 from tasks.base.errors import InvalidInputError, PlanDoesNotFitError, RetrainerError
 from tasks.base.lock import default_holder, experiment_lock
 from tasks.base.policy import Person, check_mover
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.data.sources import refuse_cached, suite_sources, training_sources
 from tasks.data.warm import remote_manifest_hash
 from tasks.inputs.adapter import weights_to_load
 from tasks.inputs.start import resolve_identity
 from tasks.inputs.weights import fetch_starting_weights, weights_path
-from tasks.models.resolve import ConfigSnapshot, load_config
+from tasks.models.resolve import ConfigSnapshot
 from tasks.runs.identity import RunIdentity, claim_run_dir, nothing_new
 from tasks.stages.gate import GateDecision, judge, known_candidate, rolled_back_reason
 from tasks.stages.publish import PublishResult, require_approval
@@ -42,9 +39,6 @@ if TYPE_CHECKING:
     from tasks.stages.housekeeping import Pruned
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny-llama.yaml"
-
 
 @dataclass(frozen=True)
 class Planned:
@@ -132,19 +126,6 @@ def stage_plan_run(job: ConfigSnapshot, *, force: bool = False) -> Planned:
     run = stage_identify(cfg)
     budget = stage_plan(cfg, run, force=force)
     return Planned(job, run, budget, refused_before_training(cfg, run))
-
-
-def write_snapshot(cfg: JobConfig, *, seed: int, dest_url: str | None) -> dict[str, Any]:
-    """The demo producer: a synthetic dataset snapshot under a new prefix; returns the event's extra."""
-    from datetime import UTC, datetime
-
-    from tasks.data.manifest import make_data
-
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    url = dest_url or f"{cfg.data.source_url.rstrip('/')}-snapshots/{stamp}"
-    manifest = make_data(url, name=cfg.name, seed=seed, storage_options=cfg.data.storage_options)
-    log.info("publish_dataset: snapshot %s (manifest %s, %d files)", url, manifest.hash[:12], len(manifest.files))
-    return {"source_url": url, "manifest_hash": manifest.hash}
 
 
 def stage_identify(cfg: JobConfig) -> RunIdentity:
@@ -572,21 +553,3 @@ def describe_outcome(out: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"dry run: planned and warmed {out['warm']['dataset_dir']}")
     return lines
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, {"train.steps": args.steps})
-    out = run_lifecycle(cfg, force=args.force, dry_run=args.dry_run)
-    print(json.dumps(out, indent=2, default=str) if args.json else "\n".join(describe_outcome(out)))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the whole lifecycle for one config in this process")
-    p.add_argument("config", help="job config YAML")
-    p.add_argument("--steps", type=int, help="override train.steps")
-    p.add_argument("--force", action="store_true", help="launch even if the plan says it cannot fit, or a "
-                   "stopped run at another global batch would be left behind")
-    p.add_argument("--dry-run", action="store_true", help="plan and warm only")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_cmd_run)

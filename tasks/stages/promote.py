@@ -13,9 +13,7 @@ approval is refused there before anything is scored.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +22,8 @@ from typing import Any
 from tasks.base.audit import default_actor
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.policy import Person, check_mover
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.evaluate import VersionsScored, score_versions
 from tasks.models.resolve import ConfigSnapshot
 from tasks.registry import ForceRequiredError, NothingToRollBackError, SwitchRecord
@@ -147,26 +145,3 @@ def promote(job: ConfigSnapshot, version: int, *, force: bool = False, reason: s
     promotion = stage_promote_check(job, version, force=force, reason=reason)
     decision = None if force else stage_promote_gate(promotion, stage_promote_evaluate(promotion))
     return stage_promote(promotion, decision, actor=actor or default_actor())
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("promote", help="put a version on an alias through the alias's gate (and approval: "
-                                              "under Airflow, the promote_model DAG)")
-    p.add_argument("config", help="job config YAML (the model, its gate rules and suites, publish.policy)")
-    p.add_argument("--version", required=True, type=int, help="the version to put on the alias")
-    p.add_argument("--alias", help="the alias to move (default: the config's publish.alias)")
-    p.add_argument("--force", action="store_true", help="skip the gate (a version rolled back from the alias may "
-                                                        "then go back too); needs --reason")
-    p.add_argument("--reason", default="", help="why (recorded in the alias history)")
-    p.add_argument("--actor", help="who (default: $RETRAINER_ACTOR, else the OS user)")
-    p.add_argument("--json", action="store_true", help="print the alias move as JSON")
-    p.set_defaults(handler=_cmd_promote)
-
-
-def _cmd_promote(args: argparse.Namespace) -> int:
-    job = ConfigSnapshot.take(args.config, {"publish.alias": args.alias})
-    rec = promote(job, args.version, force=args.force, reason=args.reason, actor=args.actor)
-    frm = "nothing" if rec.from_version is None else f"version {rec.from_version}"
-    print(json.dumps(rec.to_dict(), indent=2, sort_keys=True) if args.json else
-          f"{rec.model} {rec.alias}: {frm} -> version {rec.to_version} (promote, seq {rec.seq})")
-    return 0

@@ -26,8 +26,8 @@ from tasks.base.audit import default_actor
 from tasks.base.credentials import redact
 from tasks.base.errors import InvalidInputError, LiveMovedError
 from tasks.base.policy import NotPermittedError
-from tasks.config import JobConfig
 from tasks.config.endpoints import registry_for
+from tasks.config.schema import JobConfig
 from tasks.registry import ArtifactRef, ArtifactStore, Lineage, alias_asset_uri
 from tasks.registry.core import check_metrics
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import atomic_write_json, fsync_dir
-from tasks.config import JobConfig, ParallelConfig
+from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.runs.identity import RunIdentity
 from tasks.train.commit import LATEST, MARKER, commit
 from tasks.train.mirror import Mirror

@@ -23,7 +23,7 @@ import torch.distributed as tdist
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.fsutil import atomic_write_bytes, atomic_write_json
 from tasks.base.model_files import CHECKPOINT_BASE_FILE
-from tasks.config import TrainingJob
+from tasks.config.schema import TrainingJob
 from tasks.runs.identity import RunIdentity
 from tasks.train import async_save, reshard
 from tasks.train import checkpoint as ck

@@ -1,6 +1,6 @@
 """A run that stopped part-way at another global batch: found before a new run starts over from step 0.
 
-Why: the experiment key follows the global batch, not the layout (tasks/config/__init__.py `_keyed_layout`), so a run
+Why: the experiment key follows the global batch, not the layout (tasks/config/key.py, rule 4), so a run
 that lost nodes resumes at a smaller `parallel.dp` only if `parallel.micro_batches` makes up the difference.
 A config that lowers dp alone trains a new experiment from step 0 beside the stopped one: days of GPU time
 lost without a word. The plan stage asks this module first and refuses (unless forced), naming the setting
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import fsspec
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.runs.identity import RunIdentity, identity
 from tasks.train.checkpoint import ckpt_root, read_latest
 from tasks.train.mirror import Mirror

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
 from tasks.models.parallel import TPGroup

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tasks.config import format_duration
+from tasks.config.duration import format_duration
 from tasks.train.memory_trace import peak_rss_bytes
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.fsutil import atomic_write_json
 from tasks.base.job_status import State, Status, log_for_relay, now, write_status
-from tasks.config import TrainingJob
+from tasks.config.schema import TrainingJob
 from tasks.models import get_family
 from tasks.models.common import no_default_init
 from tasks.models.export import FILES_PER_STAGE

@@ -276,7 +276,7 @@ def running_standalone(home: Path, tenants: list[Tenant], env: dict[str, str]) -
     README's lines (registries: each model's SQLite database, created by its first use as the README's
     embedded default is; the tenants' pools beside the README's, created the same way), `env` added to the
     harness's; stopped, whole process group, on exit."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
 
     config_dir = home / "configs"
     pools: dict[str, int] = {}

@@ -160,7 +160,7 @@ def test_a_deferred_training_survives_a_restart_of_every_airflow_component(
 
 def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_checkpoint(
         standalone: Standalone, slurm_cluster: SlurmCluster) -> None:
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
 
     sa = standalone
     for name in (HIGH, LOW):  # this week's data for both models
@@ -224,7 +224,7 @@ def test_priority_queueing_preemption_and_a_killed_task_each_resume_from_their_c
 def test_marking_a_deferred_training_failed_cancels_its_job(standalone: Standalone,
                                                             slurm_cluster: SlurmCluster) -> None:
     """An operator stops a run from the UI (mark failed): the job must not train on unseen for days."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
 
     sa = standalone
     make_data(str(sa.model_home(HIGH) / "store" / "data"), name="tiny-llama", n_train_shards=2, tokens_per_shard=16384,

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.base.errors import LockHeldError
 from tasks.base.lock import experiment_lock
-from tasks.config import sha256_json
+from tasks.config.util import sha256_json
 
 HOLDER = Path(__file__).with_name("lock_holder.py")
 ROOT = Path(__file__).resolve().parents[2]

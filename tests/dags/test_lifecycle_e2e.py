@@ -70,7 +70,7 @@ def model_events(uri: str) -> int:
 
 
 def weekly_retrain(tmp_path: Path, registry_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.registry import Registry, upgrade
 
     upgrade(registry_url)  # what `retrainer db upgrade` (the compose init service) does before any run

@@ -20,8 +20,12 @@ import pytest
 import yaml
 from retrainer_airflow.contract import RUN_NOTE_KEY, refusal_noted
 
-from tasks.config import ConfigError, JobConfig
-from tasks.deploy import DeployError, pull, resolve_target, roll_back, run_hook
+from tasks.base.errors import ConfigError
+from tasks.config.schema import JobConfig
+from tasks.deploy.handoff import run_hook
+from tasks.deploy.pull import pull
+from tasks.deploy.rollback import roll_back
+from tasks.deploy.target import DeployError, resolve_target
 from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
 
@@ -74,7 +78,7 @@ def _evaluated(cfg: JobConfig, checkpoint: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Export:
     """One real publish (tasks.stages.publish: the checkpoint exported as a Hugging Face directory), its tree kept."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.stages.publish import publish
     from tests.registry.conftest import experiment_key_of, make_checkpoint
 
@@ -269,7 +273,7 @@ def test_a_broken_export_fails_the_smoke_test_and_the_alias_goes_back(
 
 def test_a_corrupt_artifact_fails_the_verified_pull_and_the_alias_goes_back(job, export: Export,
                                                                              tmp_path: Path) -> None:
-    from tasks.deploy import run_deploy
+    from tasks.deploy.run import run_deploy
 
     _, cfg = job(command="exit 0")
     publish_tree(cfg, export.dir, export.metrics, export)

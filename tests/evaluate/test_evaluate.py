@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from tasks.base.errors import ConfigError, InvalidInputError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.evaluate import evaluate
 from tasks.evaluate.spec import resolve_suites, suite_hash, window_order
 from tasks.models import get_family

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tasks.models.resolve import load_config
 from tasks.registry import Registry
 from tasks.stages.lifecycle import Trained, Warmed, run_lifecycle, stage_evaluate, stage_identify

@@ -69,7 +69,7 @@ class Job:
 def make_job(tmp: Path, registry_url: str, *, steps: int = 6, checkpoint_every: int = 2) -> Job:
     """The e2e test's shrunk demo config (imported, not copied) + a small synthetic dataset + its registry,
     migrated (as `retrainer db upgrade` does before any task runs)."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.registry import upgrade
 
     upgrade(registry_url)

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.base.errors import RetrainerError
+from tasks.base.errors import ConfigError, RetrainerError
 from tasks.base.fsutil import atomic_write_json
-from tasks.config import ConfigError
 from tasks.evaluate import Evaluated
 from tasks.models.resolve import load_config
 from tasks.runs.identity import RunIdentity

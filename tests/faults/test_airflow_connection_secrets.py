@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tests.dags.test_lifecycle_e2e import load_dag_module, run_dag, write_config
 from tests.services import PgCluster
 

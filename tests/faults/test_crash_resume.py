@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tasks.train.checkpoint import ckpt_root, read_latest
 from tests.faults.conftest import (
     Job,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tests.faults.conftest import Trained, driver, metrics_file, run_task, task_env
 from tests.services import S3Endpoint
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tests.faults.conftest import TaskProcess, driver, finished_steps, make_job, processes_mentioning, reap, task_env
 from tests.secrets_scan import argv_containing, environments_containing, files_containing
 from tests.services import S3Endpoint

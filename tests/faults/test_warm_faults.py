@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tests.faults.conftest import Job, TaskProcess, driver, make_job, read_json, run_task
 from tests.faults.test_train_faults import small_tmpfs
 from tests.services import S3Endpoint, free_port

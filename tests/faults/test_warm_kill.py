@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tests.faults.conftest import TaskProcess, driver, make_job, processes_mentioning, read_json, run_task
 from tests.faults.test_warm_faults import FlakyEndpoint
 from tests.services import S3Endpoint

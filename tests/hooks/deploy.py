@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks.deploy import DeployTarget
+from tasks.deploy.target import DeployTarget
 
 
 def record(target: DeployTarget) -> None:

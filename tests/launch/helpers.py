@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import JobSpec, get_launcher
 from tasks.launch.k8s_schema import PYTORCHJOB_SCHEMA
 from tasks.launch.kubernetes import KubernetesLauncher, validate_manifest

@@ -104,7 +104,7 @@ def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
 def test_staging_step_warms_each_node_in_the_allocation_and_refuses_other_data(slurm_cluster: SlurmCluster,
                                                                               tmp_path: Path) -> None:
     from tasks.base.errors import TrainingFailedError
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.data.warm import remote_manifest_hash, warm_for_config
     from tasks.runs.identity import identity, scratch
 

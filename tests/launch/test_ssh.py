@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.base.errors import TrainingFailedError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import LaunchOptions, get_launcher
 from tasks.models.weights import weights_digest
 from tests.launch.conftest import NetnsHosts, tiny_config, write_dataset
@@ -141,7 +141,7 @@ def test_each_host_warms_its_own_copy_from_s3_refetches_a_corrupt_file_and_fails
         netns_hosts: NetnsHosts, tmp_path: Path) -> None:
     import subprocess
 
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.data.warm import remote_manifest_hash, warm_for_config
     from tasks.runs.identity import identity, scratch
     from tests.services import S3Endpoint
@@ -212,7 +212,7 @@ def test_each_host_refuses_a_shard_the_model_cannot_read_before_any_rank_starts(
     model has no row for stops the launch, naming the node, the shard and the id; nothing of it stays cached."""
     import numpy as np
 
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.data.warm import remote_manifest_hash, warm
     from tasks.runs.identity import identity, scratch
     from tests.warm.test_dataset_checks import rewrite
@@ -244,7 +244,7 @@ def test_node_local_run_dirs_are_mirrored_and_a_host_that_lost_its_disk_resumes_
     """...and the finished run is evaluated on those hosts: the weights come from their disks and the mirror."""
     import shutil
 
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.evaluate import evaluate
     from tasks.runs.identity import for_dataset
 

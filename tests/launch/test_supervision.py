@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.base.errors import InvalidInputError
+from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.job_status import Status
-from tasks.config import ConfigError, SlurmConfig
+from tasks.config.schema import SlurmConfig
 from tasks.launch import JobSpec, get_launcher, pool_for
 from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged

@@ -8,7 +8,7 @@ import pytest
 
 from tasks.base.errors import ConfigError
 from tasks.base.families import ALWAYS, FAMILIES, LORA_TARGETS
-from tasks.config import VLLM_LORA_RANKS
+from tasks.config.schema import VLLM_LORA_RANKS
 from tests.train.conftest import tiny_config
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tasks.config import VLLM_LORA_RANKS
+from tasks.config.schema import VLLM_LORA_RANKS
 from tasks.models import get_family
 from tasks.models.export import export_checkpoint
 from tasks.models.lora import apply_lora, is_adapter_param

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tasks.base.fsutil import sha256_file
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tasks.data.warm import warm_mixture
 from tasks.inputs.adapter import start_adapter_dir
 from tasks.inputs.node import node_spec, warm_node

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.base.errors import RetrainerError
-from tasks.deploy import DeployTarget
+from tasks.deploy.target import DeployTarget
 from tasks.deploy.vllm_lora import load_adapter
 from tasks.models.lora_export import ADAPTER_CONFIG
 

@@ -10,11 +10,11 @@ import yaml
 
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.families import OPTIONS
-from tasks.config import ModelConfig
+from tasks.cli.plan import main as plan_main
+from tasks.config.schema import ModelConfig
 from tasks.models import FAMILIES, family_for_architecture, get_family
 from tasks.models.family import ModelFamily
 from tasks.models.resolve import load_config
-from tasks.plan.cli import main as plan_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = dict(vocab_size=96, seq_len=16, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48)

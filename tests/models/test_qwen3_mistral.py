@@ -26,10 +26,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from tasks.config import ModelConfig
+from tasks.cli.plan import main as plan_main
+from tasks.config.schema import ModelConfig
 from tasks.models import get_family
 from tasks.models.llama.model import sliding_mask
-from tasks.plan.cli import main as plan_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -202,7 +202,7 @@ def test_what_we_do_not_implement_is_refused_at_config_load(
 
 
 def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
     from tasks.plan.budget import _activation_bytes_per_layer
 
     base = dict(vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96)
@@ -225,7 +225,7 @@ def test_flops_and_attention_memory_count_the_window_and_head_dim() -> None:
 
 
 def test_gemma_flops_count_each_layer_span_and_soft_capped_scores_are_materialized() -> None:
-    from tasks.config import JobConfig
+    from tasks.config.schema import JobConfig
     from tasks.plan.budget import _activation_bytes_per_layer
 
     base = dict(vocab_size=256, seq_len=32, n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,

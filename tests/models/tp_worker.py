@@ -18,7 +18,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from tasks.base.comm_ops import load_shm_op
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import TRAINING_PARTITION

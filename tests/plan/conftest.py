@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 
 
 def make_config(model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None,

@@ -101,7 +101,7 @@ def main() -> None:
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     from tasks.base.comm_ops import load_shm_op
-    from tasks.config import ModelConfig
+    from tasks.config.schema import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.parallel import TPGroup
     from tasks.models.shapes import TRAINING_PARTITION
@@ -119,7 +119,7 @@ def main() -> None:
     module = PipelineModule(layers=pipeline_layers(m, 1234, tp), topology=topo, loss_fn=lm_loss,
                             partition_method=TRAINING_PARTITION, activation_checkpoint_interval=0)
     if a.lora_rank:
-        from tasks.config import LoraConfig
+        from tasks.config.schema import LoraConfig
         from tasks.models.lora import apply_lora
 
         lora = LoraConfig(rank=a.lora_rank, alpha=16, target_modules=("qkv", "out", "fc1", "fc2"))

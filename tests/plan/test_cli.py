@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.plan.cli import main
+from tasks.cli.plan import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "tiny-llama.yaml"
@@ -168,7 +168,7 @@ def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_module_entry_point_runs_as_a_process(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tasks.plan", str(DEMO), "--tp", "3"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.plan", str(DEMO), "--tp", "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "parallel.tp (3)" in proc.stderr
 

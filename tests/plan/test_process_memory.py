@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.evaluate import evaluation_launch
 from tasks.launch import train
 from tasks.plan import Plan, plan

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.registry.schema import HEAD
 from tests.registry.conftest import make_checkpoint
 

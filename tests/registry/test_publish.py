@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.models.weights import weights_digest
 from tasks.registry import ArtifactStore, Registry, upgrade
 from tasks.stages.publish import publish

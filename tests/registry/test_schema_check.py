@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.registry import ArtifactRef, Lineage, Registry, SchemaVersionError, upgrade
 from tasks.registry.schema import HEAD
 from tests.registry.conftest import ROOT, make_checkpoint

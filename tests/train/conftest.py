@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tests.services import free_port
 
 TEXT = (

@@ -23,7 +23,7 @@ import yaml
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.job_status import STATUS_FILE, read_status
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.launch import JobSpec, torchrun, train
 from tasks.models.weights import weights_digest
 from tasks.runs.identity import RunIdentity, for_dataset
@@ -133,7 +133,7 @@ def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeyp
 def mixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, RunIdentity, dict]:
     """An unbroken run of the experiment on a mixture (this week's data + 25% replay of an older snapshot),
     both warmed into one cache as the warm stage does: (tmp root, primary dataset dir, identity, summary)."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.data.warm import warm_mixture
 
     root = tmp_path_factory.mktemp("mixture")

@@ -137,7 +137,7 @@ def test_lowering_dp_without_raising_micro_batches_is_refused_naming_the_fix(tmp
     run is the stopped one again; forced, the new run may start; a finished run at another batch is no loss."""
     import yaml
 
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
     from tasks.models.resolve import load_config
     from tasks.stages.lifecycle import stage_identify, stage_plan
     from tests.test_weekly_retrain import retrainer, week_config

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.gpt.model import Reference as GPT
 from tasks.models.gpt.model import TransformerBlock
 from tasks.models.gpt.sharding import shard_spec, unshard
@@ -155,7 +155,7 @@ def test_pointer_prune_and_sweep(tmp_path: Path) -> None:
 
 
 def test_config_refuses_tp_with_zero0_and_clipping(make_config) -> None:
-    from tasks.config import ConfigError
+    from tasks.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"parallel\.zero_stage 0 with parallel\.tp > 1"):
         make_config({"parallel.tp": 2, "parallel.zero_stage": 0})

@@ -13,7 +13,8 @@ import pytest
 
 from tasks.base.errors import InvalidInputError
 from tasks.data.cache import CacheLayout, DatasetEvictedError, DiskBudgetError, dataset_in_use, make_room, use_lock
-from tasks.data.manifest import Manifest, build_manifest, make_data, read_manifest
+from tasks.data.manifest import Manifest, build_manifest, read_manifest
+from tasks.data.synthetic import make_data
 from tasks.data.warm import warm
 from tests.services import S3Endpoint
 

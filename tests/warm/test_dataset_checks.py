@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tasks.base.errors import InvalidInputError
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tasks.data.tokens import ShardRules, TokenScan
 from tasks.data.warm import warm
 from tasks.inputs.node import node_spec, warm_node

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tasks.base.errors import InvalidInputError, RetrainerError
-from tasks.config import JobConfig
+from tasks.config.schema import JobConfig
 from tasks.data.cache import DiskBudgetError
-from tasks.data.manifest import make_data
+from tasks.data.synthetic import make_data
 from tasks.data.warm import warm_mixture
 from tasks.inputs.node import describe, node_spec, warm_node
 from tasks.runs.identity import identity, scratch

@@ -115,7 +115,7 @@ def test_plain_s3fs_path_round_trip(small_tree: Tree, tmp_path: Path, monkeypatc
 
 def test_local_source_url_round_trip(tmp_path: Path) -> None:
     """Any fsspec URL works: a plain local path goes through the thread-pool path."""
-    from tasks.data.manifest import make_data
+    from tasks.data.synthetic import make_data
 
     made = make_data(str(tmp_path / "src"), name="local", n_train_shards=2, tokens_per_shard=5000)
     result = warm(f"file://{tmp_path / 'src'}", tmp_path / "cache", progress=False)

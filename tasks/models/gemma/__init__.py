@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import ClassVar
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.gemma import hf, model, sharding
 from tasks.models.llama import Llama
 

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.common import BLOCK
 from tasks.models.gemma.model import is_sliding
 from tasks.models.llama import hf as llama_hf

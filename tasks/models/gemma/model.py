@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.gemma.sharding import full_shapes
 from tasks.models.llama import model as llama
 from tasks.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, copy_to_tp

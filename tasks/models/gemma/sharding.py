@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.llama import sharding as llama
 from tasks.models.shapes import ParamCounts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.common import relative
 
 ARCHITECTURE = "RetrainerGPT"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models import common
 from tasks.models.common import layer_generator
 from tasks.models.family import EMBED, HEAD

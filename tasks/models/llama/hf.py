@@ -7,7 +7,7 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.base.families import ROPE_TYPES, rope_types_text
-from tasks.config import ROPE_FIELDS, ModelConfig
+from tasks.config.schema import ROPE_FIELDS, ModelConfig
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
 

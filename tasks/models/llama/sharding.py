@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.common import BLOCK
 from tasks.models.family import EMBED, HEAD
 from tasks.models.parallel import shard_range

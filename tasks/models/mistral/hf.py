@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.llama import hf as llama_hf
 
 # transformers' MistralConfig default window is 4096 when the key is absent; null = full attention.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import ModelConfig
+from tasks.config.schema import ModelConfig
 from tasks.models.common import BLOCK
 from tasks.models.llama import hf as llama_hf
 
