@@ -26,26 +26,34 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from tasks.base.credentials import unredacted_credentials
 from tasks.base.errors import InvalidInputError
 from tasks.registry import schema as t
+from tasks.registry.alias_rules import (
+    already_there,
+    cas_lost,
+    default_target,
+    disagree,
+    needs_force,
+    never_held,
+    no_model,
+    no_version,
+    nothing_left,
+    points_to_nothing,
+    rollback_text,
+    rolled_back,
+    rolled_back_from,
+)
 from tasks.registry.db import make_engine
 from tasks.registry.errors import (
-    ConflictError,
-    ForceRequiredError,
     NotFoundError,
-    NothingToRollBackError,
-    PromotionRequiredError,
-    RolledBackError,
 )
+from tasks.registry.lineage_checks import check_config, check_metrics, check_replay
 from tasks.registry.migrate import upgrade
 from tasks.registry.names import check_digest, check_name, check_text, check_version
 from tasks.registry.records import ArtifactKind, ArtifactRef, Lineage, SwitchRecord, VersionRecord
@@ -77,157 +85,6 @@ def _iso(value: datetime | None) -> str | None:
     if value.tzinfo is None:  # SQLite returns naive datetimes; we only ever store UTC
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).isoformat()
-
-
-def check_metrics(metrics: Any, where: str = "metrics") -> dict[str, Any]:
-    """A JSON object of finite values, normalised through JSON (what the database will store); `where` names
-    the field in errors (metrics, lineage.config)."""
-    if not isinstance(metrics, dict):
-        raise InvalidInputError(f"{where}: must be a JSON object, got {type(metrics).__name__}")
-
-    def finite(x: Any, path: str) -> None:
-        if isinstance(x, float) and not math.isfinite(x):
-            raise InvalidInputError(f"{where}.{path}: non-finite value {x!r} cannot be published")
-        if isinstance(x, dict):
-            for k, v in x.items():
-                finite(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(x, list):
-            for i, v in enumerate(x):
-                finite(v, f"{path}[{i}]")
-
-    finite(metrics, "")
-    try:
-        text = json.dumps(metrics, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{where}: not JSON-serializable: {exc}") from None
-    if "\\u0000" in text:
-        raise InvalidInputError(f"{where}: contains a NUL character")
-    return json.loads(text)
-
-
-def check_config(config: Any) -> dict[str, Any] | None:
-    """A version's recorded job config: a JSON object whose credentials were redacted (never a secret in a
-    record: an option named like a credential that still holds a value is refused, naming it)."""
-    if config is None:
-        return None
-    config = check_metrics(config, "lineage.config")
-    if leaks := unredacted_credentials(config):
-        raise InvalidInputError(f"lineage.config: {', '.join(leaks)} would record a credential; redact it first")
-    return config
-
-
-def check_replay(replay: Any) -> list[dict[str, Any]]:
-    """A version's replay sources: a list of {url, manifest_hash, weight in (0, 1)}, weights summing below 1."""
-    if not isinstance(replay, list):
-        raise InvalidInputError(f"lineage.data_replay: must be a list, got {type(replay).__name__}")
-    out = []
-    for i, entry in enumerate(replay):
-        where = f"lineage.data_replay[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"url", "manifest_hash", "weight"}:
-            raise InvalidInputError(f"{where}: must be an object with url, manifest_hash and weight")
-        weight = entry["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < 1:
-            raise InvalidInputError(f"{where}.weight: must be a number in (0, 1), got {weight!r}")
-        out.append({"url": check_text(entry["url"], f"{where}.url", max_len=4096),
-                    "manifest_hash": check_name(entry["manifest_hash"], f"{where}.manifest_hash"),
-                    "weight": float(weight)})
-    if sum(e["weight"] for e in out) >= 1:
-        raise InvalidInputError("lineage.data_replay: the weights must sum below 1 (the primary data has the rest)")
-    return out
-
-
-def _no_model(model: str) -> NotFoundError:
-    return NotFoundError(f"model {model!r} is not in the registry")
-
-
-def _no_version(model: str, version: int) -> NotFoundError:
-    return NotFoundError(f"model {model!r} has no version {version}")
-
-
-def _cas_lost(model: str, alias: str, expect: int | None, current: int | None) -> ConflictError:
-    want = "no version" if expect is None else f"version {expect}"
-    have = "no version" if current is None else f"version {current}"
-    return ConflictError(
-        f"model {model!r} alias {alias!r}: expected {want} but it points to {have} "
-        "(someone else moved it first); nothing changed"
-    )
-
-
-def _points_to_nothing(model: str, alias: str) -> NothingToRollBackError:
-    return NothingToRollBackError(f"model {model!r} alias {alias!r} points to nothing; nothing to roll back")
-
-
-def _first_version(model: str, alias: str, current: int) -> NothingToRollBackError:
-    return NothingToRollBackError(
-        f"model {model!r} alias {alias!r}: version {current} is the first version it ever "
-        "pointed to; nothing to roll back to (use --to VERSION)"
-    )
-
-
-def _already_there(model: str, alias: str, to: int) -> NothingToRollBackError:
-    return NothingToRollBackError(f"model {model!r} alias {alias!r} already points to version {to}")
-
-
-def _rolled_back(model: str, alias: str, version: int) -> RolledBackError:
-    return RolledBackError(
-        f"model {model!r} alias {alias!r}: version {version} was rolled back from it; an automatic publish never "
-        f"points it there again (an explicit, forced promotion can, audited: the promote_model DAG, or "
-        f"`retrainer promote CONFIG --version {version} --force --reason WHY`)"
-    )
-
-
-def _never_held(model: str, alias: str, version: int, held: Sequence[int] | None) -> PromotionRequiredError:
-    before = "" if held is None else f" (it held: {', '.join(f'v{v}' for v in held) or 'none'})"
-    return PromotionRequiredError(
-        f"model {model!r} alias {alias!r}: version {version} was never live on it{before}; a rollback "
-        f"only goes back. Putting v{version} on {alias} is a promotion, through {alias}'s gate and approvers: the "
-        f"promote_model DAG, or `retrainer promote CONFIG --alias {alias} --version {version}`"
-    )
-
-
-def _rollback_text(rec: SwitchRecord) -> str:
-    return f"by {rec.actor} at {rec.at} (reason: {rec.reason!r})"
-
-
-def _needs_force(model: str, alias: str, version: int, rec: SwitchRecord) -> ForceRequiredError:
-    return ForceRequiredError(
-        f"model {model!r} alias {alias!r}: version {version} was rolled back from it {_rollback_text(rec)}; "
-        "to point it there again, force it and say why (CLI: --force --reason WHY; the rollback_model DAG "
-        "and the registry page: force)"
-    )
-
-
-def _nothing_left(model: str, alias: str, current: int, history: Sequence[SwitchRecord]) -> NothingToRollBackError:
-    """Why a rollback without a target has nowhere to go: each earlier version was rolled back from the alias."""
-    rolled = _rolled_back_from(history)
-    earlier = [v for v in dict.fromkeys(r.from_version for r in reversed(history)) if v is not None and v != current]
-    if not earlier:
-        return _first_version(model, alias, current)
-    why = "; ".join(f"v{v} {_rollback_text(rolled[v])}" for v in earlier)
-    return NothingToRollBackError(
-        f"model {model!r} alias {alias!r}: every version live on it before version {current} was rolled back "
-        f"from it ({why}); nothing to roll back to (to put one back anyway: --to VERSION --force --reason WHY)"
-    )
-
-
-def _rolled_back_from(history: Sequence[SwitchRecord]) -> dict[int, SwitchRecord]:
-    """Versions a rollback moved the alias away from, each with its latest such rollback; `history` is one
-    alias's, oldest first."""
-    return {r.from_version: r for r in history if r.action == "rollback" and r.from_version is not None}
-
-
-def _default_target(history: Sequence[SwitchRecord], current: int) -> int | None:
-    """Where a rollback without a target goes: the newest version live on the alias before `current` that no
-    rollback moved it away from (rolling back twice means further back, never redo); None if there is none."""
-    rolled = _rolled_back_from(history)
-    for rec in reversed(history):
-        if rec.from_version is not None and rec.from_version != current and rec.from_version not in rolled:
-            return rec.from_version
-    return None
-
-
-def _disagree(model: str, alias: str) -> ConflictError:
-    return ConflictError(f"model {model!r} alias {alias!r}: pointer and history disagree")
 
 
 def _check_expect(expect: Any) -> Expect:
@@ -280,7 +137,7 @@ class Registry:
             q = q.with_for_update(key_share=True)  # FOR NO KEY UPDATE: FK checks of others still pass
         mid = conn.execute(q).scalar()
         if mid is None:
-            raise _no_model(model)
+            raise no_model(model)
         return int(mid)
 
     @staticmethod
@@ -311,7 +168,7 @@ class Registry:
             sa.select(t.versions).where(t.versions.c.model_id == model_id, t.versions.c.version == version)
         ).first()
         if row is None:
-            raise _no_version(model, version)
+            raise no_version(model, version)
         return self._version(row, model)
 
     # -- publishing ---------------------------------------------------------
@@ -470,20 +327,20 @@ class Registry:
         diag = getattr(exc, "diag", None)
         detail = (getattr(diag, "message_detail", None) or "") if diag is not None else ""
         if code == "RGNOM":
-            return _no_model(model)
+            return no_model(model)
         if code == "RGNOV":
-            return _no_version(model, int(detail))
+            return no_version(model, int(detail))
         if code == "RGCAS":
-            return _cas_lost(model, alias, None if expect == ANY else expect, int(detail) if detail else None)
+            return cas_lost(model, alias, None if expect == ANY else expect, int(detail) if detail else None)
         if code == "RGHIS":
-            return _disagree(model, alias)
+            return disagree(model, alias)
         if code == "RGRBK":
-            return _rolled_back(model, alias, int(detail))
+            return rolled_back(model, alias, int(detail))
         if code == "RGPRM":  # revision 0009's trigger: a 'rollback' row onto a version the alias never held
-            return _never_held(model, alias, int(detail), None)
+            return never_held(model, alias, int(detail), None)
         if code == "RGFRC":  # DETAIL: the rollback that moved the alias away from `to`, as JSON (migration 0007)
             removed = json.loads(detail)
-            return _needs_force(model, alias, to, SwitchRecord(
+            return needs_force(model, alias, to, SwitchRecord(
                 model=model, alias=alias, **{**removed, "at": _iso(datetime.fromisoformat(removed["at"])) or ""}))
         return exc
 
@@ -530,7 +387,7 @@ class Registry:
     ) -> SwitchRecord:
         current, generation = locked
         if expect != ANY and expect != current:
-            raise _cas_lost(model, alias, expect, current)
+            raise cas_lost(model, alias, expect, current)
         if not checked:
             self._get_version(conn, model_id, model, to_version)  # refuses missing / other model's versions
         if current == to_version:
@@ -541,19 +398,19 @@ class Registry:
             ).first()
             if last is not None:
                 return self._switch(last, model, changed=False)
-            raise _disagree(model, alias)
+            raise disagree(model, alias)
         if action == "rollback" and not self._held_before(conn, model_id, alias, to_version):
-            raise _never_held(model, alias, to_version, self._held(conn, model_id, alias))
+            raise never_held(model, alias, to_version, self._held(conn, model_id, alias))
         removed = self._alias_history(conn, model_id, model, alias, rollbacks_from=to_version)
         if removed:
             if action == "publish":
-                raise _rolled_back(model, alias, to_version)
+                raise rolled_back(model, alias, to_version)
             if not force:
-                raise _needs_force(model, alias, to_version, removed[-1])
+                raise needs_force(model, alias, to_version, removed[-1])
             if not reason.strip():
                 raise InvalidInputError(f"reason: putting version {to_version} back on {alias!r} over its "
                                         "rollback needs a reason")
-            reason = f"{reason} [forced: v{to_version} had been rolled back from {alias} {_rollback_text(removed[-1])}]"
+            reason = f"{reason} [forced: v{to_version} had been rolled back from {alias} {rollback_text(removed[-1])}]"
         now = _now()
         seq = generation + 1
         conn.execute(
@@ -588,21 +445,21 @@ class Registry:
             locked = self._lock_alias(conn, model_id, alias)
             current = None if locked is None else locked[0]
             if locked is None or current is None:
-                raise _points_to_nothing(model, alias)
+                raise points_to_nothing(model, alias)
             if expect != ANY and expect != current:  # the caller's premise is gone: that, not the target, is news
-                raise _cas_lost(model, alias, expect, current)
+                raise cas_lost(model, alias, expect, current)
             if to is None:
                 to = self._target(conn, model_id, model, alias, current)
             elif to == current:
-                raise _already_there(model, alias, to)
+                raise already_there(model, alias, to)
             return self._move(conn, model_id, model, alias, locked, to, expect, actor, reason, "rollback",
                               force=force)
 
     def _target(self, conn: sa.Connection, model_id: int, model: str, alias: str, current: int) -> int:
         history = self._alias_history(conn, model_id, model, alias)
-        target = _default_target(history, current)
+        target = default_target(history, current)
         if target is None:
-            raise _nothing_left(model, alias, current, history)
+            raise nothing_left(model, alias, current, history)
         return target
 
     # -- reading ------------------------------------------------------------
@@ -616,13 +473,13 @@ class Registry:
             current = conn.execute(sa.select(t.aliases.c.version).where(
                 t.aliases.c.model_id == model_id, t.aliases.c.name == alias)).scalar()
             if current is None:
-                raise _points_to_nothing(model, alias)
+                raise points_to_nothing(model, alias)
             return self._target(conn, model_id, model, alias, int(current))
 
     def rollbacks(self, model: str, alias: str) -> dict[int, SwitchRecord]:
         """Versions a rollback moved `alias` away from, each with its latest such rollback (who, when, why)."""
         try:
-            return _rolled_back_from(self.history(model, alias))
+            return rolled_back_from(self.history(model, alias))
         except NotFoundError:  # a model never published has nothing rolled back
             return {}
 

@@ -29,7 +29,7 @@ from tasks.base.policy import NotPermittedError
 from tasks.config.endpoints import registry_for
 from tasks.config.schema import JobConfig
 from tasks.registry import ArtifactRef, ArtifactStore, Lineage, alias_asset_uri
-from tasks.registry.core import check_metrics
+from tasks.registry.lineage_checks import check_metrics
 
 log = logging.getLogger(__name__)
 
