@@ -6,9 +6,10 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.config import ModelConfig
-from tasks.models.common import relative
+from tasks.families.gpt import GPT
+from tasks.models.common.names import relative
 
-ARCHITECTURE = "RetrainerGPT"
+[ARCHITECTURE] = GPT.architectures
 
 
 def hf_name(ref: str) -> str:

@@ -6,9 +6,10 @@ import re
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.base.families import ROPE_TYPES, rope_types_text
 from tasks.config import ROPE_FIELDS, ModelConfig
-from tasks.models.common import BLOCK
+from tasks.families import FAMILIES
+from tasks.families.llama import LLAMA
+from tasks.models.common.names import BLOCK
 from tasks.models.family import EMBED, HEAD
 
 _TOP_NAMES = {
@@ -55,10 +56,11 @@ def ref_name(hf_name: str) -> str:
     raise ValueError(f"{hf_name!r} is not a tensor of a supported Llama-family checkpoint")
 
 
+_LLAMA, _QWEN2 = LLAMA.architectures
 # Architectures we read, with the HF defaults of the keys a config.json may leave out.
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
-    "LlamaForCausalLM": ("llama", {"max_position_embeddings": 2048}),
-    "Qwen2ForCausalLM": ("qwen2", {"max_position_embeddings": 32768}),
+    _LLAMA: ("llama", {"max_position_embeddings": 2048}),
+    _QWEN2: ("qwen2", {"max_position_embeddings": 32768}),
 }
 _COMMON_DEFAULTS: dict[str, Any] = {
     "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
@@ -106,7 +108,7 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     which this model does not have.
     """
     qwen = m.qkv_bias
-    cfg = base_hf_config(m, "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM", "qwen2" if qwen else "llama",
+    cfg = base_hf_config(m, _QWEN2 if qwen else _LLAMA, "qwen2" if qwen else "llama",
                          dtype=dtype, max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id)
     if qwen:
@@ -116,7 +118,7 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
     return cfg
 
 
-def rope_parameters(m: ModelConfig) -> dict[str, Any]:
+def hf_rope_parameters(m: ModelConfig) -> dict[str, Any]:
     """The model's rotary as transformers 5 writes it: `rope_theta` inside the scaling dict (`rope_type` default
     when unscaled)."""
     scaling = m.rope_scaling.model_dump(exclude_none=True) if m.rope_scaling else {"rope_type": "default"}
@@ -125,7 +127,7 @@ def rope_parameters(m: ModelConfig) -> dict[str, Any]:
 
 def _rope(config: dict[str, Any], family: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling fields) from the flat form (rope_theta + rope_scaling) or v5's rope_parameters;
-    a rope type the family does not implement (tasks.base.families.ROPE_TYPES) is refused, naming it."""
+    a rope type the family does not implement (its spec's rope_types, tasks/families) is refused, naming it."""
     params = config.get("rope_parameters") or {}
     if params and "rope_type" not in params and "type" not in params and "rope_theta" not in params:
         raise InvalidInputError("config.json rope_parameters: per-layer-type RoPE is not supported")
@@ -147,9 +149,9 @@ def rope_scaling(scaling: dict[str, Any], key: str, family: str) -> dict[str, An
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
-    if kind not in ROPE_TYPES.get(family, ()):
+    if kind not in FAMILIES[family].rope_types:
         raise InvalidInputError(f"config.json {key}.rope_type {kind!r} is not supported by model.family {family!r} "
-                                f"(supported: {rope_types_text(family)})")
+                                f"(supported: {FAMILIES[family].rope_types_text()})")
     required, optional = ROPE_FIELDS[kind]
     missing = [k for k in ("factor", *required) if scaling.get(k) is None]
     if missing:
@@ -211,8 +213,8 @@ def refuse(c: dict[str, Any], family: str, unsupported: dict[str, bool]) -> None
 
 def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields implied by a Hugging Face config.json; unsupported features fail naming the key."""
-    model_type, c, fields = read_config(config, "llama", ARCHITECTURES)
-    refuse(c, "llama", {
+    model_type, c, fields = read_config(config, LLAMA.name, ARCHITECTURES)
+    refuse(c, LLAMA.name, {
         "attention_bias": model_type != "qwen2" and bool(c["attention_bias"]),  # Llama's puts a bias on o_proj too
         "use_sliding_window": model_type == "qwen2" and bool(c["use_sliding_window"]),
     })
