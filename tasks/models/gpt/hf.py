@@ -46,4 +46,4 @@ def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
     missing = [f for f in _FIELDS if f not in config]
     if missing:
         raise InvalidInputError(f"config.json lacks {', '.join(missing)}")
-    return {"family": "gpt", **{f: config[f] for f in _FIELDS}}
+    return {"family": GPT.name, **{f: config[f] for f in _FIELDS}}
