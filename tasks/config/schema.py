@@ -27,20 +27,12 @@ from pydantic import (
 
 from tasks import REPO_ROOT
 from tasks.base.dataset_format import MAX_VOCAB
-from tasks.base.families import (
-    ALWAYS,
-    FAMILIES,
-    LORA_TARGETS,
-    NOT_OPTIONS,
-    ROPE_TYPES,
-    rope_types_text,
-    supported_options,
-)
 from tasks.base.home import retrainer_home
 from tasks.base.policy import AliasPolicy
 from tasks.config.duration import DURATION_HELP, Duration, format_duration
 from tasks.config.key import fingerprint_of
 from tasks.config.load import apply_overrides, validated
+from tasks.families import FAMILIES, family_spec
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -66,7 +58,7 @@ MAX_BATCH = 2**24
 # Evaluation: batches x batch_size <= 2^28 windows, whose indices tasks/evaluate/spec.py holds at once.
 MAX_EVAL_BATCHES, MAX_EVAL_BATCH_SIZE = 2**16, 2**12
 # Seeds: numpy's legacy seeding takes < 2^32, and torch's generators take seed x 100_003 + layer
-# (tasks/models/common.py) in 64 bits; numpy's SeedSequence refuses a negative seed.
+# (tasks/models/common/init.py) in 64 bits; numpy's SeedSequence refuses a negative seed.
 MAX_SEED = 2**32 - 1
 # Registry versions: the registry's version columns are 32-bit INTEGERs (sql/versions/0001_registry.py).
 MAX_VERSION = 2**31 - 1
@@ -88,7 +80,7 @@ class RopeScaling(_Strict):
     """Rotary frequency scaling (HF `rope_scaling`), as transformers computes it: `llama3` (three bands: Llama
     3.1+), `linear` (every frequency / factor: Gemma 3's global layers) or `yarn` (Qwen long context: low
     frequencies interpolated, cos/sin scaled by attention_factor). Which family takes which:
-    tasks.base.families.ROPE_TYPES."""
+    tasks.families (each family's `rope_types`)."""
 
     rope_type: Literal["llama3", "linear", "yarn"] = "llama3"
     factor: float = Field(gt=0)
@@ -130,15 +122,23 @@ class BaseModelRef(_Strict):
             raise ValueError("model.base: give exactly one of version and alias")
         return self
 
+
+# ModelConfig fields every family has (sizes, where the model comes from): not options. A new ModelConfig field
+# is an option no family has until a family's spec (tasks/families) lists it.
+NOT_OPTIONS = frozenset({"vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "family",
+                         "pretrained", "pretrained_storage_options", "base"})
+
+
 def family_refusal(m: ModelConfig) -> str | None:
     """Why `m` cannot be trained as its family: the first option set that the family does not express,
     named with the family's supported ones; None when every option it sets is one the family has."""
-    family, supported = m.family, supported_options(m.family)
+    spec = FAMILIES[m.family]
+    family, supported = m.family, spec.supported_options()
     for field, info in type(m).model_fields.items():
         if field in NOT_OPTIONS or field == "rope_scaling":  # rope_scaling: by its type, below
             continue
         value = getattr(m, field)
-        if field in ALWAYS.get(family, ()):
+        if field in spec.always:
             if value is not True:
                 return f"model.{field} must be true for model.family {family!r} (its attention always has it)"
             continue
@@ -146,16 +146,16 @@ def family_refusal(m: ModelConfig) -> str | None:
         if value != plain and field not in supported:
             return (f"model.{field} ({value!r}) is not supported by model.family {family!r} "
                     f"(its options: {', '.join(supported)})")
-    if m.rope_scaling is not None and m.rope_scaling.rope_type not in ROPE_TYPES.get(family, ()):
+    if m.rope_scaling is not None and m.rope_scaling.rope_type not in spec.rope_types:
         return (f"model.rope_scaling.rope_type {m.rope_scaling.rope_type!r} is not supported by model.family "
-                f"{family!r} (supported: {rope_types_text(family)})")
+                f"{family!r} (supported: {spec.rope_types_text()})")
     return None
 
 
 def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
     """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has);
     None when it can. A tied embedding is frozen base weight like any other (tasks/train/pipeline.py)."""
-    known = LORA_TARGETS[m.family]
+    known = FAMILIES[m.family].lora_targets
     unknown = [n for n in target_modules if n not in known]
     if unknown:
         return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
@@ -165,7 +165,7 @@ def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
 
 class ModelConfig(_Strict):
     """Decoder sizes; `family` picks the architecture (tasks.models). An option the family does not express is
-    refused here (tasks.base.families), never ignored."""
+    refused here (tasks.families), never ignored."""
 
     vocab_size: int = Field(256, gt=0, le=MAX_VOCAB)
     seq_len: int = Field(64, gt=0, le=MAX_POSITIONS)
@@ -175,8 +175,8 @@ class ModelConfig(_Strict):
     n_kv_heads: int | None = Field(None, gt=0, le=MAX_WIDTH, description="defaults to n_heads (no GQA)")
     d_ff: int | None = Field(None, gt=0, le=MAX_WIDTH, description="defaults to 4 * d_model")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    family: str = Field("llama", description="a name in tasks.base.families.FAMILIES")
-    # The rotary families' options (tasks.base.families says which family takes which).
+    family: str = Field("llama", description="a name in tasks.families.FAMILIES")
+    # The rotary families' options (tasks.families says which family takes which).
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = Field(1e-5, gt=0)
@@ -188,7 +188,7 @@ class ModelConfig(_Strict):
     sliding_window: int | None = Field(
         None, gt=0, le=MAX_POSITIONS, description="each position attends to the last W positions, itself included "
                                                   "(Mistral-style); null = full causal attention")
-    # Gemma's options (tasks/models/gemma): which layers slide, their rotary base, the softmax scale.
+    # Gemma's options (tasks/models/gemma3): which layers slide, their rotary base, the softmax scale.
     sliding_window_pattern: int | None = Field(
         None, gt=0, le=MAX_WIDTH, description="with sliding_window: every Nth layer (N, 2N, ...) attends globally, "
                                               "the others slide (Gemma 3: 6); null = every layer slides")
@@ -212,8 +212,7 @@ class ModelConfig(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, name: str) -> str:
-        if name not in FAMILIES:
-            raise ValueError(f"model.family {name!r} is unknown; known: {', '.join(sorted(FAMILIES))}")
+        family_spec(name)  # refuses an unknown name, listing the known ones
         return name
 
     @model_validator(mode="after")

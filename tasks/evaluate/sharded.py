@@ -21,7 +21,7 @@ import torch.distributed as tdist
 from tasks.base.model_files import DTYPES
 from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
-from tasks.models.common import no_default_init
+from tasks.models.common.init import no_default_init
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
 from tasks.models.parallel import TPGroup

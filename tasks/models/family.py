@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tasks.families.spec import FamilySpec
 from tasks.models.shapes import ParamCounts
 
 if TYPE_CHECKING:
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
 EMBED, HEAD = "embed", "head"
 # The flat rotary keys of `hf_config` that transformers 5's `rope_parameters` replaces.
 FLAT_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
+# The protocol's layer classes and functions a family's parts (its model.py, sharding.py, hf.py) may define.
+PARTS = ("Embedding", "TransformerBlock", "Head", "Reference", "pipeline_layers", "make_loss_fn", "make_token_nll_fn",
+         "full_shapes", "shard_spec", "unshard", "param_counts", "hf_name", "ref_name", "hf_config",
+         "model_fields_from_hf", "hf_rope_parameters")
 
 
 class ModelFamily(ABC):
@@ -33,15 +39,32 @@ class ModelFamily(ABC):
 
     Reference names (the Reference's state-dict names) are the contract between the
     layers, the shard rules, checkpoints and the Hugging Face mapping.
+
+    A family class names its torch-free spec and its parts: `class Qwen3(Llama, spec=QWEN3, parts=(hf,))`; each
+    class or function of PARTS a part defines is the family's (what the class body states itself, or a part
+    only imports, is not taken), the rest is inherited.
     """
 
-    name: ClassVar[str]  # `model.family`
-    architectures: ClassVar[tuple[str, ...]]  # config.json `architectures` this family reads
+    spec: ClassVar[FamilySpec]  # the family's facts (tasks/families)
+    name: ClassVar[str]  # `model.family` (spec.name)
+    architectures: ClassVar[tuple[str, ...]]  # config.json `architectures` this family reads (spec.architectures)
     vocab_parallel: ClassVar[bool]  # embedding, LM head and cross entropy split by vocab rows across TP
     Embedding: ClassVar[type]
     TransformerBlock: ClassVar[type]
     Head: ClassVar[type]
-    Reference: ClassVar[type]  # the whole model in one module (tasks.models.common.Reference)
+    Reference: ClassVar[type]  # the whole model in one module (tasks.models.common.reference.Reference)
+
+    def __init_subclass__(cls, spec: FamilySpec | None = None, parts: tuple[ModuleType, ...] = (),
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if spec is not None:
+            cls.spec, cls.name, cls.architectures = spec, spec.name, spec.architectures
+        for part in parts:
+            for attr in PARTS:
+                value = vars(part).get(attr)
+                if value is None or attr in vars(cls) or getattr(value, "__module__", None) != part.__name__:
+                    continue
+                setattr(cls, attr, value if isinstance(value, type) else staticmethod(value))
 
     # ---- layers ----
     @abstractmethod

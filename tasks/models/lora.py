@@ -24,7 +24,7 @@ from torch import nn
 
 from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
-from tasks.models.common import BLOCK
+from tasks.models.common.names import BLOCK
 from tasks.models.parallel import TPGroup, copy_to_tp, set_slice
 
 

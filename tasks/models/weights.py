@@ -35,7 +35,7 @@ from tasks.base.model_files import (
 from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
-from tasks.models.common import no_default_init
+from tasks.models.common.init import no_default_init
 from tasks.models.parallel import TPGroup
 
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")

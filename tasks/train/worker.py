@@ -32,7 +32,7 @@ from tasks.base.fsutil import atomic_write_json
 from tasks.base.job_status import State, Status, log_for_relay, now, write_status
 from tasks.config.schema import TrainingJob
 from tasks.models import get_family
-from tasks.models.common import no_default_init
+from tasks.models.common.init import no_default_init
 from tasks.models.export import FILES_PER_STAGE
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import TRAINING_PARTITION

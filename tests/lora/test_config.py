@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tasks.base.errors import ConfigError
-from tasks.base.families import ALWAYS, FAMILIES, LORA_TARGETS
 from tasks.config.schema import VLLM_LORA_RANKS
+from tasks.families import FAMILIES
 from tests.train.conftest import tiny_config
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
@@ -42,8 +42,8 @@ def test_lora_settings_enter_the_fingerprint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_config_knows_every_familys_lora_targets(tmp_path: Path, family: str) -> None:
-    """The torch-free table the config checks target modules against (tasks/base/families.py) is the family's."""
+    """The torch-free spec the config checks target modules against (tasks/families) is the family's."""
     from tasks.models.lora import targets
 
-    options = {"model.family": family, **({"model.qk_norm": True} if family in ALWAYS else {})}
-    assert sorted(targets(tiny_config(tmp_path, options).model)) == sorted(LORA_TARGETS[family])
+    options = {"model.family": family, **({"model.qk_norm": True} if FAMILIES[family].always else {})}
+    assert sorted(targets(tiny_config(tmp_path, options).model)) == sorted(FAMILIES[family].lora_targets)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from tasks.base.errors import ConfigError, InvalidInputError
-from tasks.base.families import OPTIONS
 from tasks.cli.plan import main as plan_main
 from tasks.config.schema import ModelConfig
-from tasks.models import FAMILIES, family_for_architecture, get_family
+from tasks.families import FAMILIES
+from tasks.models import family_for_architecture, get_family
 from tasks.models.family import ModelFamily
 from tasks.models.resolve import load_config
 
@@ -34,7 +34,7 @@ CASES = {
 
 
 def test_every_registered_family_is_tested() -> None:
-    assert {m.family for m in CASES.values()} == set(FAMILIES) == set(OPTIONS)  # each states its options
+    assert {m.family for m in CASES.values()} == set(FAMILIES)  # each states its options (its spec)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tasks.models import get_family
-from tasks.models.common import no_default_init
+from tasks.models.common.init import no_default_init
 from tests.models.test_family import CASES
 
 

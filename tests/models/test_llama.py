@@ -29,7 +29,7 @@ from transformers import (
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.config.schema import ModelConfig, RopeScaling
 from tasks.models import family_for_architecture, get_family
-from tasks.models.llama.model import inv_freq, rope_attention_scale
+from tasks.models.common.rotary import inv_freq, rope_attention_scale
 from tasks.models.parallel import TPGroup
 
 llama = get_family("llama")

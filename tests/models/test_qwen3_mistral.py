@@ -29,7 +29,7 @@ from transformers import (
 from tasks.cli.plan import main as plan_main
 from tasks.config.schema import ModelConfig
 from tasks.models import get_family
-from tasks.models.llama.model import sliding_mask
+from tasks.models.common.blocks import sliding_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -137,7 +137,7 @@ def test_the_soft_caps_are_what_make_gemma2_match() -> None:
 def test_linear_rope_scaling_reaches_only_gemma3s_global_layers_and_changes_the_logits() -> None:
     """Gemma 3 4B+ set `rope_scaling: {rope_type: linear, factor: 8}`: the global layers' frequencies / 8, the
     sliding layers' (rope_local_base_freq) untouched; parity with transformers is in test_llama.py."""
-    from tasks.models.llama.model import inv_freq
+    from tasks.models.common.rotary import inv_freq
 
     gemma3 = get_family("gemma3")
     m = ModelConfig(family="gemma3", vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,

@@ -3,20 +3,12 @@ attention-score and final-logit soft-capping (explicit attention: SDPA's fused p
 
 from __future__ import annotations
 
-import functools
-from typing import ClassVar
-
-from tasks.models.gemma import Gemma3, hf
+from tasks.families.gemma2 import GEMMA2
+from tasks.models.gemma3 import Gemma3
 
 
-class Gemma2(Gemma3):
+class Gemma2(Gemma3, spec=GEMMA2):
     """Every other layer global (`sliding_window_pattern` 2); scores and logits soft-capped."""
-
-    name = "gemma2"
-    architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES["gemma2"])
-    hf_config = staticmethod(functools.partial(hf.hf_config, "gemma2"))
-    model_fields_from_hf = staticmethod(functools.partial(hf.model_fields_from_hf, "gemma2"))
-    hf_rope_parameters = staticmethod(functools.partial(hf.rope_parameters, "gemma2"))
 
 
 FAMILY = Gemma2()

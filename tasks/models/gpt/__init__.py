@@ -5,31 +5,15 @@ model.py: the layers; sharding.py: shapes, shard rules and counts; hf.py: export
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from tasks.families.gpt import GPT as SPEC
 from tasks.models.family import ModelFamily
 from tasks.models.gpt import hf, model, sharding
 
 
-class GPT(ModelFamily):
+class GPT(ModelFamily, spec=SPEC, parts=(model, sharding, hf)):
     """Replicated embedding and head; exported under retrainer's own architecture name (no transformers class)."""
 
-    name = "gpt"
-    architectures: ClassVar[tuple[str, ...]] = (hf.ARCHITECTURE,)
     vocab_parallel = False
-    Embedding, TransformerBlock, Head, Reference = model.Embedding, model.TransformerBlock, model.Head, model.Reference
-
-    pipeline_layers = staticmethod(model.pipeline_layers)
-    make_loss_fn = staticmethod(model.make_loss_fn)
-    make_token_nll_fn = staticmethod(model.make_token_nll_fn)
-    full_shapes = staticmethod(sharding.full_shapes)
-    shard_spec = staticmethod(sharding.shard_spec)
-    unshard = staticmethod(sharding.unshard)
-    param_counts = staticmethod(sharding.param_counts)
-    hf_name = staticmethod(hf.hf_name)
-    ref_name = staticmethod(hf.ref_name)
-    hf_config = staticmethod(hf.hf_config)
-    model_fields_from_hf = staticmethod(hf.model_fields_from_hf)
 
 
 FAMILY = GPT()

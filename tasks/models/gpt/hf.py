@@ -6,9 +6,10 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.config.schema import ModelConfig
-from tasks.models.common import relative
+from tasks.families.gpt import GPT
+from tasks.models.common.names import relative
 
-ARCHITECTURE = "RetrainerGPT"
+[ARCHITECTURE] = GPT.architectures
 
 
 def hf_name(ref: str) -> str:
@@ -45,4 +46,4 @@ def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
     missing = [f for f in _FIELDS if f not in config]
     if missing:
         raise InvalidInputError(f"config.json lacks {', '.join(missing)}")
-    return {"family": "gpt", **{f: config[f] for f in _FIELDS}}
+    return {"family": GPT.name, **{f: config[f] for f in _FIELDS}}

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.config.schema import ModelConfig
-from tasks.models import common
-from tasks.models.common import layer_generator
+from tasks.models.common import reference as common
+from tasks.models.common.init import layer_generator
 from tasks.models.family import EMBED, HEAD
 from tasks.models.gpt.sharding import shard_spec
 from tasks.models.parallel import CopyToTP as _CopyToTP

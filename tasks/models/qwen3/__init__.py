@@ -6,21 +6,13 @@ llama-style blocks, where the maths is shared); this package states only the Hug
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from tasks.families.qwen3 import QWEN3
 from tasks.models.llama import Llama
 from tasks.models.qwen3 import hf
 
 
-class Qwen3(Llama):
+class Qwen3(Llama, spec=QWEN3, parts=(hf,)):
     """Per-head RMSNorm on queries and keys before rotary (`self_attn.q_norm`/`k_norm`, [head_dim], replicated)."""
-
-    name = "qwen3"
-    architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES)
-    hf_name = staticmethod(hf.hf_name)
-    ref_name = staticmethod(hf.ref_name)
-    hf_config = staticmethod(hf.hf_config)
-    model_fields_from_hf = staticmethod(hf.model_fields_from_hf)
 
 
 FAMILY = Qwen3()

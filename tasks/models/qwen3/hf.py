@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config.schema import ModelConfig
-from tasks.models.common import BLOCK
-from tasks.models.llama import hf as llama_hf
+from tasks.families.qwen3 import QWEN3
+from tasks.models.common import hf as common_hf
+from tasks.models.common.names import BLOCK
 
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
-    "Qwen3ForCausalLM": ("qwen3", {"max_position_embeddings": 32768, "head_dim": 128, "sliding_window": None}),
+    QWEN3.architectures[0]: ("qwen3", {"max_position_embeddings": 32768, "head_dim": 128, "sliding_window": None}),
 }
 _QK_NORM = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
 _HF_QK_NORM = {v: k for k, v in _QK_NORM.items()}
@@ -20,7 +21,7 @@ def hf_name(ref_name: str) -> str:
     match = BLOCK.fullmatch(ref_name)
     if match and match.group(2) in _QK_NORM:
         return f"model.layers.{match.group(1)}.{_QK_NORM[match.group(2)]}"
-    return llama_hf.hf_name(ref_name)
+    return common_hf.hf_name(ref_name)
 
 
 def ref_name(hf_name: str) -> str:
@@ -28,13 +29,13 @@ def ref_name(hf_name: str) -> str:
     layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
     if hf_name.startswith("model.layers.") and layer.isdigit() and rest in _HF_QK_NORM:
         return f"blocks.{layer}.{_HF_QK_NORM[rest]}"
-    return llama_hf.ref_name(hf_name)
+    return common_hf.ref_name(hf_name)
 
 
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Qwen3ForCausalLM (QK-norm always on, no bias, full attention)."""
-    cfg = llama_hf.base_hf_config(m, "Qwen3ForCausalLM", "qwen3", dtype=dtype,
+    cfg = common_hf.base_hf_config(m, QWEN3.architectures[0], "qwen3", dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                                   eos_token_id=eos_token_id)
     cfg.update(attention_bias=False, use_sliding_window=False, sliding_window=None)
@@ -43,7 +44,7 @@ def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embedding
 
 def model_fields_from_hf(config: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields of a Qwen3 config.json; a QKV/o bias or `use_sliding_window: true` is refused."""
-    _, c, fields = llama_hf.read_config(config, "qwen3", ARCHITECTURES)
-    llama_hf.refuse(c, "qwen3", {"attention_bias": bool(c["attention_bias"]),
+    _, c, fields = common_hf.read_config(config, QWEN3.name, ARCHITECTURES)
+    common_hf.refuse(c, QWEN3.name, {"attention_bias": bool(c["attention_bias"]),
                                  "use_sliding_window": bool(c["use_sliding_window"])})
     return {**fields, "qk_norm": True}

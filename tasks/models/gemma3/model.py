@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.config.schema import ModelConfig
-from tasks.models.gemma.sharding import full_shapes
-from tasks.models.llama import model as llama
+from tasks.models.common import blocks, rotary
+from tasks.models.gemma3.sharding import full_shapes
 from tasks.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, copy_to_tp
 
 
@@ -34,10 +34,10 @@ def is_sliding(m: ModelConfig, index: int) -> bool:
 
 
 def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup) -> None:
-    llama._init(layer, m, seed_layer, seed, tp, shapes=full_shapes, norm_init=0.0)
+    blocks.init_layer(layer, m, seed_layer, seed, tp, shapes=full_shapes, norm_init=0.0)
 
 
-class RMSNorm(llama.RMSNorm):
+class RMSNorm(blocks.RMSNorm):
     """x / rms(x) * (1 + weight), all in fp32, cast back at the end (transformers' Gemma3RMSNorm)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ class RMSNorm(llama.RMSNorm):
         return (h * (1.0 + weight.float())).to(x.dtype)
 
 
-class Attention(llama.Attention):
+class Attention(blocks.Attention):
     """Llama's attention with Gemma's QK-norm, scale `query_pre_attn_scalar ** -0.5`, per-layer window/base and
     optional score soft-capping."""
 
@@ -58,7 +58,7 @@ class Attention(llama.Attention):
         self.scale = (m.query_pre_attn_scalar or m.head_dim) ** -0.5
         sliding = is_sliding(m, index)
         self.window = m.sliding_window if sliding else None
-        self.inv_freq = llama.inv_freq(m, m.rope_local_base_freq or m.rope_theta) if sliding else llama.inv_freq(m)
+        self.inv_freq = rotary.inv_freq(m, m.rope_local_base_freq or m.rope_theta) if sliding else rotary.inv_freq(m)
         self.softcap = m.attn_logit_softcapping
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -69,11 +69,11 @@ class Attention(llama.Attention):
         t = q.shape[2]
         scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
         scores = torch.tanh(scores / self.softcap) * self.softcap
-        scores = scores.masked_fill(~llama.sliding_mask(t, self.window or t, q.device), float("-inf"))
+        scores = scores.masked_fill(~blocks.sliding_mask(t, self.window or t, q.device), float("-inf"))
         return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
-class MLP(llama.MLP):
+class MLP(blocks.MLP):
     """Gated GELU (tanh approximation): down(gelu(gate(x)) * up(x))."""
 
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
@@ -81,7 +81,7 @@ class MLP(llama.MLP):
         self.act = functools.partial(F.gelu, approximate="tanh")
 
 
-class Embedding(llama.Embedding):
+class Embedding(blocks.Embedding):
     """Llama's vocab-parallel embedding, its output scaled by sqrt(d_model) in the weight's dtype (as HF)."""
 
     def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
@@ -119,7 +119,7 @@ class TransformerBlock(nn.Module):
         return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
 
 
-class Head(llama.Head):
+class Head(blocks.Head):
     """Final Gemma RMSNorm + (untied) vocab-parallel LM head, its logits soft-capped."""
 
     def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
@@ -135,7 +135,7 @@ class Head(llama.Head):
         return x if self.out is None else softcap(self.out(x), self.cap)
 
 
-class Reference(llama.Reference):
+class Reference(blocks.Reference):
     """The whole Gemma model in one module (tp=1: full logits)."""
 
     Embedding, TransformerBlock, Head = Embedding, TransformerBlock, Head
@@ -143,4 +143,4 @@ class Reference(llama.Reference):
 
 def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
     """Llama's pipeline plan with Gemma's layers."""
-    return llama.pipeline_layers(m, seed, tp, Reference)
+    return blocks.pipeline_layers(m, seed, tp, Reference)

@@ -1,4 +1,5 @@
-"""Llama-family shapes, tensor-parallel shard rules and exact counts (the one place they are stated)."""
+"""The rotary dense decoder's (Llama's, tasks/models/common/blocks.py) shapes, tensor-parallel shard rules and
+exact counts (the one place they are stated)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import torch
 
 from tasks.config.schema import ModelConfig
-from tasks.models.common import BLOCK
+from tasks.models.common.names import BLOCK
 from tasks.models.family import EMBED, HEAD
 from tasks.models.parallel import shard_range
 from tasks.models.shapes import ParamCounts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.config.schema import ModelConfig
-from tasks.models.llama import sharding as llama
+from tasks.models.common import sharding as llama
 from tasks.models.shapes import ParamCounts
 
 _POST_NORMS = ("post_attn_norm.weight", "post_mlp_norm.weight")

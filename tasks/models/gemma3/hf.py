@@ -7,9 +7,11 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.config.schema import ModelConfig
-from tasks.models.common import BLOCK
-from tasks.models.gemma.model import is_sliding
-from tasks.models.llama import hf as llama_hf
+from tasks.families.gemma2 import GEMMA2
+from tasks.families.gemma3 import GEMMA3
+from tasks.models.common import hf as common_hf
+from tasks.models.common.names import BLOCK
+from tasks.models.gemma3.model import is_sliding
 
 _GEMMA_DEFAULTS: dict[str, Any] = {
     "head_dim": 256, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
@@ -18,11 +20,11 @@ _GEMMA_DEFAULTS: dict[str, Any] = {
 }
 # family -> {architecture: (model_type, the HF defaults of the keys a config.json may leave out)}.
 ARCHITECTURES: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
-    "gemma3": {"Gemma3ForCausalLM": ("gemma3_text", {
+    GEMMA3.name: {GEMMA3.architectures[0]: ("gemma3_text", {
         **_GEMMA_DEFAULTS, "max_position_embeddings": 131072, "sliding_window_pattern": 6, "rope_theta": 1_000_000.0,
         "rope_local_base_freq": 10_000.0, "final_logit_softcapping": None, "attn_logit_softcapping": None,
     })},
-    "gemma2": {"Gemma2ForCausalLM": ("gemma2", {
+    GEMMA2.name: {GEMMA2.architectures[0]: ("gemma2", {
         **_GEMMA_DEFAULTS, "max_position_embeddings": 8192, "sliding_window_pattern": 2,
         "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
     })},
@@ -54,7 +56,7 @@ def hf_name(ref_name: str) -> str:
         if match.group(2) not in _BLOCK_NAMES:
             raise ValueError(f"{ref_name!r} is not a Gemma parameter name")
         return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
-    return llama_hf.hf_name(ref_name)
+    return common_hf.hf_name(ref_name)
 
 
 def ref_name(hf_name: str) -> str:
@@ -64,7 +66,7 @@ def ref_name(hf_name: str) -> str:
         if match.group(2) not in _HF_BLOCK:
             raise ValueError(f"{hf_name!r} is not a tensor of a supported Gemma checkpoint")
         return f"blocks.{match.group(1)}.{_HF_BLOCK[match.group(2)]}"
-    return llama_hf.ref_name(hf_name)
+    return common_hf.ref_name(hf_name)
 
 
 def layer_types(m: ModelConfig) -> list[str]:
@@ -75,9 +77,9 @@ def layer_types(m: ModelConfig) -> list[str]:
 def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Gemma3ForCausalLM or Gemma2ForCausalLM, every Gemma option written back."""
-    gemma3 = family == "gemma3"
+    gemma3 = family == GEMMA3.name
     [(architecture, (model_type, _))] = ARCHITECTURES[family].items()
-    cfg = llama_hf.base_hf_config(m, architecture, model_type, dtype=dtype,
+    cfg = common_hf.base_hf_config(m, architecture, model_type, dtype=dtype,
                                   max_position_embeddings=max_position_embeddings, bos_token_id=bos_token_id,
                                   eos_token_id=eos_token_id)
     del cfg["hidden_act"]
@@ -90,13 +92,13 @@ def hf_config(family: str, m: ModelConfig, *, dtype: str = "bfloat16", max_posit
     return cfg
 
 
-def rope_parameters(family: str, m: ModelConfig) -> dict[str, Any]:
+def hf_rope_parameters(family: str, m: ModelConfig) -> dict[str, Any]:
     """The model's rotary as transformers 5 writes it: Gemma 3's per layer type (the sliding layers' own base,
     never scaled), Gemma 2's one dict as Llama's."""
-    if family != "gemma3":
-        return llama_hf.rope_parameters(m)
+    if family != GEMMA3.name:
+        return common_hf.hf_rope_parameters(m)
     local = {"rope_type": "default", "rope_theta": m.rope_local_base_freq or m.rope_theta}
-    return {_FULL: llama_hf.rope_parameters(m), _SLIDING: local}
+    return {_FULL: common_hf.hf_rope_parameters(m), _SLIDING: local}
 
 
 def _pattern(types: list[str], key: str) -> int | None:
@@ -123,9 +125,9 @@ def _rope(c: dict[str, Any], family: str) -> tuple[float, float, dict[str, Any] 
         raise InvalidInputError(f"config.json rope_parameters.{_SLIDING}.rope_type {kind!r} is not supported "
                                 "(the sliding layers' rotary is never scaled; supported: default)")
     if c.get("rope_scaling"):
-        scaling = llama_hf.rope_scaling(c["rope_scaling"], "rope_scaling", family)
+        scaling = common_hf.rope_scaling(c["rope_scaling"], "rope_scaling", family)
     else:
-        scaling = llama_hf.rope_scaling(full, f"rope_parameters.{_FULL}" if per_type else "rope_parameters", family)
+        scaling = common_hf.rope_scaling(full, f"rope_parameters.{_FULL}" if per_type else "rope_parameters", family)
     theta = float(full.get("rope_theta", c["rope_theta"]))
     return theta, float(local.get("rope_theta", c.get("rope_local_base_freq", theta))), scaling
 
@@ -142,8 +144,8 @@ def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
     theta, local, scaling = _rope(c, family)
     plain = {k: v for k, v in config.items()
              if k not in ("hidden_act", "hidden_activation", "rope_parameters", "rope_scaling", "rope_theta")}
-    _, c, fields = llama_hf.read_config({**plain, "rope_theta": theta}, family, archs)
-    llama_hf.refuse(c, family, {"attention_bias": bool(c["attention_bias"]),
+    _, c, fields = common_hf.read_config({**plain, "rope_theta": theta}, family, archs)
+    common_hf.refuse(c, family, {"attention_bias": bool(c["attention_bias"]),
                                 "use_bidirectional_attention": bool(c["use_bidirectional_attention"])})
     n = c["num_hidden_layers"]
     if c.get("layer_types") is not None:
@@ -154,7 +156,7 @@ def model_fields_from_hf(family: str, config: dict[str, Any]) -> dict[str, Any]:
         pattern = None  # no layer is global: the same model as every layer sliding
     scalar = int(c["query_pre_attn_scalar"])
     # The options' null states the same maths as these values: null keeps the experiment key of a plain model.
-    return {**fields, "rope_scaling": scaling, "qk_norm": family == "gemma3", "sliding_window": c["sliding_window"],
+    return {**fields, "rope_scaling": scaling, "qk_norm": family == GEMMA3.name, "sliding_window": c["sliding_window"],
             "sliding_window_pattern": pattern, "rope_local_base_freq": None if local == theta else local,
             "query_pre_attn_scalar": None if scalar == fields["head_dim"] else scalar,
             "attn_logit_softcapping": c["attn_logit_softcapping"],

@@ -8,29 +8,27 @@ sliding/global attention with two rotary bases); sharding.py: shapes and counts;
 
 from __future__ import annotations
 
-import functools
-from typing import ClassVar
+from typing import Any
 
 from tasks.config.schema import ModelConfig
-from tasks.models.gemma import hf, model, sharding
+from tasks.families.gemma3 import GEMMA3
+from tasks.models.gemma3 import hf, model, sharding
 from tasks.models.llama import Llama
 
 
-class Gemma3(Llama):
-    """Tied by default; every `sliding_window_pattern`-th layer attends globally, the others slide."""
+class Gemma3(Llama, spec=GEMMA3, parts=(model, sharding, hf)):
+    """Tied by default; every `sliding_window_pattern`-th layer attends globally, the others slide.
 
-    name = "gemma3"
-    architectures: ClassVar[tuple[str, ...]] = tuple(hf.ARCHITECTURES["gemma3"])
-    Embedding, TransformerBlock, Head, Reference = model.Embedding, model.TransformerBlock, model.Head, model.Reference
+    The config.json side is Gemma's for both Gemmas, told which one it writes or reads (`name`)."""
 
-    pipeline_layers = staticmethod(model.pipeline_layers)
-    full_shapes = staticmethod(sharding.full_shapes)
-    param_counts = staticmethod(sharding.param_counts)
-    hf_name = staticmethod(hf.hf_name)
-    ref_name = staticmethod(hf.ref_name)
-    hf_config = staticmethod(functools.partial(hf.hf_config, "gemma3"))
-    model_fields_from_hf = staticmethod(functools.partial(hf.model_fields_from_hf, "gemma3"))
-    hf_rope_parameters = staticmethod(functools.partial(hf.rope_parameters, "gemma3"))
+    def hf_config(self, m: ModelConfig, *, dtype: str = "bfloat16", **extra: Any) -> dict[str, Any]:
+        return hf.hf_config(self.name, m, dtype=dtype, **extra)
+
+    def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
+        return hf.model_fields_from_hf(self.name, config)
+
+    def hf_rope_parameters(self, m: ModelConfig) -> dict[str, Any] | None:
+        return hf.hf_rope_parameters(self.name, m)
 
     def _sliding_layers(self, m: ModelConfig) -> int:
         return sum(model.is_sliding(m, i) for i in range(m.n_layers))

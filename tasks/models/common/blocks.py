@@ -1,4 +1,5 @@
-"""The Llama family's layers (Llama 2/3, Mistral without sliding window, Qwen2 with `qkv_bias`).
+"""The rotary dense decoder's layers: Llama's (Llama 2/3, Qwen2 with `qkv_bias`), and what Qwen3, Mistral and
+Gemma build on (QK-norm, sliding window and head_dim are options here; Gemma subclasses where it differs).
 
 Why it looks like this: every parameter maps 1:1 to one Hugging Face tensor (q, k,
 v, gate, up and down are separate linears) and rotary uses transformers'
@@ -17,7 +18,6 @@ optional q/k/v bias; vocabulary-parallel embedding, LM head and cross entropy.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import torch
@@ -25,10 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.config.schema import ModelConfig
-from tasks.models import common
-from tasks.models.common import layer_generator
+from tasks.models.common import reference as common
+from tasks.models.common.init import layer_generator
+from tasks.models.common.rotary import inv_freq, rope_attention_scale, rotate_half
+from tasks.models.common.sharding import full_shapes, shard_spec
 from tasks.models.family import EMBED, HEAD
-from tasks.models.llama.sharding import full_shapes, shard_spec
 from tasks.models.parallel import (
     TPGroup,
     VocabParallelEmbedding,
@@ -45,8 +46,9 @@ INIT_STD = 0.02
 TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first and last stage
 
 
-def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup, *,
-          shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = full_shapes, norm_init: float = 1.0) -> None:
+def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup, *,
+               shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = full_shapes,
+               norm_init: float = 1.0) -> None:
     """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
 
     Linear weights and the embedding ~ N(0, 0.02); norms `norm_init` (Gemma's x * (1 + w): 0); q/k/v
@@ -87,67 +89,6 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         weight = self.weight if self.tp is None else copy_to_tp(self.weight, self.tp)
         return weight * h.to(x.dtype)
-
-
-def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:
-    """Rotary inverse frequencies in fp32, exactly as transformers' default, `linear` and `llama3` rope inits
-    compute them.
-
-    `theta`: another base without scaling (Gemma's sliding layers); None = m.rope_theta with m.rope_scaling.
-    """
-    dim = m.head_dim
-    freq = 1.0 / ((theta or m.rope_theta) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    rs = m.rope_scaling
-    if rs is None or theta is not None:
-        return freq
-    if rs.rope_type == "linear":
-        return freq / rs.factor
-    if rs.rope_type == "yarn":
-        return _yarn_inv_freq(m, m.rope_theta)
-    assert rs.original_max_position_embeddings and rs.low_freq_factor and rs.high_freq_factor  # llama3's bands
-    old_len = rs.original_max_position_embeddings
-    low_freq_wavelen, high_freq_wavelen = old_len / rs.low_freq_factor, old_len / rs.high_freq_factor
-    wavelen = 2 * math.pi / freq
-    scaled = torch.where(wavelen > low_freq_wavelen, freq / rs.factor, freq)
-    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def _yarn_inv_freq(m: ModelConfig, base: float) -> torch.Tensor:
-    """YaRN frequencies as transformers' `_compute_yarn_parameters`: extrapolated (unscaled) above the
-    `beta_fast` rotations over the pretraining context, interpolated (/ factor) below `beta_slow`, a linear
-    ramp between (the correction range truncated to whole dimensions)."""
-    rs, dim = m.rope_scaling, m.head_dim
-    assert rs is not None and rs.original_max_position_embeddings is not None
-
-    def correction_dim(rotations: float) -> float:
-        return (dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low = max(math.floor(correction_dim(rs.beta_fast or 32)), 0)
-    high = min(math.ceil(correction_dim(rs.beta_slow or 1)), dim - 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high + 0.001 if low == high else high)
-                                                                             - low), 0, 1)
-    extrapolation = 1 - ramp
-    return 1.0 / (rs.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
-
-
-def rope_attention_scale(m: ModelConfig) -> float:
-    """The factor transformers multiplies cos and sin by: YaRN's attention_factor (null: 0.1 ln(factor) + 1),
-    else 1."""
-    rs = m.rope_scaling
-    if rs is None or rs.rope_type != "yarn":
-        return 1.0
-    if rs.attention_factor is not None:
-        return rs.attention_factor
-    return 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -196,8 +137,8 @@ class Attention(nn.Module):
         freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
@@ -242,7 +183,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.tp = tp or TPGroup()
         self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
-        _init(self, m, 0, seed, self.tp)
+        init_layer(self, m, 0, seed, self.tp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok(tokens)
@@ -268,7 +209,7 @@ class TransformerBlock(nn.Module):
         self.attn = Attention(m, tp)
         self.mlp_norm = RMSNorm(m.d_model, m.rms_norm_eps)
         self.mlp = MLP(m, tp)
-        _init(self, m, index + 1, seed, tp)
+        init_layer(self, m, index + 1, seed, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -285,7 +226,7 @@ class Head(nn.Module):
         tp = tp or TPGroup()
         self.norm = RMSNorm(m.d_model, m.rms_norm_eps)
         self.out = None if m.tie_embeddings else VocabParallelHead(m.d_model, m.vocab_size, tp)
-        _init(self, m, m.n_layers + 1, seed, tp)
+        init_layer(self, m, m.n_layers + 1, seed, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
