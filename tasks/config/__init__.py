@@ -47,6 +47,7 @@ from tasks.base.families import (
     supported_options,
 )
 from tasks.base.home import retrainer_home
+from tasks.base.layout import Layout
 from tasks.base.policy import AliasPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -320,8 +321,12 @@ class ParallelConfig(_Strict):
                                description="gradient accumulation steps (pipeline micro-batches)")
 
     @property
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
+
+    @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.layout.world_size
 
     @model_validator(mode="after")
     def _world(self) -> ParallelConfig:
@@ -714,6 +719,10 @@ class EvalParallel(_Strict):
     tp: int = Field(1, ge=1, le=MAX_RANKS)
     pp: int = Field(1, ge=1, le=MAX_RANKS)
     dp: int = Field(1, ge=1, le=MAX_RANKS)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
 
 
 ExportDtype = Literal["bf16", "fp32"]

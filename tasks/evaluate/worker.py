@@ -208,7 +208,7 @@ class Evaluation:
         for entry in self.spec["models"]:
             weights = self.weights(entry)
             lora, adapter = self.adapter(entry)
-            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"),
+            model = ShardedModel(self.job.model, weights, p.layout, as_dtype=entry.get("as_dtype"),
                                  dtype=self.spec["dtype"], lora=lora, adapter=adapter)
             metrics: dict[str, float] = {}
             for suite in self.spec["suites"]:
@@ -222,7 +222,7 @@ class Evaluation:
         peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the plan's evaluation term)
         tdist.all_gather_object(peak_rss, peak_rss_bytes())
         summary = {"models": results, "markers": self.markers, "world_size": self.world,
-                   "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "peak_rss_bytes": peak_rss}
+                   "layout": p.layout.record(), "peak_rss_bytes": peak_rss}
         if self.rank == 0:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
         self.report("finished")

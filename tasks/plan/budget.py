@@ -225,7 +225,7 @@ def _tp_payload(cfg: JobConfig, stage: Stage, b: Bytes) -> int:
 
 
 def _bandwidth(cfg: JobConfig, span: int) -> float:
-    """Bytes/s per GPU for a group spanning `span` consecutive ranks (TP innermost, then DP, then PP)."""
+    """Bytes/s per GPU for a group spanning `span` consecutive ranks (`Layout.span`: the layout's rank order)."""
     c = cfg.cluster
     per_node, _ = ranks_per_node(c)
     if span <= per_node:
@@ -254,7 +254,7 @@ def plan(
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     precision = resolve_precision(cfg, device)
     b = PRECISION_BYTES[precision]
-    counts = get_family(m.family).param_counts(m, p.tp)
+    counts = get_family(m.family).param_counts(m, p.layout)
     stages = pipeline_stages(m.n_layers, p.pp)
     dp, zero = p.dp, p.zero_stage
     cpu = on_cpu(device)
@@ -263,7 +263,7 @@ def plan(
     if t.lora is not None:
         from tasks.models.lora import adapter_params_per_block  # the family's shard rules (torch)
 
-        adapter = adapter_params_per_block(m, t.lora, p.tp)
+        adapter = adapter_params_per_block(m, t.lora, p.layout)
 
     # A run that may start from weights (a pretrained directory, a LoRA base, a version or path) reads its stage
     # from a file at start: a peak of its own (tasks/plan/process.py).
@@ -395,7 +395,7 @@ def plan(
     plan_ = Plan(
         config_name=cfg.name,
         model_family=m.family,
-        layout={"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": zero, "micro_batches": p.micro_batches,
+        layout={**p.layout.record(), "zero_stage": zero, "micro_batches": p.micro_batches,
                 "micro_batch_size": t.micro_batch_size},
         precision=precision,
         world_size=p.world_size,
@@ -440,9 +440,9 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     # PP: each stage boundary sends the activation forward and its gradient back per micro-batch.
     pp_bytes = 2 * b.activation * s * mb * h * p.micro_batches if p.pp > 1 else 0
 
-    dp_s = dp_ring / _bandwidth(cfg, p.tp * p.dp)
-    tp_s = tp_ring / _bandwidth(cfg, p.tp)
-    pp_s = pp_bytes / _bandwidth(cfg, p.world_size)
+    dp_s = dp_ring / _bandwidth(cfg, p.layout.span("dp"))
+    tp_s = tp_ring / _bandwidth(cfg, p.layout.span("tp"))
+    pp_s = pp_bytes / _bandwidth(cfg, p.layout.span("pp"))
     comm_s = dp_s + tp_s + pp_s
     bubble = (p.pp - 1) / (p.micro_batches + p.pp - 1)
     bubble_s = compute_s * bubble / (1 - bubble)

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.base.layout import describe_record
 from tasks.config import ConfigError, JobConfig
 from tasks.models.resolve import load_config
 from tasks.plan.budget import Plan, plan
@@ -115,7 +116,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lay = r.layout
     m, s = r.memory, r.step
     lines = [
-        f"plan {r.config_name}: {r.verdict.upper()}  (tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} "
+        f"plan {r.config_name}: {r.verdict.upper()}  ({describe_record(lay)} "
         f"zero={lay['zero_stage']} micro_batches={lay['micro_batches']} mbs={lay['micro_batch_size']}, "
         f"{r.precision}, {r.world_size} GPU)",
         f"params: {r.params_total:,} total (model family {r.model_family}), {r.params_per_rank:,} on the busiest "
@@ -141,7 +142,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     ]
     if r.evaluation:
         ev, el = r.evaluation, r.evaluation["layout"]
-        lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, {ev['dtype']}): weights "
+        lines.append(f"evaluation ranks ({describe_record(el)}, {ev['dtype']}): weights "
                      f"{_gib(ev['weights'])} + activations {_gib(ev['activations'])} + logits {_gib(ev['logits'])} "
                      f"= {_gib(ev['total'])} on stage {ev['stage']}; process per rank (host RSS): runtime "
                      f"{_gib(ev['runtime'])}, peak {_gib(ev['process_total'])}")

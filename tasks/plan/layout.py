@@ -38,7 +38,7 @@ def validate_layout(cfg: JobConfig, world_size: int | None = None) -> None:
         if world_size <= 0:
             raise InvalidInputError(f"--gpus must be positive, got {world_size}")
         if p.world_size != world_size:
-            raise InvalidInputError(f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {p.world_size} "
+            raise InvalidInputError(f"parallel.tp x pp x dp = {p.world_size} ({p.layout.describe()}) "
                                     f"does not match the GPU count {world_size}")
     elif c.launcher == "local":
         if c.nproc_per_node and p.world_size != per_node:

@@ -67,7 +67,7 @@ def _init(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, t
                 full = torch.zeros(shape)
             else:
                 full = torch.randn(*shape, generator=g) * INIT_STD
-            set_slice(p, full, shard_spec(m, ref, tp.rank, tp.size), tp.size)
+            set_slice(p, full, shard_spec(m, ref, tp.layout, tp.coord), tp.layout)
 
 
 class RMSNorm(nn.Module):
