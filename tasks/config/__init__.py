@@ -47,7 +47,7 @@ from tasks.base.families import (
     supported_options,
 )
 from tasks.base.home import retrainer_home
-from tasks.base.layout import Layout
+from tasks.base.layout import ONE_RANK, Layout
 from tasks.base.policy import AliasPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -324,14 +324,10 @@ class ParallelConfig(_Strict):
     def layout(self) -> Layout:
         return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
 
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
     @model_validator(mode="after")
     def _world(self) -> ParallelConfig:
-        if self.world_size > MAX_RANKS:
-            raise ValueError(f"tp x pp x dp = {self.world_size} ranks, more than {MAX_RANKS}")
+        if self.layout.world_size > MAX_RANKS:
+            raise ValueError(f"tp x pp x dp = {self.layout.world_size} ranks, more than {MAX_RANKS}")
         return self
 
 
@@ -1077,7 +1073,7 @@ class JobConfig(_Strict):
         a smaller dp (tasks/train/reshard.py), and a tp/pp change finds them and is refused by name
         (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it always had."""
         p = self.parallel
-        return {**p.model_dump(mode="json"), "tp": 1, "pp": 1, "dp": 1, "micro_batches": p.micro_batches * p.dp}
+        return {**p.model_dump(mode="json"), **ONE_RANK.record(), "micro_batches": p.micro_batches * p.dp}
 
     def training_job(self) -> TrainingJob:
         c = self.cluster

@@ -67,8 +67,8 @@ class Evaluation:
         self.job, self.spec = job, spec
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         p = job.parallel
-        if self.world != p.world_size:
-            raise InvalidInputError(f"world size {self.world} != evaluation tp x pp x dp = {p.world_size}")
+        if self.world != p.layout.world_size:
+            raise InvalidInputError(f"world size {self.world} != evaluation tp x pp x dp = {p.layout.world_size}")
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         own = -(-spec["batches"] // p.dp)  # rank 0's batches per suite (replica 0 takes the most)
         self.total = len(spec["models"]) * len(spec["suites"]) * own

@@ -398,7 +398,7 @@ def plan(
         layout={**p.layout.record(), "zero_stage": zero, "micro_batches": p.micro_batches,
                 "micro_batch_size": t.micro_batch_size},
         precision=precision,
-        world_size=p.world_size,
+        world_size=p.layout.world_size,
         params_total=n_total,
         params_per_rank=busiest["params"],
         busiest_rank=f"pipeline stage {busiest['stage']}, {tp_note}, any DP rank",
@@ -424,7 +424,7 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     # (every pipeline layer checkpointed) runs each forward once more: a third of forward + backward.
     per_token = get_family(m.family).flops_per_token(m) * (4 / 3 if t.activation_checkpointing else 1)
     flops = float(per_token * tokens)
-    flops_gpu = flops / p.world_size
+    flops_gpu = flops / p.layout.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
 
     grads_payload, gather_payload = _dp_payload(busiest["trained_params"], b, p.zero_stage, p.micro_batches, p.dp)

@@ -138,8 +138,8 @@ class Trainer:
         with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
-        if self.world != p.world_size:
-            raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
+        if self.world != p.layout.world_size:
+            raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.layout.world_size}")
         with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
             grid = build_grid(p.layout)
         tp = self.tp = grid.tp

@@ -74,5 +74,5 @@ def test_the_record_keeps_todays_keys_and_adds_an_axis_only_in_use() -> None:
 
 def test_the_config_gives_the_layout_of_its_keys() -> None:
     assert ParallelConfig(tp=2, pp=3, dp=4).layout == Layout(tp=2, pp=3, dp=4)
-    assert ParallelConfig(tp=2, pp=3, dp=4).world_size == 24
+    assert ParallelConfig(tp=2, pp=3, dp=4).layout.world_size == 24
     assert EvalParallel(dp=2).layout == Layout(dp=2)
