@@ -180,8 +180,8 @@ def main() -> None:
     PHASE["name"] = "step"
     engine.train_batch(data_iter=batches())
     PHASE["name"] = "done"
-    dp_ranks = tdist.get_process_group_ranks(grid.get_data_parallel_group())
-    tp_ranks = tdist.get_process_group_ranks(grid.get_slice_parallel_group())
+    dp_ranks = tdist.get_process_group_ranks(grid.groups.get_data_parallel_group())
+    tp_ranks = tdist.get_process_group_ranks(grid.groups.get_slice_parallel_group())
 
     def kind(ranks: list[int]) -> str:
         if len(ranks) > 1 and sorted(ranks) == sorted(dp_ranks):
@@ -198,9 +198,9 @@ def main() -> None:
         bucket[c["op"]] = bucket.get(c["op"], 0) + c["bytes"]
     report = {
         "rank": rank,
-        "stage": grid.get_stage_id(),
-        "tp_rank": grid.get_slice_parallel_rank(),
-        "dp_rank": grid.get_data_parallel_rank(),
+        "stage": grid.coord.pp,
+        "tp_rank": grid.coord.tp,
+        "dp_rank": grid.coord.dp,
         "params": sum(p.numel() for p in model_params),
         "memory": snap,
         "comm": comm,
