@@ -1,6 +1,6 @@
 """The parallel layout: how many ranks along each axis, and where a rank sits. Torch-free, so config, the
 planner and the launchers read the same object the trainer builds its process groups from
-(tasks/models/parallel.py `build_grid`).
+(tasks/models/grid.py `build_grid`).
 
 Rank order is DeepSpeed's `PipeModelDataParallelTopology` (axes pipe, data, model): TP innermost, then DP, then
 PP, so a TP group is `tp` consecutive ranks and a DP group spans `tp x dp` (the planner's bandwidth model assumes
@@ -90,7 +90,6 @@ class Layout:
     def describe(self, axes: tuple[Axis, ...] = (*RECORDED, *OPTIONAL)) -> str:
         """`tp=2 pp=1 dp=4` for logs and messages (of `axes`, those `record` has)."""
         return describe_record({axis: value for axis, value in self.record().items() if axis in axes})
-
 
 
 ONE_RANK = Layout()
