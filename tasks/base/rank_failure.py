@@ -33,7 +33,7 @@ LINE_PREFIX = "RETRAINER-RANK-FAILURE "
 MESSAGE_CHARS = 500  # the error stays one readable line
 LINE_BYTES = 4000  # under PIPE_BUF (4096): one write that other ranks' output cannot tear apart
 
-_ROOT = Path(__file__).resolve().parents[1]  # the repository: our frames are shown relative to it
+_ROOT = Path(__file__).resolve().parents[2]  # the repository (two above tasks/base/): frames are shown relative to it
 _LIBRARY_DIRS = tuple(sorted({sysconfig.get_path(name) + os.sep for name in ("stdlib", "platstdlib", "purelib",
                                                                                "platlib")}))
 
