@@ -107,7 +107,7 @@ def _bench_export(root: Path, store: Any, repeat: int) -> None:
     staged: list[dict] = []
 
     def export() -> None:
-        staged.extend(export_stage(module, m, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=root / "run",
+        staged.extend(export_stage(module, m, TPGroup(), output_dir=root / "run",
                                    tag="bench", spec={"store_url": store.url, "storage_options": {},
                                                       "staging": store.stage(), "dtype": "bf16"}))
 

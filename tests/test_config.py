@@ -29,7 +29,7 @@ def test_demo_config_is_valid_and_expands_home(monkeypatch: pytest.MonkeyPatch, 
     cfg = load_config(DEMO)
     assert cfg.publish.registry_url == f"sqlite:///{tmp_path}/registry.db"
     assert cfg.data.cache_dir == f"{tmp_path}/cache"
-    assert cfg.parallel.world_size == 2
+    assert cfg.parallel.layout.world_size == 2
 
 
 def test_env_default_syntax_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

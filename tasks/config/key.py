@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.base.layout import ONE_RANK
 from tasks.config.util import sha256_json
 
 MODEL_SOURCES = ("pretrained", "pretrained_storage_options", "base")  # rule 2
@@ -56,7 +57,7 @@ def keyed_model(model: dict[str, Any]) -> dict[str, Any]:
 
 def keyed_layout(parallel: dict[str, Any]) -> dict[str, Any]:
     """The `parallel` section (its JSON dump) as the key sees it: its one-rank equivalent (rule 4)."""
-    return {**parallel, "tp": 1, "pp": 1, "dp": 1, "micro_batches": parallel["micro_batches"] * parallel["dp"]}
+    return {**parallel, **ONE_RANK.record(), "micro_batches": parallel["micro_batches"] * parallel["dp"]}
 
 
 def keyed_train(train: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from pydantic import (
 from tasks import REPO_ROOT
 from tasks.base.dataset_format import MAX_VOCAB
 from tasks.base.home import retrainer_home
+from tasks.base.layout import Layout
 from tasks.base.policy import AliasPolicy
 from tasks.config.duration import DURATION_HELP, Duration, format_duration
 from tasks.config.key import fingerprint_of
@@ -307,13 +308,13 @@ class ParallelConfig(_Strict):
                                description="gradient accumulation steps (pipeline micro-batches)")
 
     @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
 
     @model_validator(mode="after")
     def _world(self) -> ParallelConfig:
-        if self.world_size > MAX_RANKS:
-            raise ValueError(f"tp x pp x dp = {self.world_size} ranks, more than {MAX_RANKS}")
+        if self.layout.world_size > MAX_RANKS:
+            raise ValueError(f"tp x pp x dp = {self.layout.world_size} ranks, more than {MAX_RANKS}")
         return self
 
 
@@ -662,6 +663,10 @@ class EvalParallel(_Strict):
     tp: int = Field(1, ge=1, le=MAX_RANKS)
     pp: int = Field(1, ge=1, le=MAX_RANKS)
     dp: int = Field(1, ge=1, le=MAX_RANKS)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
 
 
 ExportDtype = Literal["bf16", "fp32"]

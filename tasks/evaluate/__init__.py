@@ -213,7 +213,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     e = cfg.evaluate
     eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
     eval_cfg = evaluation_layout(cfg)
-    layout = eval_cfg.parallel
+    layout = eval_cfg.parallel.layout
     fields = {"data": "data.storage_options", "store": "publish.storage_options",
               "pretrained": "model.pretrained_storage_options"}
     data_options, data_env = split_credentials(cfg.data.storage_options, fields["data"])
@@ -229,8 +229,8 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
         "model": cfg.model.model_copy(update={"pretrained_storage_options": model_options}).model_dump(mode="json"),
         "starting_weights": dataclasses.asdict(run.init),  # its tokenizer goes to the user metrics
     }
-    log.info("evaluate: %s on %d suite(s) with %d ranks (tp=%d pp=%d dp=%d)", ", ".join(m["name"] for m in models),
-             len(suites), layout.tp * layout.pp * layout.dp, layout.tp, layout.pp, layout.dp)
+    log.info("evaluate: %s on %d suite(s) with %d ranks (%s)", ", ".join(m["name"] for m in models),
+             len(suites), layout.world_size, layout.describe())
     job = JobSpec(f"eval-{eval_id[:12]}", eval_root / eval_id[:16])
     return Launch(eval_cfg, job, dataset_dir, run, LaunchOptions(secret_env=secret_env, evaluation=spec))
 

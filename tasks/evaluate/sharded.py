@@ -12,19 +12,21 @@ Every DP replica is a complete model; replicas score different batches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 
+from tasks.base.layout import Layout
 from tasks.base.model_files import DTYPES
 from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.common.init import no_default_init
+from tasks.models.grid import build_grid
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
-from tasks.models.parallel import TPGroup
 from tasks.models.shapes import EVALUATION_PARTITION, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
@@ -44,7 +46,7 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 class ShardedModel:
     """This rank's part of the model, and the collective forward that turns windows into per-token NLL."""
 
-    def __init__(self, m: ModelConfig, weights: Path, tp_size: int, pp: int, dp: int, *,
+    def __init__(self, m: ModelConfig, weights: Path, layout: Layout, *,
                  as_dtype: str | None, dtype: str, lora: LoraConfig | None = None,
                  adapter: Path | None = None) -> None:
         """`as_dtype`: each weight first rounded to it (a candidate scored as it will be published); `dtype`: the
@@ -52,21 +54,19 @@ class ShardedModel:
         read from `weights` too (a LoRA run's checkpoint) or from the PEFT directory `adapter` (a published
         adapter)."""
         from deepspeed.pipe import PipelineModule
-        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-        self.m, self.pp = m, pp
-        self.topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp_size, num_dp=dp)
+        self.m, self.pp = m, layout.pp
         with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
-            self.grid = PipelineParallelGrid(topology=self.topo)
-        self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), tp_size)
-        self.stage, self.dp_rank = self.grid.get_stage_id(), self.grid.get_data_parallel_rank()
+            self.grid = build_grid(layout)
+        self.tp = self.grid.tp
+        self.stage, self.dp_rank = self.grid.coord.pp, self.grid.coord.dp
         family = get_family(m.family)
         self.dtype = getattr(torch, DTYPES[dtype])
         # Built in the compute dtype, adapters too: a bf16 rank never holds its stage in fp32, not even while loading.
         with default_dtype(self.dtype):
             with deepspeed_prints_to_debug(), no_default_init():  # the weights are loaded next
-                self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp), topology=self.topo,
-                                             partition_method=EVALUATION_PARTITION)
+                self.module = PipelineModule(layers=family.pipeline_layers(m, None, self.tp),
+                                             topology=self.grid.topology, partition_method=EVALUATION_PARTITION)
             load_into(self.module, weights, m, self.tp)
             if lora is not None:  # the base is in place: wrap its targeted linears, then load the adapters
                 apply_lora(self.module, m, lora, self.tp, seed=0)
@@ -77,8 +77,7 @@ class ShardedModel:
         self.module.eval()
         self.device = next(self.module.parameters()).device  # DeepSpeed places the stage on this rank's device
         self.token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = family.make_token_nll_fn(self.tp)
-        coords = self.topo.get_coord(tdist.get_rank())
-        self._peer = {s: self.topo.get_rank(pipe=s, data=coords.data, model=coords.model) for s in range(pp)}
+        self._peer = {s: layout.rank(dataclasses.replace(self.grid.coord, pp=s)) for s in range(layout.pp)}
 
     @property
     def last_stage(self) -> bool:
@@ -114,5 +113,5 @@ class ShardedModel:
         result = local if local is not None else torch.empty(windows.shape[0], windows.shape[1] - 1,
                                                              device=self.device)
         if self.pp > 1:
-            tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.get_pipe_parallel_group())
+            tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.groups.get_pipe_parallel_group())
         return result

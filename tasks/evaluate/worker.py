@@ -68,8 +68,8 @@ class Evaluation:
         self.job, self.spec = job, spec
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         p = job.parallel
-        if self.world != p.world_size:
-            raise InvalidInputError(f"world size {self.world} != evaluation tp x pp x dp = {p.world_size}")
+        if self.world != p.layout.world_size:
+            raise InvalidInputError(f"world size {self.world} != evaluation tp x pp x dp = {p.layout.world_size}")
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         own = -(-spec["batches"] // p.dp)  # rank 0's batches per suite (replica 0 takes the most)
         self.total = len(spec["models"]) * len(spec["suites"]) * own
@@ -209,7 +209,7 @@ class Evaluation:
         for entry in self.spec["models"]:
             weights = self.weights(entry)
             lora, adapter = self.adapter(entry)
-            model = ShardedModel(self.job.model, weights, p.tp, p.pp, p.dp, as_dtype=entry.get("as_dtype"),
+            model = ShardedModel(self.job.model, weights, p.layout, as_dtype=entry.get("as_dtype"),
                                  dtype=self.spec["dtype"], lora=lora, adapter=adapter)
             metrics: dict[str, float] = {}
             for suite in self.spec["suites"]:
@@ -223,7 +223,7 @@ class Evaluation:
         peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the plan's evaluation term)
         tdist.all_gather_object(peak_rss, peak_rss_bytes())
         summary = {"models": results, "markers": self.markers, "world_size": self.world,
-                   "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "peak_rss_bytes": peak_rss}
+                   "layout": p.layout.record(), "peak_rss_bytes": peak_rss}
         if self.rank == 0:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)
         self.report("finished")

@@ -112,4 +112,4 @@ def pool_for(cfg: JobConfig) -> tuple[str, int]:
     c = cfg.cluster
     where = {"slurm": c.partition, "kubernetes": c.namespace}.get(c.launcher)
     name = f"training-{c.launcher}" + (f"-{where}" if where else "")
-    return name, cfg.parallel.world_size
+    return name, cfg.parallel.layout.world_size

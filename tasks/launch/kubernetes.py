@@ -89,7 +89,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
     # The node agent relays the run's status into the log the launcher follows (no stdin in a pod).
     agent = [k8s.python, "-m", "tasks.launch.agent", "run", "--tag", tag, "--relay-status",
              str(spec.output_dir / STATUS_FILE), "--"]
-    per_node = cfg.cluster.nproc_per_node or cfg.parallel.world_size // k8s.nodes
+    per_node = cfg.cluster.nproc_per_node or cfg.parallel.layout.world_size // k8s.nodes
     gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
     wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
     limits = {name: quantity for name, quantity in wanted.items() if quantity}

@@ -66,6 +66,6 @@ class LocalLauncher(Launcher):
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
               run: RunIdentity, options: LaunchOptions) -> Job:
         cmd = torchrun.node_command(cfg, dataset_dir, config_json, evaluation=options.evaluating)
-        log.info("local: launching %d ranks: %s", cfg.parallel.world_size, " ".join(cmd))
+        log.info("local: launching %d ranks: %s", cfg.parallel.layout.world_size, " ".join(cmd))
         return LocalJob(cmd, torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag}), tag,
                         spec.output_dir / STATUS_FILE, grace_s=self.grace_s)

@@ -221,7 +221,7 @@ class SshLauncher(Launcher):
                                        evaluation=options.evaluating) for i in range(len(hosts))]
         envs = [self.node_env(tag, i, options.secret_env) for i in range(len(hosts))]
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
-                 len(hosts), cfg.parallel.world_size // len(hosts), hosts, cfg.cluster.master_addr,
+                 len(hosts), cfg.parallel.layout.world_size // len(hosts), hosts, cfg.cluster.master_addr,
                  cfg.cluster.master_port, ", ".join(sorted(envs[0])))
         files = {str(config_json): Path(config_json).read_text()}  # the run dir may be each node's own disk
         return SshJob(self, hosts, remotes, envs, tag, files)

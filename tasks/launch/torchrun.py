@@ -83,7 +83,7 @@ def node_command(
     """One node's command for the training ranks, or with `evaluation` the evaluation ranks: torchrun's flags
     (static rendezvous at cluster.master_addr:master_port), run by `tasks.base.spawn`, which starts the ranks
     without importing torch itself."""
-    world = cfg.parallel.world_size
+    world = cfg.parallel.layout.world_size
     per_node = nproc_per_node or cfg.cluster.nproc_per_node or world // nnodes
     if per_node * nnodes != world:
         raise InvalidInputError(f"cluster: {nnodes} node(s) x {per_node} processes != tp x pp x dp = {world}")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tasks.base.layout import ONE_RANK, Coord, Layout
 from tasks.families.spec import FamilySpec
 from tasks.models.shapes import ParamCounts
 
@@ -35,7 +36,8 @@ PARTS = ("Embedding", "TransformerBlock", "Head", "Reference", "pipeline_layers"
 
 
 class ModelFamily(ABC):
-    """One decoder family. Layers take (m, seed, tp) (blocks: (m, index, seed, tp)); `seed` None = no draw.
+    """One decoder family. Layers take (m, seed, tp) (blocks: (m, index, seed, tp)); `seed` None = no draw; `tp`
+    carries the layout and this rank's coordinates with its TP process group.
 
     Reference names (the Reference's state-dict names) are the contract between the
     layers, the shard rules, checkpoints and the Hugging Face mapping.
@@ -85,8 +87,8 @@ class ModelFamily(ABC):
         """Reference name -> full (unsharded) shape of every parameter, without building the model."""
 
     @abstractmethod
-    def shard_spec(self, m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-        """(dim, indices) of the full tensor `name` one TP rank holds; None = replicated."""
+    def shard_spec(self, m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, torch.Tensor] | None:
+        """(dim, indices) of the full tensor `name` the rank at `coord` of `layout` holds; None = replicated."""
 
     @abstractmethod
     def unshard(self, m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -94,8 +96,8 @@ class ModelFamily(ABC):
 
     # ---- counts for the planner and telemetry ----
     @abstractmethod
-    def param_counts(self, m: ModelConfig, tp: int = 1) -> ParamCounts:
-        """Parameters one TP rank holds per layer kind, as DeepSpeed places them."""
+    def param_counts(self, m: ModelConfig, layout: Layout = ONE_RANK) -> ParamCounts:
+        """Parameters one rank of `layout` holds per layer kind (of a stage holding it), as DeepSpeed places them."""
 
     def total_params(self, m: ModelConfig) -> int:
         """Unique parameters of the whole model (a tied matrix once)."""
@@ -111,7 +113,7 @@ class ModelFamily(ABC):
         score row of `m.attention_span` keys (seq_len, or the sliding window where shorter),
         n_heads * head_dim wide (d_model unless head_dim says otherwise).
         """
-        c = self.param_counts(m, 1)
+        c = self.param_counts(m)
         return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
 
     def kv_bytes_per_token(self, m: ModelConfig, element_bytes: int) -> int:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.base.layout import ORIGIN, Coord, Layout
 from tasks.config.schema import LoraConfig, ModelConfig
 from tasks.models import get_family
 from tasks.models.common.names import BLOCK
@@ -43,14 +44,15 @@ def targets(m: ModelConfig) -> dict[str, tuple[str, ...]]:
 
 
 
-def adapter_params_per_block(m: ModelConfig, lora: LoraConfig, tp: int) -> int:
-    """Adapter parameters one TP rank holds in one block (the planner's count; every block has the same)."""
+def adapter_params_per_block(m: ModelConfig, lora: LoraConfig, layout: Layout) -> int:
+    """Adapter parameters one rank of `layout` holds in one block (the planner's count; every block has the same)."""
     shapes = get_family(m.family).full_shapes(m)
     held = 0
     for rel in target_linears(lora, m):
         out_full, in_full = shapes[f"blocks.0.{rel}.weight"]
         for part, size in (("lora_A", lora.rank * in_full), ("lora_B", out_full * lora.rank)):
-            held += size // tp if adapter_shard_spec(m, f"blocks.0.{rel}.{part}.weight", 0, tp) else size
+            split = adapter_shard_spec(m, f"blocks.0.{rel}.{part}.weight", layout, ORIGIN)
+            held += size // layout.tp if split else size
     return held
 
 
@@ -87,7 +89,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.weight, self.bias = base.weight, base.bias
         self.tp, self.scaling = tp, lora.alpha / lora.rank
-        spec = get_family(m.family).shard_spec(m, ref, tp.rank, tp.size) if tp.size > 1 else None
+        spec = get_family(m.family).shard_spec(m, ref, tp.layout, tp.coord) if tp.size > 1 else None
         self.split = None if spec is None else spec[0]
         out_full, in_full = get_family(m.family).full_shapes(m)[ref]
         out_local, in_local = base.weight.shape
@@ -101,7 +103,7 @@ class LoRALinear(nn.Module):
             for part, full in (("lora_A", a), ("lora_B", torch.zeros(out_full, lora.rank))):
                 name = f"{module}.{part}.weight"
                 set_slice(getattr(self, part).weight, full.to(base.weight.dtype),
-                          adapter_shard_spec(m, name, tp.rank, tp.size), tp.size)
+                          adapter_shard_spec(m, name, tp.layout, tp.coord), tp.layout)
 
     def update(self, x: torch.Tensor) -> torch.Tensor:
         """scaling * B A dropout(x): this rank's output rows (column), its partial sum (row) or all (replicated)."""
@@ -144,25 +146,25 @@ def is_adapter_param(name: str) -> bool:
     return name.rsplit(".", 2)[-2:-1] in (["lora_A"], ["lora_B"])
 
 
-def adapter_shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-    """(dim, indices) of an adapter tensor a TP rank holds: a column-parallel linear's B by its output rows, a
-    row-parallel linear's A by its input columns (the base weight's own split); the other one replicated."""
+def adapter_shard_spec(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, torch.Tensor] | None:
+    """(dim, indices) of an adapter tensor the rank at `coord` holds: a column-parallel linear's B by its output
+    rows, a row-parallel linear's A by its input columns (the base weight's own split); the other one replicated."""
     module, part, _ = name.rsplit(".", 2)
-    spec = get_family(m.family).shard_spec(m, f"{module}.weight", tp_rank, tp_size)
+    spec = get_family(m.family).shard_spec(m, f"{module}.weight", layout, coord)
     return spec if spec is not None and spec[0] == (1 if part == "lora_A" else 0) else None
 
 
-def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-    """The TP split of any reference name, an adapter's included (readers of checkpoints and weights use it)."""
+def shard_spec(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, torch.Tensor] | None:
+    """The split of any reference name, an adapter's included (readers of checkpoints and weights use it)."""
     split = adapter_shard_spec if is_adapter_param(name) else get_family(m.family).shard_spec
-    return split(m, name, tp_rank, tp_size)
+    return split(m, name, layout, coord)
 
 
 def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
     """The full tensor of any reference name, an adapter's included, from its TP pieces (by TP rank)."""
     if not is_adapter_param(name):
         return get_family(m.family).unshard(m, name, pieces)
-    spec = adapter_shard_spec(m, name, 0, len(pieces)) if len(pieces) > 1 else None
+    spec = adapter_shard_spec(m, name, Layout(tp=len(pieces)), ORIGIN) if len(pieces) > 1 else None
     return pieces[0] if spec is None else torch.cat(pieces, dim=spec[0])
 
 

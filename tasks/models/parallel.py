@@ -20,13 +20,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.base.errors import ConfigError
+from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
 
 
 class TPGroup:
-    """The tensor-parallel slice of the pipeline grid (size 1 = no TP, no collectives)."""
+    """What a family's layers are built for: the layout, this rank's coordinates in it, and the process group of
+    its tensor-parallel slice of the pipeline grid (tp 1 = no TP, no collectives)."""
 
-    def __init__(self, group: object | None = None, rank: int = 0, size: int = 1) -> None:
-        self.group, self.rank, self.size = group, rank, size
+    def __init__(self, group: object | None = None, layout: Layout = ONE_RANK, coord: Coord = ORIGIN) -> None:
+        self.group, self.layout, self.coord = group, layout, coord
+
+    @property
+    def rank(self) -> int:
+        return self.coord.tp
+
+    @property
+    def size(self) -> int:
+        return self.layout.tp
 
 
 def all_reduce(x: torch.Tensor, tp: TPGroup, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
@@ -79,22 +89,23 @@ def row_parallel(x: torch.Tensor, lin: nn.Module, tp: TPGroup) -> torch.Tensor:
 
 
 def set_slice(p: torch.Tensor, full: torch.Tensor | None, spec: tuple[int, torch.Tensor] | None,
-              tp_size: int) -> None:
+              layout: Layout) -> None:
     """Copy this rank's slice of the full tensor (`spec`: the family's shard_spec, None = replicated) into `p`
     (`full` None: leave the values, weights are loaded next); a TP-sharded parameter is marked so that
     DeepSpeed's gradient norm counts it on every TP rank."""
-    if spec is not None and tp_size > 1:
+    if spec is not None and layout.tp > 1:
         p.tensor_model_parallel = True  # type: ignore[attr-defined]
     if full is not None:
         p.copy_(full if spec is None else full.index_select(spec[0], spec[1]))
 
 
-def shard_range(size: int, tp_rank: int, tp_size: int, field: str) -> tuple[int, int]:
-    """[start, end) of a dimension of `size` that a TP rank holds; `field` names it in the error."""
-    if size % tp_size:
-        raise ConfigError(f"{field} ({size}) must be divisible by parallel.tp ({tp_size})")
-    per = size // tp_size
-    return tp_rank * per, (tp_rank + 1) * per
+def shard_range(size: int, layout: Layout, coord: Coord, field: str) -> tuple[int, int]:
+    """[start, end) of a dimension of `size` that the rank at `coord` holds (split across TP); `field` names it
+    in the error."""
+    if size % layout.tp:
+        raise ConfigError(f"{field} ({size}) must be divisible by parallel.tp ({layout.tp})")
+    per = size // layout.tp
+    return coord.tp * per, (coord.tp + 1) * per
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -103,7 +114,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, dim: int, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.start, self.end = shard_range(vocab_size, tp.rank, tp.size, "model.vocab_size")
+        self.start, self.end = shard_range(vocab_size, tp.layout, tp.coord, "model.vocab_size")
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -126,7 +137,7 @@ class VocabParallelHead(nn.Module):
     def __init__(self, dim: int, vocab_size: int, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
-        start, end = shard_range(vocab_size, tp.rank, tp.size, "model.vocab_size")
+        start, end = shard_range(vocab_size, tp.layout, tp.coord, "model.vocab_size")
         self.weight = nn.Parameter(torch.empty(end - start, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -248,7 +248,7 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
     """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
-    spec = lora_mod.shard_spec(m, name, tp.rank, tp.size) if tp.size > 1 else None
+    spec = lora_mod.shard_spec(m, name, tp.layout, tp.coord) if tp.size > 1 else None
     if spec is None:
         return weights.read(name)
     dim, indices = spec

@@ -230,7 +230,7 @@ def _tp_payload(cfg: JobConfig, stage: Stage, b: Bytes) -> int:
 
 
 def _bandwidth(cfg: JobConfig, span: int) -> float:
-    """Bytes/s per GPU for a group spanning `span` consecutive ranks (TP innermost, then DP, then PP)."""
+    """Bytes/s per GPU for a group spanning `span` consecutive ranks (`Layout.span`: the layout's rank order)."""
     c = cfg.cluster
     per_node, _ = ranks_per_node(c)
     if span <= per_node:
@@ -259,7 +259,7 @@ def plan(
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     precision = resolve_precision(cfg, device)
     b = PRECISION_BYTES[precision]
-    counts = get_family(m.family).param_counts(m, p.tp)
+    counts = get_family(m.family).param_counts(m, p.layout)
     stages = pipeline_stages(m.n_layers, p.pp)
     dp, zero = p.dp, p.zero_stage
     cpu = on_cpu(device)
@@ -268,7 +268,7 @@ def plan(
     if t.lora is not None:
         from tasks.models.lora import adapter_params_per_block  # the family's shard rules (torch)
 
-        adapter = adapter_params_per_block(m, t.lora, p.tp)
+        adapter = adapter_params_per_block(m, t.lora, p.layout)
 
     # A run that may start from weights (a pretrained directory, a LoRA base, a version or path) reads its stage
     # from a file at start: a peak of its own (tasks/plan/process.py).
@@ -400,10 +400,10 @@ def plan(
     plan_ = Plan(
         config_name=cfg.name,
         model_family=m.family,
-        layout={"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": zero, "micro_batches": p.micro_batches,
+        layout={**p.layout.record(), "zero_stage": zero, "micro_batches": p.micro_batches,
                 "micro_batch_size": t.micro_batch_size},
         precision=precision,
-        world_size=p.world_size,
+        world_size=p.layout.world_size,
         params_total=n_total,
         params_per_rank=busiest["params"],
         busiest_rank=f"pipeline stage {busiest['stage']}, {tp_note}, any DP rank",
@@ -429,7 +429,7 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     # (every pipeline layer checkpointed) runs each forward once more: a third of forward + backward.
     per_token = get_family(m.family).flops_per_token(m) * (4 / 3 if t.activation_checkpointing else 1)
     flops = float(per_token * tokens)
-    flops_gpu = flops / p.world_size
+    flops_gpu = flops / p.layout.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
 
     grads_payload, gather_payload = _dp_payload(busiest["trained_params"], b, p.zero_stage, p.micro_batches, p.dp)
@@ -445,9 +445,9 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     # PP: each stage boundary sends the activation forward and its gradient back per micro-batch.
     pp_bytes = 2 * b.activation * s * mb * h * p.micro_batches if p.pp > 1 else 0
 
-    dp_s = dp_ring / _bandwidth(cfg, p.tp * p.dp)
-    tp_s = tp_ring / _bandwidth(cfg, p.tp)
-    pp_s = pp_bytes / _bandwidth(cfg, p.world_size)
+    dp_s = dp_ring / _bandwidth(cfg, p.layout.span("dp"))
+    tp_s = tp_ring / _bandwidth(cfg, p.layout.span("tp"))
+    pp_s = pp_bytes / _bandwidth(cfg, p.layout.span("pp"))
     comm_s = dp_s + tp_s + pp_s
     bubble = (p.pp - 1) / (p.micro_batches + p.pp - 1)
     bubble_s = compute_s * bubble / (1 - bubble)

@@ -35,9 +35,8 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off.
 
     A copy, not a revalidation: the config's validation checked `evaluate.parallel` against the model."""
-    layout = cfg.evaluate.parallel or cfg.parallel
-    parallel = cfg.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": 1,
-                                               "micro_batches": 1})
+    layout = (cfg.evaluate.parallel or cfg.parallel).layout
+    parallel = cfg.parallel.model_copy(update={**layout.record(), "zero_stage": 1, "micro_batches": 1})
     return cfg.model_copy(update={"parallel": parallel})
 
 
@@ -52,7 +51,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
         except InvalidInputError as exc:
             raise InvalidInputError(f"evaluate.parallel: {exc}") from None
     m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
-    counts = get_family(m.family).param_counts(m, p.tp)
+    counts = get_family(m.family).param_counts(m, p.layout)
     tokens = windows_per_forward(e.batch_size, p.pp) * m.seq_len
     width = DTYPE_BYTES[e.dtype]
     best: dict[str, Any] | None = None
@@ -77,5 +76,5 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
     loading = best["weights"] + best["weights_file_pages"]
     process = EVAL_RUNTIME_BYTES + (max(best["total"], loading) if on_cpu else best["weights_file_pages"])
     return {**best, "dtype": e.dtype, "runtime": EVAL_RUNTIME_BYTES, "process_total": process,
-            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp}, "capacity": capacity_bytes,
+            "layout": p.layout.record(), "capacity": capacity_bytes,
             "fits": (process if on_cpu else best["total"]) <= capacity_bytes}

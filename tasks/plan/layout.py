@@ -31,27 +31,27 @@ def _nodes(c: ClusterConfig) -> tuple[int, str]:
 
 def validate_layout(cfg: JobConfig, world_size: int | None = None) -> None:
     """Refuse a layout the cluster cannot run; `world_size` (--gpus, --search) replaces the cluster's count."""
-    p, c = cfg.parallel, cfg.cluster
-    layout = f"parallel.tp x pp x dp = {p.world_size}"
+    lay, c = cfg.parallel.layout, cfg.cluster
+    layout = f"parallel.tp x pp x dp = {lay.world_size}"
     per_node, per_node_field = ranks_per_node(c)
     if world_size is not None:
         if world_size <= 0:
             raise InvalidInputError(f"--gpus must be positive, got {world_size}")
-        if p.world_size != world_size:
-            raise InvalidInputError(f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {p.world_size} "
+        if lay.world_size != world_size:
+            raise InvalidInputError(f"parallel.tp x pp x dp = {lay.world_size} ({lay.describe()}) "
                                     f"does not match the GPU count {world_size}")
     elif c.launcher == "local":
-        if c.nproc_per_node and p.world_size != per_node:
+        if c.nproc_per_node and lay.world_size != per_node:
             raise InvalidInputError(f"{layout} but cluster.launcher local (1 node) x {per_node_field} "
                                     f"({per_node}) = {per_node}")
-        if p.world_size > per_node:
+        if lay.world_size > per_node:
             raise InvalidInputError(f"{layout} but cluster.launcher local runs 1 node of at most {per_node_field} "
                                     f"({per_node}) ranks")
     else:
         nodes, nodes_field = _nodes(c)
-        if p.world_size != nodes * per_node:
+        if lay.world_size != nodes * per_node:
             raise InvalidInputError(f"{layout} but {nodes_field} ({nodes}) x {per_node_field} ({per_node}) "
                                     f"= {nodes * per_node}")
-    if p.world_size > per_node and per_node % p.tp:
-        raise InvalidInputError(f"parallel.tp ({p.tp}) must fit inside one node: it must divide {per_node_field} "
+    if lay.world_size > per_node and per_node % lay.tp:
+        raise InvalidInputError(f"parallel.tp ({lay.tp}) must fit inside one node: it must divide {per_node_field} "
                                 f"({per_node}) so that no tensor-parallel group spans two nodes")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.base.layout import describe_record
 from tasks.plan.budget import Plan
 
 
@@ -24,7 +25,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lay = r.layout
     m, s = r.memory, r.step
     lines = [
-        f"plan {r.config_name}: {r.verdict.upper()}  (tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} "
+        f"plan {r.config_name}: {r.verdict.upper()}  ({describe_record(lay)} "
         f"zero={lay['zero_stage']} micro_batches={lay['micro_batches']} mbs={lay['micro_batch_size']}, "
         f"{r.precision}, {r.world_size} GPU)",
         f"params: {r.params_total:,} total (model family {r.model_family}), {r.params_per_rank:,} on the busiest "
@@ -50,7 +51,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     ]
     if r.evaluation:
         ev, el = r.evaluation, r.evaluation["layout"]
-        lines.append(f"evaluation ranks (tp={el['tp']} pp={el['pp']} dp={el['dp']}, {ev['dtype']}): weights "
+        lines.append(f"evaluation ranks ({describe_record(el)}, {ev['dtype']}): weights "
                      f"{gib(ev['weights'])} + activations {gib(ev['activations'])} + logits {gib(ev['logits'])} "
                      f"= {gib(ev['total'])} on stage {ev['stage']}; process per rank (host RSS): runtime "
                      f"{gib(ev['runtime'])}, peak {gib(ev['process_total'])}")

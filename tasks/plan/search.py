@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from tasks.base.errors import ConfigError, InvalidInputError
+from tasks.base.layout import Layout
 from tasks.config.schema import JobConfig
 from tasks.plan.budget import Plan, plan
 
@@ -29,26 +30,25 @@ def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gib:
     p, t = cfg.parallel, cfg.train
     global_samples = t.micro_batch_size * p.micro_batches * p.dp
     plans: list[Plan] = []
-    for tp in _divisors(gpus):
-        for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if global_samples % dp:
+    for layout in (Layout(tp=tp, pp=pp, dp=gpus // (tp * pp)) for tp in _divisors(gpus)
+                   for pp in _divisors(gpus // tp)):
+        if global_samples % layout.dp:
+            continue
+        per_dp = global_samples // layout.dp
+        for mbs in _divisors(per_dp):
+            overrides = {
+                **{f"parallel.{axis}": size for axis, size in layout.record().items()},
+                "parallel.micro_batches": per_dp // mbs, "train.micro_batch_size": mbs,
+                "parallel.zero_stage": min(p.zero_stage, 1) if layout.pp > 1 else p.zero_stage,
+            }
+            try:
+                candidate = cfg.with_overrides(overrides)
+                result = plan(candidate, world_size=gpus, device=device, reserve_gib=reserve_gib,
+                              attention=attention)  # type: ignore[arg-type]
+            except (ConfigError, InvalidInputError) as exc:
+                log.debug("layout %s refused: %s", overrides, exc)
                 continue
-            per_dp = global_samples // dp
-            for mbs in _divisors(per_dp):
-                overrides = {
-                    "parallel.tp": tp, "parallel.pp": pp, "parallel.dp": dp,
-                    "parallel.micro_batches": per_dp // mbs, "train.micro_batch_size": mbs,
-                    "parallel.zero_stage": min(p.zero_stage, 1) if pp > 1 else p.zero_stage,
-                }
-                try:
-                    candidate = cfg.with_overrides(overrides)
-                    result = plan(candidate, world_size=gpus, device=device, reserve_gib=reserve_gib,
-                                  attention=attention)  # type: ignore[arg-type]
-                except (ConfigError, InvalidInputError) as exc:
-                    log.debug("layout %s refused: %s", overrides, exc)
-                    continue
-                if result.fits or include_infeasible:
-                    plans.append(result)
+            if result.fits or include_infeasible:
+                plans.append(result)
     plans.sort(key=lambda r: (not r.fits, bool(r.warnings), r.step.step_s, -r.memory.headroom))
     return plans

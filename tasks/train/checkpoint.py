@@ -22,7 +22,8 @@ from typing import Any
 
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import atomic_write_json, fsync_dir
-from tasks.config.schema import JobConfig, ParallelConfig
+from tasks.base.layout import RECORDED, SLICED, Layout, recorded_axis
+from tasks.config.schema import JobConfig
 from tasks.runs.identity import RunIdentity
 from tasks.train.commit import LATEST, MARKER, commit
 from tasks.train.mirror import Mirror
@@ -127,7 +128,6 @@ def sweep_incomplete(root: Path) -> None:
 def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_size: int) -> dict[str, Any]:
     """The COMPLETE marker: what was trained (the run identity: model, data, starting weights), to which
     step, with which layout."""
-    p = cfg.parallel
     return {
         "tag": tag,
         "step": step,
@@ -135,24 +135,24 @@ def make_marker(cfg: JobConfig, run: RunIdentity, tag: str, step: int, world_siz
         "config_fingerprint": run.config_fingerprint,
         "run": run.to_dict(),
         "world_size": world_size,
-        "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+        "layout": cfg.parallel.layout.record(),
     }
 
 
-def check_layout(marker: dict[str, Any], parallel: ParallelConfig, where: str) -> None:
-    """Refuse, naming what changed, a run whose tp or pp differs from its checkpoint's (`marker`, found at
-    `where`): only dp may change on resume (its ZeRO partitions are cut anew, tasks/train/reshard.py);
-    tensor and pipeline slices are not."""
-    layout = marker.get("layout") or {}
-    changed = [f"{k}={layout.get(k)} -> {getattr(parallel, k)}" for k in ("tp", "pp")
-               if layout.get(k) != getattr(parallel, k)]
+def check_layout(marker: dict[str, Any], layout: Layout, where: str) -> None:
+    """Refuse, naming what changed, a run whose layout differs from its checkpoint's (`marker`, found at
+    `where`) along any axis but dp: only dp may change on resume (its ZeRO partitions are cut anew,
+    tasks/train/reshard.py); tensor, pipeline (and expert) slices are not."""
+    written = marker.get("layout") or {}
+    changed = [f"{k}={recorded_axis(written, k)} -> {getattr(layout, k)}" for k in SLICED
+               if recorded_axis(written, k) != getattr(layout, k)]
     if changed:
+        kept = " ".join(f"{k}={recorded_axis(written, k)}" for k in SLICED if k in RECORDED or k in written)
         raise InvalidInputError(
-            f"{where}: written with parallel.tp={layout.get('tp')} pp={layout.get('pp')}, this run has "
-            f"tp={parallel.tp} pp={parallel.pp} ({', '.join(changed)}): resuming at another tensor or pipeline "
-            f"parallel size is not supported; keep tp={layout.get('tp')} pp={layout.get('pp')} (parallel.dp may "
-            "change, with micro_batch_size x micro_batches x dp unchanged), or remove the run's checkpoints to "
-            "start over")
+            f"{where}: written with parallel {kept}, this run has {layout.describe(SLICED)} "
+            f"({', '.join(changed)}): resuming at another tensor or pipeline parallel size is not supported; keep "
+            f"{kept} (parallel.dp may change, with micro_batch_size x micro_batches x dp unchanged), or remove the "
+            "run's checkpoints to start over")
 
 
 def refuse_layout_change(cfg: JobConfig, run: RunIdentity, run_dir: Path) -> None:
@@ -171,7 +171,7 @@ def refuse_layout_change(cfg: JobConfig, run: RunIdentity, run_dir: Path) -> Non
     else:
         return
     if marker.get("experiment_key") == run.experiment_key:
-        check_layout(marker, cfg.parallel, where)
+        check_layout(marker, cfg.parallel.layout, where)
 
 
 def rng_state() -> dict[str, Any]:

@@ -163,7 +163,7 @@ class Checkpointer:
         if found is None and self.mirror is not None:
             found = self._mirrored_resume_point()
         if found is not None:
-            ck.check_layout(found[1], self.cfg.parallel, str(self.root / found[0]))
+            ck.check_layout(found[1], self.cfg.parallel.layout, str(self.root / found[0]))
         return found
 
     def _mirrored_resume_point(self) -> tuple[str, dict[str, Any]] | None:

@@ -117,12 +117,13 @@ class _FileWriters:
         self._pool.shutdown()
 
 
-def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage: int, stages: int, dp_rank: int,
-                 spec: dict[str, Any], output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
+def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: dict[str, Any],
+                 output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
     """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none): the
-    reports of the files it wrote, none where it wrote none."""
-    if dp_rank != 0:
+    reports of the files it wrote, none where it wrote none. `tp` says where the rank sits (its stage, replica)."""
+    if tp.coord.dp != 0:
         return []
+    stage, stages = tp.coord.pp, tp.layout.pp
     family, dtype = get_family(m.family), getattr(torch, DTYPES[spec["dtype"]])
     # Sorted by Hugging Face name, as `safetensors.torch.save_file` lays out tensors of one dtype: the same
     # weights give the same bytes (and tree digest) whichever export wrote them. The last stage's tied copy
@@ -131,7 +132,7 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, stage:
                      if stage == 0 or not name.startswith("embed.")), key=lambda np: family.hf_name(np[0]))
 
     def sharded(name: str) -> bool:
-        return tp.size > 1 and family.shard_spec(m, name, tp.rank, tp.size) is not None
+        return tp.size > 1 and family.shard_spec(m, name, tp.layout, tp.coord) is not None
 
     entries = []
     for name, param in params:

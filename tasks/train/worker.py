@@ -34,7 +34,7 @@ from tasks.config.schema import TrainingJob
 from tasks.models import get_family
 from tasks.models.common.init import no_default_init
 from tasks.models.export import FILES_PER_STAGE
-from tasks.models.parallel import TPGroup
+from tasks.models.grid import build_grid
 from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import load_into
 from tasks.runs.identity import RunIdentity
@@ -112,7 +112,6 @@ class Trainer:
     def __init__(self, cfg: TrainingJob, dataset_dir: Path, run: RunIdentity, init_path: Path | None = None,
                  export: dict[str, Any] | None = None) -> None:
         import deepspeed
-        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
         from tasks.train.pipeline import TrainingPipeline
 
@@ -125,13 +124,12 @@ class Trainer:
         with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
-        if self.world != p.world_size:
-            raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.world_size}")
-        topo = PipeModelDataParallelTopology(num_pp=p.pp, num_mp=p.tp, num_dp=p.dp)
+        if self.world != p.layout.world_size:
+            raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.layout.world_size}")
         with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
-            self.grid = PipelineParallelGrid(topology=topo)
-        tp = self.tp = TPGroup(self.grid.get_slice_parallel_group(), self.grid.get_slice_parallel_rank(), p.tp)
-        self.dp_rank, self.stage = self.grid.get_data_parallel_rank(), self.grid.get_stage_id()
+            grid = build_grid(p.layout)
+        tp = self.tp = grid.tp
+        self.dp_rank, self.stage = grid.coord.dp, grid.coord.pp
 
         primary = TokenWindows(dataset_dir, "train", m.seq_len, m.vocab_size)
         replay = [TokenWindows(replay_dataset_dir(dataset_dir, r.url, r.manifest_hash), "train", m.seq_len,
@@ -160,7 +158,7 @@ class Trainer:
                 layers=self.family.pipeline_layers(
                     m, None if resume_from is not None or init_path is not None else cfg.train.seed, tp),
                 loss_fn=self.family.make_loss_fn(tp),
-                topology=topo,
+                topology=grid.topology,
                 partition_method=TRAINING_PARTITION,
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
             )
@@ -193,7 +191,7 @@ class Trainer:
         ck.seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         if self.rank == 0:
-            log.info("engine ready: %d ranks (tp=%d pp=%d dp=%d)", self.world, p.tp, p.pp, p.dp)
+            log.info("engine ready: %d ranks (%s)", self.world, p.layout.describe())
 
     def batches(self, step0: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
@@ -256,8 +254,7 @@ class Trainer:
 
         shards = every_ranks(read_reports(out, tag))
         if len(shards) != self.cfg.parallel.pp * FILES_PER_STAGE:  # decided together: all export, or none
-            shards = every_ranks(export_stage(self.engine.module, self.cfg.model, self.tp, stage=self.stage,
-                                              stages=self.cfg.parallel.pp, dp_rank=self.dp_rank, spec=self.export,
+            shards = every_ranks(export_stage(self.engine.module, self.cfg.model, self.tp, spec=self.export,
                                               output_dir=out, tag=tag))
         return {"tag": tag, "dtype": self.export["dtype"], "shards": [shards[path] for path in sorted(shards)]}
 
@@ -282,7 +279,7 @@ class Trainer:
             "resumed_from_step": start or None,
             "telemetry_path": str(out / "telemetry.jsonl"),
             "world_size": self.world,
-            "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+            "layout": p.layout.record(),
             "export": exported,
             "checkpoint_saves": self.checkpoints.saves,
             "resharded": self.checkpoints.resharded,

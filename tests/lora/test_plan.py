@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.base.layout import Layout
 from tasks.models import get_family
 from tasks.models.lora import apply_lora
 from tasks.models.parallel import TPGroup
@@ -52,8 +53,8 @@ def test_the_counted_adapters_are_the_ones_a_tp_rank_builds() -> None:
     """column-parallel qkv/fc1 (B split), row-parallel out/fc2 (A split), counted as the model holds them."""
     for tp in (1, 2):
         cfg = make_config(model={**DEMO, "n_layers": 1}, parallel={"tp": tp}, train={"lora": LORA})
-        block = get_family("gpt").TransformerBlock(cfg.model, 0, 0, TPGroup(None, 0, tp))
-        apply_lora(block, cfg.model, cfg.train.lora, TPGroup(None, 0, tp), 0)
+        block = get_family("gpt").TransformerBlock(cfg.model, 0, 0, TPGroup(None, Layout(tp=tp)))
+        apply_lora(block, cfg.model, cfg.train.lora, TPGroup(None, Layout(tp=tp)), 0)
         held = sum(p.numel() for p in block.parameters() if p.requires_grad)
         assert plan(cfg, world_size=tp).stages[0]["trained_params"] == held
 

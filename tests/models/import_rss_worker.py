@@ -28,6 +28,7 @@ def main() -> None:
 
     import torch
 
+    from tasks.base.layout import Coord, Layout
     from tasks.config.schema import ModelConfig
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
@@ -36,7 +37,7 @@ def main() -> None:
     from tasks.models.weights import load_into
 
     m = ModelConfig.model_validate(sizes_from_pretrained(ModelConfig(pretrained=args.model_dir), "test"))
-    family, tp = get_family(m.family), TPGroup(None, args.tp_rank, args.tp)
+    family, tp = get_family(m.family), TPGroup(None, Layout(tp=args.tp), Coord(tp=args.tp_rank))
     st = pipeline_stages(m.n_layers, args.stages)[args.stage]
     first = sum(s.blocks for s in pipeline_stages(m.n_layers, args.stages)[: args.stage])
     layers: list[torch.nn.Module] = []

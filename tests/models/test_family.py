@@ -46,7 +46,7 @@ def test_family_states_what_its_model_holds(case: str) -> None:
     # exact counts: the stated shapes are the built parameters, tensor by tensor
     assert {n: tuple(t.shape) for n, t in state.items()} == family.full_shapes(m)
     assert family.total_params(m) == sum(t.numel() for t in state.values())
-    c = family.param_counts(m, 1)
+    c = family.param_counts(m)
     tied = m.vocab_size * m.d_model if m.family != "gpt" and m.tie_embeddings else 0  # counted on both ends
     assert c.embedding + m.n_layers * c.block + c.head - tied == family.total_params(m)
     # HF names round trip, and config.json in/out gives back the same model and family

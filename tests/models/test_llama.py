@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from tasks.base.errors import ConfigError, InvalidInputError
+from tasks.base.layout import Coord, Layout
 from tasks.config.schema import ModelConfig, RopeScaling
 from tasks.models import family_for_architecture, get_family
 from tasks.models.common.rotary import inv_freq, rope_attention_scale
@@ -158,13 +159,13 @@ def test_counts_equal_the_real_modules(tied: bool) -> None:
     hf_config_cls = Qwen2Config if m.qkv_bias else LlamaConfig
     hf = hf_cls(hf_config_cls(**llama.hf_config(m, dtype="float32")))
     assert llama.total_params(m) == numel(reference) == numel(hf)
-    c = llama.param_counts(m, 1)  # pp=1: a tied head's matrix is the embedding itself, one tensor
+    c = llama.param_counts(m)  # pp=1: a tied head's matrix is the embedding itself, one tensor
     assert numel(reference) == c.embedding + m.n_layers * c.block + c.head - (c.embedding if tied else 0)
     for tp in (1, 2):
         for rank in range(tp):
-            group = TPGroup(None, rank, tp)
+            group = TPGroup(None, Layout(tp=tp), Coord(tp=rank))
             embed, head = llama.Embedding(m, 0, group), llama.Head(m, 0, group)
-            counts = llama.param_counts(m, tp)
+            counts = llama.param_counts(m, Layout(tp=tp))
             assert counts.embedding == numel(embed)
             assert counts.block == numel(llama.TransformerBlock(m, 2, 0, group))
             # Tied: the last stage holds its own copy of the embedding (DeepSpeed's tied module).
@@ -179,17 +180,17 @@ def test_tp_slices_reassemble_to_the_reference(tied: bool) -> None:
     m = ModelConfig(family="llama", vocab_size=256, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
                     tie_embeddings=tied, qkv_bias=True)
     full = llama.Reference(m, seed=3).state_dict()
-    shards = [llama.Reference(m, seed=3, tp=TPGroup(None, r, 2)).state_dict() for r in range(2)]
+    shards = [llama.Reference(m, seed=3, tp=TPGroup(None, Layout(tp=2), Coord(tp=r))).state_dict() for r in range(2)]
     assert set(full) == set(llama.full_shapes(m)) == set(shards[0])
     for name, tensor in full.items():
         pieces = [s[name] for s in shards]
         assert torch.equal(llama.unshard(m, name, pieces), tensor), name
-        spec = llama.shard_spec(m, name, 1, 2)
+        spec = llama.shard_spec(m, name, Layout(tp=2), Coord(tp=1))
         if spec is None:
             assert name.endswith("norm.weight") and torch.equal(pieces[0], tensor)
         else:
             assert torch.equal(pieces[1], tensor.index_select(*spec))
-    assert llama.shard_spec(m, "embed.tok.weight", 1, 2)[1].tolist() == list(range(128, 256))
+    assert llama.shard_spec(m, "embed.tok.weight", Layout(tp=2), Coord(tp=1))[1].tolist() == list(range(128, 256))
 
 
 def test_names_map_both_ways() -> None:
@@ -213,9 +214,9 @@ def test_bad_configs_name_the_field() -> None:
         ModelConfig(family="llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5})
     m = ModelConfig(family="llama", vocab_size=250)
     with pytest.raises(ConfigError, match=r"model\.vocab_size \(250\) must be divisible by parallel\.tp \(4\)"):
-        llama.Embedding(m, 0, TPGroup(None, 0, 4))
+        llama.Embedding(m, 0, TPGroup(None, Layout(tp=4)))
     with pytest.raises(ConfigError, match=r"model\.vocab_size"):
-        llama.param_counts(m, 4)
+        llama.param_counts(m, Layout(tp=4))
 
     good = _config_json(_hf_model("llama3-untied"))
     cases = {

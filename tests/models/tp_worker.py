@@ -18,9 +18,10 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from tasks.base.comm_ops import load_shm_op
+from tasks.base.layout import Layout
 from tasks.config.schema import ModelConfig
 from tasks.models import get_family
-from tasks.models.parallel import TPGroup
+from tasks.models.grid import Grid, build_grid
 from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import local_named_params
 
@@ -53,13 +54,13 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
+def check(m: ModelConfig, grid: Grid) -> dict[str, Any]:
     from deepspeed.pipe import PipelineModule
 
     family = get_family(m.family)
-    tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size())
-    module = PipelineModule(layers=family.pipeline_layers(m, SEED, tp), loss_fn=family.make_loss_fn(tp), topology=topo,
-                            partition_method=TRAINING_PARTITION)
+    tp = grid.tp
+    module = PipelineModule(layers=family.pipeline_layers(m, SEED, tp), loss_fn=family.make_loss_fn(tp),
+                            topology=grid.topology, partition_method=TRAINING_PARTITION)
     reference = family.Reference(m, SEED)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=g)
@@ -82,7 +83,7 @@ def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
     # A replicated QK-norm weight sees only this rank's heads: its gradient must be summed over TP.
     for name in ("blocks.1.attn.q.weight", "blocks.0.mlp.down.weight", lm_matrix,
                  *(("blocks.0.attn.q_norm.weight", "blocks.1.attn.k_norm.weight") if m.qk_norm else ())):
-        spec = family.shard_spec(m, name, tp.rank, tp.size)
+        spec = family.shard_spec(m, name, tp.layout, tp.coord)
         want = ref_grads[name] if spec is None else ref_grads[name].index_select(*spec)
         grads[name] = {"diff": _max_diff(params[name].grad, want), "scale": want.abs().max().item()}
     return {
@@ -96,16 +97,14 @@ def check(m: ModelConfig, grid: Any, topo: Any) -> dict[str, Any]:
 
 def main() -> None:
     import deepspeed
-    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     load_shm_op()  # as a rank does: the venv's prebuilt op, never a fresh build in the user's cache
     deepspeed.init_distributed(dist_backend="gloo")
-    topo = PipeModelDataParallelTopology(num_pp=1, num_mp=tdist.get_world_size(), num_dp=1)
-    grid = PipelineParallelGrid(topology=topo)
-    report = {name: check(ModelConfig(**fields), grid, topo) for name, fields in CONFIGS.items()}
+    grid = build_grid(Layout(tp=tdist.get_world_size()))
+    report = {name: check(ModelConfig(**fields), grid) for name, fields in CONFIGS.items()}
     (args.out / f"rank{tdist.get_rank()}.json").write_text(json.dumps(report))
     tdist.barrier()
     tdist.destroy_process_group()

@@ -98,12 +98,12 @@ def main() -> None:
 
     import deepspeed
     from deepspeed.pipe import PipelineModule
-    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     from tasks.base.comm_ops import load_shm_op
+    from tasks.base.layout import Layout
     from tasks.config.schema import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
-    from tasks.models.parallel import TPGroup
+    from tasks.models.grid import build_grid
     from tasks.models.shapes import TRAINING_PARTITION
 
     torch.manual_seed(0)
@@ -113,10 +113,9 @@ def main() -> None:
     m = ModelConfig(family="gpt",
                     vocab_size=a.vocab, seq_len=a.seq, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads,
                     n_kv_heads=a.kv_heads, d_ff=a.ffn, dropout=0.0)
-    topo = PipeModelDataParallelTopology(num_pp=a.pp, num_mp=a.tp, num_dp=a.dp)
-    grid = PipelineParallelGrid(topology=topo)
-    tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), a.tp)
-    module = PipelineModule(layers=pipeline_layers(m, 1234, tp), topology=topo, loss_fn=lm_loss,
+    grid = build_grid(Layout(tp=a.tp, pp=a.pp, dp=a.dp))
+    tp = grid.tp
+    module = PipelineModule(layers=pipeline_layers(m, 1234, tp), topology=grid.topology, loss_fn=lm_loss,
                             partition_method=TRAINING_PARTITION, activation_checkpoint_interval=0)
     if a.lora_rank:
         from tasks.config.schema import LoraConfig
@@ -181,8 +180,8 @@ def main() -> None:
     PHASE["name"] = "step"
     engine.train_batch(data_iter=batches())
     PHASE["name"] = "done"
-    dp_ranks = tdist.get_process_group_ranks(grid.get_data_parallel_group())
-    tp_ranks = tdist.get_process_group_ranks(grid.get_slice_parallel_group())
+    dp_ranks = tdist.get_process_group_ranks(grid.groups.get_data_parallel_group())
+    tp_ranks = tdist.get_process_group_ranks(grid.groups.get_slice_parallel_group())
 
     def kind(ranks: list[int]) -> str:
         if len(ranks) > 1 and sorted(ranks) == sorted(dp_ranks):
@@ -199,9 +198,9 @@ def main() -> None:
         bucket[c["op"]] = bucket.get(c["op"], 0) + c["bytes"]
     report = {
         "rank": rank,
-        "stage": grid.get_stage_id(),
-        "tp_rank": grid.get_slice_parallel_rank(),
-        "dp_rank": grid.get_data_parallel_rank(),
+        "stage": grid.coord.pp,
+        "tp_rank": grid.coord.tp,
+        "dp_rank": grid.coord.dp,
         "params": sum(p.numel() for p in model_params),
         "memory": snap,
         "comm": comm,

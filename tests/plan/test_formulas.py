@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tasks.base.layout import Layout
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import EVALUATION_PARTITION, TRAINING_PARTITION, pipeline_stages
@@ -44,7 +45,7 @@ def test_tp_shards_column_and_row_weights_but_not_norms_or_row_biases() -> None:
     # qkv out = (4 + 2*2)*16 = 128: weight 64*128 + bias 128 = 8320 -> 4160 per rank
     # out: 64*64 = 4096 -> 2048, its bias 64 replicated; fc1 16640 -> 8320; fc2 weight 16384 -> 8192, bias 64
     # replicated: 2 LNs 256 + 64 + 64 = 384;  per rank: 384 + 4160 + 2048 + 8320 + 8192 = 23104
-    assert GPT_FAMILY.param_counts(cfg.model, 2).block == 23104
+    assert GPT_FAMILY.param_counts(cfg.model, Layout(tp=2)).block == 23104
 
 
 def test_pipeline_stages_follow_deepspeed_type_partition() -> None:

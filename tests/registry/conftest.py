@@ -26,7 +26,7 @@ def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, *, data
     ckpt.mkdir(parents=True)
     write_layer_files(ckpt, cfg.model, reference_state(cfg.model, seed))
     run = identity(cfg, data_manifest_hash, scratch(cfg))
-    marker = make_marker(cfg, run, tag, 10 * (seed + 1), cfg.parallel.world_size)
+    marker = make_marker(cfg, run, tag, 10 * (seed + 1), cfg.parallel.layout.world_size)
     if fingerprint is not None:
         marker["config_fingerprint"] = fingerprint
     (ckpt / "COMPLETE").write_text(json.dumps(marker))

@@ -135,7 +135,7 @@ def test_a_ranks_streamed_export_committed_then_pulled_loads_as_the_trained_weig
     store = ArtifactStore(cfg.publish.store_url)
     family = get_family(cfg.model.family)
     trained = family.Reference(cfg.model, seed=3)
-    reports = export_stage(trained, cfg.model, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+    reports = export_stage(trained, cfg.model, TPGroup(), output_dir=tmp_path / "run",
                            tag="step-10", spec={"store_url": store.url, "storage_options": {},
                                                 "staging": store.stage(), "dtype": "fp32"})
     assert [r["file"]["path"] for r in reports] == [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]

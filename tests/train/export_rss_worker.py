@@ -42,7 +42,7 @@ def main() -> None:
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak: only the export counts from here
     before = _kib("VmRSS")
-    reports = export_stage(module, m, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=args.out, tag="step-1",
+    reports = export_stage(module, m, TPGroup(), output_dir=args.out, tag="step-1",
                            spec={"store_url": args.store, "storage_options": {}, "staging": args.staging,
                                  "dtype": "bf16"})
     peak = _kib("VmHWM")

@@ -95,8 +95,8 @@ def test_a_file_that_fails_ends_every_file_of_the_stage_and_leaves_nothing_stage
     store = ArtifactStore(str(tmp_path / "store"))
     staging = store.stage()
     with pytest.raises(OSError, match="No space left on device"):
-        export_module.export_stage(get_family("llama").Reference(m, seed=1), m, TPGroup(), stage=0, stages=1,
-                                   dp_rank=0, output_dir=tmp_path / "run", tag="step-1",
+        export_module.export_stage(get_family("llama").Reference(m, seed=1), m, TPGroup(),
+                                   output_dir=tmp_path / "run", tag="step-1",
                                    spec={"store_url": store.url, "storage_options": {}, "staging": staging,
                                          "dtype": "bf16"})
     left = sorted(p.name for p in Path(staging.removeprefix("file://")).iterdir())
@@ -138,7 +138,7 @@ def test_the_ranks_export_writes_the_very_bytes_of_the_export_from_checkpoint_fi
     export_checkpoint(m, tmp_path / "ckpt", tmp_path / "fallback", stages=1, dtype="bf16")
     store = ArtifactStore(str(tmp_path / "store"))
     staging = store.stage()
-    reports = export_stage(module, m, TPGroup(), stage=0, stages=1, dp_rank=0, output_dir=tmp_path / "run",
+    reports = export_stage(module, m, TPGroup(), output_dir=tmp_path / "run",
                            tag="step-1", spec={"store_url": store.url, "storage_options": {}, "staging": staging,
                                                "dtype": "bf16"})
     files = sorted(p.name for p in (tmp_path / "fallback").glob("*.safetensors"))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
+from tasks.base.layout import ORIGIN, Coord, Layout
 from tasks.config.schema import ModelConfig
 from tasks.models.gpt.model import Reference as GPT
 from tasks.models.gpt.model import TransformerBlock
@@ -122,11 +123,12 @@ def test_token_windows_refuse_bad_datasets(dataset_dir: Path) -> None:
 def test_tp_slices_reassemble_to_the_reference_block(tp: int) -> None:
     m = ModelConfig(family="gpt", d_model=32, n_heads=4, n_kv_heads=2 if tp == 2 else 4, d_ff=64)
     full = TransformerBlock(m, 1, seed=3).state_dict()
-    shards = [TransformerBlock(m, 1, seed=3, tp=TPGroup(None, r, tp)).state_dict() for r in range(tp)]
+    shards = [TransformerBlock(m, 1, seed=3, tp=TPGroup(None, Layout(tp=tp), Coord(tp=r))).state_dict()
+              for r in range(tp)]
     for name, tensor in full.items():
         pieces = [s[name] for s in shards]
         torch.testing.assert_close(unshard(m, f"blocks.1.{name}", pieces), tensor, rtol=0, atol=0)
-        if shard_spec(m, name, 0, tp) is not None:
+        if shard_spec(m, name, Layout(tp=tp), ORIGIN) is not None:
             assert pieces[0].numel() * tp == tensor.numel()
     assert set(GPT(m).state_dict()) >= {f"blocks.1.{n}" for n in full}
 

@@ -69,7 +69,7 @@ def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | No
                 full = torch.zeros(shape)
             else:
                 full = torch.randn(*shape, generator=g) * INIT_STD
-            set_slice(p, full, shard_spec(m, ref, tp.rank, tp.size), tp.size)
+            set_slice(p, full, shard_spec(m, ref, tp.layout, tp.coord), tp.layout)
 
 
 class RMSNorm(nn.Module):

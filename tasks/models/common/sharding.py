@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
 from tasks.config.schema import ModelConfig
 from tasks.models.common.names import BLOCK
 from tasks.models.family import EMBED, HEAD
@@ -67,8 +68,8 @@ def _split_dim(m: ModelConfig, name: str) -> tuple[int, int, str] | None:
     }.get(rel)
 
 
-def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-    """(dim, indices) of the full tensor `name` (a reference name) held by a TP rank; None = replicated.
+def shard_spec(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, torch.Tensor] | None:
+    """(dim, indices) of the full tensor `name` (a reference name) held by the rank at `coord`; None = replicated.
 
     Every split is one contiguous range: heads (q/k/v rows, o columns), the MLP's
     hidden units (gate/up rows, down columns) and the vocab rows (embedding, head).
@@ -77,7 +78,7 @@ def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[i
     if split is None:
         return None
     dim, size, field = split
-    start, end = shard_range(size, tp_rank, tp_size, field)
+    start, end = shard_range(size, layout, coord, field)
     return dim, torch.arange(start, end)
 
 
@@ -89,17 +90,18 @@ def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tens
     return torch.cat(pieces, dim=split[0])
 
 
-def _held(m: ModelConfig, name: str, shape: tuple[int, ...], tp: int) -> int:
-    """Elements of `name` one TP rank holds."""
+def _held(m: ModelConfig, name: str, shape: tuple[int, ...], layout: Layout) -> int:
+    """Elements of `name` one rank of `layout` holds."""
     split = _split_dim(m, name)
     if split is None:
         return math.prod(shape)
-    shard_range(split[1], 0, tp, split[2])  # refuses an uneven split, naming the field
-    return math.prod(shape) // tp
+    shard_range(split[1], layout, ORIGIN, split[2])  # refuses an uneven split, naming the field
+    return math.prod(shape) // layout.tp
 
 
-def param_counts(m: ModelConfig, tp: int = 1, shapes: dict[str, tuple[int, ...]] | None = None) -> ParamCounts:
-    """Parameters one TP rank holds per layer kind, as DeepSpeed places them.
+def param_counts(m: ModelConfig, layout: Layout = ONE_RANK,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> ParamCounts:
+    """Parameters one rank of `layout` holds per layer kind, as DeepSpeed places them.
 
     embedding: vocab/tp rows x d. block: norms replicated, q/k/v/o and gate/up/down
     sharded. head: final norm + the vocab/tp x d LM head. With tied embeddings the
@@ -113,7 +115,7 @@ def param_counts(m: ModelConfig, tp: int = 1, shapes: dict[str, tuple[int, ...]]
     for name, shape in (shapes or full_shapes(m)).items():
         kind = name.split(".", 1)[0]
         if kind != "blocks" or name.startswith("blocks.0."):
-            held[kind] += _held(m, name, shape, tp)
+            held[kind] += _held(m, name, shape, layout)
     embedding = held[EMBED]
     return ParamCounts(
         embedding=embedding,

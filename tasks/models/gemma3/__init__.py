@@ -35,7 +35,7 @@ class Gemma3(Llama, spec=GEMMA3, parts=(model, sharding, hf)):
 
     def flops_per_token(self, m: ModelConfig) -> float:
         """6N plus the attention term per layer: sliding layers score min(seq_len, W) keys, global ones seq_len."""
-        c = self.param_counts(m, 1)
+        c = self.param_counts(m)
         local = self._sliding_layers(m)
         span = local * min(m.seq_len, m.sliding_window or m.seq_len) + (m.n_layers - local) * m.seq_len
         return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * span * m.n_heads * m.head_dim

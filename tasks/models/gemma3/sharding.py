@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tasks.base.layout import ONE_RANK, Layout
 from tasks.config.schema import ModelConfig
 from tasks.models.common import sharding as llama
 from tasks.models.shapes import ParamCounts
@@ -17,6 +18,6 @@ def full_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
-    """Parameters one TP rank holds per layer kind (Llama's shard rules; the post-norms replicated)."""
-    return llama.param_counts(m, tp, full_shapes(m))
+def param_counts(m: ModelConfig, layout: Layout = ONE_RANK) -> ParamCounts:
+    """Parameters one rank of `layout` holds per layer kind (Llama's shard rules; the post-norms replicated)."""
+    return llama.param_counts(m, layout, full_shapes(m))

@@ -115,7 +115,7 @@ class TransformerBlock(nn.Module):
     def _init(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup) -> None:
         if seed is None:  # weights are loaded next: only the tensor-parallel marks
             for name, p in self.named_parameters():
-                set_slice(p, None, shard_spec(m, name, tp.rank, tp.size), tp.size)
+                set_slice(p, None, shard_spec(m, name, tp.layout, tp.coord), tp.layout)
             return
         g = layer_generator(seed, index + 1)
         d, qkv_out, attn_in = m.d_model, (m.n_heads + 2 * m.kv_heads) * m.head_dim, m.n_heads * m.head_dim
@@ -134,7 +134,7 @@ class TransformerBlock(nn.Module):
                     value = torch.zeros(_full_shape(m, name))
                 else:  # LayerNorm weight
                     value = torch.ones(_full_shape(m, name))
-                set_slice(p, value, shard_spec(m, name, tp.rank, tp.size), tp.size)
+                set_slice(p, value, shard_spec(m, name, tp.layout, tp.coord), tp.layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x)))

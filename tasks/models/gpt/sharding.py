@@ -6,29 +6,31 @@ import math
 
 import torch
 
+from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
 from tasks.config.schema import ModelConfig
 from tasks.models.common.names import relative
 from tasks.models.family import EMBED, HEAD
 from tasks.models.shapes import ParamCounts
 
 
-def qkv_rows(m: ModelConfig, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """Row indices of the full fused QKV weight that a TP rank owns (its q, k and v heads)."""
-    hd, nq, nkv = m.head_dim, m.n_heads, m.kv_heads
-    q_per, kv_per = nq // tp_size, nkv // tp_size
+def qkv_rows(m: ModelConfig, layout: Layout, coord: Coord) -> torch.Tensor:
+    """Row indices of the full fused QKV weight that the rank at `coord` owns (its q, k and v heads)."""
+    hd, nq, nkv, tp_rank = m.head_dim, m.n_heads, m.kv_heads, coord.tp
+    q_per, kv_per = nq // layout.tp, nkv // layout.tp
     q = torch.arange(tp_rank * q_per * hd, (tp_rank + 1) * q_per * hd)
     k = nq * hd + torch.arange(tp_rank * kv_per * hd, (tp_rank + 1) * kv_per * hd)
     v = (nq + nkv) * hd + torch.arange(tp_rank * kv_per * hd, (tp_rank + 1) * kv_per * hd)
     return torch.cat([q, k, v])
 
 
-def shard_spec(m: ModelConfig, name: str, tp_rank: int, tp_size: int) -> tuple[int, torch.Tensor] | None:
-    """(dim, indices) of the full tensor `name` (a reference name) held by a TP rank; None = replicated."""
+def shard_spec(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, torch.Tensor] | None:
+    """(dim, indices) of the full tensor `name` (a reference name) held by the rank at `coord`; None = replicated."""
     name = relative(name)
     if name in ("attn.qkv.weight", "attn.qkv.bias"):
-        return 0, qkv_rows(m, tp_rank, tp_size)
-    per_heads = m.n_heads * m.head_dim // tp_size
-    per_ff = m.ffn // tp_size
+        return 0, qkv_rows(m, layout, coord)
+    per_heads = m.n_heads * m.head_dim // layout.tp
+    per_ff = m.ffn // layout.tp
+    tp_rank = coord.tp
     if name == "attn.out.weight":
         return 1, torch.arange(tp_rank * per_heads, (tp_rank + 1) * per_heads)
     if name in ("mlp.fc1.weight", "mlp.fc1.bias"):
@@ -42,7 +44,7 @@ def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tens
     """Reassemble a full tensor from its TP pieces (ordered by TP rank)."""
     tp_size = len(pieces)
     rel = relative(name)
-    spec = shard_spec(m, rel, 0, tp_size)
+    spec = shard_spec(m, rel, Layout(tp=tp_size), ORIGIN)
     if spec is None or tp_size == 1:
         return pieces[0]
     dim = spec[0]
@@ -72,8 +74,8 @@ def full_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
-    """Per-TP-rank parameter counts: column/row-parallel weights sharded; LayerNorms, row-parallel biases,
+def param_counts(m: ModelConfig, layout: Layout = ONE_RANK) -> ParamCounts:
+    """Per-rank parameter counts: column/row-parallel weights sharded across TP; LayerNorms, row-parallel biases,
     the embeddings (token + learned positions) and the LM head replicated on every TP rank."""
     shapes = full_shapes(m)
     held = {EMBED: 0, "blocks": 0, HEAD: 0}
@@ -81,5 +83,5 @@ def param_counts(m: ModelConfig, tp: int = 1) -> ParamCounts:
         kind = name.split(".", 1)[0]
         if kind == "blocks" and not name.startswith("blocks.0."):
             continue
-        held[kind] += math.prod(shape) // (tp if shard_spec(m, name, 0, 1) is not None else 1)
+        held[kind] += math.prod(shape) // (layout.tp if shard_spec(m, name, ONE_RANK, ORIGIN) is not None else 1)
     return ParamCounts(embedding=held[EMBED], block=held["blocks"], head=held[HEAD])
