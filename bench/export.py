@@ -40,7 +40,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models.export import export_checkpoint
     from tasks.models.pretrained import sizes_from_pretrained
     from tasks.models.weights import load_reference

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.nn.functional as F
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models import get_family
 
 

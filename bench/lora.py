@@ -71,7 +71,7 @@ def plain_child(model: dict, steps: int, lora: bool) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models import get_family
 
     torch.set_num_threads(1)
@@ -116,7 +116,7 @@ def main() -> None:
         return
     os.environ["OMP_NUM_THREADS"] = "1"
     model = model_section(args.layers, args.d_model, args.seq)
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models import get_family
 
     params = get_family("llama").total_params(ModelConfig.model_validate(model))

@@ -97,7 +97,7 @@ def _bench_export(root: Path, store: Any, repeat: int) -> None:
     fp32 (a CPU rank: converted to bf16 on the way), then in bf16 (a GPU rank)."""
     import torch
 
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models.parallel import TPGroup
     from tasks.models.pretrained import sizes_from_pretrained
     from tasks.models.weights import load_reference
@@ -144,7 +144,8 @@ def _free_port() -> int:
 
 def _run_config(root: Path, hf: Path, name: str) -> Any:
     """A fresh 2-rank (pp=2, ZeRO-1) run starting from the directory, its own output directory."""
-    from tasks.config.schema import JobConfig, ModelConfig
+    from tasks.config.model import ModelConfig
+    from tasks.config.schema import JobConfig
     from tasks.models.pretrained import sizes_from_pretrained
 
     model = sizes_from_pretrained(ModelConfig(pretrained=str(hf), seq_len=SEQ_LEN), "bench")
@@ -440,7 +441,7 @@ def main() -> None:
 
         # -- cache copy: a pretrained directory warmed into a run's cache ------------------------------------
         if "cache" in sections:
-            from tasks.config.schema import ModelConfig
+            from tasks.config.model import ModelConfig
             from tasks.models.pretrained import sizes_from_pretrained
 
             m = ModelConfig.model_validate(sizes_from_pretrained(ModelConfig(pretrained=str(root / "hf")), "bench"))

@@ -36,8 +36,9 @@ from retrainer_airflow.contract import note_run, refusal_noted, run_overrides
 from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks.base.alerts import deadline_missed
+from tasks.config.bounds import NAME_PATTERN
 from tasks.config.duration import format_duration
-from tasks.config.schema import NAME_PATTERN, JobConfig
+from tasks.config.schema import JobConfig
 from tasks.evaluate import Evaluated
 from tasks.launch import pool_for
 from tasks.models.resolve import ConfigSnapshot

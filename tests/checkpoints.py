@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 
 
 def reference_state(m: ModelConfig, seed: int = 0) -> dict:

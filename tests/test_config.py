@@ -220,7 +220,7 @@ def test_deadline_takes_clear_durations_and_is_no_part_of_the_experiment_key() -
 def test_a_second_model_is_a_copy_with_a_new_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """What a user does for a second model: copy the demo config, change `name`. Nothing the two must not
     share (registry entry, data trigger, run folder, rank port) is shared; the demo keeps what it had."""
-    from tasks.config.schema import MASTER_PORTS, default_master_port
+    from tasks.config.cluster import MASTER_PORTS, default_master_port
 
     monkeypatch.setenv("RETRAINER_HOME", str(tmp_path))
     first = load_config(DEMO)

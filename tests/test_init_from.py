@@ -35,7 +35,7 @@ def test_init_from_that_cannot_work_fails_clearly_and_publishes_nothing(tmp_path
         cfg["train"]["init_from"] = "version:7"
     elif case == "shape":  # a model of another width: the first mismatched tensor is named
         other = {**cfg["model"], "d_model": 16, "d_ff": 32}
-        from tasks.config.schema import ModelConfig
+        from tasks.config.model import ModelConfig
 
         m = ModelConfig(**other)
         torch.save(get_family(m.family).Reference(m).state_dict(), path)

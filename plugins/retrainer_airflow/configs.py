@@ -15,7 +15,8 @@ from pathlib import Path
 from airflow.sdk import AssetAlias, Param
 
 from tasks.base.errors import ConfigError
-from tasks.config.schema import NAME_PATTERN, JobConfig
+from tasks.config.bounds import NAME_PATTERN
+from tasks.config.schema import JobConfig
 from tasks.models.resolve import load_config
 
 log = logging.getLogger(__name__)

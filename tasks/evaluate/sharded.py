@@ -21,7 +21,8 @@ import torch.distributed as tdist
 
 from tasks.base.layout import Layout
 from tasks.base.model_files import DTYPES
-from tasks.config.schema import LoraConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models.common.init import no_default_init
 from tasks.models.grid import build_grid

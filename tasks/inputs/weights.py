@@ -18,7 +18,8 @@ import fsspec
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import sha256_file
 from tasks.base.model_files import GENERATION_CONFIG, HF_CONFIG, TOKENIZER_FILES
-from tasks.config.schema import JobConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import JobConfig
 from tasks.models.pretrained import listing_digest, model_dir, planned_listing, warm_pretrained
 from tasks.registry import ArtifactStore, NotFoundError, Registry
 from tasks.registry.store import local_tree_manifest

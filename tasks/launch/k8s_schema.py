@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config.schema import K8S_QUANTITY_PATTERN  # the config checks cpu/memory with the same pattern at load
+from tasks.config.cluster import K8S_QUANTITY_PATTERN  # the config checks cpu/memory with the same pattern at load
 
 _QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": K8S_QUANTITY_PATTERN}]}
 _RESOURCE_LIST = {"type": "object", "additionalProperties": _QUANTITY}

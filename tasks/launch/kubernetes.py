@@ -42,7 +42,8 @@ from tasks.base.credentials import credential_keys
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.job_status import STATUS_FILE, Status
 from tasks.base.rank_failure import RankFailure, earliest
-from tasks.config.schema import JobConfig, KubernetesConfig
+from tasks.config.cluster import KubernetesConfig
+from tasks.config.schema import JobConfig
 from tasks.inputs.node import REPORT_DIR, SPEC_VAR, node_spec
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher

@@ -34,7 +34,8 @@ from tasks.base.errors import RetrainerError
 from tasks.base.fsutil import atomic_write_bytes
 from tasks.base.job_status import STATUS_FILE, Status, read_status
 from tasks.base.rank_failure import RankFailure
-from tasks.config.schema import JobConfig, SlurmConfig
+from tasks.config.cluster import SlurmConfig
+from tasks.config.schema import JobConfig
 from tasks.inputs.node import REPORT_DIR, SPEC_VAR, describe, forwarded_env, node_spec
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher

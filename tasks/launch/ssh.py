@@ -31,7 +31,8 @@ from tasks.base.errors import InvalidInputError, RetrainerError, TrainingFailedE
 from tasks.base.job_status import STATUS_FILE, Status
 from tasks.base.rank_failure import RankFailure, earliest
 from tasks.base.spawn import die_with_parent
-from tasks.config.schema import JobConfig, SshConfig
+from tasks.config.cluster import SshConfig
+from tasks.config.schema import JobConfig
 from tasks.inputs.node import SPEC_VAR, describe, forwarded_env, node_spec, parse_report
 from tasks.launch import torchrun
 from tasks.launch.base import Job, Launcher

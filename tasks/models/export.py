@@ -23,7 +23,8 @@ from typing import Any
 
 from tasks.base.fsutil import atomic_write_json, fresh_dir
 from tasks.base.model_files import DTYPES, GENERATION_CONFIG, HF_CONFIG, HF_INDEX, TOKENIZER_FILES
-from tasks.config.schema import LoraConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models.shapes import pipeline_stages
 from tasks.models.weights import CheckpointWeights

@@ -22,7 +22,7 @@ from tasks.models.shapes import ParamCounts
 if TYPE_CHECKING:
     import torch
 
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models.parallel import TPGroup
 
 # Reference-model prefixes of the first and last pipeline layers (tasks/models/weights.py reads by them).

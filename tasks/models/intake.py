@@ -20,7 +20,7 @@ import numpy as np
 from tasks.base.errors import InvalidInputError
 from tasks.base.model_files import HF_CONFIG
 from tasks.base.safetensors_stream import DTYPE_NAMES
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.weights import HFWeights, check_shapes
 
 # The float dtypes (safetensors' names) a model's weights may start from -> (each element as an unsigned

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.base.layout import ORIGIN, Coord, Layout
-from tasks.config.schema import LoraConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models.common.names import BLOCK
 from tasks.models.parallel import TPGroup, copy_to_tp, set_slice

@@ -24,7 +24,8 @@ from tasks.base.fsutil import atomic_write_json, fresh_dir
 from tasks.base.model_files import DTYPES
 from tasks.base.safetensors_stream import TensorEntry
 from tasks.base.safetensors_stream import write as write_safetensors
-from tasks.config.schema import LoraConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models.lora import adapter_full_shapes, is_adapter_param
 from tasks.models.parallel import TPGroup

@@ -29,7 +29,7 @@ from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.fastcopy import copy_local, copy_stream
 from tasks.base.fsutil import atomic_write_json, atomic_writer, fsync_dir, is_local_fs, leads_outside
 from tasks.base.model_files import HF_INDEX, index_shards
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.config.util import sha256_json
 from tasks.models import family_for_architecture
 

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from tasks.base.errors import ConfigError, validation_problems
 from tasks.config.load import apply_overrides, config_from_document, expand_vars, read_config_document
-from tasks.config.schema import JobConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import JobConfig
 from tasks.models.pretrained import sizes_from_pretrained
 
 

@@ -32,7 +32,8 @@ from tasks.base.model_files import (
     LEGACY_FILE,
     index_shards,
 )
-from tasks.config.schema import LoraConfig, ModelConfig
+from tasks.config.model import ModelConfig
+from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common.init import no_default_init

@@ -10,7 +10,8 @@ room for them (on CPU a "GPU" is one rank process).
 from __future__ import annotations
 
 from tasks.base.errors import InvalidInputError
-from tasks.config.schema import ClusterConfig, JobConfig
+from tasks.config.cluster import ClusterConfig
+from tasks.config.schema import JobConfig
 
 
 def ranks_per_node(c: ClusterConfig) -> tuple[int, str]:

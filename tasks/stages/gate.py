@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.config.schema import GateRule
+    from tasks.config.evaluation import GateRule
     from tasks.registry import SwitchRecord, VersionRecord
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,9 @@ from tasks.base.fsutil import dir_bytes, modified_at
 from tasks.base.lock import default_holder, experiment_lock
 from tasks.config.duration import format_duration
 from tasks.config.endpoints import registry_for
-from tasks.config.schema import ExportDtype, JobConfig, RetentionConfig
+from tasks.config.evaluation import ExportDtype
+from tasks.config.release import RetentionConfig
+from tasks.config.schema import JobConfig
 from tasks.runs.identity import EXPORT_DIR, RUN_MARKER, RunIdentity
 
 if TYPE_CHECKING:

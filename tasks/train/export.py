@@ -37,7 +37,7 @@ from tasks.base.fsutil import atomic_write_json
 from tasks.base.model_files import DTYPES
 from tasks.base.safetensors_stream import PIECE, TensorEntry
 from tasks.base.safetensors_stream import write as write_safetensors
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models import get_family
 from tasks.models.export import FILES_PER_STAGE, shard_name, split_stage
 from tasks.models.parallel import TPGroup

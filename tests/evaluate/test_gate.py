@@ -3,7 +3,7 @@ that are already published versions."""
 
 from __future__ import annotations
 
-from tasks.config.schema import EvaluateConfig, GateRule
+from tasks.config.evaluation import EvaluateConfig, GateRule
 from tasks.registry import SwitchRecord, VersionRecord
 from tasks.stages.gate import judge, known_candidate
 

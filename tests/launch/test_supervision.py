@@ -15,7 +15,7 @@ import pytest
 
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.job_status import Status
-from tasks.config.schema import SlurmConfig
+from tasks.config.cluster import SlurmConfig
 from tasks.launch import JobSpec, get_launcher, pool_for
 from tasks.launch.local import LocalLauncher
 from tasks.launch.procs import TAG_VAR, new_tag, stop_all, tagged

@@ -29,7 +29,7 @@ def main() -> None:
     import torch
 
     from tasks.base.layout import Coord, Layout
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.models.pretrained import sizes_from_pretrained

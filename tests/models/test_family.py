@@ -10,7 +10,7 @@ import yaml
 
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.cli.plan import main as plan_main
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families import FAMILIES
 from tasks.models import family_for_architecture, get_family
 from tasks.models.family import ModelFamily

@@ -24,7 +24,7 @@ from tests.services import S3Endpoint, free_port
 from tests.test_weekly_retrain import retrainer
 
 if TYPE_CHECKING:
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ import pytest
 
 from tasks.base.errors import ConfigError
 from tasks.base.layout import ONE_RANK, Coord, Layout, describe_record, recorded_axis
-from tasks.config.schema import EvalParallel, ParallelConfig
+from tasks.config.evaluation import EvalParallel
+from tasks.config.schema import ParallelConfig
 from tasks.models.grid import topology
 
 

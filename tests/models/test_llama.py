@@ -28,7 +28,7 @@ from transformers import (
 
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.layout import Coord, Layout
-from tasks.config.schema import ModelConfig, RopeScaling
+from tasks.config.model import ModelConfig, RopeScaling
 from tasks.models import family_for_architecture, get_family
 from tasks.models.common.rotary import inv_freq, rope_attention_scale
 from tasks.models.parallel import TPGroup

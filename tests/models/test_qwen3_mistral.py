@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from tasks.cli.plan import main as plan_main
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models import get_family
 from tasks.models.common.blocks import sliding_mask
 

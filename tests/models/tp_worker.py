@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tasks.base.comm_ops import load_shm_op
 from tasks.base.layout import Layout
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models import get_family
 from tasks.models.grid import Grid, build_grid
 from tasks.models.shapes import TRAINING_PARTITION

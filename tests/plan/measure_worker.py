@@ -101,7 +101,7 @@ def main() -> None:
 
     from tasks.base.comm_ops import load_shm_op
     from tasks.base.layout import Layout
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models.gpt.model import lm_loss, pipeline_layers
     from tasks.models.grid import build_grid
     from tasks.models.shapes import TRAINING_PARTITION

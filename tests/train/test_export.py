@@ -76,7 +76,7 @@ def test_a_file_that_fails_ends_every_file_of_the_stage_and_leaves_nothing_stage
 ) -> None:
     """A full disk (or any error) in one file's writer: the export raises it, its partial file is removed and no
     file is reported (a retry exports again; housekeeping removes a staging area no version took)."""
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models import get_family
     from tasks.models.parallel import TPGroup
     from tasks.train import export as export_module
@@ -124,7 +124,7 @@ def test_the_ranks_export_writes_the_very_bytes_of_the_export_from_checkpoint_fi
 ) -> None:
     """Same weights, same shard bytes (same tree digest) whichever export wrote them: the ranks' stream or
     publish's fallback from the checkpoint's layer files (`safetensors.torch.save_file`)."""
-    from tasks.config.schema import ModelConfig
+    from tasks.config.model import ModelConfig
     from tasks.models import get_family
     from tasks.models.export import export_checkpoint
     from tasks.models.parallel import TPGroup

@@ -11,7 +11,7 @@ import torch
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.layout import ORIGIN, Coord, Layout
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.gpt.model import Reference as GPT
 from tasks.models.gpt.model import TransformerBlock
 from tasks.models.gpt.sharding import shard_spec, unshard

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common import reference as common
 from tasks.models.common.init import layer_generator
 from tasks.models.common.rotary import inv_freq, rope_attention_scale, rotate_half

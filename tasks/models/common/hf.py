@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config.schema import ROPE_FIELDS, ModelConfig
+from tasks.config.model import ROPE_FIELDS, ModelConfig
 from tasks.families import FAMILIES
 from tasks.models.common.names import BLOCK
 from tasks.models.family import EMBED, HEAD

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.parallel import TPGroup
 
 

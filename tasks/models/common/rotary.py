@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 
 
 def inv_freq(m: ModelConfig, theta: float | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ import math
 import torch
 
 from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common.names import BLOCK
 from tasks.models.family import EMBED, HEAD
 from tasks.models.parallel import shard_range

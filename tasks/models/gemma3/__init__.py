@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families.gemma3 import GEMMA3
 from tasks.models.gemma3 import hf, model, sharding
 from tasks.models.llama import Llama

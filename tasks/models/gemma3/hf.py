@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families.gemma2 import GEMMA2
 from tasks.families.gemma3 import GEMMA3
 from tasks.models.common import hf as common_hf

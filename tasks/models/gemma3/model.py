@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common import blocks, rotary
 from tasks.models.gemma3.sharding import full_shapes
 from tasks.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, copy_to_tp

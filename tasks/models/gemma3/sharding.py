@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.base.layout import ONE_RANK, Layout
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common import sharding as llama
 from tasks.models.shapes import ParamCounts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base.errors import InvalidInputError
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families.gpt import GPT
 from tasks.models.common.names import relative
 

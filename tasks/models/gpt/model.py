@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common import reference as common
 from tasks.models.common.init import layer_generator
 from tasks.models.family import EMBED, HEAD

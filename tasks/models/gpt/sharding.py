@@ -7,7 +7,7 @@ import math
 import torch
 
 from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.models.common.names import relative
 from tasks.models.family import EMBED, HEAD
 from tasks.models.shapes import ParamCounts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families.llama import LLAMA
 from tasks.models.common.hf import base_hf_config, read_config, refuse
 

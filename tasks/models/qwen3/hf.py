@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config.schema import ModelConfig
+from tasks.config.model import ModelConfig
 from tasks.families.qwen3 import QWEN3
 from tasks.models.common import hf as common_hf
 from tasks.models.common.names import BLOCK
