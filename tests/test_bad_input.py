@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 RETRAINER = str(Path(sys.executable).with_name("retrainer"))
 
 

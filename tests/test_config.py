@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.base.errors import ConfigError
 from tasks.config.key import GEMMA_OPTIONS
 from tasks.models.resolve import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 DEMO = ROOT / "configs" / "tiny-llama.yaml"
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.base.errors import ConfigError
 from tasks.config import load as config_module
 from tasks.config.schema import JobConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 SECRET = "s3cr3t-value-never-frozen"
 
 

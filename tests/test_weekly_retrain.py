@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tests.services import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 pytestmark = pytest.mark.multiproc
 
 

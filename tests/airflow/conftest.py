@@ -35,9 +35,10 @@ import httpx
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tests.services import AIRFLOW_TEST_USERS, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 RETRAINER = str(Path(sys.executable).with_name("retrainer"))  # the venv's console script
 PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
 

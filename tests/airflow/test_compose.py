@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks import REPO_ROOT
 from tests.services import require
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 SECRETS = {
     "AIRFLOW_FERNET_KEY": "test-fernet", "AIRFLOW_JWT_SECRET": "test-jwt", "POSTGRES_PASSWORD": "test-pg",
     "MINIO_ROOT_USER": "test-user", "MINIO_ROOT_PASSWORD": "test-password",

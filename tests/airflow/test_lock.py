@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tasks import REPO_ROOT
 from tasks.base.errors import LockHeldError
 from tasks.base.lock import experiment_lock
 from tasks.config.util import sha256_json
 
 HOLDER = Path(__file__).with_name("lock_holder.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def _spawn(registry_url: str, key: str, work: Path, name: str) -> subprocess.Popen:

@@ -9,11 +9,12 @@ import copy
 import importlib.util
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tasks import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 BAD_RETRAIN = [
     ({"steps": 0}, "steps"),            # below minimum

@@ -7,7 +7,9 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tasks import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def _dagbag():

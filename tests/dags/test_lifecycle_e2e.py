@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tests.services import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def write_config(tmp: Path, registry_url: str) -> Path:

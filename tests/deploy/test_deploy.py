@@ -20,6 +20,7 @@ import pytest
 import yaml
 from retrainer_airflow.contract import RUN_NOTE_KEY, refusal_noted
 
+from tasks import REPO_ROOT
 from tasks.base.errors import ConfigError
 from tasks.config.schema import JobConfig
 from tasks.deploy.handoff import run_hook
@@ -29,7 +30,7 @@ from tasks.deploy.target import DeployError, resolve_target
 from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, Lineage, Registry, upgrade
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 MODEL, ALIAS = "tiny-llama", "production"
 
 

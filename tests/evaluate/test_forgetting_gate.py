@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.data.synthetic import make_data
 from tasks.models.resolve import load_config
 from tasks.registry import Registry
 from tasks.stages.lifecycle import Trained, Warmed, run_lifecycle, stage_evaluate, stage_identify
 from tests.services import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 pytestmark = pytest.mark.multiproc
 
 ENGLISH = ("The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 40)

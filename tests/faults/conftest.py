@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tests.dags.test_lifecycle_e2e import write_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 DRIVER = [sys.executable, "-m", "tests.faults.driver"]
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from tasks import REPO_ROOT
 from tasks.data.synthetic import make_data
 from tests.dags.test_lifecycle_e2e import load_dag_module, run_dag, write_config
 from tests.services import PgCluster
 
 pytestmark = pytest.mark.multiproc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 TEXT_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ""}
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import psutil
 
+from tasks import REPO_ROOT
 from tasks.config.schema import JobConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def spawn_launcher(cfg: JobConfig, dataset_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -215,7 +215,7 @@ def test_each_host_refuses_a_shard_the_model_cannot_read_before_any_rank_starts(
     from tasks.data.synthetic import make_data
     from tasks.data.warm import remote_manifest_hash, warm
     from tasks.runs.identity import identity, scratch
-    from tests.warm.test_dataset_checks import rewrite
+    from tests.data.warm.test_dataset_checks import rewrite
 
     source = tmp_path / "corpus"
     make_data(str(source), name="tiny-test", seed=5, tokens_per_shard=16384)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.cli.plan import main as plan_main
 from tasks.config.model import ModelConfig
@@ -16,7 +17,7 @@ from tasks.models import family_for_architecture, get_family
 from tasks.models.family import ModelFamily
 from tasks.models.resolve import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 SIZES = dict(vocab_size=96, seq_len=16, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48)
 CASES = {
     "gpt": ModelConfig(family="gpt", **SIZES),

@@ -20,13 +20,14 @@ import pytest
 import torch
 import yaml
 
+from tasks import REPO_ROOT
 from tests.services import S3Endpoint, free_port
 from tests.test_weekly_retrain import retrainer
 
 if TYPE_CHECKING:
     from tasks.config.model import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 # Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks import REPO_ROOT
 from tests.models.tp_worker import CONFIGS
 from tests.services import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 WORKER = Path(__file__).with_name("tp_worker.py")
 
 

@@ -26,12 +26,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from tasks import REPO_ROOT
 from tasks.cli.plan import main as plan_main
 from tasks.config.model import ModelConfig
 from tasks.models import get_family
 from tasks.models.common.blocks import sliding_mask
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, vocab_size=256, max_position_embeddings=64)
 MODELS = {

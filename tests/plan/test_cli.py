@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.cli.plan import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 DEMO = ROOT / "configs" / "tiny-llama.yaml"
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks import REPO_ROOT
 from tasks.plan import plan
 from tests.plan.conftest import make_config
 from tests.services import free_port, require
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 WORKER = Path(__file__).with_name("measure_worker.py")
 MODEL = {"family": "gpt", "vocab_size": 64, "seq_len": 16, "n_layers": 3, "d_model": 32, "n_heads": 4, "n_kv_heads": 2,
          "d_ff": 128, "dropout": 0.0}

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from tasks import REPO_ROOT
 from tasks.config.schema import JobConfig
 from tasks.models.resolve import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def make_checkpoint(root: Path, cfg: JobConfig, tag: str, seed: int = 0, *, data_manifest_hash: str = "m",

@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tasks import REPO_ROOT
 from tasks.base.errors import InvalidInputError
 from tasks.base.fsutil import sha256_file
 from tasks.base.safetensors_stream import PIECE, TensorEntry, write
 from tasks.registry.store import ArtifactStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 # ~66M parameters (265 MB fp32, a 132 MB bf16 shard): big enough that a stage held twice would show.
 MODEL = {"family": "llama", "vocab_size": 32000, "seq_len": 128, "n_layers": 8, "d_model": 512, "n_heads": 8,
          "n_kv_heads": 4, "d_ff": 2048, "rope_theta": 10000.0}

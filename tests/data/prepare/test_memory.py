@@ -13,7 +13,9 @@ from pathlib import Path
 import psutil
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-ROOT = Path(__file__).resolve().parents[2]
+from tasks import REPO_ROOT
+
+ROOT = REPO_ROOT
 CORPUS_BYTES = 384 << 20
 RSS_CAP = 192 << 20  # main process + workers; measured ~130 MiB with one worker, whatever the corpus size
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tasks import REPO_ROOT
 from tasks.base.errors import InvalidInputError
 from tasks.data.synthetic import make_data
 from tasks.data.tokens import ShardRules, TokenScan
@@ -24,7 +25,7 @@ from tasks.inputs.node import node_spec, warm_node
 from tasks.runs.identity import identity, scratch
 from tests.train.conftest import tiny_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 TRAIN_SHARDS = 4
 
 

@@ -157,7 +157,7 @@ def test_cli_make_data_then_warm_config(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.warm.conftest import ROOT, subprocess_env
+    from tests.data.warm.conftest import ROOT, subprocess_env
 
     env = dict(subprocess_env(), RETRAINER_HOME=str(tmp_path))
     config = str(ROOT / "configs" / "tiny-llama.yaml")

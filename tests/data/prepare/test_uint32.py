@@ -10,7 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tasks.train.data import TokenWindows
-from tests.prepare.conftest import save_tokenizer, split_tokens, write_jsonl, write_parquet
+from tests.data.prepare.conftest import save_tokenizer, split_tokens, write_jsonl, write_parquet
 
 VOCAB = 70_000
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tasks.data.warm import warm
-from tests.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
+from tests.data.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
 
 
 def _final_files(dataset_dir: Path) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from tests.prepare.conftest import documents, split_tokens, texts, tree, write_jsonl, write_parquet, write_text
+from tests.data.prepare.conftest import documents, split_tokens, texts, tree, write_jsonl, write_parquet, write_text
 
 
 def test_round_trip_split_and_bytes_do_not_depend_on_workers(tmp_path: Path, bpe_dir: Path, prepare) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.prepare.conftest import texts, write_jsonl, write_parquet
+from tests.data.prepare.conftest import texts, write_jsonl, write_parquet
 
 BAD_JSONL = "\n".join([
     json.dumps({"text": "a good row"}),

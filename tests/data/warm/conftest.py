@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from tasks import REPO_ROOT
 from tasks.data.manifest import Manifest, build_manifest
 from tests.services import S3Endpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 @dataclass

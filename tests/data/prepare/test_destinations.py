@@ -12,7 +12,7 @@ from pathlib import Path
 import fsspec
 
 from tasks.data.manifest import read_manifest
-from tests.prepare.conftest import texts, tree, write_jsonl, write_parquet
+from tests.data.prepare.conftest import texts, tree, write_jsonl, write_parquet
 from tests.services import S3Endpoint
 
 

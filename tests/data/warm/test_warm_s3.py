@@ -12,7 +12,7 @@ import pytest
 from tasks.base.errors import InvalidInputError
 from tasks.data.warm import warm
 from tasks.fetch.fetcher import FetchError
-from tests.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
+from tests.data.warm.conftest import Tree, assert_dataset_matches, subprocess_env, warm_cmd
 
 PART = 1 << 20  # 1 MiB parts: the 3 MB and 5 MB objects go through the ranged parallel path
 

@@ -15,7 +15,7 @@ import pytest
 
 from tasks.base.object_source import FsspecSource, ObstoreS3Source, open_source
 from tasks.data.warm import warm
-from tests.warm.conftest import RcloneS3, Tree, assert_dataset_matches, subprocess_env
+from tests.data.warm.conftest import RcloneS3, Tree, assert_dataset_matches, subprocess_env
 
 ENDPOINT = {"endpoint_url": "http://127.0.0.1:9"}  # never contacted: building a source opens no connection
 

@@ -1,0 +1,1 @@
+"""Tests of tasks/data: preparing text into tokens, the dataset warm."""
