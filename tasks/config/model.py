@@ -178,7 +178,7 @@ class ModelConfig(Strict):
             problem = family_refusal(self)
             if problem:
                 raise ValueError(problem)
-        if self.family != "gpt" and self.head_dim % 2:  # the llama-style families: rotary
+        if FAMILIES[self.family].rotary and self.head_dim % 2:
             raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
                              f"embeddings (model.family {self.family!r})")
         return self

@@ -41,6 +41,7 @@ from tasks.config.key import fingerprint_of
 from tasks.config.load import apply_overrides, validated
 from tasks.config.model import ModelConfig, lora_refusal
 from tasks.config.release import DeployConfig, PublishConfig, RetentionConfig
+from tasks.families import FAMILIES
 
 
 class ReplaySource(Strict):
@@ -257,7 +258,7 @@ class JobConfig(Strict):
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
-        if self.deploy.enabled and m.family == "gpt":
+        if self.deploy.enabled and not FAMILIES[m.family].transformers_model:
             raise ValueError(f"deploy.enabled: the smoke test loads the export with transformers, and model.family "
                              f"{m.family!r} exports are not transformers models (every other family is)")
         if self.train.init_from == "pretrained" and m.pretrained is None:

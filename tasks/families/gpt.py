@@ -5,4 +5,4 @@ from __future__ import annotations
 from tasks.families.spec import FamilySpec
 
 GPT = FamilySpec(name="gpt", architectures=("RetrainerGPT",), options=("dropout",),
-                 lora_targets=("qkv", "out", "fc1", "fc2"))
+                 lora_targets=("qkv", "out", "fc1", "fc2"), rotary=False, transformers_model=False)

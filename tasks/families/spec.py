@@ -25,6 +25,8 @@ class FamilySpec:
     always: tuple[str, ...] = ()  # the boolean options its maths always has (they must be true)
     # `model.rope_scaling.rope_type`s it implements exactly as transformers does.
     rope_types: tuple[str, ...] = ()
+    rotary: bool = True  # positions by rotary embeddings (head_dim must be even)
+    transformers_model: bool = True  # its exports load in transformers (and vLLM): deployable
 
     @property
     def package(self) -> str:
