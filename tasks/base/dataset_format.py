@@ -16,6 +16,12 @@ SPLITS = ("train", "heldout")
 # Every writer and reader takes its dtypes from here.
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 
+# A chat dataset (its manifest has a `chat` section) keeps two more objects per token shard, under their own roots
+# so that a split's prefix still holds token shards only: the loss mask (one byte per token: 1 = an assistant token,
+# trained on) and the documents' start offsets in the shard (one conversation each, in order).
+MASK_ROOT, STARTS_ROOT = "loss_mask", "doc_starts"
+MASK_DTYPE, STARTS_DTYPE = "<u1", "<u8"
+
 
 def token_bytes(name: str) -> int:
     """Bytes per token of a dtype: a shard's size is a whole multiple of it."""
@@ -48,6 +54,16 @@ def dtype_for_vocab(vocab_size: int) -> str:
 def shard_key(split: str, index: int) -> str:
     """The object key of one token shard of a split."""
     return f"{split}/shard-{index:05d}.bin"
+
+
+def mask_key(shard: str) -> str:
+    """The loss mask of the token shard whose key is `shard` (chat datasets)."""
+    return f"{MASK_ROOT}/{shard}"
+
+
+def starts_key(shard: str) -> str:
+    """The document start offsets of the token shard whose key is `shard` (chat datasets)."""
+    return f"{STARTS_ROOT}/{shard}"
 
 
 def validate_key(key: str) -> str:

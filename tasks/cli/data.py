@@ -52,6 +52,7 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
         column=args.column, eos_token=args.eos_token, heldout_fraction=args.heldout_fraction,
         tokens_per_shard=args.tokens_per_shard, workers=default_workers() if args.workers is None else args.workers,
         max_bad_fraction=args.max_bad_fraction, name=args.name, storage_options=opts, overwrite=args.overwrite,
+        chat=args.chat, messages_field=args.messages_field, seq_len=args.seq_len, overlong=args.overlong,
     ))
     print(json.dumps(summary, indent=2))
     return 0
@@ -100,4 +101,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="dataset name (default: last segment of --dest)")
     p.add_argument("--storage-options", help="fsspec storage options as JSON (inputs and destination)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --dest")
+    p.add_argument("--chat", action="store_true",
+                   help="rows are conversations (OpenAI-style messages) rendered with the tokenizer directory's chat "
+                        "template; the loss trains on the assistant's tokens only")
+    p.add_argument("--messages-field", default="messages",
+                   help="--chat: JSONL field / Parquet column holding a row's messages (default: messages)")
+    p.add_argument("--seq-len", type=int, help="--chat: the training window; a longer conversation is --overlong")
+    p.add_argument("--overlong", metavar="RULE",
+                   help="--chat: truncate (cut a conversation longer than --seq-len to its first tokens) or drop (it)")
     p.set_defaults(handler=_cmd_prepare_data)

@@ -14,15 +14,17 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
 from tasks.base.dataset_format import (
     FORMAT,
     MANIFEST_KEY,
+    MASK_ROOT,
     MAX_VOCAB,
     SPLITS,
+    STARTS_ROOT,
     TOKEN_DTYPES,
     dtype_capacity,
     manifest_hash,
@@ -50,6 +52,23 @@ class ManifestFile(BaseModel):
         return validate_key(v)
 
 
+MaskRule = Literal["generation", "prefix"]
+Overlong = Literal["truncate", "drop"]
+OVERLONG: tuple[str, ...] = get_args(Overlong)
+
+
+class ChatFormat(BaseModel):
+    """What made a chat dataset's loss mask and documents: in the manifest, so the dataset's hash (and a run's
+    experiment key) changes when the template, the mask rule or the length rule does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    mask_rule: MaskRule  # the template's {% generation %} spans, or rendered prefixes
+    seq_len: int = Field(gt=0)  # a conversation longer than this many tokens was cut or dropped ...
+    overlong: Overlong  # ... as this says
+
+
 class Manifest(BaseModel):
     """The dataset manifest (`retrainer-dataset/1`). Parse with `Manifest.parse` to keep its hash."""
 
@@ -60,6 +79,7 @@ class Manifest(BaseModel):
     dtype: str = "uint16"
     vocab_size: int = Field(256, gt=0, le=MAX_VOCAB)
     files: list[ManifestFile]
+    chat: ChatFormat | None = None  # a chat dataset: loss masks and document starts beside the token shards
 
     _raw: bytes | None = PrivateAttr(default=None)
 
@@ -126,7 +146,9 @@ class Manifest(BaseModel):
         """Canonical stored form (the bytes the manifest hash is taken over when we write one)."""
         if self._raw is not None:
             return self._raw
-        return (json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n").encode()
+        # A plain-text manifest has no `chat` key at all: its bytes (and hash) are what they were before chat data.
+        data = self.model_dump(mode="json", exclude={"chat"} if self.chat is None else set())
+        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
 
     @property
     def hash(self) -> str:
@@ -158,7 +180,7 @@ def claim_destination(fs: Any, root: str, url: str, *, overwrite: bool) -> None:
     """Where a dataset is about to be written (`make-data`, `prepare-data`): refuse a prefix that already holds
     one (its manifest or a split) unless `overwrite`, which removes it first, manifest first (a reader never
     sees a manifest naming a removed shard, and no shard of the old dataset stays behind)."""
-    held = [key for key in (MANIFEST_KEY, *SPLITS) if fs.exists(object_path(root, key))]
+    held = [key for key in (MANIFEST_KEY, *SPLITS, MASK_ROOT, STARTS_ROOT) if fs.exists(object_path(root, key))]
     if held and not overwrite:
         raise InvalidInputError(f"{url}: already holds a dataset ({', '.join(held)}): pass --overwrite to replace it")
     for key in held:

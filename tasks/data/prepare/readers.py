@@ -20,12 +20,12 @@ CHUNK_BYTES = 1 << 20
 _BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*\n")
 
 
-def chunks(files: list[InputFile], column: str) -> Iterator[Chunk]:
-    """Every file's chunks, file after file, in order."""
+def chunks(files: list[InputFile], column: str, chat: bool = False) -> Iterator[Chunk]:
+    """Every file's chunks, file after file, in order (`chat`: a Parquet column may hold lists of messages)."""
     for index, file in enumerate(files):
         try:
             if file.kind == "parquet":
-                yield from _parquet(index, file, column)
+                yield from _parquet(index, file, column, chat)
             else:
                 yield from _lines(index, file, _line_cut if file.kind == "jsonl" else _block_cut)
         except OSError as exc:
@@ -58,11 +58,12 @@ def _lines(index: int, file: InputFile, cut_at: Callable[[bytes], int]) -> Itera
         yield Chunk(index, file.kind, line, tail, len(tail))
 
 
-def _parquet(index: int, file: InputFile, column: str) -> Iterator[Chunk]:
+def _parquet(index: int, file: InputFile, column: str, chat: bool) -> Iterator[Chunk]:
     """Record batches of the one column, sized from the file's metadata to ~CHUNK_BYTES of values.
 
-    Values travel as raw bytes (viewed as binary, no copy): the workers decode them, so
-    invalid UTF-8 written by a non-validating writer is a bad row, not a crash here.
+    String values travel as raw bytes (viewed as binary, no copy): the workers decode them, so
+    invalid UTF-8 written by a non-validating writer is a bad row, not a crash here. A chat
+    column of lists (messages as structs) travels as Python lists.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -79,8 +80,10 @@ def _parquet(index: int, file: InputFile, column: str) -> Iterator[Chunk]:
         kind = schema.field(column).type
         raw_type = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(),
                     pa.string_view(): pa.binary_view()}.get(kind)
-        if raw_type is None:
-            raise InvalidInputError(f"{file.name}: column {column!r} holds {kind}, not strings")
+        as_lists = chat and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        if raw_type is None and not as_lists:
+            raise InvalidInputError(f"{file.name}: column {column!r} holds {kind}, not "
+                                    f"{'strings or lists' if chat else 'strings'}")
         meta = pf.metadata
         total_rows = max(1, meta.num_rows)
         raw = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
@@ -88,7 +91,7 @@ def _parquet(index: int, file: InputFile, column: str) -> Iterator[Chunk]:
         row = 1
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=[column]):
-                values = batch.column(0).view(raw_type).to_pylist()
+                values = (batch.column(0) if as_lists else batch.column(0).view(raw_type)).to_pylist()
                 end = row + len(values)
                 done = file.size * (end - 1) // total_rows - file.size * (row - 1) // total_rows
                 yield Chunk(index, "parquet", row, values, done)

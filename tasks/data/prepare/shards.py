@@ -13,7 +13,7 @@ import logging
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
-from tasks.base.dataset_format import MANIFEST_KEY, shard_key, token_bytes
+from tasks.base.dataset_format import MANIFEST_KEY, STARTS_DTYPE, mask_key, shard_key, starts_key, token_bytes
 from tasks.base.fsutil import atomic_writer, is_local_fs, put_object
 from tasks.data.manifest import Manifest, ManifestFile, claim_destination
 
@@ -48,59 +48,99 @@ class Destination:
         put_object(self.fs, self.path(MANIFEST_KEY), manifest.to_bytes())
 
 
-class SplitWriter:
-    """One split's token stream cut into shards of `tokens_per_shard` tokens (the last one shorter)."""
+class _Object:
+    """One object being streamed out: its bytes written, sha256 and size taken as they go."""
 
-    def __init__(self, dest: Destination, split: str, dtype: str, tokens_per_shard: int) -> None:
-        self.dest, self.split, self.tokens_per_shard = dest, split, tokens_per_shard
+    def __init__(self, dest: Destination, key: str) -> None:
+        self.key, self.size, self.sha = key, 0, hashlib.sha256()
+        self.stack = ExitStack()
+        path = dest.path(key)
+        self.fh = self.stack.enter_context(atomic_writer(path) if dest.local else dest.fs.open(path, "wb"))
+
+    def write(self, data: bytes) -> None:
+        self.fh.write(data)
+        self.sha.update(data)
+        self.size += len(data)
+
+    def commit(self) -> ManifestFile:
+        self.stack.close()
+        return ManifestFile(key=self.key, size=self.size, sha256=self.sha.hexdigest())
+
+    def abort(self) -> None:
+        # Exiting with an exception makes atomic_writer delete its temp file instead of renaming it.
+        self.stack.__exit__(InterruptedError, InterruptedError("prepare-data aborted"), None)
+
+
+class SplitWriter:
+    """One split's token stream cut into shards of `tokens_per_shard` tokens (the last one shorter).
+
+    `chat`: each token shard has its loss mask and document starts beside it (`mask_key`, `starts_key`), and a
+    shard is cut between conversations (a conversation never straddles two shards: windows are packed from
+    whole conversations of one shard); a conversation longer than `tokens_per_shard` fills a shard alone.
+    """
+
+    def __init__(self, dest: Destination, split: str, dtype: str, tokens_per_shard: int, chat: bool = False) -> None:
+        self.dest, self.split, self.tokens_per_shard, self.chat = dest, split, tokens_per_shard, chat
         self.itemsize = token_bytes(dtype)
         self.files: list[ManifestFile] = []
         self.tokens = 0
-        self._stack: ExitStack | None = None
-        self._fh: Any = None
-        self._key = ""
-        self._count = 0
-        self._sha = hashlib.sha256()
+        self.assistant_tokens = 0  # chat: tokens the mask trains on
+        self._open: list[_Object] = []  # the shard being written: tokens (chat: then mask and starts)
+        self._count = 0  # tokens in it
+        self._shards = 0
 
-    def write(self, tokens: np.ndarray) -> None:
+    def write(self, tokens: np.ndarray, mask: np.ndarray | None = None, lengths: np.ndarray | None = None) -> None:
+        """Plain text: a stretch of the token stream. Chat: whole conversations (`lengths` tokens each)."""
         self.tokens += tokens.size
+        if self.chat:
+            assert mask is not None and lengths is not None
+            self.assistant_tokens += int(mask.sum())
+            self._conversations(tokens, mask, lengths)
+            return
         while tokens.size:
-            if self._fh is None:
-                self._open()
             take = min(tokens.size, self.tokens_per_shard - self._count)
-            data = tokens[:take].tobytes()
-            self._fh.write(data)
-            self._sha.update(data)
-            self._count += take
+            self._append(tokens[:take])
             tokens = tokens[take:]
             if self._count == self.tokens_per_shard:
                 self._commit()
 
+    def _conversations(self, tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray) -> None:
+        import numpy as np
+
+        offset = 0
+        for length in lengths.tolist():
+            if self._count and self._count + length > self.tokens_per_shard:
+                self._commit()
+            end = offset + length
+            self._append(tokens[offset:end], mask[offset:end], np.array([self._count], dtype=STARTS_DTYPE))
+            offset = end
+
     def close(self) -> list[ManifestFile]:
-        if self._fh is not None:
+        if self._open:
             self._commit()
         return self.files
 
     def abort(self) -> list[str]:
-        """Drop the shard being written; return the keys of this split's shards, for removal."""
+        """Drop the shard being written; return the keys of this split's objects, for removal."""
         keys = [f.key for f in self.files]
-        if self._stack is not None:
-            # Exiting with an exception makes atomic_writer delete its temp file instead of renaming it.
-            self._stack.__exit__(InterruptedError, InterruptedError("prepare-data aborted"), None)
-            keys.append(self._key)
-            self._stack = self._fh = None
+        for obj in self._open:
+            obj.abort()
+            keys.append(obj.key)
+        self._open = []
         return keys
 
-    def _open(self) -> None:
-        self._key = shard_key(self.split, len(self.files))
-        self._stack = ExitStack()
-        path = self.dest.path(self._key)
-        self._fh = self._stack.enter_context(atomic_writer(path) if self.dest.local else self.dest.fs.open(path, "wb"))
-        self._count, self._sha = 0, hashlib.sha256()
+    def _append(self, tokens: np.ndarray, mask: np.ndarray | None = None, starts: np.ndarray | None = None) -> None:
+        if not self._open:
+            keys = [shard_key(self.split, self._shards)]
+            if self.chat:
+                keys += [mask_key(keys[0]), starts_key(keys[0])]
+            self._open = [_Object(self.dest, key) for key in keys]
+        for obj, part in zip(self._open, (tokens, mask, starts), strict=False):
+            assert part is not None
+            obj.write(part.tobytes())
+        self._count += tokens.size
 
     def _commit(self) -> None:
-        assert self._stack is not None
-        self._stack.close()
-        self.files.append(ManifestFile(key=self._key, size=self._count * self.itemsize, sha256=self._sha.hexdigest()))
-        log.debug("prepare-data: wrote %s (%d tokens)", self._key, self._count)
-        self._stack = self._fh = None
+        self.files.extend(obj.commit() for obj in self._open)
+        log.debug("prepare-data: wrote %s (%d tokens)", self._open[0].key, self._count)
+        self._open, self._count, self._shards = [], 0, self._shards + 1

@@ -39,7 +39,7 @@ def load_tokenizer(spec: str, eos_token: str | None = None) -> TokenizerInfo:
         tok = Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises a bare Exception for any parse error
         raise InvalidInputError(f"{path}: not a Hugging Face tokenizer: {exc}") from None
-    token = eos_token or _configured_eos(path.parent)
+    token = eos_token or configured_token(path.parent, "eos_token")
     if token is None:
         raise InvalidInputError(f"{path}: no EOS token: pass --eos-token, or set eos_token in "
                                 f"{path.parent / EOS_SOURCES[0]}")
@@ -51,15 +51,16 @@ def load_tokenizer(spec: str, eos_token: str | None = None) -> TokenizerInfo:
     return TokenizerInfo(path=str(path), eos_token=token, eos_id=eos_id, vocab_size=vocab_size)
 
 
-def _configured_eos(directory: Path) -> str | None:
+def configured_token(directory: Path, key: str) -> str | None:
+    """A special token (`eos_token`, `bos_token`) as the tokenizer directory's config files name it."""
     for name in EOS_SOURCES:
         file = directory / name
         if not file.is_file():
             continue
         try:
-            value: Any = json.loads(file.read_text()).get("eos_token")
+            value: Any = json.loads(file.read_text()).get(key)
         except (OSError, ValueError, AttributeError) as exc:
-            raise InvalidInputError(f"{file}: cannot read eos_token: {exc}") from None
+            raise InvalidInputError(f"{file}: cannot read {key}: {exc}") from None
         if isinstance(value, dict):  # an AddedToken: {"content": "</s>", ...}
             value = value.get("content")
         if isinstance(value, str) and value:
