@@ -18,6 +18,10 @@ Dataset format (written by `tasks.data.manifest` / `tasks.data.prepare`, copied 
 `manifest.json` with `format: retrainer-dataset/1`, `dtype` (`uint16` or `uint32`,
 `tasks.base.dataset_format.TOKEN_DTYPES`), `files: [{key, size, sha256}]`; shards are flat
 little-endian tokens of that dtype, read by memmap; the split is the key prefix.
+
+A chat dataset (the manifest's `chat`) has a loss mask and document starts beside each shard: its windows
+are packed from whole conversations of one shard, in order (greedily: as many as fit in `seq_len + 1`
+tokens, the rest padding), and `get_packed` gives what `tasks.train.packing` turns into a packed batch.
 """
 
 from __future__ import annotations
@@ -25,12 +29,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tasks.base.dataset_format import MANIFEST_KEY, TOKEN_DTYPES, manifest_hash, window_starts
+from tasks.base.dataset_format import (
+    MANIFEST_KEY,
+    MASK_DTYPE,
+    STARTS_DTYPE,
+    TOKEN_DTYPES,
+    manifest_hash,
+    mask_key,
+    starts_key,
+    window_starts,
+)
 from tasks.base.errors import InvalidInputError
 from tasks.data.cache import sibling_dataset_dir
 from tasks.data.manifest import read_manifest
@@ -51,8 +65,36 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     return path
 
 
+def pack_windows(starts: np.ndarray, n_tokens: int, capacity: int) -> list[tuple[int, int]]:
+    """[start, stop) token ranges of whole consecutive documents, each at most `capacity` tokens (greedy, in
+    order); a document longer than `capacity` (prepare-data cut or dropped those) would be refused."""
+    ends = [*starts[1:].tolist(), n_tokens]
+    out: list[tuple[int, int]] = []
+    first = 0
+    for a, b in zip(starts.tolist(), ends, strict=True):
+        if b - a > capacity:
+            raise InvalidInputError(f"a document of {b - a} tokens does not fit a window of {capacity}")
+        if b - first > capacity:
+            out.append((first, a))
+            first = a
+    if ends:
+        out.append((first, n_tokens))
+    return out
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Windows of whole documents, padded to `seq_len + 1`: tokens, loss mask, document ids and positions."""
+
+    tokens: torch.Tensor  # [n, seq_len + 1] int64 (padding: 0)
+    mask: torch.Tensor  # bool: an assistant token (padding: False)
+    doc_ids: torch.Tensor  # int64: 0, 1, ... per document of the window; the padding one more
+    position_ids: torch.Tensor  # int64: restarting at 0 at each document (and at the padding)
+
+
 class TokenWindows:
-    """All non-overlapping windows of `seq_len + 1` tokens in one split (shards are not crossed)."""
+    """All non-overlapping windows of `seq_len + 1` tokens in one split (shards are not crossed); a chat
+    dataset's windows are packed from whole conversations (`packed`)."""
 
     def __init__(self, dataset_dir: str | Path, split: str, seq_len: int, vocab_size: int) -> None:
         root = Path(dataset_dir)
@@ -61,10 +103,12 @@ class TokenWindows:
             raise InvalidInputError(
                 f"{root / MANIFEST_KEY}: vocab_size {manifest.vocab_size} exceeds model.vocab_size {vocab_size}"
             )
-        self.seq_len = seq_len
+        self.seq_len, self.packed = seq_len, manifest.chat is not None
         dtype = np.dtype(TOKEN_DTYPES[manifest.dtype])
         self.shards: list[np.memmap] = []
-        index: list[tuple[int, int]] = []
+        self.masks: list[np.memmap] = []  # chat: per shard
+        self.starts: list[np.ndarray] = []
+        index: list[tuple[int, int, int]] = []  # (shard, start, stop)
         for entry in manifest.split(split):
             path = root / entry.key
             if not path.is_file() or path.stat().st_size != entry.size:
@@ -74,7 +118,14 @@ class TokenWindows:
             tokens = np.memmap(path, dtype=dtype, mode="r")
             shard = len(self.shards)
             self.shards.append(tokens)
-            index.extend((shard, start) for start in window_starts(len(tokens), seq_len))
+            if not self.packed:
+                index.extend((shard, start, start + seq_len + 1) for start in window_starts(len(tokens), seq_len))
+                continue
+            self.masks.append(np.memmap(root / mask_key(entry.key), dtype=MASK_DTYPE, mode="r"))
+            self.starts.append(np.fromfile(root / starts_key(entry.key), dtype=STARTS_DTYPE).astype(np.int64))
+            if len(self.masks[-1]) != len(tokens) or not len(self.starts[-1]) or self.starts[-1][0]:
+                raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
+            index.extend((shard, a, b) for a, b in pack_windows(self.starts[-1], len(tokens), seq_len + 1))
         if not index:
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
         self.index = index
@@ -82,24 +133,65 @@ class TokenWindows:
     @classmethod
     def joined(cls, parts: list[TokenWindows]) -> TokenWindows:
         """The windows of several sources as one index space: source k's windows follow source k-1's."""
+        if len({part.packed for part in parts}) > 1:
+            raise InvalidInputError("a replay mixture cannot mix chat (packed, assistant-only loss) and plain-text "
+                                    "datasets")
         out = cls.__new__(cls)
-        out.seq_len, out.shards, out.index = parts[0].seq_len, [], []
+        out.seq_len, out.packed, out.shards, out.masks, out.starts, out.index = \
+            parts[0].seq_len, parts[0].packed, [], [], [], []
         for part in parts:
             base = len(out.shards)
             out.shards.extend(part.shards)
-            out.index.extend((base + shard, start) for shard, start in part.index)
+            out.masks.extend(part.masks)
+            out.starts.extend(part.starts)
+            out.index.extend((base + shard, start, stop) for shard, start, stop in part.index)
         return out
 
     def __len__(self) -> int:
         return len(self.index)
 
     def get(self, indices: np.ndarray | list[int]) -> torch.Tensor:
-        """[len(indices), seq_len + 1] int64 tokens."""
+        """[len(indices), seq_len + 1] int64 tokens (a plain-text dataset; a chat dataset's are `get_packed`)."""
+        if self.packed:
+            raise InvalidInputError("a chat dataset's windows are packed conversations scored on assistant tokens: "
+                                    "this reader takes plain-text windows only")
         rows = []
         for i in indices:
-            shard, start = self.index[int(i)]
-            rows.append(np.asarray(self.shards[shard][start : start + self.seq_len + 1], dtype=np.int64))
+            shard, start, stop = self.index[int(i)]
+            rows.append(np.asarray(self.shards[shard][start:stop], dtype=np.int64))
         return torch.from_numpy(np.stack(rows))
+
+    def _documents(self, i: int) -> tuple[int, int, int, np.ndarray]:
+        """Shard, start, stop and the document starts (relative to the window) of window `i` of a chat dataset."""
+        shard, start, stop = self.index[int(i)]
+        starts = self.starts[shard]
+        inside = starts[np.searchsorted(starts, start):np.searchsorted(starts, stop)]
+        return shard, start, stop, inside - start
+
+    def get_packed(self, indices: np.ndarray | list[int]) -> PackedRows:
+        """The packed windows of a chat dataset, padded to `seq_len + 1` tokens."""
+        width = self.seq_len + 1
+        n = len(indices)
+        tokens, mask = np.zeros((n, width), np.int64), np.zeros((n, width), bool)
+        docs, positions = np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
+        for row, i in enumerate(indices):
+            shard, start, stop, firsts = self._documents(i)
+            tokens[row, :stop - start] = self.shards[shard][start:stop]
+            mask[row, :stop - start] = self.masks[shard][start:stop]
+            bounds = [*firsts.tolist(), stop - start, width]
+            for doc, (a, b) in enumerate(pairwise(bounds)):
+                docs[row, a:b], positions[row, a:b] = doc, np.arange(b - a)
+        return PackedRows(*(torch.from_numpy(t) for t in (tokens, mask, docs, positions)))
+
+    def trained_tokens(self, indices: np.ndarray | list[int]) -> int:
+        """Labels these windows train on: a masked token that is not the first of its document (nothing
+        predicts a document's first token from the one before it)."""
+        total = 0
+        for i in indices:
+            shard, start, stop, firsts = self._documents(i)
+            mask = self.masks[shard]
+            total += int(mask[start + 1:stop].sum()) - int(mask[start + firsts[firsts > 0]].sum())
+        return total
 
 
 @dataclass(frozen=True)

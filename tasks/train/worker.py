@@ -44,6 +44,7 @@ from tasks.train.data import Sampler, TokenWindows, replay_dataset_dir, split_in
 from tasks.train.export import export_stage, read_reports
 from tasks.train.lean_start import eager_adamw, import_muon_uncompiled
 from tasks.train.memory_trace import MemoryTrace, peak_rss_bytes
+from tasks.train.packing import loss_scale, packed_inputs, token_weighted_loss
 from tasks.train.rank import (
     deepspeed_prints_to_debug,
     exit_without_teardown,
@@ -157,7 +158,7 @@ class Trainer:
                 # minutes of random numbers and a full-size transient tensor per parameter on every rank.
                 layers=self.family.pipeline_layers(
                     m, None if resume_from is not None or init_path is not None else cfg.train.seed, tp),
-                loss_fn=self.family.make_loss_fn(tp),
+                loss_fn=token_weighted_loss(self.family.make_loss_fn(tp), self.family.make_token_nll_fn(tp)),
                 topology=grid.topology,
                 partition_method=TRAINING_PARTITION,
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
@@ -193,11 +194,18 @@ class Trainer:
         if self.rank == 0:
             log.info("engine ready: %d ranks (%s)", self.world, p.layout.describe())
 
-    def batches(self, step0: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, step0: int) -> list[tuple[Any, Any]]:
+        """This rank's micro-batches: (inputs, labels); a chat dataset's are packed, their labels carrying the
+        loss scale of the global batch (`tasks.train.packing`)."""
+        micro = self.sampler.rank_micro_batches(step0, self.dp_rank)
+        if not self.windows.packed:
+            return [tuple(t.to(self.device) for t in split_inputs(self.windows.get(idx))) for idx in micro]
+        trained = self.windows.trained_tokens(self.sampler.global_indices(step0))
+        scale = loss_scale(len(micro), self.cfg.parallel.dp, trained).to(self.device)
         out = []
-        for idx in self.sampler.rank_micro_batches(step0, self.dp_rank):
-            x, y = split_inputs(self.windows.get(idx))
-            out.append((x.to(self.device), y.to(self.device)))
+        for idx in micro:
+            inputs, labels = packed_inputs(self.windows.get_packed(idx))
+            out.append((tuple(t.to(self.device) for t in inputs), (labels.to(self.device), scale)))
         return out
 
     def run(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torch import nn
 from tasks.config.model import ModelConfig
 from tasks.models.common import reference as common
 from tasks.models.common.init import layer_generator
+from tasks.models.common.packing import Packing, document_mask, pack, unpack
 from tasks.models.common.rotary import inv_freq, rope_attention_scale, rotate_half
 from tasks.models.common.sharding import full_shapes, shard_spec
 from tasks.models.family import EMBED, HEAD
@@ -125,7 +126,8 @@ class Attention(nn.Module):
         self.inv_freq = inv_freq(m)
         self.rope_scale = rope_attention_scale(m)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """`packing`: positions restart per document and attention stays within it (`common.packing`)."""
         b, t, _ = x.shape
         x = copy_to_tp(x, self.tp)
         q = self.q(x).view(b, t, self.nq, self.hd)
@@ -134,7 +136,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
+        if packing is None:
+            freqs = torch.arange(t, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
+        else:  # [b, 1, t, hd/2]: each sample's own positions, broadcast over the heads
+            freqs = packing[0].float()[:, None, :, None] * self.inv_freq.to(x.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
         q = q * cos + rotate_half(q) * sin
@@ -142,12 +147,17 @@ class Attention(nn.Module):
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
-        y = self.attend(q, k, v)
+        y = self.attend(q, k, v, None if packing is None else document_mask(packing))
         return row_parallel(y.transpose(1, 2).reshape(b, t, self.nq * self.hd), self.o, self.tp)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal SDPA of the rotated heads [b, h, t, hd] (banded when a window is shorter than t)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal SDPA of the rotated heads [b, h, t, hd] (banded when a window is shorter than t); `mask`: a
+        packed window's document mask [b, 1, t, t] (causal already), banded the same way."""
         t = q.shape[2]
+        if mask is not None:
+            band = mask if self.window is None or t <= self.window else mask & sliding_mask(t, self.window, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=self.scale)
         if self.window is None or t <= self.window:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_mask(t, self.window, q.device),
@@ -185,8 +195,9 @@ class Embedding(nn.Module):
         self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
         init_layer(self, m, 0, seed, self.tp)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens)
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        tokens, packing = unpack(inputs)
+        return pack(self.tok(tokens), packing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Local logits [b, s, vocab/tp] through the tied matrix."""
@@ -211,9 +222,11 @@ class TransformerBlock(nn.Module):
         self.mlp = MLP(m, tp)
         init_layer(self, m, index + 1, seed, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """`inputs`: the activations, or (activations, position_ids, doc_ids) of a packed window."""
+        x, packing = unpack(inputs)
+        x = x + self.attn(self.attn_norm(x), packing)
+        return pack(x + self.mlp(self.mlp_norm(x)), packing)
 
 
 class Head(nn.Module):
@@ -228,8 +241,8 @@ class Head(nn.Module):
         self.out = None if m.tie_embeddings else VocabParallelHead(m.d_model, m.vocab_size, tp)
         init_layer(self, m, m.n_layers + 1, seed, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x)
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x = self.norm(unpack(inputs)[0])
         return x if self.out is None else self.out(x)
 
 

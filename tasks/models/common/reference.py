@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tasks.config.model import ModelConfig
+from tasks.models.common.packing import Packing, pack
 from tasks.models.parallel import TPGroup
 
 
@@ -39,8 +40,9 @@ class Reference(nn.Module):
         self.head = self.Head(m, seed, tp)
         self.tied = self.can_tie and m.tie_embeddings
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
+    def forward(self, tokens: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """Logits of [b, t] tokens; `packing`: a packed window's (position_ids, doc_ids) (`common.packing`)."""
+        x = self.embed(pack(tokens, packing))
         for block in self.blocks:
             x = block(x)
         x = self.head(x)

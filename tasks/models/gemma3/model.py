@@ -18,6 +18,7 @@ from torch import nn
 
 from tasks.config.model import ModelConfig
 from tasks.models.common import blocks, rotary
+from tasks.models.common.packing import pack, unpack
 from tasks.models.gemma3.sharding import full_shapes
 from tasks.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, copy_to_tp
 
@@ -61,15 +62,17 @@ class Attention(blocks.Attention):
         self.inv_freq = rotary.inv_freq(m, m.rope_local_base_freq or m.rope_theta) if sliding else rotary.inv_freq(m)
         self.softcap = m.attn_logit_softcapping
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """With soft-capping (Gemma 2) SDPA's fused path cannot cap the scores: scores, tanh cap, mask, fp32
         softmax, as transformers' eager attention."""
         if self.softcap is None:
-            return super().attend(q, k, v)
+            return super().attend(q, k, v, mask)
         t = q.shape[2]
         scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
         scores = torch.tanh(scores / self.softcap) * self.softcap
-        scores = scores.masked_fill(~blocks.sliding_mask(t, self.window or t, q.device), float("-inf"))
+        band = blocks.sliding_mask(t, self.window or t, q.device)
+        scores = scores.masked_fill(~(band if mask is None else band & mask), float("-inf"))
         return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
@@ -91,8 +94,9 @@ class Embedding(blocks.Embedding):
         self.tok = VocabParallelEmbedding(m.vocab_size, m.d_model, self.tp)
         _init(self, m, 0, seed, self.tp)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) * torch.tensor(self.scale, dtype=self.tok.weight.dtype)
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        tokens, packing = unpack(inputs)
+        return pack(self.tok(tokens) * torch.tensor(self.scale, dtype=self.tok.weight.dtype), packing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Local logits through the tied matrix, soft-capped (`final_logit_softcapping`)."""
@@ -114,9 +118,10 @@ class TransformerBlock(nn.Module):
         self.post_mlp_norm = RMSNorm(m.d_model, m.rms_norm_eps)
         _init(self, m, index + 1, seed, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x)))
-        return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x, packing = unpack(inputs)
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), packing))
+        return pack(x + self.post_mlp_norm(self.mlp(self.mlp_norm(x))), packing)
 
 
 class Head(blocks.Head):
@@ -130,8 +135,8 @@ class Head(blocks.Head):
         self.cap = m.final_logit_softcapping
         _init(self, m, m.n_layers + 1, seed, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x)
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x = self.norm(unpack(inputs)[0])
         return x if self.out is None else softcap(self.out(x), self.cap)
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from tasks.config.model import ModelConfig
 from tasks.models.common import reference as common
 from tasks.models.common.init import layer_generator
+from tasks.models.common.packing import Packing, document_mask, pack, unpack
 from tasks.models.family import EMBED, HEAD
 from tasks.models.gpt.sharding import shard_spec
 from tasks.models.parallel import CopyToTP as _CopyToTP
@@ -52,9 +53,10 @@ class Embedding(nn.Module):
             self.tok.weight.copy_(_normal(g, m.vocab_size, m.d_model))
             self.pos.weight.copy_(_normal(g, m.seq_len, m.d_model))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.drop(self.tok(tokens) + self.pos(pos))
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        tokens, packing = unpack(inputs)
+        pos = torch.arange(tokens.shape[1], device=tokens.device) if packing is None else packing[0]
+        return pack(self.drop(self.tok(tokens) + self.pos(pos)), packing)
 
 
 class Attention(nn.Module):
@@ -66,7 +68,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(m.d_model, (self.nq + 2 * self.nkv) * self.hd)
         self.out = nn.Linear(self.nq * self.hd, m.d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         if self.tp.size > 1:
             x = _CopyToTP.apply(x, self.tp)
@@ -78,8 +80,9 @@ class Attention(nn.Module):
         if self.nkv != self.nq:  # GQA: repeat kv heads to match q heads
             k = k.repeat_interleave(self.nq // self.nkv, dim=1)
             v = v.repeat_interleave(self.nq // self.nkv, dim=1)
+        mask = None if packing is None else document_mask(packing)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         y = y.transpose(1, 2).reshape(b, t, self.nq * self.hd)
         return _row_parallel(y, self.out, self.tp)
@@ -136,9 +139,10 @@ class TransformerBlock(nn.Module):
                     value = torch.ones(_full_shape(m, name))
                 set_slice(p, value, shard_spec(m, name, tp.layout, tp.coord), tp.layout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
-        return x + self.drop(self.mlp(self.ln2(x)))
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x, packing = unpack(inputs)
+        x = x + self.drop(self.attn(self.ln1(x), packing))
+        return pack(x + self.drop(self.mlp(self.ln2(x))), packing)
 
 
 def _full_shape(m: ModelConfig, name: str) -> tuple[int, ...]:
@@ -163,8 +167,8 @@ class Head(nn.Module):
         with torch.no_grad():
             self.out.weight.copy_(_normal(layer_generator(seed, m.n_layers + 1), m.vocab_size, m.d_model))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.out(self.ln(unpack(inputs)[0]))
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

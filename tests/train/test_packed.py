@@ -1,0 +1,117 @@
+"""Training on a chat dataset: packed windows leak nothing across conversations (same logits as each conversation
+alone), labels cover exactly the assistant tokens, and the trainer's loss is transformers' loss over the global
+batch's assistant tokens, conversation by conversation (token-weighted across micro-batches)."""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.config.model import ModelConfig
+from tasks.data.prepare.core import PrepareOptions, prepare
+from tasks.launch import train
+from tasks.models import get_family
+from tasks.train.data import TokenWindows
+from tasks.train.packing import IGNORE, packed_inputs
+from tests.chat import LLAMA3, QWEN, chat_tokenizer, conversations, write_chat_jsonl
+
+SEQ = 128
+MODEL = dict(vocab_size=512, seq_len=SEQ, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64)
+
+
+def chat_dataset(tmp_path: Path, template: str, n: int, seed: int = 5) -> Path:
+    tok = chat_tokenizer(tmp_path / "tok", template)
+    data = write_chat_jsonl(tmp_path / "chats.jsonl", conversations(n, seed=seed, most=4))
+    prepare(PrepareOptions(inputs=[str(data)], tokenizer=str(tok), dest=str(tmp_path / "ds"), workers=1,
+                           heldout_fraction=0.0, chat=True, seq_len=SEQ, overlong="drop"))
+    return tmp_path / "ds"
+
+
+def documents(windows: TokenWindows, i: int) -> list[tuple[int, int]]:
+    """[start, stop) of each conversation inside window i."""
+    _, start, stop, firsts = windows._documents(i)
+    bounds = [*firsts.tolist(), stop - start]
+    return list(pairwise(bounds))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt"])
+def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, family: str) -> None:
+    windows = TokenWindows(chat_dataset(tmp_path, QWEN, 24), "train", SEQ, 512)
+    m = ModelConfig(family=family, **MODEL, **({"sliding_window": 8} if family == "mistral" else {}))
+    model = get_family(family).Reference(m, seed=3).eval()
+    rows = windows.get_packed(list(range(len(windows))))
+    (tokens, positions, docs), labels = packed_inputs(rows)
+    assert (rows.doc_ids.max(dim=1).values >= 2).sum() >= 3  # windows packing several conversations
+    with torch.no_grad():
+        packed = model(tokens, (positions, docs))
+        for w in range(len(windows)):
+            for a, b in documents(windows, w):
+                alone = model(rows.tokens[w:w + 1, a:b])[0]
+                n = min(b, SEQ) - a  # the window's last token is only a label
+                torch.testing.assert_close(packed[w, a:a + n], alone[:n], rtol=0, atol=1e-5)
+                # Labels: the next token where it is the conversation's assistant token, nothing across the end.
+                want = [int(t) if mk else IGNORE for t, mk in zip(rows.tokens[w, a + 1:b], rows.mask[w, a + 1:b],
+                                                                  strict=True)]
+                assert labels[w, a:b - 1].tolist() == want[:SEQ - a]
+                if b < SEQ:
+                    assert labels[w, b - 1] == IGNORE
+    assert windows.trained_tokens(range(len(windows))) == int((labels != IGNORE).sum())
+
+
+def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]]) -> float:
+    """transformers' loss of our seeded initial weights, conversation by conversation, labels -100 outside the
+    assistant tokens, as one mean over every assistant token."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    family = get_family(m.family)
+    config = AutoConfig.for_model(**{k: v for k, v in family.hf_config(m, dtype="float32").items()
+                                     if k != "architectures"})
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    hf.load_state_dict({family.hf_name(n): t for n, t in family.Reference(m, seed).state_dict().items()},
+                       strict=not m.tie_embeddings)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for tokens, mask in convs:
+            ids = torch.tensor([tokens])
+            labels = ids.masked_fill(~torch.tensor([mask], dtype=torch.bool), IGNORE)
+            n = int((labels[:, 1:] != IGNORE).sum())
+            total += float(hf(ids, labels=labels).loss) * n
+            count += n
+    return total / count
+
+
+LAYOUTS = {"one-rank": {}, "tp2-pp2": {"parallel.tp": 2, "parallel.pp": 2}}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: Path, make_config,
+                                                                     layout: str) -> None:
+    """Two micro-batches per step (tp2-pp2: the packing tensors cross the stage boundary with the activations,
+    and the loss is vocab-parallel)."""
+    dataset = chat_dataset(tmp_path, LLAMA3, 40)
+    windows = TokenWindows(dataset, "train", SEQ, 512)
+    half = len(windows) // 2
+    assert half >= 2
+    cfg = make_config({"model.family": "llama", **{f"model.{k}": v for k, v in MODEL.items()},
+                       "train.steps": 1, "train.checkpoint_every": 1, "train.micro_batch_size": half,
+                       "parallel.micro_batches": 2, **LAYOUTS[layout]})
+    summary = train(cfg, dataset)
+    # Step 1's global batch is 2 x half windows of the packed dataset: the conversations they hold, whole.
+    step = np.random.default_rng([cfg.train.seed, 0]).permutation(len(windows))[:2 * half]
+    convs: list[Any] = []
+    for w in step.tolist():
+        _, start, _, _ = windows._documents(w)
+        shard = windows.index[w][0]
+        for a, b in documents(windows, w):
+            convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
+                          windows.masks[shard][start + a:start + b].astype(bool).tolist()))
+    want = hf_loss(cfg.model, cfg.train.seed, convs)
+    assert abs(summary["first_loss"] - want) <= 1e-5 * want, (summary["first_loss"], want)
+    assert json.loads((Path(cfg.train.output_dir) / "summary.json").read_text())["final_loss"] == summary["first_loss"]
