@@ -64,6 +64,21 @@ def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, fa
     assert windows.trained_tokens(range(len(windows))) == int((labels != IGNORE).sum())
 
 
+def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
+    """The warm copies the masks and document starts with the shards; only the shards are checked as tokens."""
+    from tasks.data.tokens import ShardRules
+    from tasks.data.warm import warm
+
+    source = chat_dataset(tmp_path, QWEN, 24)
+    result = warm(str(source), tmp_path / "cache", progress=False, rules=ShardRules(512, ("train",), "data"))
+    here, there = (TokenWindows(d, "train", SEQ, 512) for d in (source, result.dataset_dir))
+    assert there.packed and here.index == there.index
+    everything = list(range(len(here)))
+    for a, b in zip(vars(here.get_packed(everything)).values(), vars(there.get_packed(everything)).values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
 def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]]) -> float:
     """transformers' loss of our seeded initial weights, conversation by conversation, labels -100 outside the
     assistant tokens, as one mean over every assistant token."""
