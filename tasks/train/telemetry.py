@@ -74,7 +74,9 @@ class Telemetry:
         take_comm_seconds()  # drop anything before the step (checkpoint I/O barriers etc.)
         return time.perf_counter()
 
-    def record(self, step: int, loss: float, started: float) -> dict[str, Any]:
+    def record(self, step: int, loss: float, started: float, packing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`packing` (a chat run): the step's trained (assistant) tokens and packed efficiency (real tokens /
+        window tokens), added to its row."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         step_s = time.perf_counter() - started
@@ -89,6 +91,7 @@ class Telemetry:
             "comm_s": comm_s,
             "peak_mem_bytes": peak_memory_bytes(),
             "mfu": (tokens_per_s * self.flops_per_token / self.peak_flops_total) if self.peak_flops_total else None,
+            **(packing or {}),
         }
         if self.enabled:
             self._fh.write(json.dumps(row) + "\n")

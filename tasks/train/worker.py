@@ -194,19 +194,21 @@ class Trainer:
         if self.rank == 0:
             log.info("engine ready: %d ranks (%s)", self.world, p.layout.describe())
 
-    def batches(self, step0: int) -> list[tuple[Any, Any]]:
+    def batches(self, step0: int) -> tuple[list[tuple[Any, Any]], dict[str, Any] | None]:
         """This rank's micro-batches: (inputs, labels); a chat dataset's are packed, their labels carrying the
-        loss scale of the global batch (`tasks.train.packing`)."""
+        loss scale of the global batch (`tasks.train.packing`), and come with the step's packing telemetry."""
         micro = self.sampler.rank_micro_batches(step0, self.dp_rank)
         if not self.windows.packed:
-            return [tuple(t.to(self.device) for t in split_inputs(self.windows.get(idx))) for idx in micro]
-        trained = self.windows.trained_tokens(self.sampler.global_indices(step0))
+            return [tuple(t.to(self.device) for t in split_inputs(self.windows.get(idx))) for idx in micro], None
+        step = self.sampler.global_indices(step0)
+        trained = self.windows.trained_tokens(step)
         scale = loss_scale(len(micro), self.cfg.parallel.dp, trained).to(self.device)
         out = []
         for idx in micro:
             inputs, labels = packed_inputs(self.windows.get_packed(idx))
             out.append((tuple(t.to(self.device) for t in inputs), (labels.to(self.device), scale)))
-        return out
+        real = sum(stop - start for _, start, stop in (self.windows.index[int(i)] for i in step))
+        return out, {"trained_tokens": trained, "packed_efficiency": real / (len(step) * (self.cfg.model.seq_len + 1))}
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -226,14 +228,14 @@ class Trainer:
         try:
             for step0 in range(start, cfg.train.steps):
                 step = step0 + 1
-                data = self.batches(step0)
+                data, packing = self.batches(step0)
                 t0 = telemetry.start()
                 loss_t = self.engine.train_batch(data_iter=iter(data))
                 loss = float(loss_t.detach().float().item())
                 check_finite(loss, "loss", step)
                 norm = self.engine.get_global_grad_norm()
                 check_finite(None if norm is None else float(norm), "grad norm", step)
-                telemetry.record(step, loss, t0)
+                telemetry.record(step, loss, t0, packing)
                 self.checkpoints.saver.check()
                 losses.append(loss)
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:

@@ -79,9 +79,9 @@ def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
-def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]]) -> float:
+def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]]) -> tuple[float, int]:
     """transformers' loss of our seeded initial weights, conversation by conversation, labels -100 outside the
-    assistant tokens, as one mean over every assistant token."""
+    assistant tokens, as one mean over every assistant token; and how many there are."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     family = get_family(m.family)
@@ -98,7 +98,7 @@ def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]])
             n = int((labels[:, 1:] != IGNORE).sum())
             total += float(hf(ids, labels=labels).loss) * n
             count += n
-    return total / count
+    return total / count, count
 
 
 LAYOUTS = {"one-rank": {}, "tp2-pp2": {"parallel.tp": 2, "parallel.pp": 2}}
@@ -127,6 +127,8 @@ def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: P
         for a, b in documents(windows, w):
             convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
                           windows.masks[shard][start + a:start + b].astype(bool).tolist()))
-    want = hf_loss(cfg.model, cfg.train.seed, convs)
+    want, trained = hf_loss(cfg.model, cfg.train.seed, convs)
     assert abs(summary["first_loss"] - want) <= 1e-5 * want, (summary["first_loss"], want)
-    assert json.loads((Path(cfg.train.output_dir) / "summary.json").read_text())["final_loss"] == summary["first_loss"]
+    row = json.loads(Path(summary["telemetry_path"]).read_text().splitlines()[0])
+    assert row["trained_tokens"] == trained
+    assert row["packed_efficiency"] == sum(len(t) for t, _ in convs) / (2 * half * (SEQ + 1))
