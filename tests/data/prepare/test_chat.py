@@ -144,3 +144,25 @@ def test_a_plain_text_manifest_is_unchanged_by_chat_support() -> None:
                                ManifestFile(key="heldout/shard-00000.bin", size=10, sha256="b" * 64)])
     assert b"chat" not in manifest.to_bytes()
     assert manifest.hash == "49195982b0b981069a789999ca7ce666b4974265b5084f254f597f8a8281103f"
+
+
+def test_parquet_conversations_and_any_worker_count_give_the_same_dataset(tmp_path: Path, prepare) -> None:
+    """Messages as a list<struct> column, or as JSON strings, read as the same conversations as JSONL; the bytes
+    do not depend on --workers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tok_dir = chat_tokenizer(tmp_path / "tok", LLAMA3)
+    chats = conversations(60, seed=6)
+    jsonl = write_chat_jsonl(tmp_path / "chats.jsonl", chats)
+    pq.write_table(pa.table({"messages": chats}), tmp_path / "structs.parquet", row_group_size=16)
+    pq.write_table(pa.table({"messages": [json.dumps(c) for c in chats]}), tmp_path / "strings.parquet")
+    common = ["--tokenizer", tok_dir, "--chat", "--seq-len", 4096, "--overlong", "drop", "--heldout-fraction",
+              0.2, "--tokens-per-shard", 500, "--name", "chats"]
+    runs_ = {name: prepare(source, "--dest", tmp_path / name, "--workers", workers, *common)
+             for name, source, workers in [("jsonl", jsonl, 1), ("jsonl2", jsonl, 2),
+                                           ("structs", tmp_path / "structs.parquet", 1),
+                                           ("strings", tmp_path / "strings.parquet", 2)]}
+    assert all(r.rc == 0 for r in runs_.values()), [r.err for r in runs_.values()]
+    assert len({r.summary["manifest_hash"] for r in runs_.values()}) == 1  # every object, byte for byte
+    assert 0 < runs_["jsonl"].summary["documents"]["heldout"] < len(chats)
