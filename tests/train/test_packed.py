@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.base.errors import InvalidInputError
 from tasks.config.model import ModelConfig
 from tasks.data.prepare.core import PrepareOptions, prepare
 from tasks.launch import train
 from tasks.models import get_family
-from tasks.train.data import TokenWindows
+from tasks.train.data import TokenWindows, pack_windows
 from tasks.train.packing import IGNORE, packed_inputs
 from tests.chat import LLAMA3, QWEN, chat_tokenizer, conversations, write_chat_jsonl
 
@@ -40,10 +41,18 @@ def documents(windows: TokenWindows, i: int) -> list[tuple[int, int]]:
     return list(pairwise(bounds))
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gpt"])
+# Each attention path: Llama's causal SDPA, a sliding band (Mistral), Gemma 3's sliding/global layers with QK-norm,
+# Gemma 2's soft-capped eager scores, GPT's learned positions.
+GEMMA = dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24, tie_embeddings=True)
+FAMILIES = {"llama": {}, "mistral": {"sliding_window": 8}, "gpt": {},
+            "gemma3": {**GEMMA, "sliding_window_pattern": 2, "qk_norm": True, "rope_local_base_freq": 1e4},
+            "gemma2": {**GEMMA, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 1.0}}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, family: str) -> None:
     windows = TokenWindows(chat_dataset(tmp_path, QWEN, 24), "train", SEQ, 512)
-    m = ModelConfig(family=family, **MODEL, **({"sliding_window": 8} if family == "mistral" else {}))
+    m = ModelConfig(family=family, **MODEL, **FAMILIES[family])
     model = get_family(family).Reference(m, seed=3).eval()
     rows = windows.get_packed(list(range(len(windows))))
     (tokens, positions, docs), labels = packed_inputs(rows)
@@ -62,6 +71,15 @@ def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, fa
                 if b < SEQ:
                     assert labels[w, b - 1] == IGNORE
     assert windows.trained_tokens(range(len(windows))) == int((labels != IGNORE).sum())
+
+
+def test_windows_pack_whole_documents_greedily_in_order() -> None:
+    starts = np.array([0, 3, 5, 9, 10])
+    assert pack_windows(starts, 14, 5) == [(0, 5), (5, 10), (10, 14)]
+    assert pack_windows(starts, 14, 9) == [(0, 9), (9, 14)]
+    assert pack_windows(np.array([0]), 4, 4) == [(0, 4)]  # a document of exactly a window
+    with pytest.raises(InvalidInputError, match="5 tokens does not fit a window of 4"):
+        pack_windows(np.array([0, 2]), 7, 4)
 
 
 def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
