@@ -108,7 +108,8 @@ class TokenWindows:
         self.shards: list[np.memmap] = []
         self.masks: list[np.memmap] = []  # chat: per shard
         self.starts: list[np.ndarray] = []
-        index: list[tuple[int, int, int]] = []  # (shard, start, stop)
+        index: list[tuple[int, int]] = []  # (shard, start) of each window
+        self.stops: list[int] = []  # chat: where each packed window ends (plain: start + seq_len + 1)
         for entry in manifest.split(split):
             path = root / entry.key
             if not path.is_file() or path.stat().st_size != entry.size:
@@ -119,13 +120,15 @@ class TokenWindows:
             shard = len(self.shards)
             self.shards.append(tokens)
             if not self.packed:
-                index.extend((shard, start, start + seq_len + 1) for start in window_starts(len(tokens), seq_len))
+                index.extend((shard, start) for start in window_starts(len(tokens), seq_len))
                 continue
             self.masks.append(np.memmap(root / mask_key(entry.key), dtype=MASK_DTYPE, mode="r"))
             self.starts.append(np.fromfile(root / starts_key(entry.key), dtype=STARTS_DTYPE).astype(np.int64))
             if len(self.masks[-1]) != len(tokens) or not len(self.starts[-1]) or self.starts[-1][0]:
                 raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
-            index.extend((shard, a, b) for a, b in pack_windows(self.starts[-1], len(tokens), seq_len + 1))
+            for a, b in pack_windows(self.starts[-1], len(tokens), seq_len + 1):
+                index.append((shard, a))
+                self.stops.append(b)
         if not index:
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
         self.index = index
@@ -137,14 +140,15 @@ class TokenWindows:
             raise InvalidInputError("a replay mixture cannot mix chat (packed, assistant-only loss) and plain-text "
                                     "datasets")
         out = cls.__new__(cls)
-        out.seq_len, out.packed, out.shards, out.masks, out.starts, out.index = \
-            parts[0].seq_len, parts[0].packed, [], [], [], []
+        out.seq_len, out.packed, out.shards, out.masks, out.starts, out.index, out.stops = \
+            parts[0].seq_len, parts[0].packed, [], [], [], [], []
         for part in parts:
             base = len(out.shards)
             out.shards.extend(part.shards)
             out.masks.extend(part.masks)
             out.starts.extend(part.starts)
-            out.index.extend((base + shard, start, stop) for shard, start, stop in part.index)
+            out.index.extend((base + shard, start) for shard, start in part.index)
+            out.stops.extend(part.stops)
         return out
 
     def __len__(self) -> int:
@@ -157,13 +161,18 @@ class TokenWindows:
                                     "this reader takes plain-text windows only")
         rows = []
         for i in indices:
-            shard, start, stop = self.index[int(i)]
+            shard, start, stop = self.span(i)
             rows.append(np.asarray(self.shards[shard][start:stop], dtype=np.int64))
         return torch.from_numpy(np.stack(rows))
 
-    def _documents(self, i: int) -> tuple[int, int, int, np.ndarray]:
+    def span(self, i: int) -> tuple[int, int, int]:
+        """Shard, start and stop of window `i`'s tokens (a packed window's padding not included)."""
+        shard, start = self.index[int(i)]
+        return shard, start, self.stops[int(i)] if self.packed else start + self.seq_len + 1
+
+    def documents(self, i: int) -> tuple[int, int, int, np.ndarray]:
         """Shard, start, stop and the document starts (relative to the window) of window `i` of a chat dataset."""
-        shard, start, stop = self.index[int(i)]
+        shard, start, stop = self.span(i)
         starts = self.starts[shard]
         inside = starts[np.searchsorted(starts, start):np.searchsorted(starts, stop)]
         return shard, start, stop, inside - start
@@ -175,7 +184,7 @@ class TokenWindows:
         tokens, mask = np.zeros((n, width), np.int64), np.zeros((n, width), bool)
         docs, positions = np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
         for row, i in enumerate(indices):
-            shard, start, stop, firsts = self._documents(i)
+            shard, start, stop, firsts = self.documents(i)
             tokens[row, :stop - start] = self.shards[shard][start:stop]
             mask[row, :stop - start] = self.masks[shard][start:stop]
             bounds = [*firsts.tolist(), stop - start, width]
@@ -188,7 +197,7 @@ class TokenWindows:
         predicts a document's first token from the one before it)."""
         total = 0
         for i in indices:
-            shard, start, stop, firsts = self._documents(i)
+            shard, start, stop, firsts = self.documents(i)
             mask = self.masks[shard]
             total += int(mask[start + 1:stop].sum()) - int(mask[start + firsts[firsts > 0]].sum())
         return total

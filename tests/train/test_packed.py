@@ -36,7 +36,7 @@ def chat_dataset(tmp_path: Path, template: str, n: int, seed: int = 5) -> Path:
 
 def documents(windows: TokenWindows, i: int) -> list[tuple[int, int]]:
     """[start, stop) of each conversation inside window i."""
-    _, start, stop, firsts = windows._documents(i)
+    _, start, stop, firsts = windows.documents(i)
     bounds = [*firsts.tolist(), stop - start]
     return list(pairwise(bounds))
 
@@ -90,7 +90,7 @@ def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
     source = chat_dataset(tmp_path, QWEN, 24)
     result = warm(str(source), tmp_path / "cache", progress=False, rules=ShardRules(512, ("train",), "data"))
     here, there = (TokenWindows(d, "train", SEQ, 512) for d in (source, result.dataset_dir))
-    assert there.packed and here.index == there.index
+    assert there.packed and (here.index, here.stops) == (there.index, there.stops)
     everything = list(range(len(here)))
     for a, b in zip(vars(here.get_packed(everything)).values(), vars(there.get_packed(everything)).values(),
                     strict=True):
@@ -140,8 +140,7 @@ def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: P
     step = np.random.default_rng([cfg.train.seed, 0]).permutation(len(windows))[:2 * half]
     convs: list[Any] = []
     for w in step.tolist():
-        _, start, _, _ = windows._documents(w)
-        shard = windows.index[w][0]
+        shard, start, _ = windows.span(w)
         for a, b in documents(windows, w):
             convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
                           windows.masks[shard][start + a:start + b].astype(bool).tolist()))
