@@ -8,6 +8,8 @@ no gradient and send none back); an unpacked one stays a bare tensor, on exactly
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 Packing = tuple[torch.Tensor, torch.Tensor]  # (position_ids, doc_ids), both [b, t] int64
@@ -27,8 +29,15 @@ def pack(x: torch.Tensor, packing: Packing | None) -> torch.Tensor | tuple[torch
 
 def document_mask(packing: Packing) -> torch.Tensor | None:
     """[b, 1, t, t] boolean SDPA mask (True = attend): causal and within the query's document; None when every
-    window holds one document (plain causal attention is then the same and needs no [t, t] tensor)."""
-    docs = packing[1]
+    window holds one document (plain causal attention is then the same and needs no [t, t] tensor).
+
+    Built once per micro-batch and stage, not per layer: every block of a stage receives the same doc_ids
+    tensor object, which keys the cache (by identity; the cache holds it, so its id is not reused)."""
+    return _document_mask(packing[1])
+
+
+@functools.lru_cache(maxsize=2)
+def _document_mask(docs: torch.Tensor) -> torch.Tensor | None:
     if bool((docs == docs[:, :1]).all()):
         return None
     t = docs.shape[1]
