@@ -80,7 +80,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "prepare-data", help="tokenize JSONL / Parquet / text files with a Hugging Face tokenizer into a dataset",
         description="Tokenize a corpus into token shards + manifest.json (EOS after every document, held-out "
-                    "split by document hash). Plain text: one document per blank-line-separated block.",
+                    "split by document hash). Plain text: one document per blank-line-separated block. --chat: "
+                    "conversations rendered with the model's chat template, with a loss mask of the assistant's "
+                    "tokens and each conversation's start beside every shard.",
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="files, globs, directories or fsspec URLs (s3://...): .jsonl/.json/.ndjson, "

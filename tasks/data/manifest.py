@@ -5,7 +5,9 @@ flat little-endian token arrays of the manifest's `dtype` (uint16 when the vocab
 fits, else uint32: `tasks.base.dataset_format.TOKEN_DTYPES`); splits are key prefixes
 (`train/`, `heldout/`). The manifest lists every object with its size and sha256, so a warm
 can verify every byte; the *manifest hash* (sha256 of the manifest file's bytes as
-stored) names the dataset in the cache and in a published version's lineage.
+stored) names the dataset in the cache and in a published version's lineage. A chat dataset's
+manifest has a `chat` section and lists each shard's loss mask and document starts
+(`tasks.base.dataset_format.mask_key` / `starts_key`) beside it.
 """
 
 from __future__ import annotations
