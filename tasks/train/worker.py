@@ -162,6 +162,9 @@ class Trainer:
                 topology=grid.topology,
                 partition_method=TRAINING_PARTITION,
                 activation_checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
+                # Only the blocks recompute: DeepSpeed's default also wraps the embedding (its integer input has no
+                # grad: the reentrant checkpoint then loses its gradient) and the head (a loss that is no scalar).
+                checkpointable_layers=[self.family.TransformerBlock.__name__],
             )
         if init_path is not None and (resume_from is None or self.base_path is not None):
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.

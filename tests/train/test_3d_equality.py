@@ -6,6 +6,7 @@ final weights read back from the checkpoint's layer files (which also checks TP
 un-sharding and stage merging). Both families: GPT, and Llama with tied
 vocabulary-parallel embeddings split across two stages. Qwen3, Mistral, Gemma 3 and Gemma 2 get the same
 check from imported weights, in the one tp=2 x pp=2 run each already has (tests/models/test_hf_import_export.py).
+Two of the layouts recompute their blocks' activations in backward (train.activation_checkpointing).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.multiproc
 # No pp2-dp2 run of its own: pp2-tp2-dp2 has that pipeline and data parallelism, with tp on top.
 LAYOUTS = {
     "pp2-tp2-dp2": {"parallel.pp": 2, "parallel.tp": 2, "parallel.dp": 2, "parallel.micro_batches": 2},
-    "tp2": {"parallel.tp": 2},
+    # With activation checkpointing (the blocks recompute in backward): the same losses and weights.
+    "tp2": {"parallel.tp": 2, "train.activation_checkpointing": True},
     "llama-tied-pp2-tp2": {"model.family": "llama", "model.tie_embeddings": True, "parallel.pp": 2,
-                           "parallel.tp": 2, "parallel.micro_batches": 2},
+                           "parallel.tp": 2, "parallel.micro_batches": 2, "train.activation_checkpointing": True},
 }
 
 
