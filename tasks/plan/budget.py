@@ -121,6 +121,7 @@ class Plan:
     precision: str
     world_size: int
     params_total: int
+    params_active: int  # per token: the total less the experts it is not routed to (a mixture of experts)
     params_per_rank: int
     busiest_rank: str
     stages: list[dict[str, Any]]
@@ -352,7 +353,7 @@ def plan(
     )
 
     step = _step(cfg, busiest, b)
-    n_total = get_family(m.family).total_params(m)
+    n_total, n_active = get_family(m.family).total_params(m), get_family(m.family).active_params(m)
 
     evaluation = evaluation_budget(cfg, capacity, cpu)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
@@ -405,6 +406,7 @@ def plan(
         precision=precision,
         world_size=p.layout.world_size,
         params_total=n_total,
+        params_active=n_active,
         params_per_rank=busiest["params"],
         busiest_rank=f"pipeline stage {busiest['stage']}, {tp_note}, any DP rank",
         stages=per_stage,

@@ -1,0 +1,124 @@
+"""Mixture-of-experts layers (Qwen3-MoE, Mixtral) on the rotary decoder's attention: a router, stacked experts,
+dropless top-k routing exactly as transformers 5 computes it.
+
+Why stacked: transformers 5 holds a layer's routed experts as two 3-D parameters, `gate_up [E, 2I, H]` (gate
+rows first) and `down [E, H, I]`, so one reference tensor is one Hugging Face tensor (the per-expert layout many
+checkpoints hold is stacked on read: tasks/models/weights.py). Dropless: every token reaches its k experts (no
+capacity), so the logits are transformers'.
+
+Tensor parallelism (ep = 1): every expert is split along its hidden units like the dense MLP (gate/up rows,
+down columns), the router is replicated. A token's output is the sum of its experts' partial outputs, all-reduced
+once; the routing weights' gradient is summed over the TP ranks (each rank saw only its share of every expert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.config.model import ModelConfig
+from tasks.models.common import blocks
+from tasks.models.common import reference as common
+from tasks.models.common.moe_sharding import full_shapes
+from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
+
+
+class Router(nn.Module):
+    """Softmax over all experts in fp32, the top k, renormalised when `norm_topk_prob` (Mixtral always)."""
+
+    def __init__(self, m: ModelConfig) -> None:
+        super().__init__()
+        assert m.num_experts is not None and m.num_experts_per_tok is not None
+        self.k, self.renormalise = m.num_experts_per_tok, m.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(m.num_experts, m.d_model))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(router logits [n, E], top-k weights [n, k] in fp32, their experts [n, k]) of tokens x [n, H]."""
+        logits = F.linear(x, self.weight)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        top, chosen = torch.topk(probs, self.k, dim=-1)
+        if self.renormalise:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top, chosen
+
+
+class Experts(nn.Module):
+    """This TP rank's share of every expert's SwiGLU: gate_up [E, 2I/tp, H] (its gate rows, then its up rows),
+    down [E, H, I/tp]."""
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        assert m.num_experts is not None
+        width = m.expert_ffn // tp.size
+        self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu
+        self.gate_up = nn.Parameter(torch.empty(m.num_experts, 2 * width, m.d_model))
+        self.down = nn.Parameter(torch.empty(m.num_experts, m.d_model, width))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[:, k] * expert_chosen[:, k](x) of tokens x [n, H] (this rank's partial sum).
+
+        The CPU path: a loop over the experts that received tokens, each gathering its tokens (index_select) and
+        adding its weighted output back (index_add), as transformers' eager experts do."""
+        out = torch.zeros_like(x)
+        hit = torch.bincount(chosen.flatten(), minlength=self.gate_up.shape[0]).nonzero().flatten()
+        for expert in hit.tolist():
+            token, slot = torch.where(chosen == expert)
+            h = x.index_select(0, token)
+            gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
+            h = F.linear(self.act(gate) * up, self.down[expert]) * weights[token, slot, None]
+            out.index_add_(0, token, h.to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Route each token to its k experts and sum their weighted outputs (one TP all-reduce).
+
+    `cast_weights`: the routing weights are cast to the activations' dtype before they scale the experts'
+    outputs (Qwen3-MoE); Mixtral scales in fp32 and casts the product."""
+
+    cast_weights = True
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.router = Router(m)
+        self.experts = Experts(m, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        _, weights, chosen = self.router(flat)
+        if self.cast_weights:
+            weights = weights.to(x.dtype)
+        out = self.experts(copy_to_tp(flat, self.tp), copy_to_tp(weights, self.tp), chosen)
+        return reduce_from_tp(out, self.tp).reshape(shape)
+
+
+class TransformerBlock(blocks.TransformerBlock):
+    """Llama's pre-norm block whose MLP is a mixture of experts where `m.routed(index)` (else the dense MLP)."""
+
+    moe: type[SparseMoE] = SparseMoE
+
+    def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
+        nn.Module.__init__(self)
+        tp = tp or TPGroup()
+        self.ref_prefix = f"blocks.{index}"
+        self.attn_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
+        self.attn = blocks.Attention(m, tp)
+        self.mlp_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
+        self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
+        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes)
+
+
+class Reference(common.Reference):
+    """The whole mixture-of-experts model in one module (tp=1: full logits)."""
+
+    Embedding, TransformerBlock, Head = blocks.Embedding, TransformerBlock, blocks.Head
+
+
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
+    """Llama's pipeline plan with the mixture-of-experts blocks."""
+    return blocks.pipeline_layers(m, seed, tp, Reference)
