@@ -4,8 +4,9 @@ Same initial weights (seeded per layer, sliced per TP rank), same global batches
 same optimizer: per-step losses must agree within 1e-5 relative, and so must the
 final weights read back from the checkpoint's layer files (which also checks TP
 un-sharding and stage merging). GPT; Llama with tied vocabulary-parallel embeddings split across two stages;
-Qwen3-MoE's routed experts split over TP with dense layers between them. Qwen3, Mistral, Gemma 3 and Gemma 2 get the same
-check from imported weights, in the one tp=2 x pp=2 run each already has (tests/models/test_hf_import_export.py).
+Qwen3-MoE's routed experts split over TP with dense layers between them. Qwen3, Mistral, Gemma 3 and Gemma 2
+get the same check from imported weights, in the one tp=2 x pp=2 run each already has
+(tests/models/test_hf_import_export.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from torch import nn
 from tasks.config.model import ModelConfig
 from tasks.models.common import blocks
 from tasks.models.common import reference as common
-from tasks.models.common.moe_sharding import full_shapes
+from tasks.models.common.moe_sharding import full_shapes, shard_spec
 from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
 
 
@@ -110,7 +110,7 @@ class TransformerBlock(blocks.TransformerBlock):
         self.attn = blocks.Attention(m, tp)
         self.mlp_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
         self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
-        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes)
+        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec)
 
 
 class Reference(common.Reference):
