@@ -156,6 +156,8 @@ class ModelConfig(Strict):
     decoder_sparse_step: int = Field(1, gt=0, le=MAX_WIDTH, description="layer i routes iff (i + 1) % step == 0 "
                                                                         "(and i is not in mlp_only_layers)")
     mlp_only_layers: tuple[int, ...] = Field((), description="layers with a dense MLP of d_ff instead of experts")
+    router_aux_loss_coef: float = Field(0.0, ge=0, le=1e3, description="weight of the auxiliary load-balancing "
+                                                                       "loss in training (transformers'); 0 = off")
     pretrained: str | None = Field(
         None, min_length=1,
         description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "

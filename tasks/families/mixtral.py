@@ -6,7 +6,8 @@ from __future__ import annotations
 from tasks.families.llama import ROTARY
 from tasks.families.spec import FamilySpec
 
-MOE = ("num_experts", "num_experts_per_tok", "norm_topk_prob")  # every mixture-of-experts family's options
+# Every mixture-of-experts family's options.
+MOE = ("num_experts", "num_experts_per_tok", "norm_topk_prob", "router_aux_loss_coef")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # LoRA targets: adapters on routed experts are not built yet
 
 MIXTRAL = FamilySpec(

@@ -168,7 +168,7 @@ class HFWeights:
                 if hf.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed here
                     continue
                 if (piece := self.family.expert_piece(hf)) is not None:
-                    self.stacked.setdefault(piece[0], _Stacked(piece[0])).add(piece[1], piece[2], handle, hf)
+                    self.stacked.setdefault(piece[0], _Stacked(piece[0])).add(piece[1], piece[2], handle, file, hf)
                     continue
                 try:
                     self.where[self.family.ref_name(hf)] = (file, hf)
@@ -180,6 +180,11 @@ class HFWeights:
                 raise InvalidInputError(f"{self.dir}: {ref} is held both stacked ({self.where[ref][1]}) and per "
                                         "expert; refused")
             stacked.check(self.dir)
+
+    def tensors(self) -> list[tuple[str, str]]:
+        """(file, Hugging Face name) of every tensor read: whole ones and each expert's parts."""
+        return [*self.where.values(), *((file, hf) for stacked in self.stacked.values()
+                                        for _, file, hf in stacked.parts.values())]
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {ref: tuple(self.handles[f].get_slice(hf).get_shape()) for ref, (f, hf) in self.where.items()} | {
@@ -201,10 +206,11 @@ class _Stacked:
 
     def __init__(self, ref: str) -> None:
         self.ref = ref
-        self.parts: dict[tuple[int, int], tuple[Any, str]] = {}  # (expert, part) -> (safe_open handle, HF name)
+        # (expert, part) -> (safe_open handle, file, HF name)
+        self.parts: dict[tuple[int, int], tuple[Any, str, str]] = {}
 
-    def add(self, expert: int, part: int, handle: Any, hf: str) -> None:
-        self.parts[expert, part] = (handle, hf)
+    def add(self, expert: int, part: int, handle: Any, file: str, hf: str) -> None:
+        self.parts[expert, part] = (handle, file, hf)
 
     def check(self, where: Path) -> None:
         """Every expert holds every part, and each part has the same shape as the first expert's."""
@@ -214,14 +220,14 @@ class _Stacked:
             for p in range(parts):
                 if (e, p) not in self.parts:
                     raise InvalidInputError(f"{where}: {self.ref} is held per expert but lacks expert {e}'s part "
-                                            f"{p} (next to {self.parts[0, 0][1]})")
+                                            f"{p} (next to {self.parts[0, 0][2]})")
                 if self._shape(e, p) != self._shape(0, p):
-                    raise InvalidInputError(f"{where}: {self.parts[e, p][1]} has shape {self._shape(e, p)}, "
-                                            f"{self.parts[0, p][1]} {self._shape(0, p)}")
+                    raise InvalidInputError(f"{where}: {self.parts[e, p][2]} has shape {self._shape(e, p)}, "
+                                            f"{self.parts[0, p][2]} {self._shape(0, p)}")
         self.experts, self.rows = experts, [self._shape(0, p)[0] for p in range(parts)]
 
     def _shape(self, expert: int, part: int) -> tuple[int, ...]:
-        handle, hf = self.parts[expert, part]
+        handle, _, hf = self.parts[expert, part]
         return tuple(handle.get_slice(hf).get_shape())
 
     def shape(self) -> tuple[int, ...]:
@@ -239,7 +245,7 @@ class _Stacked:
             for p, size in enumerate(self.rows):
                 lo, hi = max(rows[0], offset), min(rows[1], offset + size)
                 if lo < hi:
-                    handle, hf = self.parts[e, p]
+                    handle, _, hf = self.parts[e, p]
                     pieces.append(handle.get_slice(hf)[lo - offset:hi - offset, cols])
                 offset += size
             out.append(torch.cat(pieces, dim=0))
@@ -290,8 +296,9 @@ def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = Non
         if have[name] != shape:
             where = ""
             if isinstance(weights, HFWeights):  # named as the folder names it too
-                file, hf = weights.where[name]
-                where = f" ({file}: tensor {hf})"
+                _, file, hf = weights.stacked[name].parts[0, 0] if name in weights.stacked else (None,
+                                                                                                 *weights.where[name])
+                where = f" ({file}: tensor {hf}{', per expert' if name in weights.stacked else ''})"
             raise InvalidInputError(f"{label}: starting weights' {name}{where} has shape {have[name]}, "
                                     f"the model config needs {shape}")
     extra = sorted(set(have) - set(expected))

@@ -35,8 +35,9 @@ CASES = {
     "qwen3_moe-dense-layers": ModelConfig(family="qwen3_moe", qk_norm=True, head_dim=12, num_experts=4,
                                           num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
                                           decoder_sparse_step=2, mlp_only_layers=(0,), **SIZES),
-    "mixtral-sliding-window": ModelConfig(family="mixtral", sliding_window=4, num_experts=4, num_experts_per_tok=2,
-                                          norm_topk_prob=True, **SIZES),
+    "mixtral-sliding-window-aux": ModelConfig(family="mixtral", sliding_window=4, num_experts=4,
+                                              num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.01,
+                                              **SIZES),
 }
 
 

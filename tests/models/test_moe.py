@@ -110,6 +110,40 @@ def test_the_routing_options_are_what_make_qwen3_moe_match(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe-mlp-only-layers", "mixtral"])
+def test_training_with_the_auxiliary_loss_has_transformers_loss_and_gradients(tmp_path: Path, case: str) -> None:
+    """A config.json with `output_router_logits` trains with `router_aux_loss_coef` as transformers does: the
+    loss is the cross entropy plus coef * load_balancing_loss_func over every MoE layer, and every gradient (the
+    routers' included) is transformers'. Evaluation (eval mode) computes no auxiliary loss."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from tasks.models.parallel import TPGroup
+
+    hf_dir, _ = _save(tmp_path / "hf", case, output_router_logits=True, router_aux_loss_coef=0.5)
+    m = _model(hf_dir)
+    assert m.router_aux_loss_coef == 0.5
+    theirs = AutoModelForCausalLM.from_pretrained(hf_dir).train()
+    family = get_family(m.family)
+    ours = load_reference(hf_dir, m).train()
+    x, y = (torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    out = theirs(x)
+    aux = load_balancing_loss_func(out.router_logits, m.num_experts, m.num_experts_per_tok)
+    want = torch.nn.functional.cross_entropy(out.logits.reshape(-1, m.vocab_size), y.reshape(-1)) + 0.5 * aux
+    got = family.make_loss_fn(TPGroup())(ours(x), y)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    want.backward()
+    got.backward()
+    grads = {family.ref_name(n): p.grad for n, p in theirs.named_parameters()}
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=0, atol=1e-6, msg=lambda msg, n=name: f"{n}: {msg}")
+    plain = load_reference(hf_dir, m.model_copy(update={"router_aux_loss_coef": 0.0})).train()
+    family.make_loss_fn(TPGroup())(plain(x), y).backward()  # the aux loss moves the routers: it is exercised
+    router = next(n for n in grads if n.endswith("router.weight"))
+    assert (dict(plain.named_parameters())[router].grad - grads[router]).abs().max() > 1e-4
+    ours.eval()
+    assert isinstance(ours(x), torch.Tensor)
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe-mlp-only-layers", "mixtral"])
 def test_an_export_loads_in_transformers_as_the_same_class_with_the_same_logits(tmp_path: Path, case: str) -> None:
     from tasks.models.export import export_checkpoint
     from tests.checkpoints import write_layer_files
@@ -149,6 +183,9 @@ def test_the_plan_counts_what_transformers_builds_and_what_a_token_reaches(
     m = _model(hf_dir)
     unrouted = len(MODELS[case][1]) * (m.num_experts - m.num_experts_per_tok) * 3 * m.expert_ffn * m.d_model
     assert report["params_active"] == hf.num_parameters() - unrouted
+    family = get_family(m.family)  # FLOPs (and MFU) from what a token reaches; the untied embedding is a lookup
+    matmul = report["params_active"] - m.vocab_size * m.d_model
+    assert family.flops_per_token(m) == 6 * matmul + 12 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
 
 
 @pytest.mark.parametrize(("architecture", "lacks"), [
@@ -171,7 +208,6 @@ def test_other_mixtures_of_experts_are_refused_by_name(
     ("mixtral", {"router_jitter_noise": 0.1}, r"config\.json router_jitter_noise = 0\.1: a routing option"),
     ("mixtral", {"moe_intermediate_size": 16}, r"config\.json moe_intermediate_size = 16: a routing option "
                                                r"model\.family 'mixtral' does not implement"),
-    ("qwen3_moe", {"output_router_logits": True}, r"config\.json output_router_logits = True is not supported"),
     ("qwen3_moe", {"use_sliding_window": True}, r"config\.json use_sliding_window = True is not supported"),
     ("mixtral", {"num_experts_per_tok": 9}, r"config\.json num_experts_per_tok = 9: 1 to num_experts \(4\)"),
 ])
@@ -182,3 +218,21 @@ def test_a_routing_option_we_do_not_implement_is_refused_at_config_load(
     code, err = _plan(tmp_path, hf_dir, capsys)
     assert code == 2
     assert re.search(message, err), err
+
+
+def test_a_per_expert_checkpoint_missing_an_experts_part_is_refused_naming_it(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from tasks.base.errors import InvalidInputError
+    from tasks.models.weights import check_shapes
+
+    hf_dir, _ = _save(tmp_path / "hf", "mixtral")
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    gone = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    file = hf_dir / index["weight_map"][gone]
+    save_file({n: t for n, t in load_file(file).items() if n != gone}, file, metadata={"format": "pt"})
+    del index["weight_map"][gone]
+    (hf_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidInputError, match=r"blocks\.1\.mlp\.experts\.gate_up is held per expert but lacks "
+                                                r"expert 2's part 1"):
+        check_shapes(hf_dir, _model(hf_dir))

@@ -34,6 +34,11 @@ LAYOUTS = {
                           "model.num_experts_per_tok": 2, "model.moe_intermediate_size": 16,
                           "model.decoder_sparse_step": 2, "parallel.pp": 2, "parallel.tp": 2,
                           "parallel.micro_batches": 2},
+    # Mixtral with transformers' auxiliary load-balancing loss across two stages, each split over two TP ranks: each
+    # layer's aux gradient needs every layer's routing, later stages' included (RouterAux).
+    "mixtral-aux-pp2-tp2": {"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
+                            "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5, "parallel.pp": 2,
+                            "parallel.tp": 2, "parallel.micro_batches": 2},
 }
 
 

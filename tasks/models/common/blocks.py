@@ -193,11 +193,6 @@ class Embedding(nn.Module):
         return vocab_parallel_logits(x, self.tok.weight, self.tp)
 
 
-def tied_logits(embed: Embedding, x: torch.Tensor) -> torch.Tensor:
-    """The last stage's forward of the tied embedding (DeepSpeed TiedLayerSpec forward_fn)."""
-    return embed.logits(x)
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)); x + mlp(mlp_norm(x))."""
 
@@ -258,7 +253,7 @@ def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup,
         TiedLayerSpec(EMBED, embedding, m, seed, tp, tied_weight_attr=[TIED]),
         *(LayerSpec(reference.TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)),
         LayerSpec(reference.Head, m, seed, tp),
-        TiedLayerSpec(EMBED, embedding, m, seed, tp, forward_fn=tied_logits, tied_weight_attr=[TIED]),
+        TiedLayerSpec(EMBED, embedding, m, seed, tp, forward_fn=common.tied_logits, tied_weight_attr=[TIED]),
     ]
 
 

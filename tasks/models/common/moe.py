@@ -73,6 +73,56 @@ class Experts(nn.Module):
         return out
 
 
+class RouterAux(torch.autograd.Function):
+    """One MoE layer's part of transformers' auxiliary load-balancing loss, exact across pipeline stages.
+
+    transformers' loss over a forward's L MoE layers and T tokens is E * sum_e f_e P_e, f_e = (top-k picks of
+    expert e in all layers) / (L T), P_e = (router probabilities of e summed over all layers' tokens) / (L T):
+    a layer's gradient needs every layer's picks, later stages' included, while stages exchange only
+    activations. So the activations carry a `carrier` [2, E] (picks, probabilities summed so far): forward, each
+    layer adds its own; the head turns it into the loss value and, backward, hands it the gradient g * picks
+    (g: whatever scales the loss, 1 / micro-batches, a loss scale), which flows back unchanged through every
+    layer. Each layer adds d(coef * aux)/d(its router logits) = scale * p (S - <p, S>) for S = that gradient,
+    scale = coef * E / (L T)^2 (as Megatron-Core's MoEAuxLossAutoScaler adds its aux gradient in backward)."""
+
+    @staticmethod
+    def forward(ctx, carrier: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor,  # type: ignore[override]
+                chosen: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(probs)
+        ctx.scale, ctx.dtype = scale, logits.dtype
+        picks = torch.bincount(chosen.flatten(), minlength=probs.shape[-1]).to(carrier.dtype)
+        return carrier + torch.stack([picks, probs.sum(dim=0).to(carrier.dtype)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (probs,) = ctx.saved_tensors
+        picks = grad[0].to(probs.dtype)
+        grad_logits = ctx.scale * probs * (picks - (probs * picks).sum(dim=-1, keepdim=True))
+        return grad, grad_logits.to(ctx.dtype), None, None, None
+
+
+class AuxLoss(torch.autograd.Function):
+    """The carrier's end in the head: forward coef * transformers' auxiliary loss, E * sum_e f_e P_e;
+    backward the gradient g * picks every layer's RouterAux reads (see there)."""
+
+    @staticmethod
+    def forward(ctx, carrier: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(carrier)
+        return scale * (carrier[0] * carrier[1]).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (carrier,) = ctx.saved_tensors
+        return torch.stack([grad * carrier[0], torch.zeros_like(carrier[1])]), None
+
+
+def aux_scale(m: ModelConfig, tokens: int) -> float:
+    """coef * E / (L T)^2 of a forward of `tokens` tokens through the model's L MoE layers."""
+    assert m.num_experts is not None
+    layers = sum(m.routed(i) for i in range(m.n_layers))
+    return m.router_aux_loss_coef * m.num_experts / (layers * tokens) ** 2
+
+
 class SparseMoE(nn.Module):
     """Route each token to its k experts and sum their weighted outputs (one TP all-reduce).
 
@@ -83,18 +133,57 @@ class SparseMoE(nn.Module):
 
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.tp = tp
+        self.tp, self.m = tp, m
         self.router = Router(m)
         self.experts = Experts(m, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, carrier: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the experts' weighted sum, the carrier with this layer's routing added: see RouterAux)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        _, weights, chosen = self.router(flat)
+        logits, weights, chosen = self.router(flat)
+        if carrier is not None:
+            probs = F.softmax(logits.detach(), dim=-1, dtype=torch.float32)
+            carrier = RouterAux.apply(carrier, logits, probs, chosen, aux_scale(self.m, flat.shape[0]))
         if self.cast_weights:
             weights = weights.to(x.dtype)
         out = self.experts(copy_to_tp(flat, self.tp), copy_to_tp(weights, self.tp), chosen)
-        return reduce_from_tp(out, self.tp).reshape(shape)
+        return reduce_from_tp(out, self.tp).reshape(shape), carrier
+
+
+def carries(m: ModelConfig, module: nn.Module) -> bool:
+    """Whether the activations carry the auxiliary loss's carrier: training with a coefficient."""
+    return module.training and m.router_aux_loss_coef > 0
+
+
+class Embedding(blocks.Embedding):
+    """Llama's embedding; in training with the auxiliary loss, its output carries an empty carrier (RouterAux)."""
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__(m, seed, tp)
+        self.m = m
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x = super().forward(tokens)
+        if not carries(self.m, self):
+            return x
+        assert self.m.num_experts is not None
+        return x, torch.zeros(2, self.m.num_experts, device=x.device, requires_grad=True)
+
+
+class Head(blocks.Head):
+    """Llama's head; a carrier it receives becomes coef * the auxiliary loss, passed on next to the logits."""
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__(m, seed, tp)
+        self.m = m
+
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if not isinstance(x, tuple):
+            return super().forward(x)
+        x, carrier = x
+        tokens = x.shape[0] * x.shape[1]
+        return super().forward(x), AuxLoss.apply(carrier, aux_scale(self.m, tokens))
 
 
 class TransformerBlock(blocks.TransformerBlock):
@@ -112,13 +201,37 @@ class TransformerBlock(blocks.TransformerBlock):
         self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
         blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec)
 
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x, carrier = inputs if isinstance(inputs, tuple) else (inputs, None)
+        x = x + self.attn(self.attn_norm(x))
+        if isinstance(self.mlp, SparseMoE):
+            y, carrier = self.mlp(self.mlp_norm(x), carrier)
+        else:
+            y = self.mlp(self.mlp_norm(x))
+        return x + y if carrier is None else (x + y, carrier)
+
 
 class Reference(common.Reference):
     """The whole mixture-of-experts model in one module (tp=1: full logits)."""
 
-    Embedding, TransformerBlock, Head = blocks.Embedding, TransformerBlock, blocks.Head
+    Embedding, TransformerBlock, Head = Embedding, TransformerBlock, Head
 
 
 def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
     """Llama's pipeline plan with the mixture-of-experts blocks."""
     return blocks.pipeline_layers(m, seed, tp, Reference)
+
+
+def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor],
+                                          torch.Tensor]:
+    """loss_fn(local logits, or (local logits, coef * auxiliary loss) when it trains, labels): the mean next-token
+    cross entropy plus the auxiliary loss, as transformers' loss with `output_router_logits`."""
+    cross_entropy = blocks.make_loss_fn(tp)
+
+    def loss_fn(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            return cross_entropy(outputs[0], labels) + outputs[1]
+        return cross_entropy(outputs, labels)
+
+    return loss_fn

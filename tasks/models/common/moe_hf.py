@@ -59,26 +59,26 @@ def per_expert_piece(hf_name: str, parts: dict[str, tuple[str, int]], prefix: st
 
 def moe_hf_config(m: ModelConfig, experts_key: str) -> dict[str, Any]:
     """The routing keys every MoE family writes, the expert count under `experts_key` (Qwen: `num_experts`,
-    Mixtral: `num_local_experts`); transformers trains with the aux loss only with `output_router_logits`: off,
-    as these blocks train."""
-    return {experts_key: m.num_experts, "num_experts_per_tok": m.num_experts_per_tok, "output_router_logits": False}
+    Mixtral: `num_local_experts`); transformers trains with the auxiliary loss only with `output_router_logits`
+    (its `router_aux_loss_coef` is read only then)."""
+    aux = m.router_aux_loss_coef > 0
+    return {experts_key: m.num_experts, "num_experts_per_tok": m.num_experts_per_tok, "output_router_logits": aux,
+            **({"router_aux_loss_coef": m.router_aux_loss_coef} if aux else {})}
 
 
 def moe_fields(config: dict[str, Any], family: str, known: tuple[str, ...],
                defaults: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig routing fields of a config.json; a routing option these blocks do not implement (shared
-    experts, grouped or biased routing, jitter, any key it does not know: `known`, the family's own) or training
-    with the auxiliary load-balancing loss (`output_router_logits`) is refused, naming its key. `defaults`:
-    transformers' values of the keys config.json leaves out."""
+    experts, grouped or biased routing, jitter, any key it does not know: `known`, the family's own) is refused,
+    naming its key. The auxiliary loss trains as transformers trains it: `router_aux_loss_coef` (its default
+    0.001) when `output_router_logits`, else none. `defaults`: transformers' values of the keys config.json
+    leaves out."""
     for key, value in config.items():
         if not _ROUTING_KEY.search(key) or key in (*KNOWN, *known):
             continue
         if key not in ROUTER_NEUTRAL or value != ROUTER_NEUTRAL[key]:
             raise InvalidInputError(f"config.json {key} = {value!r}: a routing option model.family {family!r} "
                                     "does not implement")
-    if config.get("output_router_logits"):
-        raise InvalidInputError(f"config.json output_router_logits = True is not supported by model.family "
-                                f"{family!r} (training with the auxiliary load-balancing loss is not built yet)")
     c = {**defaults, **config}
     experts = config.get("num_experts", config.get("num_local_experts", c.get("num_experts", c.get(
         "num_local_experts"))))
@@ -87,4 +87,5 @@ def moe_fields(config: dict[str, Any], family: str, known: tuple[str, ...],
     per_token = c.get("num_experts_per_tok")
     if not isinstance(per_token, int) or not 1 <= per_token <= experts:
         raise InvalidInputError(f"config.json num_experts_per_tok = {per_token!r}: 1 to num_experts ({experts})")
-    return {"num_experts": experts, "num_experts_per_tok": per_token}
+    aux = float(c.get("router_aux_loss_coef", 0.001)) if c.get("output_router_logits") else 0.0
+    return {"num_experts": experts, "num_experts_per_tok": per_token, "router_aux_loss_coef": aux}
