@@ -32,7 +32,7 @@ FLAT_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 # The protocol's layer classes and functions a family's parts (its model.py, sharding.py, hf.py) may define.
 PARTS = ("Embedding", "TransformerBlock", "Head", "Reference", "pipeline_layers", "make_loss_fn", "make_token_nll_fn",
          "full_shapes", "shard_spec", "unshard", "param_counts", "hf_name", "ref_name", "hf_config",
-         "model_fields_from_hf", "hf_rope_parameters", "unrouted_params", "expert_piece")
+         "model_fields_from_hf", "hf_rope_parameters", "unrouted_params", "expert_piece", "hf_tensors")
 
 
 class ModelFamily(ABC):
@@ -154,6 +154,12 @@ class ModelFamily(ABC):
     @abstractmethod
     def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
         """The ModelConfig fields a config.json implies; an unsupported feature fails naming its key."""
+
+    def hf_tensors(self, ref: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The exported tensors (Hugging Face name, view) of reference tensor `ref`, as transformers'
+        `save_pretrained` writes them: one, or a stacked expert tensor's per-expert parts. A meta tensor gives
+        their names and shapes."""
+        return [(self.hf_name(ref), tensor)]
 
     def expert_piece(self, hf: str) -> tuple[str, int, int] | None:
         """(reference name, expert, part) of a tensor holding one routed expert's part of a stacked reference

@@ -144,7 +144,9 @@ def test_training_with_the_auxiliary_loss_has_transformers_loss_and_gradients(tm
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe-mlp-only-layers", "mixtral"])
-def test_an_export_loads_in_transformers_as_the_same_class_with_the_same_logits(tmp_path: Path, case: str) -> None:
+def test_an_export_is_what_transformers_writes_and_loads_as_the_same_class_with_the_same_logits(
+    tmp_path: Path, case: str
+) -> None:
     from tasks.models.export import export_checkpoint
     from tests.checkpoints import write_layer_files
 
@@ -154,6 +156,9 @@ def test_an_export_loads_in_transformers_as_the_same_class_with_the_same_logits(
     export_checkpoint(m, tmp_path / "ckpt", tmp_path / "out", stages=1, dtype="fp32", base_dir=hf_dir)
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads(
         (hf_dir / "config.json").read_text())  # the input's config.json, key for key
+    names = [json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+             for d in (hf_dir, tmp_path / "out")]
+    assert sorted(names[1]) == sorted(names[0])  # the tensors transformers writes: per expert (vLLM reads them too)
     served = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(served) is type(hf)
     tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))

@@ -1,12 +1,15 @@
 """The mixture-of-experts decoder's Hugging Face mapping: transformers 5's names of the router and the stacked
-experts (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`), the per-expert layout many
-checkpoints hold (each expert's gate, up and down as its own tensor: stacked on read), and the config.json keys
+experts (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`), the per-expert layout
+transformers' `save_pretrained` writes and the Hub's checkpoints hold (each expert's gate, up and down as its own
+tensor: stacked on read, written by an export so that transformers and vLLM load it), and the config.json keys
 every MoE family reads and writes."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import torch
 
 from tasks.base.errors import InvalidInputError
 from tasks.config.model import ModelConfig
@@ -55,6 +58,19 @@ def per_expert_piece(hf_name: str, parts: dict[str, tuple[str, int]], prefix: st
         return None
     stacked, part = parts[match.group(3)]
     return f"blocks.{match.group(1)}.{stacked}", int(match.group(2)), part
+
+
+def per_expert_tensors(ref: str, tensor: torch.Tensor, parts: dict[str, tuple[str, int]],
+                       prefix: str) -> list[tuple[str, torch.Tensor]] | None:
+    """A stacked expert tensor as the per-expert layout holds it (the inverse of `per_expert_piece`):
+    `model.layers.L.<prefix>.E.<part name>` views of expert E's rows; None: `ref` is not a stacked tensor."""
+    match = BLOCK.fullmatch(ref)
+    own = sorted((part, name) for name, (stacked, part) in parts.items() if match and stacked == match.group(2))
+    if not own:
+        return None
+    rows = tensor.shape[1] // len(own)
+    return [(f"model.layers.{match.group(1)}.{prefix}.{expert}.{name}", tensor[expert, part * rows:(part + 1) * rows])
+            for expert in range(tensor.shape[0]) for part, name in own]
 
 
 def moe_hf_config(m: ModelConfig, experts_key: str) -> dict[str, Any]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from tasks.config.model import ModelConfig
 from tasks.families.mixtral import MIXTRAL
 from tasks.models.common import hf as common_hf
 from tasks.models.common import moe_hf
-from tasks.models.common.moe_sharding import DOWN, GATE_UP
+from tasks.models.common.moe_sharding import DOWN, GATE_UP, ROUTER
+from tasks.models.common.names import BLOCK
 
 # transformers' MixtralConfig defaults of the keys a config.json may leave out (null window: full attention).
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -25,6 +28,16 @@ _PER_EXPERT = {"w1.weight": (GATE_UP, 0), "w3.weight": (GATE_UP, 1), "w2.weight"
 def ref_name(hf_name: str) -> str:
     """The inverse of the MoE decoder's `hf_name`, reading the original `block_sparse_moe.` names too."""
     return moe_hf.ref_name(hf_name, _OLD)
+
+
+def hf_tensors(ref: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """As transformers writes them (the original names): the router as `block_sparse_moe.gate.weight`, each
+    expert E's parts as `block_sparse_moe.experts.E.w1/w3/w2.weight`; the rest one tensor each."""
+    match = BLOCK.fullmatch(ref)
+    if match and match.group(2) == ROUTER:
+        return [(f"model.layers.{match.group(1)}.block_sparse_moe.gate.weight", tensor)]
+    return moe_hf.per_expert_tensors(ref, tensor, _PER_EXPERT, "block_sparse_moe.experts") or [
+        (moe_hf.hf_name(ref), tensor)]
 
 
 def expert_piece(hf_name: str) -> tuple[str, int, int] | None:

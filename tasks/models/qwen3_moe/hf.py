@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from tasks.config.model import ModelConfig
 from tasks.families.qwen3_moe import QWEN3_MOE
 from tasks.models.common import hf as common_hf
@@ -20,6 +22,12 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
 # The per-expert layout (`mlp.experts.E.gate_proj.weight`, ...): each tensor's stacked tensor and its rows' place.
 _PER_EXPERT = {"gate_proj.weight": (GATE_UP, 0), "up_proj.weight": (GATE_UP, 1), "down_proj.weight": (DOWN, 0)}
 _KNOWN = ("moe_intermediate_size", "norm_topk_prob", "mlp_only_layers")
+
+
+def hf_tensors(ref: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """As transformers writes them: `blocks.L.mlp.experts.gate_up` -> `model.layers.L.mlp.experts.E.gate_proj.weight`
+    and `.up_proj.weight` of each expert E; the rest one tensor each."""
+    return moe_hf.per_expert_tensors(ref, tensor, _PER_EXPERT, "mlp.experts") or [(moe_hf.hf_name(ref), tensor)]
 
 
 def expert_piece(hf_name: str) -> tuple[str, int, int] | None:
