@@ -241,3 +241,25 @@ def test_a_per_expert_checkpoint_missing_an_experts_part_is_refused_naming_it(tm
     with pytest.raises(InvalidInputError, match=r"blocks\.1\.mlp\.experts\.gate_up is held per expert but lacks "
                                                 r"expert 2's part 1"):
         check_shapes(hf_dir, _model(hf_dir))
+
+
+def test_the_plan_holds_the_activations_of_every_expert_a_token_reaches() -> None:
+    """A routed layer keeps each of a token's k experts' hidden outputs: more experts per token, more memory; a
+    dense layer of d_ff (Qwen3-MoE's mlp_only_layers) bounds it from below."""
+    from tasks.config.schema import JobConfig
+    from tasks.plan.budget import _activation_bytes_per_layer
+
+    doc = yaml.safe_load((REPO_ROOT / "configs" / "tiny-llama.yaml").read_text())
+    base = dict(vocab_size=256, seq_len=32, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=64)
+    held = {}
+    for k in (1, 2, 4):
+        doc["model"] = {**base, "family": "mixtral", "num_experts": 4, "num_experts_per_tok": k,
+                        "norm_topk_prob": True}
+        held[k] = _activation_bytes_per_layer(JobConfig.model_validate(doc), 2, 1)
+    assert held[1] < held[2] < held[4]
+    doc["model"] = {**base, "family": "qwen3_moe", "qk_norm": True, "num_experts": 4, "num_experts_per_tok": 1,
+                    "moe_intermediate_size": 8, "mlp_only_layers": [0], "d_ff": 1024}
+    dense = dict(doc["model"], family="qwen3", num_experts=None, num_experts_per_tok=None,
+                 moe_intermediate_size=None, mlp_only_layers=[])
+    assert _activation_bytes_per_layer(JobConfig.model_validate(doc), 2, 1) == _activation_bytes_per_layer(
+        JobConfig.model_validate({**doc, "model": {k: v for k, v in dense.items() if v not in (None, [])}}), 2, 1)
