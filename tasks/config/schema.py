@@ -258,11 +258,6 @@ class JobConfig(Strict):
         if m.num_experts is not None and m.expert_ffn % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide the experts' width (model.moe_intermediate_size, "
                              f"null: model.d_ff: {m.expert_ffn})")
-        if m.router_aux_loss_coef > 0 and self.train.activation_checkpointing:
-            # The aux loss's routing statistics travel with the activations (tasks/models/common/moe.py RouterAux);
-            # DeepSpeed's activation checkpointing does not pass their gradient back (seen failing at pp=2).
-            raise ValueError("train.activation_checkpointing with model.router_aux_loss_coef > 0 is not supported "
-                             "yet; turn one off")
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")
