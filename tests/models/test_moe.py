@@ -81,7 +81,7 @@ def test_imported_logits_and_router_choices_are_transformers(tmp_path: Path, cas
     ours = load_reference(hf_dir, m).eval()
     chosen: list[torch.Tensor] = []
     for i in routed:
-        ours.blocks[i].mlp.router.register_forward_hook(lambda _mod, _in, out: chosen.append(out[2]))
+        ours.blocks[i].mlp.router.register_forward_hook(lambda _mod, _in, out: chosen.append(out[3]))
     tokens = torch.randint(0, m.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         theirs = hf(tokens, output_router_logits=True)

@@ -35,14 +35,15 @@ class Router(nn.Module):
         self.k, self.renormalise = m.num_experts_per_tok, m.norm_topk_prob
         self.weight = nn.Parameter(torch.empty(m.num_experts, m.d_model))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(router logits [n, E], top-k weights [n, k] in fp32, their experts [n, k]) of tokens x [n, H]."""
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(router logits [n, E], their fp32 probabilities, top-k weights [n, k] in fp32, their experts [n, k]) of
+        tokens x [n, H]."""
         logits = F.linear(x, self.weight)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         top, chosen = torch.topk(probs, self.k, dim=-1)
         if self.renormalise:
             top = top / top.sum(dim=-1, keepdim=True)
-        return logits, top, chosen
+        return logits, probs, top, chosen
 
 
 class Experts(nn.Module):
@@ -61,11 +62,18 @@ class Experts(nn.Module):
         """sum_k weights[:, k] * expert_chosen[:, k](x) of tokens x [n, H] (this rank's partial sum).
 
         The CPU path: a loop over the experts that received tokens, each gathering its tokens (index_select) and
-        adding its weighted output back (index_add), as transformers' eager experts do."""
+        adding its weighted output back (index_add), as transformers' eager experts do (its tokens in the same
+        order: one stable sort of the (token, slot) picks by expert)."""
         out = torch.zeros_like(x)
-        hit = torch.bincount(chosen.flatten(), minlength=self.gate_up.shape[0]).nonzero().flatten()
-        for expert in hit.tolist():
-            token, slot = torch.where(chosen == expert)
+        picks = chosen.flatten()
+        order = picks.argsort(stable=True)
+        counts = torch.bincount(picks, minlength=self.gate_up.shape[0]).tolist()
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            mine, start = order[start:start + count], start + count
+            token, slot = mine // chosen.shape[1], mine % chosen.shape[1]
             h = x.index_select(0, token)
             gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
             h = F.linear(self.act(gate) * up, self.down[expert]) * weights[token, slot, None]
@@ -141,10 +149,9 @@ class SparseMoE(nn.Module):
         """(the experts' weighted sum, the carrier with this layer's routing added: see RouterAux)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        logits, weights, chosen = self.router(flat)
+        logits, probs, weights, chosen = self.router(flat)
         if carrier is not None:
-            probs = F.softmax(logits.detach(), dim=-1, dtype=torch.float32)
-            carrier = RouterAux.apply(carrier, logits, probs, chosen, aux_scale(self.m, flat.shape[0]))
+            carrier = RouterAux.apply(carrier, logits, probs.detach(), chosen, aux_scale(self.m, flat.shape[0]))
         if self.cast_weights:
             weights = weights.to(x.dtype)
         out = self.experts(copy_to_tp(flat, self.tp), copy_to_tp(weights, self.tp), chosen)
