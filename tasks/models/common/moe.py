@@ -2,9 +2,10 @@
 dropless top-k routing exactly as transformers 5 computes it.
 
 Why stacked: transformers 5 holds a layer's routed experts as two 3-D parameters, `gate_up [E, 2I, H]` (gate
-rows first) and `down [E, H, I]`, so one reference tensor is one Hugging Face tensor (the per-expert layout many
-checkpoints hold is stacked on read: tasks/models/weights.py). Dropless: every token reaches its k experts (no
-capacity), so the logits are transformers'.
+rows first) and `down [E, H, I]`: one reference tensor per layer and kind, one grouped matmul's operand (the
+per-expert layout checkpoints hold is stacked on read, tasks/models/weights.py, and written back by an export,
+the family's `hf_tensors`). Dropless: every token reaches its k experts (no capacity), so the logits are
+transformers'. The auxiliary load-balancing loss: RouterAux.
 
 Tensor parallelism (ep = 1): every expert is split along its hidden units like the dense MLP (gate/up rows,
 down columns), the router is replicated. A token's output is the sum of its experts' partial outputs, all-reduced
