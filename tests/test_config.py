@@ -9,7 +9,7 @@ import yaml
 
 from tasks import REPO_ROOT
 from tasks.base.errors import ConfigError
-from tasks.config.key import GEMMA_OPTIONS
+from tasks.config.key import GEMMA_OPTIONS, MOE_OFF, keyed_model
 from tasks.models.resolve import load_config
 
 ROOT = REPO_ROOT
@@ -62,6 +62,11 @@ def test_attention_options_at_their_plain_values_keep_the_key_a_run_had_before_t
     assert base.with_overrides({f"model.{o}": None for o in GEMMA_OPTIONS}).fingerprint() == base.fingerprint()
     gemma2 = base.with_overrides({"model.family": "gemma2"})
     assert gemma2.with_overrides({"model.attn_logit_softcapping": 50.0}).fingerprint() != gemma2.fingerprint()
+    # The mixture-of-experts options too: a dense model's key has none of them, a MoE one has its values.
+    assert not set(keyed_model(base.model.model_dump(mode="json"))) & set(MOE_OFF)
+    moe = base.with_overrides({"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
+                               "model.norm_topk_prob": True})
+    assert moe.with_overrides({"model.router_aux_loss_coef": 0.01}).fingerprint() != moe.fingerprint()
 
 
 def test_experiment_key_is_config_data_and_starting_weights(tmp_path: Path) -> None:

@@ -36,12 +36,16 @@ TRAIN_RUN_TIME = ("output_dir", "init_from", "checkpoint_url", "checkpoint_stora
 # Gemma's ModelConfig options (null = off).
 GEMMA_OPTIONS = ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
                  "final_logit_softcapping")
+# The mixture-of-experts options at their off values (a dense model).
+MOE_OFF: dict[str, Any] = {"num_experts": None, "num_experts_per_tok": None, "moe_intermediate_size": None,
+                           "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                           "router_aux_loss_coef": 0.0}
 
 
 def off_values(model: dict[str, Any]) -> dict[str, Any]:
     """Rule 5: each model option that is left out of the key at this value (head_dim: d_model / n_heads)."""
     return {"head_dim": model["d_model"] // model["n_heads"], "qk_norm": False, "sliding_window": None,
-            **dict.fromkeys(GEMMA_OPTIONS)}
+            **dict.fromkeys(GEMMA_OPTIONS), **MOE_OFF}
 
 
 def keyed_model(model: dict[str, Any]) -> dict[str, Any]:

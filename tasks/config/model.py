@@ -87,7 +87,7 @@ def family_refusal(m: ModelConfig) -> str | None:
         value = getattr(m, field)
         if field in spec.always:
             if value is not True:
-                return f"model.{field} must be true for model.family {family!r} (its attention always has it)"
+                return f"model.{field} must be true for model.family {family!r} (its blocks always have it)"
             continue
         plain = m.d_model // m.n_heads if field == "head_dim" else info.default
         if value != plain and field not in supported:
@@ -146,6 +146,18 @@ class ModelConfig(Strict):
     attn_logit_softcapping: float | None = Field(None, gt=0, description="attention scores -> tanh(s / c) * c "
                                                                           "before the mask (Gemma 2); null = off")
     final_logit_softcapping: float | None = Field(None, gt=0, description="logits -> tanh(z / c) * c; null = off")
+    # Mixture-of-experts options (Qwen3-MoE, Mixtral): which layers route, to how many of how many experts.
+    num_experts: int | None = Field(None, gt=0, le=MAX_WIDTH, description="routed experts of each MoE layer")
+    num_experts_per_tok: int | None = Field(None, gt=0, le=MAX_WIDTH, description="experts each token reaches "
+                                                                                  "(top-k of the router)")
+    moe_intermediate_size: int | None = Field(None, gt=0, le=MAX_WIDTH, description="each expert's hidden width; "
+                                                                                    "null = d_ff")
+    norm_topk_prob: bool = Field(False, description="the top-k routing weights renormalised to sum to 1")
+    decoder_sparse_step: int = Field(1, gt=0, le=MAX_WIDTH, description="layer i routes iff (i + 1) % step == 0 "
+                                                                        "(and i is not in mlp_only_layers)")
+    mlp_only_layers: tuple[int, ...] = Field((), description="layers with a dense MLP of d_ff instead of experts")
+    router_aux_loss_coef: float = Field(0.0, ge=0, le=1e3, description="weight of the auxiliary load-balancing "
+                                                                       "loss in training (transformers'); 0 = off")
     pretrained: str | None = Field(
         None, min_length=1,
         description="a Hugging Face model directory (local path or fsspec URL): the sizes come from its "
@@ -178,10 +190,34 @@ class ModelConfig(Strict):
             problem = family_refusal(self)
             if problem:
                 raise ValueError(problem)
+            if FAMILIES[self.family].routed:
+                self._check_experts()
         if FAMILIES[self.family].rotary and self.head_dim % 2:
             raise ValueError(f"model.head_dim ({self.head_dim}) must be even for rotary "
                              f"embeddings (model.family {self.family!r})")
         return self
+
+    def _check_experts(self) -> None:
+        """A mixture of experts states its experts, routes to at most all of them, and names real layers."""
+        if self.num_experts is None or self.num_experts_per_tok is None:
+            raise ValueError(f"model.num_experts and model.num_experts_per_tok are required for model.family "
+                             f"{self.family!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"model.num_experts_per_tok ({self.num_experts_per_tok}) exceeds model.num_experts "
+                             f"({self.num_experts})")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.n_layers]
+        if outside:
+            raise ValueError(f"model.mlp_only_layers {outside} lie outside the model's {self.n_layers} layers")
+
+    def routed(self, index: int) -> bool:
+        """Whether layer `index` is a mixture of experts (else a dense MLP), as transformers' Qwen3-MoE decides."""
+        return (self.num_experts is not None and index not in self.mlp_only_layers
+                and (index + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def expert_ffn(self) -> int:
+        """Each expert's hidden width."""
+        return self.moe_intermediate_size or self.ffn
 
     @property
     def kv_heads(self) -> int:

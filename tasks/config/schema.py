@@ -255,6 +255,9 @@ class JobConfig(Strict):
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.n_heads and n_kv_heads")
         if m.ffn % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.d_ff ({m.ffn})")
+        if m.num_experts is not None and m.expert_ffn % p.tp:
+            raise ValueError(f"parallel.tp ({p.tp}) must divide the experts' width (model.moe_intermediate_size, "
+                             f"null: model.d_ff: {m.expert_ffn})")
         if self.data.asset == f"dataset://{self.name}":
             raise ValueError(f"data.asset: {self.data.asset!r} is the Asset the warm task itself emits; "
                              "a retrain scheduled on it would trigger itself")

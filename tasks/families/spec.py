@@ -29,6 +29,11 @@ class FamilySpec:
     transformers_model: bool = True  # its exports load in transformers (and vLLM): deployable
 
     @property
+    def routed(self) -> bool:
+        """A mixture of experts: its MoE layers route each token to `num_experts_per_tok` of `num_experts`."""
+        return "num_experts" in self.options
+
+    @property
     def package(self) -> str:
         """The package whose `FAMILY` is the family object (tasks.models.get_family imports it on demand)."""
         return f"tasks.models.{self.name}"

@@ -88,7 +88,8 @@ def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], s
     for index in layers:
         layer = weights.layer(index)
         for name, tensor in (layer if adapter is None else merge_layer(adapter, layer)).items():
-            tensors[family.hf_name(name)] = tensor.to(torch_dtype).contiguous()
+            for hf, piece in family.hf_tensors(name, tensor):
+                tensors[hf] = piece.to(torch_dtype).contiguous()
     names = sorted(tensors)  # as the ranks' export orders them (tasks/train/export.py): the same bytes
     sizes = [tensors[name].nbytes for name in names]
     written = {}

@@ -32,7 +32,7 @@ FLAT_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 # The protocol's layer classes and functions a family's parts (its model.py, sharding.py, hf.py) may define.
 PARTS = ("Embedding", "TransformerBlock", "Head", "Reference", "pipeline_layers", "make_loss_fn", "make_token_nll_fn",
          "full_shapes", "shard_spec", "unshard", "param_counts", "hf_name", "ref_name", "hf_config",
-         "model_fields_from_hf", "hf_rope_parameters")
+         "model_fields_from_hf", "hf_rope_parameters", "unrouted_params", "expert_piece", "hf_tensors")
 
 
 class ModelFamily(ABC):
@@ -103,10 +103,19 @@ class ModelFamily(ABC):
         """Unique parameters of the whole model (a tied matrix once)."""
         return sum(math.prod(s) for s in self.full_shapes(m).values())
 
+    def unrouted_params(self, m: ModelConfig) -> int:
+        """Parameters a token does not reach: the experts it is not routed to, in every MoE layer (dense: 0)."""
+        return 0
+
+    def active_params(self, m: ModelConfig) -> int:
+        """Parameters one token reaches: the whole model less the experts it is not routed to."""
+        return self.total_params(m) - self.unrouted_params(m)
+
     def flops_per_token(self, m: ModelConfig) -> float:
         """Training FLOPs per token, PaLM appendix B / Megatron style: 6N + 12 * n_layers * span * n_heads * head_dim.
 
-        N = the parameters that take part in matmuls: all blocks plus the head (final
+        N = the parameters that take part in matmuls for a token: all blocks (less a MoE layer's experts it is not
+        routed to) plus the head (final
         norm + the d x vocab LM-head matrix, counted even when tied, because the
         logits matmul runs either way); the input embedding is a lookup and is left
         out. The attention term counts QK^T and AV over the full (not causal-halved)
@@ -114,7 +123,8 @@ class ModelFamily(ABC):
         n_heads * head_dim wide (d_model unless head_dim says otherwise).
         """
         c = self.param_counts(m)
-        return 6.0 * (m.n_layers * c.block + c.head) + 12.0 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
+        matmul = c.blocks(0, m.n_layers) + c.head - self.unrouted_params(m)
+        return 6.0 * matmul + 12.0 * m.n_layers * m.attention_span * m.n_heads * m.head_dim
 
     def kv_bytes_per_token(self, m: ModelConfig, element_bytes: int) -> int:
         """KV-cache bytes one token takes when serving: a key and a value per layer and kv head."""
@@ -144,6 +154,18 @@ class ModelFamily(ABC):
     @abstractmethod
     def model_fields_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
         """The ModelConfig fields a config.json implies; an unsupported feature fails naming its key."""
+
+    def hf_tensors(self, ref: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The exported tensors (Hugging Face name, view) of reference tensor `ref`, as transformers'
+        `save_pretrained` writes them: one, or a stacked expert tensor's per-expert parts. A meta tensor gives
+        their names and shapes."""
+        return [(self.hf_name(ref), tensor)]
+
+    def expert_piece(self, hf: str) -> tuple[str, int, int] | None:
+        """(reference name, expert, part) of a tensor holding one routed expert's part of a stacked reference
+        tensor (the per-expert layout of a mixture of experts: `mlp.experts.3.up_proj.weight` is part 1 of expert
+        3's rows of `mlp.experts.gate_up`); None: a tensor `ref_name` names whole."""
+        return None
 
     def hf_rope_parameters(self, m: ModelConfig) -> dict[str, Any] | None:
         """The model's rotary as transformers 5's `rope_parameters` (None: the family states no rotary)."""

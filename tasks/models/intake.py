@@ -162,7 +162,7 @@ def check_folder(path: Path, m: ModelConfig, label: str) -> None:
     check_shapes(path, m, label=label)
     want = _config_dtype(path / HF_CONFIG, label)
     weights = HFWeights(path, m)
-    for file, hf in sorted(weights.where.values()):
+    for file, hf in sorted(weights.tensors()):
         dtype = weights.handles[file].get_slice(hf).get_dtype()
         if dtype not in FLOAT_BITS or (want is not None and dtype != want):
             said = f"config.json says {want}" if want else f"a model's weights are one of {', '.join(FLOAT_BITS)}"

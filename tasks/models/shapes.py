@@ -15,8 +15,14 @@ class ParamCounts:
     """Parameters held by one tensor-parallel rank (tp=1: the whole thing)."""
 
     embedding: int  # the first stage's embedding layer, as held by one TP rank
-    block: int  # one transformer block, as held by one TP rank
+    block: int  # one transformer block, as held by one TP rank (the largest, where blocks differ)
     head: int  # the last stage's final norm + LM head (a tied copy of the embedding included)
+    # Each block's count where blocks differ (a mixture of experts' dense layers); () = every block is `block`.
+    per_block: tuple[int, ...] = ()
+
+    def blocks(self, first: int, count: int) -> int:
+        """Parameters of blocks first .. first + count - 1."""
+        return sum(self.per_block[first:first + count]) if self.per_block else count * self.block
 
 
 def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
@@ -78,10 +84,11 @@ class Stage:
     blocks: int
     has_embedding: bool
     has_head: bool
+    first_block: int = 0  # the model's index of its first block
 
     def params(self, counts: ParamCounts) -> int:
         return (
-            self.blocks * counts.block
+            counts.blocks(self.first_block, self.blocks)
             + (counts.embedding if self.has_embedding else 0)
             + (counts.head if self.has_head else 0)
         )
@@ -106,5 +113,5 @@ def pipeline_stages(n_layers: int, pp: int, partition: str = TRAINING_PARTITION)
     stages = []
     for i in range(pp):
         held = specs[parts[i] : parts[i + 1]]
-        stages.append(Stage(i, held.count(BLOCK), EMBED in held, HEAD in held))
+        stages.append(Stage(i, held.count(BLOCK), EMBED in held, HEAD in held, specs[:parts[i]].count(BLOCK)))
     return stages

@@ -151,6 +151,7 @@ class HFWeights:
             raise InvalidInputError(f"{self.dir}: neither {HF_INDEX} nor {HF_SINGLE}")
         self.handles: dict[str, Any] = {}
         self.where: dict[str, tuple[str, str]] = {}  # reference name -> (file, HF name)
+        self.stacked: dict[str, _Stacked] = {}  # a mixture of experts' per-expert layout, stacked on read
         for file in files:
             path = self.dir / file
             if (away := leads_outside(self.dir, file)) is not None:
@@ -166,21 +167,89 @@ class HFWeights:
             for hf in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                 if hf.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed here
                     continue
+                if (piece := self.family.expert_piece(hf)) is not None:
+                    self.stacked.setdefault(piece[0], _Stacked(piece[0])).add(piece[1], piece[2], handle, file, hf)
+                    continue
                 try:
                     self.where[self.family.ref_name(hf)] = (file, hf)
                 except ValueError as exc:
                     raise InvalidInputError(f"{path}: {exc}") from None
 
+        for ref, stacked in self.stacked.items():
+            if ref in self.where:
+                raise InvalidInputError(f"{self.dir}: {ref} is held both stacked ({self.where[ref][1]}) and per "
+                                        "expert; refused")
+            stacked.check(self.dir)
+
+    def tensors(self) -> list[tuple[str, str]]:
+        """(file, Hugging Face name) of every tensor read: whole ones and each expert's parts."""
+        return [*self.where.values(), *((file, hf) for stacked in self.stacked.values()
+                                        for _, file, hf in stacked.parts.values())]
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {ref: tuple(self.handles[f].get_slice(hf).get_shape()) for ref, (f, hf) in self.where.items()}
+        return {ref: tuple(self.handles[f].get_slice(hf).get_shape()) for ref, (f, hf) in self.where.items()} | {
+            ref: stacked.shape() for ref, stacked in self.stacked.items()}
 
     def read(self, name: str, piece: Slice = None) -> torch.Tensor:
+        if name in self.stacked:
+            return self.stacked[name].read(piece)
         file, hf = self.where[name]
         if piece is None:
             return self.handles[file].get_tensor(hf)
         dim, start, end = piece
-        sl = self.handles[file].get_slice(hf)
-        return sl[start:end] if dim == 0 else sl[:, start:end]
+        return self.handles[file].get_slice(hf)[(slice(None),) * dim + (slice(start, end),)]
+
+
+class _Stacked:
+    """A stacked expert tensor [E, rows, cols] that a checkpoint holds per expert: expert e's rows are its parts
+    (gate then up, or down alone), each a 2-D tensor of its own. A slice reads only the pieces it covers."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        # (expert, part) -> (safe_open handle, file, HF name)
+        self.parts: dict[tuple[int, int], tuple[Any, str, str]] = {}
+
+    def add(self, expert: int, part: int, handle: Any, file: str, hf: str) -> None:
+        self.parts[expert, part] = (handle, file, hf)
+
+    def check(self, where: Path) -> None:
+        """Every expert holds every part, and each part has the same shape as the first expert's."""
+        experts = 1 + max(e for e, _ in self.parts)
+        parts = 1 + max(p for _, p in self.parts)
+        for e in range(experts):
+            for p in range(parts):
+                if (e, p) not in self.parts:
+                    raise InvalidInputError(f"{where}: {self.ref} is held per expert but lacks expert {e}'s part "
+                                            f"{p} (next to {self.parts[0, 0][2]})")
+                if self._shape(e, p) != self._shape(0, p):
+                    raise InvalidInputError(f"{where}: {self.parts[e, p][2]} has shape {self._shape(e, p)}, "
+                                            f"{self.parts[0, p][2]} {self._shape(0, p)}")
+        self.experts, self.rows = experts, [self._shape(0, p)[0] for p in range(parts)]
+
+    def _shape(self, expert: int, part: int) -> tuple[int, ...]:
+        handle, _, hf = self.parts[expert, part]
+        return tuple(handle.get_slice(hf).get_shape())
+
+    def shape(self) -> tuple[int, ...]:
+        return self.experts, sum(self.rows), self._shape(0, 0)[1]
+
+    def read(self, piece: Slice) -> torch.Tensor:
+        """The full tensor, or its `piece` (dim 0: experts, 1: rows across the parts, 2: columns)."""
+        dim, start, end = piece if piece is not None else (0, 0, self.experts)
+        experts = range(start, end) if dim == 0 else range(self.experts)
+        rows = (start, end) if dim == 1 else (0, sum(self.rows))
+        cols = slice(start, end) if dim == 2 else slice(None)
+        out = []
+        for e in experts:
+            pieces, offset = [], 0
+            for p, size in enumerate(self.rows):
+                lo, hi = max(rows[0], offset), min(rows[1], offset + size)
+                if lo < hi:
+                    handle, _, hf = self.parts[e, p]
+                    pieces.append(handle.get_slice(hf)[lo - offset:hi - offset, cols])
+                offset += size
+            out.append(torch.cat(pieces, dim=0))
+        return torch.stack(out)
 
 
 class LegacyWeights:
@@ -227,8 +296,9 @@ def check_shapes(path: str | Path, m: ModelConfig, lora: LoraConfig | None = Non
         if have[name] != shape:
             where = ""
             if isinstance(weights, HFWeights):  # named as the folder names it too
-                file, hf = weights.where[name]
-                where = f" ({file}: tensor {hf})"
+                _, file, hf = weights.stacked[name].parts[0, 0] if name in weights.stacked else (None,
+                                                                                                 *weights.where[name])
+                where = f" ({file}: tensor {hf}{', per expert' if name in weights.stacked else ''})"
             raise InvalidInputError(f"{label}: starting weights' {name}{where} has shape {have[name]}, "
                                     f"the model config needs {shape}")
     extra = sorted(set(have) - set(expected))

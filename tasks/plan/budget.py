@@ -121,6 +121,7 @@ class Plan:
     precision: str
     world_size: int
     params_total: int
+    params_active: int  # per token: the total less the experts it is not routed to (a mixture of experts)
     params_per_rank: int
     busiest_rank: str
     stages: list[dict[str, Any]]
@@ -172,7 +173,11 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     Inside (divided by tp): Q, K, V (e x s b (n_heads + 2 kv_heads) hd), softmax
     output (e x a s^2 b), attention-dropout mask and output (a s^2 b (1 + e)),
     out-proj input (e x s b h), fc1 output and GELU output (2 e x s b ffn).
-    With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula.
+    With e=2, ffn=4h, dropout: 10 sbh + (24 sbh + 5 a s^2 b)/t, the paper's formula. A mixture of experts'
+    routed layer keeps, per token and each of its k experts, the gathered input and the weighted output
+    (replicated: 2 e x s b k h) and the expert's two hidden outputs (2 e x s b k I, TP slices), plus the fp32
+    router logits and probabilities (8 x s b E); the larger of a routed and a dense layer is taken for every
+    layer (a stage's bound).
     attention="sdpa" (our model: fused scaled_dot_product_attention) keeps no s^2 tensors,
     only the fp32 log-sum-exp per head and row (4 x a s b). Materialized scores are s x span
     (span = m.attention_span: the sliding window where it is shorter than s); a model with
@@ -189,9 +194,13 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
         # Soft-capped scores (Gemma 2) cannot use the fused kernel: they are materialized whatever is asked.
         + (scores if attention == "materialized" or m.attn_logit_softcapping is not None else 4 * a * sb)
         + e * sb * h
-        + 2 * e * sb * m.ffn
     )
-    return outside + inside // tp
+    dense = outside + (inside + 2 * e * sb * m.ffn) // tp
+    if m.num_experts is None or m.num_experts_per_tok is None:
+        return dense
+    k = m.num_experts_per_tok
+    routed = outside + 2 * e * sb * k * h + 8 * sb * m.num_experts + (inside + 2 * e * sb * k * m.expert_ffn) // tp
+    return max(routed, dense) if any(not m.routed(i) for i in range(m.n_layers)) else routed
 
 
 def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, attention: str = "sdpa") -> int:
@@ -352,7 +361,7 @@ def plan(
     )
 
     step = _step(cfg, busiest, b)
-    n_total = get_family(m.family).total_params(m)
+    n_total, n_active = get_family(m.family).total_params(m), get_family(m.family).active_params(m)
 
     evaluation = evaluation_budget(cfg, capacity, cpu)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
@@ -405,6 +414,7 @@ def plan(
         precision=precision,
         world_size=p.layout.world_size,
         params_total=n_total,
+        params_active=n_active,
         params_per_rank=busiest["params"],
         busiest_rank=f"pipeline stage {busiest['stage']}, {tp_note}, any DP rank",
         stages=per_stage,

@@ -28,8 +28,9 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
         f"plan {r.config_name}: {r.verdict.upper()}  ({describe_record(lay)} "
         f"zero={lay['zero_stage']} micro_batches={lay['micro_batches']} mbs={lay['micro_batch_size']}, "
         f"{r.precision}, {r.world_size} GPU)",
-        f"params: {r.params_total:,} total (model family {r.model_family}), {r.params_per_rank:,} on the busiest "
-        f"rank ({r.busiest_rank})",
+        f"params: {r.params_total:,} total (model family {r.model_family}"
+        + (f"; {r.params_active:,} active per token" if r.params_active != r.params_total else "")
+        + f"), {r.params_per_rank:,} on the busiest rank ({r.busiest_rank})",
         "memory per GPU:",
     ]
     for name in ("weights", "gradients", "optimizer_states", "activations", "comm_buffers"):

@@ -61,7 +61,7 @@ def read_reports(output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
 
 class _FileWriters:
     """This rank's files of the stage, each written by its own thread from a queue of tensors (hashing is one
-    core per file). A queued tensor is either a view of a parameter (free) or one gathered across the TP group
+    core per file). A queued tensor is either a view of a parameter (free) or of one gathered across the TP group
     (a whole tensor's memory): at most `OWNED_IN_FLIGHT` of those wait, so memory stays a stage plus a few
     tensors. A failure anywhere ends the streams still open (their partial files removed by `stage_stream`) and
     is raised; files already whole stay unreported, so a retry writes them again and housekeeping removes a
@@ -125,21 +125,25 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: 
         return []
     stage, stages = tp.coord.pp, tp.layout.pp
     family, dtype = get_family(m.family), getattr(torch, DTYPES[spec["dtype"]])
-    # Sorted by Hugging Face name, as `safetensors.torch.save_file` lays out tensors of one dtype: the same
-    # weights give the same bytes (and tree digest) whichever export wrote them. The last stage's tied copy
-    # of the embedding is left out: stage 0 exports it.
-    params = sorted(((name, param) for name, param in local_named_params(module)
-                     if stage == 0 or not name.startswith("embed.")), key=lambda np: family.hf_name(np[0]))
+    # The last stage's tied copy of the embedding is left out: stage 0 exports it.
+    params = {name: param for name, param in local_named_params(module)
+              if stage == 0 or not name.startswith("embed.")}
 
     def sharded(name: str) -> bool:
         return tp.size > 1 and family.shard_spec(m, name, tp.layout, tp.coord) is not None
 
-    entries = []
-    for name, param in params:
-        shape = param.shape
-        if sharded(name):  # the joined shape, from shapes alone (meta tensors hold no memory)
-            shape = family.unshard(m, name, [torch.empty_like(param, device="meta")] * tp.size).shape
-        entries.append(TensorEntry(family.hf_name(name), dtype, tuple(shape)))
+    # Each parameter's exported tensors (one, or a stacked expert tensor's per-expert parts: `hf_tensors`),
+    # sorted by Hugging Face name, as `safetensors.torch.save_file` lays out tensors of one dtype: the same
+    # weights give the same bytes (and tree digest) whichever export wrote them. The joined shapes come from
+    # shapes alone (meta tensors hold no memory).
+    pieces = []  # (HF name, parameter, its place in the parameter's hf_tensors, shape)
+    for name, param in params.items():
+        meta = torch.empty_like(param, device="meta")
+        full = family.unshard(m, name, [meta] * tp.size) if sharded(name) else meta
+        pieces += [(hf, name, k, tuple(t.shape)) for k, (hf, t) in enumerate(family.hf_tensors(name, full))]
+    pieces.sort()
+    entries = [TensorEntry(hf, dtype, shape) for hf, _, _, shape in pieces]
+    last = {name: i for i, (_, name, _, _) in enumerate(pieces)}  # where each parameter's last piece goes
     runs = split_stage([e.nbytes for e in entries])
     part_of = [part for part, run in enumerate(runs) for _ in run]
     mine = {part: (shard_name(stage, part, stages), [entries[i] for i in run])
@@ -148,16 +152,22 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: 
 
     writers = _FileWriters(ArtifactStore(spec["store_url"], spec["storage_options"]), spec["staging"], mine)
     try:
-        for i, (name, param) in enumerate(params):
-            local, owned = param.detach().contiguous(), False
-            if sharded(name):  # each tensor joined on the TP rank that writes it (every rank gathers: collective)
-                pieces = [torch.empty_like(local) for _ in range(tp.size)]
-                tdist.all_gather(pieces, local, group=tp.group)
-                local, owned = family.unshard(m, name, pieces), True
-                del pieces
+        joined: dict[str, tuple[list[torch.Tensor], bool]] = {}  # a parameter's pieces until its last is queued
+        for i, (_, name, k, _) in enumerate(pieces):
+            if name not in joined:
+                local, owned = params[name].detach().contiguous(), False
+                if sharded(name):  # each tensor joined on the TP rank that writes it (every rank gathers: collective)
+                    gathered = [torch.empty_like(local) for _ in range(tp.size)]
+                    tdist.all_gather(gathered, local, group=tp.group)
+                    local, owned = family.unshard(m, name, gathered), True
+                    del gathered
+                joined[name] = ([t for _, t in family.hf_tensors(name, local)], owned)
+                del local
+            tensors, owned = joined[name]
             if part_of[i] in mine:  # written in `dtype`, piece by piece (safetensors_stream)
-                writers.put(part_of[i], entries[i].name, local, owned=owned)
-            del local
+                writers.put(part_of[i], entries[i].name, tensors[k].contiguous(), owned=owned)
+            if last[name] == i:
+                del joined[name]
         staged = writers.finish()
     except BaseException as exc:
         writers.abort(exc)

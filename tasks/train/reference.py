@@ -3,8 +3,8 @@
 Why: it is the yardstick. The 3D-equality tests compare the DeepSpeed engine's
 losses against it, and `bench/trainer.py` compares step times with it. It uses
 the same initial weights (seeded per layer), the same global batches (the
-`Sampler`), AdamW, the warmup-cosine schedule and gradient-norm clipping (with train.lora: the same
-adapters on a frozen base).
+`Sampler`; a mixture of experts' auxiliary loss taken per micro-batch, as the ranks take it), AdamW, the
+warmup-cosine schedule and gradient-norm clipping (with train.lora: the same adapters on a frozen base).
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None =
     for step0 in range(steps or t.steps):
         x, y = split_inputs(windows.get(sampler.global_indices(step0)))
         started = time.perf_counter()
-        loss = lm_loss(model(x), y)
+        if m.router_aux_loss_coef > 0:  # an auxiliary loss per forward, as each rank's micro-batch takes it
+            loss = torch.stack([lm_loss(model(xs), ys) for xs, ys in zip(x.split(t.micro_batch_size),
+                                                                        y.split(t.micro_batch_size), strict=True)])
+            loss = loss.mean()
+        else:
+            loss = lm_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if t.grad_clip > 0:

@@ -91,6 +91,10 @@ def deepspeed_config(cfg: TrainingJob) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "comms_logger": comms_config(),
         "checkpoint": {"tag_validation": "FAIL"},
+        # A mixture of experts training its auxiliary loss passes (activations, carrier) between stages
+        # (tasks/models/common/moe.py RouterAux); DeepSpeed splits only a lone activation over TP ranks.
+        **({"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
+           if cfg.model.router_aux_loss_coef > 0 else {}),
     }
 
 

@@ -31,6 +31,13 @@ CASES = {
                                          rope_theta=1e6, rope_local_base_freq=1e4, **SIZES),
     "gemma2-softcap-untied": ModelConfig(family="gemma2", sliding_window=4, sliding_window_pattern=2,
                                          attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **SIZES),
+    # Layer 0 dense (mlp_only_layers), layer 1 routed, layer 2 dense (decoder_sparse_step): blocks differ.
+    "qwen3_moe-dense-layers": ModelConfig(family="qwen3_moe", qk_norm=True, head_dim=12, num_experts=4,
+                                          num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+                                          decoder_sparse_step=2, mlp_only_layers=(0,), **SIZES),
+    "mixtral-sliding-window-aux": ModelConfig(family="mixtral", sliding_window=4, num_experts=4,
+                                              num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.01,
+                                              **SIZES),
 }
 
 
@@ -49,7 +56,7 @@ def test_family_states_what_its_model_holds(case: str) -> None:
     assert family.total_params(m) == sum(t.numel() for t in state.values())
     c = family.param_counts(m)
     tied = m.vocab_size * m.d_model if m.family != "gpt" and m.tie_embeddings else 0  # counted on both ends
-    assert c.embedding + m.n_layers * c.block + c.head - tied == family.total_params(m)
+    assert c.embedding + c.blocks(0, m.n_layers) + c.head - tied == family.total_params(m)
     # HF names round trip, and config.json in/out gives back the same model and family
     assert [family.ref_name(family.hf_name(n)) for n in state] == list(state)
     exported = json.loads(json.dumps(family.hf_config(m, dtype="float32")))
@@ -59,7 +66,7 @@ def test_family_states_what_its_model_holds(case: str) -> None:
 
 def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"model\.family 'bert' is unknown; known: gemma2, gemma3, gpt, llama, "
-                                         r"mistral, qwen3"):
+                                         r"mistral, mixtral, qwen3, qwen3_moe"):
         get_family("bert")
     with pytest.raises(InvalidInputError, match=r"config\.json architectures \['BertForMaskedLM'\] is not "
                                                 r"supported; known: .*LlamaForCausalLM.*RetrainerGPT"):
@@ -71,7 +78,7 @@ def test_unknown_family_or_architecture_is_refused_naming_the_field_and_the_know
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"model\.family 'bert' is unknown; known: gemma2, gemma3, gpt, llama, "
-                                          r"mistral, qwen3"):
+                                          r"mistral, mixtral, qwen3, qwen3_moe"):
         load_config(path)
 
 
@@ -127,6 +134,17 @@ REFUSED = [
      r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'gemma2' \(supported: default\)"),
     ("gpt", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
      r"model\.rope_scaling\.rope_type 'linear' is not supported by model\.family 'gpt' \(supported: default\)"),
+    ("llama", {"num_experts": 8}, r"model\.num_experts \(8\) is not supported by model\.family 'llama'"),
+    ("qwen3_moe", {"qk_norm": True}, r"model\.num_experts and model\.num_experts_per_tok are required for "
+                                     r"model\.family 'qwen3_moe'"),
+    ("qwen3_moe", {"qk_norm": True, "num_experts": 4, "num_experts_per_tok": 8},
+     r"model\.num_experts_per_tok \(8\) exceeds model\.num_experts \(4\)"),
+    ("qwen3_moe", {"qk_norm": True, "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [3]},
+     r"model\.mlp_only_layers \[3\] lie outside the model's 3 layers"),
+    ("mixtral", {"num_experts": 4, "num_experts_per_tok": 2},
+     r"model\.norm_topk_prob must be true for model\.family 'mixtral'"),
+    ("mixtral", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True, "moe_intermediate_size": 16},
+     r"model\.moe_intermediate_size \(16\) is not supported by model\.family 'mixtral'"),
 ]
 
 
@@ -151,7 +169,8 @@ def test_an_option_the_family_cannot_express_is_refused_at_config_load(
 
 # A field each family expresses in config.json, changed: what a retrain from a parent of other options writes back.
 CHANGED = {"gpt": {"dropout": 0.2}, "llama": {"rope_theta": 5e5}, "qwen3": {"rope_theta": 5e5},
-           "mistral": {"sliding_window": 8}, "gemma3": {"rope_local_base_freq": 2e4}, "gemma2": {"sliding_window": 8}}
+           "mistral": {"sliding_window": 8}, "gemma3": {"rope_local_base_freq": 2e4}, "gemma2": {"sliding_window": 8},
+           "qwen3_moe": {"num_experts_per_tok": 1}, "mixtral": {"num_experts_per_tok": 1}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

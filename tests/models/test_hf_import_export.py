@@ -32,7 +32,7 @@ ROOT = REPO_ROOT
 
 # Each supported architecture's tiny random model: (config class, model class, what it adds to Llama's options).
 # Qwen3: QK-norm, head_dim != hidden/heads, tied (as its small sizes are), YaRN long context; Mistral and Gemma 3:
-# a window shorter than the 32-token training windows, so the band is exercised.
+# a window shorter than the 32-token training windows, so the band is exercised; Qwen3-MoE: a mixture of experts.
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True, "rope_scaling": {
@@ -44,6 +44,10 @@ ARCHS = {
     # Gemma 2: soft-capped scores (eager attention) and logits, every other layer global.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32, "sliding_window": 8, "query_pre_attn_scalar": 24,
                                                      "attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0}),
+    # Qwen3-MoE: routed experts (saved per expert, transformers' default layout) split over TP, layer 1 dense.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                                                         "moe_intermediate_size": 32, "norm_topk_prob": True,
+                                                         "mlp_only_layers": [1]}),
 }
 
 

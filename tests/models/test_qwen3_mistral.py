@@ -158,10 +158,11 @@ def test_linear_rope_scaling_reaches_only_gemma3s_global_layers_and_changes_the_
 
 @pytest.mark.parametrize(("family", "changes", "model", "message"), [
     ("qwen3", {"architectures": ["DeepseekV3ForCausalLM"]}, {},
-     r"architectures \['DeepseekV3ForCausalLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
-     r"Qwen2ForCausalLM, Qwen3ForCausalLM"),
-    ("mistral", {"architectures": ["MixtralForCausalLM"]}, {},
-     r"architectures \['MixtralForCausalLM'\] is not supported; known: .*MistralForCausalLM"),
+     r"architectures \['DeepseekV3ForCausalLM'\] is not supported yet \(multi-head latent attention, .*\); "
+     r"mixtures of experts supported: MixtralForCausalLM, Qwen3MoeForCausalLM"),
+    ("qwen3", {"architectures": ["BertForMaskedLM"]}, {},
+     r"architectures \['BertForMaskedLM'\] is not supported; known: .*LlamaForCausalLM, MistralForCausalLM, "
+     r"MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
     ("qwen3", {"use_sliding_window": True}, {},
      r"config\.json use_sliding_window = True is not supported by model\.family 'qwen3'"),
     ("qwen3", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, {},

@@ -3,10 +3,11 @@
 Same initial weights (seeded per layer, sliced per TP rank), same global batches,
 same optimizer: per-step losses must agree within 1e-5 relative, and so must the
 final weights read back from the checkpoint's layer files (which also checks TP
-un-sharding and stage merging). Both families: GPT, and Llama with tied
-vocabulary-parallel embeddings split across two stages. Qwen3, Mistral, Gemma 3 and Gemma 2 get the same
-check from imported weights, in the one tp=2 x pp=2 run each already has (tests/models/test_hf_import_export.py).
-Two of the layouts recompute their blocks' activations in backward (train.activation_checkpointing).
+un-sharding and stage merging). GPT; Llama with tied vocabulary-parallel embeddings split across two stages;
+Qwen3-MoE's routed experts split over TP with dense layers between them. Qwen3, Mistral, Gemma 3 and Gemma 2
+get the same check from imported weights, in the one tp=2 x pp=2 run each already has
+(tests/models/test_hf_import_export.py). Two of the layouts recompute their blocks' activations in backward
+(train.activation_checkpointing).
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ LAYOUTS = {
     "tp2": {"parallel.tp": 2, "train.activation_checkpointing": True},
     "llama-tied-pp2-tp2": {"model.family": "llama", "model.tie_embeddings": True, "parallel.pp": 2,
                            "parallel.tp": 2, "parallel.micro_batches": 2, "train.activation_checkpointing": True},
+    # A mixture of experts at ep=1: every expert split over TP along its hidden units, the router replicated;
+    # layers 1 and 3 route (decoder_sparse_step), 0 and 2 are dense, so each stage holds both kinds.
+    "qwen3_moe-pp2-tp2": {"model.family": "qwen3_moe", "model.qk_norm": True, "model.num_experts": 4,
+                          "model.num_experts_per_tok": 2, "model.moe_intermediate_size": 16,
+                          "model.decoder_sparse_step": 2, "parallel.pp": 2, "parallel.tp": 2,
+                          "parallel.micro_batches": 2},
+    # Mixtral with transformers' auxiliary load-balancing loss across two stages, each split over two TP ranks: each
+    # layer's aux gradient needs every layer's routing, later stages' included (RouterAux).
+    "mixtral-aux-pp2-tp2": {"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
+                            "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5, "parallel.pp": 2,
+                            "parallel.tp": 2, "parallel.micro_batches": 2},
 }
 
 

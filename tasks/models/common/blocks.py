@@ -49,12 +49,12 @@ TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first 
 
 def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup, *,
                shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = full_shapes,
-               norm_init: float = 1.0) -> None:
+               shards: Callable[..., tuple[int, torch.Tensor] | None] = shard_spec, norm_init: float = 1.0) -> None:
     """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
 
     Linear weights and the embedding ~ N(0, 0.02); norms `norm_init` (Gemma's x * (1 + w): 0); q/k/v
     biases 0. `seed` None: no draw (the weights are loaded next: a resume or starting weights), only the
-    tensor-parallel marks. `shapes`: the family's full shapes.
+    tensor-parallel marks. `shapes`, `shards`: the family's full shapes and shard rule.
     """
     g = None if seed is None else layer_generator(seed, seed_layer)
     full_shapes_of = shapes(m)
@@ -70,7 +70,7 @@ def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | No
                 full = torch.zeros(shape)
             else:
                 full = torch.randn(*shape, generator=g) * INIT_STD
-            set_slice(p, full, shard_spec(m, ref, tp.layout, tp.coord), tp.layout)
+            set_slice(p, full, shards(m, ref, tp.layout, tp.coord), tp.layout)
 
 
 class RMSNorm(nn.Module):
@@ -204,11 +204,6 @@ class Embedding(nn.Module):
         return vocab_parallel_logits(x, self.tok.weight, self.tp)
 
 
-def tied_logits(embed: Embedding, x: torch.Tensor) -> torch.Tensor:
-    """The last stage's forward of the tied embedding (DeepSpeed TiedLayerSpec forward_fn)."""
-    return embed.logits(x)
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)); x + mlp(mlp_norm(x))."""
 
@@ -271,7 +266,7 @@ def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup,
         TiedLayerSpec(EMBED, embedding, m, seed, tp, tied_weight_attr=[TIED]),
         *(LayerSpec(reference.TransformerBlock, m, i, seed, tp) for i in range(m.n_layers)),
         LayerSpec(reference.Head, m, seed, tp),
-        TiedLayerSpec(EMBED, embedding, m, seed, tp, forward_fn=tied_logits, tied_weight_attr=[TIED]),
+        TiedLayerSpec(EMBED, embedding, m, seed, tp, forward_fn=common.tied_logits, tied_weight_attr=[TIED]),
     ]
 
 

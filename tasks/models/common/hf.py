@@ -26,6 +26,8 @@ _BLOCK_NAMES = {
     "attn.v.weight": "self_attn.v_proj.weight",
     "attn.v.bias": "self_attn.v_proj.bias",
     "attn.o.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",  # the qk_norm option's (Qwen3)
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
     "mlp_norm.weight": "post_attention_layernorm.weight",
     "mlp.gate.weight": "mlp.gate_proj.weight",
     "mlp.up.weight": "mlp.up_proj.weight",

@@ -46,4 +46,13 @@ class Reference(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.head(x)
-        return self.embed.logits(x) if self.tied else x
+        return tied_logits(self.embed, x) if self.tied else x
+
+
+def tied_logits(embed: nn.Module,
+                x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The logits through the tied embedding (the last stage's TiedLayerSpec forward_fn); a tuple's first tensor
+    (what else the head passes on, a mixture of experts' auxiliary loss, goes along)."""
+    if isinstance(x, tuple):
+        return (embed.logits(x[0]), *x[1:])
+    return embed.logits(x)

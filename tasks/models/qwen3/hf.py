@@ -1,4 +1,5 @@
-"""Qwen3 Hugging Face mapping: Llama's tensor names plus the QK-norm weights; config.json in and out."""
+"""Qwen3 Hugging Face config.json in and out (its tensor names, the QK-norm weights included, are the shared
+decoder's)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,10 @@ from typing import Any
 from tasks.config.model import ModelConfig
 from tasks.families.qwen3 import QWEN3
 from tasks.models.common import hf as common_hf
-from tasks.models.common.names import BLOCK
 
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     QWEN3.architectures[0]: ("qwen3", {"max_position_embeddings": 32768, "head_dim": 128, "sliding_window": None}),
 }
-_QK_NORM = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
-_HF_QK_NORM = {v: k for k, v in _QK_NORM.items()}
-
-
-def hf_name(ref_name: str) -> str:
-    """`blocks.3.attn.q_norm.weight` -> `model.layers.3.self_attn.q_norm.weight`; the rest as Llama names them."""
-    match = BLOCK.fullmatch(ref_name)
-    if match and match.group(2) in _QK_NORM:
-        return f"model.layers.{match.group(1)}.{_QK_NORM[match.group(2)]}"
-    return common_hf.hf_name(ref_name)
-
-
-def ref_name(hf_name: str) -> str:
-    """The inverse of `hf_name`."""
-    layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
-    if hf_name.startswith("model.layers.") and layer.isdigit() and rest in _HF_QK_NORM:
-        return f"blocks.{layer}.{_HF_QK_NORM[rest]}"
-    return common_hf.ref_name(hf_name)
-
-
 def hf_config(m: ModelConfig, *, dtype: str = "bfloat16", max_position_embeddings: int | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
     """config.json of the exported model: Qwen3ForCausalLM (QK-norm always on, no bias, full attention)."""

@@ -1,0 +1,245 @@
+"""Mixture-of-experts layers (Qwen3-MoE, Mixtral) on the rotary decoder's attention: a router, stacked experts,
+dropless top-k routing exactly as transformers 5 computes it.
+
+Why stacked: transformers 5 holds a layer's routed experts as two 3-D parameters, `gate_up [E, 2I, H]` (gate
+rows first) and `down [E, H, I]`: one reference tensor per layer and kind, one grouped matmul's operand (the
+per-expert layout checkpoints hold is stacked on read, tasks/models/weights.py, and written back by an export,
+the family's `hf_tensors`). Dropless: every token reaches its k experts (no capacity), so the logits are
+transformers'. The auxiliary load-balancing loss: RouterAux.
+
+Tensor parallelism (ep = 1): every expert is split along its hidden units like the dense MLP (gate/up rows,
+down columns), the router is replicated. A token's output is the sum of its experts' partial outputs, all-reduced
+once; the routing weights' gradient is summed over the TP ranks (each rank saw only its share of every expert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.config.model import ModelConfig
+from tasks.models.common import blocks
+from tasks.models.common import reference as common
+from tasks.models.common.moe_sharding import full_shapes, shard_spec
+from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
+
+
+class Router(nn.Module):
+    """Softmax over all experts in fp32, the top k, renormalised when `norm_topk_prob` (Mixtral always)."""
+
+    def __init__(self, m: ModelConfig) -> None:
+        super().__init__()
+        assert m.num_experts is not None and m.num_experts_per_tok is not None
+        self.k, self.renormalise = m.num_experts_per_tok, m.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(m.num_experts, m.d_model))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(router logits [n, E], their fp32 probabilities, top-k weights [n, k] in fp32, their experts [n, k]) of
+        tokens x [n, H]."""
+        logits = F.linear(x, self.weight)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        top, chosen = torch.topk(probs, self.k, dim=-1)
+        if self.renormalise:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, probs, top, chosen
+
+
+class Experts(nn.Module):
+    """This TP rank's share of every expert's SwiGLU: gate_up [E, 2I/tp, H] (its gate rows, then its up rows),
+    down [E, H, I/tp]."""
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        assert m.num_experts is not None
+        width = m.expert_ffn // tp.size
+        self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu
+        self.gate_up = nn.Parameter(torch.empty(m.num_experts, 2 * width, m.d_model))
+        self.down = nn.Parameter(torch.empty(m.num_experts, m.d_model, width))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[:, k] * expert_chosen[:, k](x) of tokens x [n, H] (this rank's partial sum).
+
+        The CPU path: a loop over the experts that received tokens, each gathering its tokens (index_select) and
+        adding its weighted output back (index_add), as transformers' eager experts do (its tokens in the same
+        order: one stable sort of the (token, slot) picks by expert)."""
+        out = torch.zeros_like(x)
+        picks = chosen.flatten()
+        order = picks.argsort(stable=True)
+        counts = torch.bincount(picks, minlength=self.gate_up.shape[0]).tolist()
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            mine, start = order[start:start + count], start + count
+            token, slot = mine // chosen.shape[1], mine % chosen.shape[1]
+            h = x.index_select(0, token)
+            gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
+            h = F.linear(self.act(gate) * up, self.down[expert]) * weights[token, slot, None]
+            out.index_add_(0, token, h.to(out.dtype))
+        return out
+
+
+class RouterAux(torch.autograd.Function):
+    """One MoE layer's part of transformers' auxiliary load-balancing loss, exact across pipeline stages.
+
+    transformers' loss over a forward's L MoE layers and T tokens is E * sum_e f_e P_e, f_e = (top-k picks of
+    expert e in all layers) / (L T), P_e = (router probabilities of e summed over all layers' tokens) / (L T):
+    a layer's gradient needs every layer's picks, later stages' included, while stages exchange only
+    activations. So the activations carry a `carrier` [2, E] (picks, probabilities summed so far): forward, each
+    layer adds its own; the head turns it into the loss value and, backward, hands it the gradient g * picks
+    (g: whatever scales the loss, 1 / micro-batches, a loss scale), which flows back unchanged through every
+    layer. Each layer adds d(coef * aux)/d(its router logits) = scale * p (S - <p, S>) for S = that gradient,
+    scale = coef * E / (L T)^2 (as Megatron-Core's MoEAuxLossAutoScaler adds its aux gradient in backward)."""
+
+    @staticmethod
+    def forward(ctx, carrier: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor,  # type: ignore[override]
+                chosen: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(probs)
+        ctx.scale, ctx.dtype = scale, logits.dtype
+        picks = torch.bincount(chosen.flatten(), minlength=probs.shape[-1]).to(carrier.dtype)
+        return carrier + torch.stack([picks, probs.sum(dim=0).to(carrier.dtype)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (probs,) = ctx.saved_tensors
+        picks = grad[0].to(probs.dtype)
+        grad_logits = ctx.scale * probs * (picks - (probs * picks).sum(dim=-1, keepdim=True))
+        return grad, grad_logits.to(ctx.dtype), None, None, None
+
+
+class AuxLoss(torch.autograd.Function):
+    """The carrier's end in the head: forward coef * transformers' auxiliary loss, E * sum_e f_e P_e;
+    backward the gradient g * picks every layer's RouterAux reads (see there)."""
+
+    @staticmethod
+    def forward(ctx, carrier: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(carrier)
+        return scale * (carrier[0] * carrier[1]).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (carrier,) = ctx.saved_tensors
+        return torch.stack([grad * carrier[0], torch.zeros_like(carrier[1])]), None
+
+
+def aux_scale(m: ModelConfig, tokens: int) -> float:
+    """coef * E / (L T)^2 of a forward of `tokens` tokens through the model's L MoE layers."""
+    assert m.num_experts is not None
+    layers = sum(m.routed(i) for i in range(m.n_layers))
+    return m.router_aux_loss_coef * m.num_experts / (layers * tokens) ** 2
+
+
+class SparseMoE(nn.Module):
+    """Route each token to its k experts and sum their weighted outputs (one TP all-reduce).
+
+    `cast_weights`: the routing weights are cast to the activations' dtype before they scale the experts'
+    outputs (Qwen3-MoE); Mixtral scales in fp32 and casts the product."""
+
+    cast_weights = True
+
+    def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp, self.m = tp, m
+        self.router = Router(m)
+        self.experts = Experts(m, tp)
+
+    def forward(self, x: torch.Tensor, carrier: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the experts' weighted sum, the carrier with this layer's routing added: see RouterAux)."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        logits, probs, weights, chosen = self.router(flat)
+        if carrier is not None:
+            carrier = RouterAux.apply(carrier, logits, probs.detach(), chosen, aux_scale(self.m, flat.shape[0]))
+        if self.cast_weights:
+            weights = weights.to(x.dtype)
+        out = self.experts(copy_to_tp(flat, self.tp), copy_to_tp(weights, self.tp), chosen)
+        return reduce_from_tp(out, self.tp).reshape(shape), carrier
+
+
+def carries(m: ModelConfig, module: nn.Module) -> bool:
+    """Whether the activations carry the auxiliary loss's carrier: training with a coefficient."""
+    return module.training and m.router_aux_loss_coef > 0
+
+
+class Embedding(blocks.Embedding):
+    """Llama's embedding; in training with the auxiliary loss, its output carries an empty carrier (RouterAux)."""
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__(m, seed, tp)
+        self.m = m
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x = super().forward(tokens)
+        if not carries(self.m, self):
+            return x
+        assert self.m.num_experts is not None
+        return x, torch.zeros(2, self.m.num_experts, device=x.device, requires_grad=True)
+
+
+class Head(blocks.Head):
+    """Llama's head; a carrier it receives becomes coef * the auxiliary loss, passed on next to the logits."""
+
+    def __init__(self, m: ModelConfig, seed: int | None, tp: TPGroup | None = None) -> None:
+        super().__init__(m, seed, tp)
+        self.m = m
+
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if not isinstance(x, tuple):
+            return super().forward(x)
+        x, carrier = x
+        tokens = x.shape[0] * x.shape[1]
+        return super().forward(x), AuxLoss.apply(carrier, aux_scale(self.m, tokens))
+
+
+class TransformerBlock(blocks.TransformerBlock):
+    """Llama's pre-norm block whose MLP is a mixture of experts where `m.routed(index)` (else the dense MLP)."""
+
+    moe: type[SparseMoE] = SparseMoE
+
+    def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
+        nn.Module.__init__(self)
+        tp = tp or TPGroup()
+        self.ref_prefix = f"blocks.{index}"
+        self.attn_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
+        self.attn = blocks.Attention(m, tp)
+        self.mlp_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
+        self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
+        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec)
+
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x, carrier = inputs if isinstance(inputs, tuple) else (inputs, None)
+        x = x + self.attn(self.attn_norm(x))
+        if isinstance(self.mlp, SparseMoE):
+            y, carrier = self.mlp(self.mlp_norm(x), carrier)
+        else:
+            y = self.mlp(self.mlp_norm(x))
+        return x + y if carrier is None else (x + y, carrier)
+
+
+class Reference(common.Reference):
+    """The whole mixture-of-experts model in one module (tp=1: full logits)."""
+
+    Embedding, TransformerBlock, Head = Embedding, TransformerBlock, Head
+
+
+def pipeline_layers(m: ModelConfig, seed: int | None, tp: TPGroup) -> list[object]:
+    """Llama's pipeline plan with the mixture-of-experts blocks."""
+    return blocks.pipeline_layers(m, seed, tp, Reference)
+
+
+def make_loss_fn(tp: TPGroup) -> Callable[[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor],
+                                          torch.Tensor]:
+    """loss_fn(local logits, or (local logits, coef * auxiliary loss) when it trains, labels): the mean next-token
+    cross entropy plus the auxiliary loss, as transformers' loss with `output_router_logits`."""
+    cross_entropy = blocks.make_loss_fn(tp)
+
+    def loss_fn(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            return cross_entropy(outputs[0], labels) + outputs[1]
+        return cross_entropy(outputs, labels)
+
+    return loss_fn
