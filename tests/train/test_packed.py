@@ -149,3 +149,23 @@ def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: P
     row = json.loads(Path(summary["telemetry_path"]).read_text().splitlines()[0])
     assert row["trained_tokens"] == trained
     assert row["packed_efficiency"] == sum(len(t) for t, _ in convs) / (2 * half * (SEQ + 1))
+
+
+def test_a_chat_dataset_for_a_mixture_of_experts_is_refused_before_a_rank_starts(tmp_path: Path) -> None:
+    """The routed blocks do not carry document boundaries yet: the warm refuses, naming the field and the family."""
+    from tasks.data.warm import warm_mixture
+    from tests.train.conftest import tiny_config
+
+    tok = chat_tokenizer(tmp_path / "tok", QWEN)
+    data = write_chat_jsonl(tmp_path / "chats.jsonl", conversations(16, seed=5, most=4))
+    source = tmp_path / "ds"
+    prepare(PrepareOptions(inputs=[str(data)], tokenizer=str(tok), dest=str(source), workers=1,
+                           heldout_fraction=0.25, chat=True, seq_len=SEQ, overlong="drop"))
+    cfg = tiny_config(tmp_path, {"model.family": "qwen3_moe", "model.qk_norm": True, "model.vocab_size": 512,
+                                 "model.seq_len": SEQ, "model.num_experts": 4, "model.num_experts_per_tok": 2,
+                                 "data.source_url": str(source)})
+    with pytest.raises(InvalidInputError, match=r"data.source_url .*chat dataset.*'qwen3_moe'"):
+        warm_mixture(cfg, progress=False)
+    llama = cfg.with_overrides({"model.family": "llama", "model.num_experts": None, "model.num_experts_per_tok": None,
+                                "model.qk_norm": False})
+    assert warm_mixture(llama, progress=False)[0].manifest.chat is not None  # a dense family takes it
