@@ -43,11 +43,15 @@ def record_evaluation(cfg: JobConfig, evaluated: Evaluated) -> None:
         return
     values = {f"eval/{name}": float(value) for name, value in evaluated.metrics.items()}
     if cfg.tracking.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+        logdir = run_dir_of(evaluated.checkpoint_dir) / TENSORBOARD_DIR
+        try:
+            from torch.utils.tensorboard import SummaryWriter
 
-        with SummaryWriter(str(run_dir_of(evaluated.checkpoint_dir) / TENSORBOARD_DIR)) as writer:
-            for name, value in values.items():
-                writer.add_scalar(name, value, evaluated.step)
+            with SummaryWriter(str(logdir)) as writer:
+                for name, value in values.items():
+                    writer.add_scalar(name, value, evaluated.step)
+        except OSError as exc:  # e.g. node-local run directories, not on this machine: the stage goes on
+            log.warning("tracking: the evaluation's TensorBoard file in %s was not written: %s", logdir, exc)
     run = mlflow_run(cfg, evaluated.experiment_key)
     if run is not None:
         _call(run.uri, "log the evaluation", lambda: run.log_metrics(values, evaluated.step, int(time.time() * 1000)))

@@ -68,15 +68,17 @@ class Tracker:
 
     def __init__(self, spec: dict[str, Any] | None, run_dir: Path, *, enabled: bool) -> None:
         spec = spec or {}
-        self.tensorboard = enabled and bool(spec.get("tensorboard"))
-        self.mlflow_spec = spec.get("mlflow") if enabled else None
-        self.enabled = self.tensorboard or self.mlflow_spec is not None
-        self.run_dir = run_dir
+        self.mlflow_spec: dict[str, Any] | None = spec.get("mlflow") if enabled else None
+        # The sinks by name: what opens each (the event files' folder, the MLflow run's spec) until the writer
+        # thread opens it; one that fails is warned about once and dropped (None).
+        self._sinks: dict[str, Any] = {}
+        if enabled and spec.get("tensorboard"):
+            self._sinks["TensorBoard"] = run_dir / TENSORBOARD_DIR
+        if self.mlflow_spec is not None:
+            self._sinks["MLflow"] = self.mlflow_spec
+        self.enabled = bool(self._sinks)
         self._queue: queue.Queue[tuple[int, dict[str, float]] | None] = queue.Queue(QUEUE_ROWS)
         self._dropped = False
-        self._writer: Any = None
-        self._mlflow: Any = None
-        self._mlflow_down = False
         self._status = "FINISHED"
         if self.enabled:
             self._thread = threading.Thread(target=self._work, name="tracking", daemon=True)
@@ -108,45 +110,47 @@ class Tracker:
                         CLOSE_WAIT_S)
 
     def _work(self) -> None:
-        if self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
-        if self.mlflow_spec is not None:
-            self._mlflow_call("start the run", self._open_mlflow)
+        self._call("TensorBoard", "open the event file", self._open_tensorboard)
+        self._call("MLflow", "start the run", self._open_mlflow)
         while (item := self._queue.get()) is not None:
             step, row = item
-            if self._writer is not None:
-                for name, value in row.items():
-                    self._writer.add_scalar(name, value, step)
-            if self._mlflow is not None:
-                self._mlflow_call("log", self._mlflow.log_metrics, row, step, int(time.time() * 1000))
-        if self._writer is not None:
-            self._writer.close()
-        if self._mlflow is not None:
-            self._mlflow_call("end the run", self._mlflow.finish, self._status)
+            self._call("TensorBoard", "write", _write_scalars, step, row)
+            self._call("MLflow", "log", _log_metrics, step, row)
+        self._call("TensorBoard", "close the event file", lambda w: w.close())
+        self._call("MLflow", "end the run", lambda r, status: r.finish(status), self._status)
 
-    def _open_mlflow(self) -> None:
+    def _open_tensorboard(self, logdir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._sinks["TensorBoard"] = SummaryWriter(str(logdir))
+
+    def _open_mlflow(self, s: dict[str, Any]) -> None:
         from tasks.train.mlflow_run import MlflowRun
 
-        s = self.mlflow_spec
-        assert s is not None
-        self._mlflow = MlflowRun.open(s["uri"], s["experiment"], s["run_name"], s["params"], s["tags"])
-        log.info("tracking: MLflow run %s", self._mlflow.url)
+        run = self._sinks["MLflow"] = MlflowRun.open(s["uri"], s["experiment"], s["run_name"], s["params"],
+                                                     s["tags"])
+        log.info("tracking: MLflow run %s", run.url)
 
-    def _mlflow_call(self, what: str, fn: Any, *args: Any) -> None:
-        """A call to MLflow; the first failure is the one warning, and MLflow is left alone after it."""
-        if self._mlflow_down:
+    def _call(self, sink: str, what: str, fn: Any, *args: Any) -> None:
+        """`fn(the sink, *args)` unless it is off or failed before; its first failure is the one warning, and the
+        sink is left alone after it (training goes on: any exception, refused, timed out, an HTTP error, a full
+        disk)."""
+        target = self._sinks.get(sink)
+        if target is None:
             return
         try:
-            fn(*args)
-        except Exception as exc:  # any failure of the tracker (refused, timeout, HTTP error): training goes on
-            self._mlflow_down, self._mlflow = True, None
-            assert self.mlflow_spec is not None
-            log.warning("tracking: MLflow at %s did not take the run's numbers (%s: %s); training goes on "
-                        "without it", redact(self.mlflow_spec["uri"]), what, _short(exc))
+            fn(target, *args)
+        except Exception as exc:
+            self._sinks[sink] = None
+            where = f" at {redact(self.mlflow_spec['uri'])}" if sink == "MLflow" and self.mlflow_spec else ""
+            log.warning("tracking: %s%s did not take the run's numbers (%s: %s: %s); training goes on without it",
+                        sink, where, what, type(exc).__name__, " ".join(str(exc).split())[:300])
 
 
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}"
+def _write_scalars(writer: Any, step: int, row: dict[str, float]) -> None:
+    for name, value in row.items():
+        writer.add_scalar(name, value, step)
+
+
+def _log_metrics(run: Any, step: int, row: dict[str, float]) -> None:
+    run.log_metrics(row, step, int(time.time() * 1000))
