@@ -4,7 +4,9 @@ its lineage tags and the version it produced; a tracker that is down costs one w
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -119,3 +121,14 @@ def test_a_tracker_that_is_down_is_one_warning_and_the_run_succeeds(make_config,
     assert len(warnings) == 1 and "MLflow at " + closed in warnings[0], done.stderr[-3000:]
     run_dir = Path(summary["checkpoint_dir"]).parent.parent
     assert [s for s, _ in scalars(run_dir)["train/loss"]] == [1, 2, 3]  # TensorBoard still has the run
+
+
+def test_the_stages_after_training_warn_once_when_the_tracker_is_down(make_config, caplog) -> None:
+    require(importlib.util.find_spec("mlflow") is not None, "mlflow (pip install -e '.[test]')")
+    from tasks.stages.tracking import mlflow_run, version_link
+
+    cfg = make_config({"tracking.mlflow_uri": f"http://127.0.0.1:{free_port()}"})
+    with caplog.at_level(logging.WARNING, logger="tasks.stages.tracking"):
+        runs = [mlflow_run(cfg, "0" * 64) for _ in range(3)]  # evaluate, publish, ...: one process
+    assert runs == [None] * 3 and version_link(None) == {}  # the version is published without a link
+    assert len([r for r in caplog.records if "did not answer" in r.getMessage()]) == 1
