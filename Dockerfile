@@ -1,6 +1,6 @@
 # The Airflow image for retrainer: this project installed exactly as the README installs it
-# (`bash scripts/setup.sh`, which creates .venv and runs `pip install -e ".[test]"`), so the
-# image runs the same pinned Airflow, torch and DeepSpeed as CI. Used by docker-compose.yml for
+# (`bash scripts/setup.sh`, which creates .venv and installs `-e ".[test]"` at the versions locked in
+# constraints.txt), so the image runs the same versions of every dependency as CI. Used by docker-compose.yml for
 # every Airflow component (api-server, scheduler, dag-processor, triggerer) and the init job.
 FROM python:3.11-slim-bookworm
 

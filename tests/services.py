@@ -1,4 +1,4 @@
-"""Real services for tests and benchmarks: a throwaway PostgreSQL cluster and an S3 endpoint.
+"""Real services for tests and benchmarks: a throwaway PostgreSQL cluster, an S3 endpoint and an MLflow server.
 
 No mocks: the PostgreSQL server is the real binary started on a private port and
 socket directory, and S3 is moto's HTTP server (spoken to over HTTP by s3fs).
@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,3 +189,43 @@ class S3Endpoint:
         name = name or f"b-{uuid.uuid4().hex[:12]}"
         self.filesystem().mkdir(name)
         return name
+
+
+@dataclass
+class MlflowServer:
+    """A real `mlflow server` on a private port: SQLite backend store, artifacts in a local folder."""
+
+    proc: subprocess.Popen
+    uri: str
+
+    @classmethod
+    def start(cls, root: Path, timeout_s: float = 120.0) -> MlflowServer:
+        require(importlib.util.find_spec("mlflow") is not None, "mlflow (pip install -e '.[test]')")
+        root.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        log = open(root / "server.log", "wb")  # noqa: SIM115 (the server's, closed with it)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        log.close()
+        server = cls(proc, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + timeout_s
+        while True:  # poll until it answers (its database is created on start)
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited ({proc.returncode}): "
+                                   f"{(root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{server.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return server
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"mlflow server did not answer within {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        stop_daemon(self.proc, 10)

@@ -151,6 +151,9 @@ def test_overrides_are_validated() -> None:
         (lambda c: c["cluster"].update(deferrable=True), r"cluster\.deferrable: the local launcher"),
         (lambda c: c.update(schedule={"cron": "@daily", "priority": 10**6}), r"schedule\.priority"),
         (lambda c: c.update(schedule={"cron": "@daily", "prio": 3}), r"schedule\.prio"),
+        (lambda c: c.update(tracking={"mlflow_uri": "https://me:hunter22@mlflow.example"}),
+         r"tracking\.mlflow_uri(.|\n)*MLFLOW_TRACKING_PASSWORD"),
+        (lambda c: c.update(tracking={"wandb": True}), r"tracking\.wandb"),
     ],
 )
 def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) -> None:

@@ -1,5 +1,6 @@
 """Job configuration's schema: one YAML file per model, validated once at the edge into a `JobConfig`; its
-`model`, `cluster`, `evaluate`/`serving` and `publish`/`retention`/`deploy` sections have their own modules.
+`model`, `cluster`, `evaluate`/`serving`, `publish`/`retention`/`deploy` and `tracking` sections have their own
+modules.
 
 Everything downstream receives a `JobConfig` and trusts it; nothing deep inside re-checks these fields. Loading
 (YAML, `${VAR}` expansion, overrides, validation once per process) is tasks/config/load.py; which fields define
@@ -41,6 +42,7 @@ from tasks.config.key import fingerprint_of
 from tasks.config.load import apply_overrides, validated
 from tasks.config.model import ModelConfig, lora_refusal
 from tasks.config.release import DeployConfig, PublishConfig, RetentionConfig
+from tasks.config.tracking import TrackingConfig
 from tasks.families import FAMILIES
 
 
@@ -227,6 +229,7 @@ class JobConfig(Strict):
     publish: PublishConfig
     retention: RetentionConfig = RetentionConfig()
     deploy: DeployConfig = DeployConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @field_validator("schedule", mode="before")
     @classmethod

@@ -111,6 +111,17 @@ def continues_adapter(init: StartingWeights, base: StartingWeights | None) -> bo
     return base is not None and init.version is not None and init.digest != base.digest
 
 
+def continues_version(cfg: JobConfig, run: RunIdentity) -> bool:
+    """Whether the run carries on from the version it started from: any full training does; a LoRA run only when
+    it continues that version's adapter (a fresh adapter on a version's weights starts a new line)."""
+    return cfg.train.lora is None or continues_adapter(run.init, run.base)
+
+
+def parent_version(cfg: JobConfig, run: RunIdentity) -> int | None:
+    """The version this run's result descends from, as its published version records it (None: none)."""
+    return run.init.version if continues_version(cfg, run) else None
+
+
 def weights_to_load(cfg: JobConfig | TrainingJob, run: RunIdentity) -> StartingWeights:
     """The weights the ranks load at a fresh start: a LoRA run continuing a version's adapter loads its base
     (the adapter comes beside it, `start_adapter_dir`); any other run its starting weights."""

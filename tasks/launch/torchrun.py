@@ -31,6 +31,7 @@ from tasks.base.errors import InvalidInputError
 from tasks.config.schema import JobConfig
 from tasks.launch.spec import JobSpec
 from tasks.runs.identity import RunIdentity
+from tasks.train.tracking import tracking_spec
 
 # The rank modules `tasks.base.spawn` runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
@@ -115,7 +116,8 @@ def write_worker_config(cfg: JobConfig, spec: JobSpec, run: RunIdentity, init_pa
                         export: dict[str, Any] | None = None, evaluation: dict[str, Any] | None = None) -> Path:
     """The ranks' input file, in the job's directory: the training job (no credentials), the run's identity, the
     starting weights, where the final weights' export goes (store URL, staging area, dtype, options without
-    credentials), and for evaluation ranks what they evaluate (tasks/evaluate).
+    credentials), for training ranks where their curves go (tasks/train/tracking.py), and for evaluation ranks
+    what they evaluate (tasks/evaluate).
 
     The one place the ranks learn where to write: their job's `train.output_dir` is `spec.output_dir`."""
     spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +126,7 @@ def write_worker_config(cfg: JobConfig, spec: JobSpec, run: RunIdentity, init_pa
     with os.fdopen(fd, "w") as fh:
         json.dump({"job": job.model_dump(mode="json"), "run": run.to_dict(),
                    "init_path": str(init_path) if init_path else None, "export": export,
-                   "evaluation": evaluation}, fh)
+                   "evaluation": evaluation, "tracking": tracking_spec(cfg, run) if evaluation is None else None}, fh)
     return Path(path)
 
 

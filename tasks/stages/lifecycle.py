@@ -349,9 +349,11 @@ def _evaluation_launch(cfg: JobConfig, run: RunIdentity, trained: Trained, warm:
 
 def _evaluated(cfg: JobConfig, pending: dict[str, Any], summary: dict[str, Any]) -> Evaluated:
     from tasks.evaluate import evaluation_result
+    from tasks.stages.tracking import record_evaluation
 
     metrics = evaluation_result(cfg, pending, summary)
     log.info("evaluate: %s", ", ".join(f"{k} {v:.4f}" for k, v in metrics.metrics.items()))
+    record_evaluation(cfg, metrics)
     if metrics.live is not None:
         log.info("evaluate: live v%d (%s): %s", metrics.live.version,
                  "cached" if metrics.live.cached else "scored in this job",
@@ -419,18 +421,21 @@ def stage_publish(
     reason: str = "retrain",
     approved_by: str | None = None,
 ) -> PublishResult:
-    """Publish the run's export as a version (with its metrics and the gate's rule results) and switch the
-    alias; the version's numbers on these suites are cached (it was scored exactly as exported)."""
+    """Publish the run's export as a version (with its metrics, the gate's rule results and its MLflow run, when
+    there is one) and switch the alias; the version's numbers on these suites are cached (it was scored exactly as
+    exported), and the MLflow run is tagged with the version."""
     from tasks.evaluate.cache import write_cached
     from tasks.plan import serving_estimate
     from tasks.stages.publish import publish
+    from tasks.stages.tracking import mlflow_run, tag_version, version_link
 
     serving = serving_estimate(cfg)
+    tracked = mlflow_run(cfg, run.experiment_key)
     result = publish(
         cfg,
         trained.checkpoint_dir,
         {**dataclasses.asdict(metrics), "train_losses": loss_curve(list(trained.losses)),
-         "gate": list(gate.rules) if gate else []},
+         "gate": list(gate.rules) if gate else [], **version_link(tracked)},
         experiment_key=run.experiment_key,
         serving_bytes=int(serving["serving_bytes"]),
         actor=actor or default_actor(),
@@ -440,6 +445,7 @@ def stage_publish(
         approved_by=approved_by,
     )
     write_cached(cfg, result.version, metrics.suite_hash, metrics.metrics)
+    tag_version(tracked, result)
     log.info("publish: %s (artifact %s)", publish_note(result), result.artifact_url)
     return result
 

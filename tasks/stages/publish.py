@@ -107,7 +107,7 @@ def publish(
     `approved_by`: the person who approved this publish (the retrain DAG's approval step checked them against
     the alias's approvers); an alias whose policy requires approval is refused without one, before anything
     is uploaded, whichever path calls (the DAG, `retrainer run`, `retrainer publish`)."""
-    from tasks.inputs.adapter import continues_adapter
+    from tasks.inputs.adapter import continues_version, parent_version
     from tasks.inputs.weights import WeightSources, fetch_model_files
     from tasks.runs.identity import RunIdentity
     from tasks.train.checkpoint import validate_checkpoint_dir
@@ -140,8 +140,7 @@ def publish(
     # A LoRA version's parent is the version whose adapter it continued (a fresh adapter has none); its
     # base is recorded beside it (tasks/inputs/adapter.py).
     lora = cfg.train.lora is not None
-    continued = not lora or continues_adapter(run.init, run.base)
-    parent = run.init.version if continued else None
+    continued, parent = continues_version(cfg, run), parent_version(cfg, run)
     lineage = Lineage(
         config_hash=run.experiment_key, data_manifest_hash=run.data_manifest_hash, code_revision=code_revision(),
         checkpoint_tag=checkpoint_dir.name, serving_bytes=serving_bytes, parent_version=parent,

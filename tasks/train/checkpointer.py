@@ -58,10 +58,10 @@ class Checkpointer:
         self.ckpt_group = tdist.new_group(backend="gloo", timeout=timedelta(seconds=self.cfg.cluster.hang_timeout_s))
         self.saves: list[dict[str, Any]] = []  # rank 0: per committed save, its seconds and training's stall
 
-    def save(self, step: int, losses: list[float]) -> Path:
+    def save(self, step: int, losses: list[float]) -> tuple[Path, float]:
         """Snapshot this rank's checkpoint to host memory and hand the write + commit to the background
         thread (tasks/train/async_save.py); training is blocked only for the snapshot (and for a previous
-        save still in flight)."""
+        save still in flight). The checkpoint's directory, and the seconds training was blocked."""
         root = self.root
         started = time.perf_counter()
         waited = self.saver.wait()
@@ -79,7 +79,7 @@ class Checkpointer:
             log.info("checkpoint %s snapshotted: training blocked %.2fs (%.2fs of it waiting for the previous save)",
                      tag, stall, waited)
         self.saver.submit(lambda: self._write_and_commit(root, tag, step, files, state, started, stall))
-        return root / tag
+        return root / tag, stall
 
     def _agree(self, error: str | None, what: str) -> None:
         """Every rank's background thread learns whether any rank failed `what` (no rank waits forever)."""

@@ -1,4 +1,5 @@
-"""Per-step telemetry (JSON lines): loss, throughput, measured compute vs communication, memory, MFU.
+"""Per-step telemetry (JSON lines): loss, throughput, measured compute vs communication, memory, MFU; and each
+step's numbers as the trackers name them.
 
 Why measured: the planner's communication estimates are checked against these
 numbers. Communication time is what DeepSpeed's comms logger times around every
@@ -125,3 +126,12 @@ class Telemetry:
     def close(self) -> None:
         if self.enabled:
             self._fh.close()
+
+
+def step_metrics(row: dict[str, Any], lr: float, grad_norm: float | None, stall_s: float | None) -> dict[str, Any]:
+    """One step's numbers as the trackers name them (tasks/train/tracking.py): the telemetry row with the learning
+    rate, the gradient norm and, at a checkpoint, how long the save blocked training (None: not measured)."""
+    return {"train/loss": row["loss"], "train/lr": lr, "train/grad_norm": grad_norm,
+            "train/tokens_per_s": row["tokens_per_s"], "train/mfu": row["mfu"], "train/step_s": row["step_s"],
+            "train/comm_s": row["comm_s"], "train/peak_mem_bytes": row["peak_mem_bytes"],
+            "checkpoint/stall_s": stall_s}

@@ -52,7 +52,8 @@ from tasks.train.rank import (
     quiet_start_up,
     report_failure,
 )
-from tasks.train.telemetry import Telemetry, comms_config
+from tasks.train.telemetry import Telemetry, comms_config, step_metrics
+from tasks.train.tracking import Tracker
 
 log = logging.getLogger("tasks.train.worker")
 
@@ -217,7 +218,8 @@ class Trainer:
         real = sum(stop - start for _, start, stop in map(self.windows.span, step))
         return out, {"trained_tokens": trained, "packed_efficiency": real / (len(step) * (self.cfg.model.seq_len + 1))}
 
-    def run(self) -> dict[str, Any]:
+    def run(self, tracking: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Train to the last step; `tracking`: where rank 0 also sends each step's numbers (tasks/train/tracking.py)."""
         cfg = self.cfg
         out = Path(cfg.train.output_dir)
         root = self.checkpoints.root
@@ -230,30 +232,36 @@ class Trainer:
             flops_per_token=self.family.flops_per_token(m), peak_flops_total=peak,
             steps=cfg.train.steps, first_step=start + 1,
         )
+        tracker = Tracker(tracking, out, enabled=self.rank == 0)
         self.report("training", start, losses[-1] if losses else None)
         final_dir = None
         try:
             for step0 in range(start, cfg.train.steps):
                 step = step0 + 1
                 data, packing = self.batches(step0)
+                lr = self.engine.get_lr()[0]  # this step's (the scheduler moves on inside train_batch)
                 t0 = telemetry.start()
                 loss_t = self.engine.train_batch(data_iter=iter(data))
                 loss = float(loss_t.detach().float().item())
                 check_finite(loss, "loss", step)
                 norm = self.engine.get_global_grad_norm()
                 check_finite(None if norm is None else float(norm), "grad norm", step)
-                telemetry.record(step, loss, t0, packing)
+                row = telemetry.record(step, loss, t0, packing)
                 self.checkpoints.saver.check()
                 losses.append(loss)
+                stall = None
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                    final_dir = self.checkpoints.save(step, losses)
+                    final_dir, stall = self.checkpoints.save(step, losses)
+                tracker.log(step, step_metrics(row, lr, norm, stall))
                 self.memory.record(step)
                 self.report("training", step, loss)
         except TrainingFailedError:
+            tracker.close(failed=True)
             self.checkpoints.saver.drain()
             raise
         self.checkpoints.saver.wait()  # the final checkpoint is committed before the rank reports success
         telemetry.close()
+        tracker.close()
         if final_dir is None:  # resumed at the last step: nothing left to run
             final_dir = root / ck.tag_for(cfg.train.steps)
         exported = self.export_final(out, final_dir.name) if self.export is not None else None
@@ -331,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, Path(args.dataset_dir), RunIdentity.from_dict(spec["run"]), init_path,
                           spec.get("export"))
-        trainer.run()
+        trainer.run(spec.get("tracking"))
     except (TrainingFailedError, InvalidInputError) as exc:
         log.error("training failed: %s", exc)
         return report_failure(cfg.train.output_dir, exc, step=trainer.last_step if trainer else 0,

@@ -91,4 +91,4 @@ def test_dockerfile_installs_the_project_with_the_readme_install_step() -> None:
     # No second, divergent way of installing Python packages in the image.
     assert not [r for r in runs if "pip install" in r], runs
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert 'pip install -e ".[test]"' in setup
+    assert 'pip install -c constraints.txt -e ".[test]"' in setup  # the locked versions (constraints.txt)
