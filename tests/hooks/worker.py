@@ -67,13 +67,13 @@ def install() -> None:
         unbroken_batches = worker.Trainer.batches
 
         def bad_batches(self, step0):
-            out = unbroken_batches(self, step0)
+            out, packing = unbroken_batches(self, step0)
             if step0 + 1 == at and self.rank == bad_rank:
                 x, y = out[0]
                 x = x.clone()  # a copy: the batch may be a view of the dataset's mapped file
                 x[0, 0] = self.cfg.model.vocab_size + 44
                 out[0] = (x, y)
-            return out
+            return out, packing
 
         worker.Trainer.batches = bad_batches
 
