@@ -117,7 +117,8 @@ class Launcher(ABC):
                 options: LaunchOptions) -> None:
         """Validate engine-specific inputs before anything is written (override as needed)."""
 
-    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, Any]]:
+    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity,
+                   options: LaunchOptions) -> list[dict[str, Any]]:
         """Warm every node that will train (tasks/inputs/node.py) and return their reports, refusing (naming the
         node) one that failed or verified other data. Engines that warm inside the job (Slurm's staging
         step, Kubernetes' init container) or on this machine (local: the warm task did) return []."""
@@ -269,7 +270,7 @@ class Launcher(ABC):
         self.cancel_earlier(cfg, spec)
         _, mirror_env = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         options = replace(options, secret_env={**options.secret_env, **mirror_env})
-        reports = self.warm_nodes(cfg, spec, run) if options.node_warm else []
+        reports = self.warm_nodes(cfg, spec, run, options) if options.node_warm else []
         config_json = write_worker_config(cfg, spec, run, options.init_path, options.export, options.evaluation)
         return spec, dataset_dir, run, config_json, options, reports
 

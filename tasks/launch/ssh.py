@@ -119,7 +119,8 @@ class SshLauncher(Launcher):
         self.section, self.env = section, dict(env or {})
         self.datasets: dict[str, str] = {}  # host -> the dataset dir its warm verified
 
-    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity) -> list[dict[str, object]]:
+    def warm_nodes(self, cfg: JobConfig, spec: JobSpec, run: RunIdentity,
+                   options: LaunchOptions) -> list[dict[str, object]]:
         """Warm every host in parallel; refuse (naming the host) one that failed or verified other data."""
         hosts, tag = self._hosts(cfg), new_tag()
         warm_spec = json.dumps(node_spec(cfg, run, spec.output_dir))
@@ -127,6 +128,12 @@ class SshLauncher(Launcher):
         results: dict[str, tuple[int, dict[str, object] | None, list[str]]] = {}
 
         def warm_one(i: int, host: str) -> None:
+            try:
+                results[host] = warm_on(i, host)
+            except Exception as exc:  # named below as this host's failure, never a lost thread
+                results[host] = (-1, {"error": f"{type(exc).__name__}: {exc}"}, [])
+
+        def warm_on(i: int, host: str) -> tuple[int, dict[str, object] | None, list[str]]:
             node = node_tag(tag, f"warm{i}")
             remote = (f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [
                 self.section.python, "-m", "tasks.launch.agent", "run", "--tag", node, "--grace",
@@ -136,7 +143,7 @@ class SshLauncher(Launcher):
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                     preexec_fn=die_with_parent)
             assert proc.stdin is not None and proc.stdout is not None
-            env = {**forwarded, **self.node_env(node, i), SPEC_VAR: warm_spec, "NODE_NAME": host}
+            env = {**forwarded, **self.node_env(node, i, options.secret_env), SPEC_VAR: warm_spec, "NODE_NAME": host}
             proc.stdin.write(json.dumps(env) + "\n")
             proc.stdin.flush()
             report, tail = None, []
@@ -148,7 +155,7 @@ class SshLauncher(Launcher):
                 tail = [*tail[-9:], line]
                 log.info("[%s] %s", host, line)
             proc.stdin.close()
-            results[host] = (proc.wait(), report, tail)
+            return proc.wait(), report, tail
 
         threads = [threading.Thread(target=warm_one, args=(i, h), name=f"warm-{h}") for i, h in enumerate(hosts)]
         for thread in threads:

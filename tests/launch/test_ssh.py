@@ -317,13 +317,13 @@ def test_a_retried_run_reuses_the_export_each_host_holds_a_part_of(netns_hosts: 
         "train.output_dir": str(netns_hosts.node_run), "train.checkpoint_url": f"file://{tmp_path / 'mirror'}"})
     dataset = write_dataset(tmp_path / "dataset")
     first_spec, retry_spec = export_spec(cfg)[0], export_spec(cfg)[0]
-    first = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, export=first_spec)
+    first = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, options=LaunchOptions(export=first_spec))
     files = [shard["file"]["path"] for shard in first["export"]["shards"]]
     assert files == [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]
     held = [sorted(p.name for p in (run / "export" / "step-000002").iterdir()) for run in netns_hosts.host_runs]
     assert held == [[f"shard-{i:05d}.json" for i in range(4)], [f"shard-{i:05d}.json" for i in range(4, 8)]]
 
-    retried = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, export=retry_spec)
+    retried = get_launcher(cfg, env=netns_hosts.env).run(cfg, dataset, options=LaunchOptions(export=retry_spec))
     assert retried["trained_steps"] == 0 and retried["resumed_from_step"] == 2
     assert retried["export"] == first["export"]  # every shard reused, from the first staging area
     assert list(Path(retry_spec["staging"].removeprefix("file://")).iterdir()) == []
