@@ -36,6 +36,7 @@ from tasks.train.tracking import tracking_spec
 # The rank modules `tasks.base.spawn` runs on every node: training and evaluation (tests swap in their hooked workers).
 WORKER_MODULE = "tasks.train.worker"
 EVAL_WORKER_MODULE = "tasks.evaluate.worker"
+RANK_START_MODULE = "tasks.train.start"  # runs the worker module after the ranks' start-up
 
 # The caller's environment a rank may inherit: what the runtime needs, never credentials. The portable part is
 # the job's own settings (threads, glibc's allocator, NCCL/gloo, torch, Python, CUDA), which a launcher sends to
@@ -95,7 +96,7 @@ def node_command(
         f"--nproc-per-node={per_node}",
         f"--master-addr={cfg.cluster.master_addr}",
         f"--master-port={cfg.cluster.master_port}",
-        "-m", EVAL_WORKER_MODULE if evaluation else WORKER_MODULE,
+        "-m", RANK_START_MODULE, EVAL_WORKER_MODULE if evaluation else WORKER_MODULE,
         "--config", str(config_json),
         "--dataset-dir", str(dataset_dir),
     ]  # fmt: skip

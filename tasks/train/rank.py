@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -39,13 +39,33 @@ def deepspeed_prints_to_debug():
             log.debug("deepspeed: %s", line)
 
 
+@contextlib.contextmanager
+def _mlflow_hidden() -> Iterator[None]:
+    """MLflow unimportable for the duration: DeepSpeed's autotuner (imported by its runtime config, so by any
+    DeepSpeed import) imports MLflow when it is installed, 2.9 s and ~100 MiB of RSS in every rank for a tool
+    the ranks never run (a LoRA rank peaked 100 MiB over its plan in CI). Rank 0's tracker imports it later,
+    when a run asks for MLflow."""
+    if "mlflow" in sys.modules:
+        yield
+        return
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # the import system's "not importable"
+    try:
+        yield
+    finally:
+        if sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+
+
 def quiet_start_up() -> None:
     """Before DeepSpeed is imported: name the accelerator (no "Setting accelerator to CPU" warning on
-    every rank), and drop the deprecation noise torch and DeepSpeed print at start-up. DeepSpeed's own
-    logger prints to stdout with its own time and level in brackets: its records go through ours instead
-    (one time per line in the task log, the level where the relay reads it)."""
+    every rank), import DeepSpeed without MLflow, and drop the deprecation noise torch and DeepSpeed print
+    at start-up. DeepSpeed's own logger prints to stdout with its own time and level in brackets: its
+    records go through ours instead (one time per line in the task log, the level where the relay reads it).
+    The launchers start every rank program through tasks/train/start.py, which calls this before the program's
+    module (which imports DeepSpeed) is imported."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
+    with _mlflow_hidden():
+        from deepspeed.utils import logger as deepspeed_log  # imports DeepSpeed: after DS_ACCELERATOR
 
     for handler in list(deepspeed_log.handlers):
         deepspeed_log.removeHandler(handler)

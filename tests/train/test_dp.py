@@ -86,7 +86,7 @@ def test_node_command_matches_layout(make_config, tmp_path: Path) -> None:
     cfg = make_config({"parallel.tp": 2, "parallel.pp": 2, "parallel.dp": 2, "cluster.master_port": 29611})
     cmd = node_command(cfg, tmp_path / "ds", tmp_path / "cfg.json")
     assert "--nproc-per-node=8" in cmd and "--master-port=29611" in cmd and "--nnodes=1" in cmd
-    assert cmd[cmd.index("-m", 3) + 1] == "tasks.train.worker"
+    assert cmd[cmd.index("-m", 3) + 1:cmd.index("-m", 3) + 3] == ["tasks.train.start", "tasks.train.worker"]
     assert cmd[cmd.index("--config") + 1] == str(tmp_path / "cfg.json")
     assert cmd[cmd.index("--dataset-dir") + 1] == str(tmp_path / "ds")
     two_nodes = node_command(cfg, "ds", "c.json", nnodes=2, node_rank=1)

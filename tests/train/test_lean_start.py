@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tasks import REPO_ROOT as ROOT
 
 _SCRIPT = r"""
 import json, sys
@@ -65,3 +64,16 @@ def test_eager_adamw_is_torchs_adamw_bit_for_bit_and_never_imports_the_compiler(
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"dynamo_imported": False, "equal": True, "resumed_equal": True,
                    "state_keys": ["exp_avg", "exp_avg_sq", "step"]}
+
+
+def test_a_rank_program_starts_with_deepspeed_but_without_mlflow() -> None:
+    """Every rank program goes through `tasks.train.start`: DeepSpeed is imported with the accelerator named and
+    without the MLflow its autotuner would import (2.9 s and ~100 MiB per rank, found as a LoRA rank 100 MiB over
+    its plan), and MLflow still imports afterwards for rank 0's tracker; the program gets its own arguments."""
+    done = subprocess.run([sys.executable, "-m", "tasks.train.start", "tests.train.start_probe", "--flag", "x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["deepspeed"] and not seen["mlflow"], seen
+    assert seen["mlflow_after"] == "mlflow" and seen["accelerator"] == "cpu"
+    assert seen["argv"][1:] == ["--flag", "x"] and seen["argv"][0].endswith("start_probe.py")
+    assert "Setting accelerator" not in done.stderr + done.stdout

@@ -1,0 +1,27 @@
+"""Every rank program's first step: `python -m tasks.train.start MODULE ARGS...` runs MODULE as `__main__` after
+the ranks' quiet start-up (tasks/train/rank.py `quiet_start_up`).
+
+Why a step of its own: the workers import DeepSpeed at module level (their pipeline, checkpoint and reshard
+modules subclass or call it), so anything that must hold while DeepSpeed is imported (the accelerator named,
+MLflow hidden from its autotuner) has to run before the worker module is imported, not in its `main`.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from tasks.train.rank import quiet_start_up
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m tasks.train.start MODULE [ARGS...]")
+    module = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    quiet_start_up()
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
