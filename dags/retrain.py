@@ -33,6 +33,7 @@ from airflow.sdk import (
 from retrainer_airflow.audit import run_name, triggering_user
 from retrainer_airflow.configs import MODEL_EVENTS, config_dir, job_configs
 from retrainer_airflow.contract import note_run, refusal_noted, run_overrides
+from retrainer_airflow.lineage import report_lineage
 from retrainer_airflow.operators import PublishApproval, RankJobOperator
 
 from tasks.base.alerts import deadline_missed
@@ -47,6 +48,7 @@ from tasks.registry import alias_asset_uri
 from tasks.stages import lifecycle
 from tasks.stages.approval import MAX_COMMENT, approver, publish_attribution
 from tasks.stages.gate import GateDecision
+from tasks.stages.lineage import publish_lineage
 from tasks.stages.publish import PublishResult
 
 log = logging.getLogger("dags.retrain")  # not __name__: Airflow imports DAG files as unusual_prefix_<hash>_retrain
@@ -180,10 +182,12 @@ def build_retrain_dag(config_path: Path, cfg: JobConfig):
             decision = GateDecision.from_xcom(ti.xcom_pull(task_ids="gate", key="decision"))
             answer = ti.xcom_pull(task_ids="approval")
             actor, reason = publish_attribution(answer, run_name(ctx), triggering_user(ctx))
+            cfg, run = frozen(plan_out)
             with refusal_noted(ti, "publish"):  # e.g. the alias moved while a person decided
-                result = lifecycle.stage_publish(*frozen(plan_out), lifecycle.Trained.from_xcom(summary),
+                result = lifecycle.stage_publish(cfg, run, lifecycle.Trained.from_xcom(summary),
                                                  Evaluated.from_xcom(metrics), gate=decision, actor=actor,
                                                  reason=reason, approved_by=approver(answer))
+            report_lineage(publish_lineage(run, result))  # OpenLineage, where configured: data -> version
             if result.switched:  # the event says the alias moved: only when it did
                 outlet_events[MODEL_EVENTS].add(Asset(alias_asset_uri(result.model, result.alias)),
                                                 extra={"version": result.version,

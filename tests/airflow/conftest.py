@@ -41,6 +41,7 @@ from tests.services import AIRFLOW_TEST_USERS, free_port
 ROOT = REPO_ROOT
 RETRAINER = str(Path(sys.executable).with_name("retrainer"))  # the venv's console script
 PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
+LINEAGE_EVENTS = "openlineage.jsonl"  # the standalone's OpenLineage events, one JSON per line
 
 # The README's "Under Airflow" commands after `retrainer`, in its order; the last one keeps running.
 README_AIRFLOW_COMMANDS = [
@@ -307,6 +308,10 @@ def running_standalone(home: Path, tenants: list[Tenant], env: dict[str, str]) -
         "AIRFLOW__API__PORT": str(port),  # and not AIRFLOW__API__BASE_URL: the wrapper derives it
         "RETRAINER_CONFIG_DIR": str(config_dir),
         "RETRAINER_HOME": str(home / "retrainer"),
+        # README: Lineage, with OpenLineage's file transport in place of a backend (tests read the events).
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(home / LINEAGE_EVENTS),
+                                                       "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "retrainer-test",
         # Harness tuning for 2 busy cores:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__API__WORKERS": "1",

@@ -15,13 +15,14 @@ moved, and a screenshot of it is not blank. The tests run in file order on this 
 
 from __future__ import annotations
 
+import json
 import time
 from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
 from tests.airflow.browser import browser, chromium_binary, pixel_stats, screenshot, section
-from tests.airflow.conftest import Standalone, Tenant
+from tests.airflow.conftest import LINEAGE_EVENTS, Standalone, Tenant
 from tests.services import free_port, require
 
 MODEL, ALIAS = "plain-llama", "production"
@@ -32,6 +33,28 @@ PRODUCER = "publish_dataset"
 pytestmark = pytest.mark.multiproc
 
 TENANT = Tenant(models={MODEL: None}, dag_ids=(RETRAIN, ROLLBACK, PRODUCER))
+
+
+def ol_name(location: str) -> tuple[str, str]:
+    """(namespace, name) of the OpenLineage dataset Airflow's file-asset converter makes of a local path or URL."""
+    return "file", urlsplit(location).path if "://" in location else location
+
+
+def lineage_event(sa: Standalone, job: str, output_url: str, timeout_s: float = 120) -> dict:
+    """The COMPLETE event of OpenLineage job `job` whose outputs name `output_url` (a local store's artifact), from
+    the standalone's event file: polled, since the listener writes it as the task ends."""
+    path, want = sa.home / LINEAGE_EVENTS, ol_name(output_url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        for event in map(json.loads, lines):
+            if event.get("eventType") == "COMPLETE" and event["job"]["name"] == job and want in {
+                    (d["namespace"], d["name"]) for d in event.get("outputs", [])}:
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no COMPLETE event of {job} with output {want} in {len(lines)} events:\n"
+                                 + "\n".join(line[:300] for line in lines[-5:]))
+        time.sleep(0.5)
 
 
 def _registry(sa: Standalone):
@@ -105,6 +128,11 @@ def test_data_arrival_retrains_on_the_snapshot_and_a_rollback_is_respected(stand
     assert v2.created_by == f"airflow {RETRAIN}/{arrived}"  # the data started it: no person to name
     assert snapshot.startswith(str(standalone.model_home(MODEL) / "store" / "data") + "-snapshots/")
     assert f"data arrived at {snapshot}" in standalone.task_log(RETRAIN, arrived, "plan")
+    # What the lineage backend draws (README: Lineage): the publish's OpenLineage event takes the snapshot and the
+    # version it started from in, and gives v2 out.
+    event = lineage_event(standalone, f"{RETRAIN}.publish", v2.artifact_url)
+    assert {ol_name(snapshot), ol_name(v1.artifact_url)} == {(d["namespace"], d["name"]) for d in event["inputs"]}
+    assert event["run"]["facets"]["airflow"]["dagRun"]["run_id"] == arrived
 
     resp = standalone.trigger(ROLLBACK, {"model": MODEL, "reason": "standalone test"})
     assert resp.status_code == 200, resp.text
