@@ -25,6 +25,7 @@ from tasks.config.model import ModelConfig
 from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models.common.init import no_default_init
+from tasks.models.common.packing import Packing, pack, unpack
 from tasks.models.grid import build_grid
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
@@ -87,22 +88,33 @@ class ShardedModel:
     @torch.no_grad()
     def forward_nll(self, windows: torch.Tensor) -> torch.Tensor | None:
         """Per-token NLL [B, seq_len] of [B, seq_len + 1] windows on the last stage (None on the others).
-        Collective over this DP replica's ranks: each of them calls it with the same windows, which cross the
-        stages `windows_per_forward` at a time."""
-        step = windows_per_forward(windows.shape[0], self.pp)
-        scored = [self._forward_nll(windows[i:i + step]) for i in range(0, windows.shape[0], step)]
+        Collective over this DP replica's ranks: each of them calls it with the same windows."""
+        return self.score(windows[:, :-1], windows[:, 1:])
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, targets: torch.Tensor, packing: Packing | None = None
+              ) -> torch.Tensor | None:
+        """Per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the others); a packed
+        batch's `packing` (positions, documents) is known to every rank of the replica, so only the activations
+        cross the stages, `windows_per_forward` windows at a time. Collective over this DP replica's ranks."""
+        step = windows_per_forward(tokens.shape[0], self.pp)
+        scored = [self._forward_nll(tokens[i:i + step], targets[i:i + step],
+                                    None if packing is None else (packing[0][i:i + step], packing[1][i:i + step]))
+                  for i in range(0, tokens.shape[0], step)]
         return None if scored[0] is None else torch.cat(scored)  # type: ignore[arg-type]
 
-    def _forward_nll(self, windows: torch.Tensor) -> torch.Tensor | None:
-        x, y = windows[:, :-1].to(self.device), windows[:, 1:].to(self.device)
+    def _forward_nll(self, x: torch.Tensor, y: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
+        x, y = x.to(self.device), y.to(self.device)
+        if packing is not None:
+            packing = (packing[0].to(self.device), packing[1].to(self.device))
         if self.stage == 0:
             hidden = x
         else:
             hidden = torch.empty(x.shape[0], x.shape[1], self.m.d_model, device=self.device, dtype=self.dtype)
             tdist.recv(hidden, src=self._peer[self.stage - 1])
-        out = self.module(hidden)
+        out = self.module(pack(hidden, packing))
         if not self.last_stage:
-            tdist.send(out.contiguous(), dst=self._peer[self.stage + 1])
+            tdist.send(unpack(out)[0].contiguous(), dst=self._peer[self.stage + 1])
             return None
         return self.token_nll(out, y)
 

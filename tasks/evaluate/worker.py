@@ -37,20 +37,28 @@ from tasks.data.tokens import ShardRules
 from tasks.data.warm import warm
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
+from tasks.families import FAMILIES
 from tasks.inputs.weights import WeightSources, fetch_model_files, fetch_weights
 from tasks.runs.identity import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
 from tasks.train.memory_trace import peak_rss_bytes
 from tasks.train.mirror import Mirror
+from tasks.train.packing import IGNORE, packed_inputs
 from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
 
 log = logging.getLogger("tasks.evaluate.worker")
 
 
-def score_batch(model: ShardedModel, windows: torch.Tensor) -> torch.Tensor | None:
-    """Per-token NLL of one batch on the last stage (None elsewhere); one call per evaluated batch."""
-    return model.forward_nll(windows)
+def score_batch(model: ShardedModel, windows: TokenWindows, indices: list[int]) -> torch.Tensor | None:
+    """The NLL of every scored token of one batch on the last stage (None elsewhere); one call per evaluated batch.
+    A chat dataset's windows are packed conversations, scored on the assistant's tokens only (as trained)."""
+    if not windows.packed:
+        return model.forward_nll(windows.get(indices))
+    (tokens, positions, docs), labels = packed_inputs(windows.get_packed(indices))
+    scored = labels != IGNORE
+    nll = model.score(tokens, labels.masked_fill(~scored, 0), (positions, docs))
+    return None if nll is None else nll[scored.to(nll.device)]
 
 
 class Evaluation:
@@ -168,10 +176,14 @@ class Evaluation:
     def score_suite(self, model: ShardedModel, dataset_dir: Path, split: str) -> dict[str, float]:
         m, p, s = self.job.model, self.job.parallel, self.spec
         windows = TokenWindows(dataset_dir, split, m.seq_len, m.vocab_size)
+        if windows.packed and FAMILIES[m.family].routed:
+            raise InvalidInputError(f"{dataset_dir}: a chat dataset (packed conversations) cannot be scored by "
+                                    f"model.family {m.family!r} yet: its routed blocks do not carry the document "
+                                    "boundaries")
         order = window_order(len(windows), s["batches"], s["batch_size"])
         sums = torch.zeros(2, dtype=torch.float64)
         for b in range(model.dp_rank, s["batches"], p.dp):
-            nll = score_batch(model, windows.get(order[b * s["batch_size"]:(b + 1) * s["batch_size"]]))
+            nll = score_batch(model, windows, order[b * s["batch_size"]:(b + 1) * s["batch_size"]])
             if nll is not None and model.tp.rank == 0:  # one count per replica: TP peers hold the same losses
                 sums += torch.tensor([nll.double().sum().item(), nll.numel()], dtype=torch.float64)
             self.done += 1

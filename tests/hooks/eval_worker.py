@@ -17,22 +17,28 @@ def install() -> None:
         product_score = worker.score_batch
         batch = {"n": 0}
 
-        def score_batch(model, windows):  # once per evaluated batch
+        def score_batch(model, windows, indices):  # once per evaluated batch
             batch["n"] += 1
             log.info("evaluate: hook: sleeping %.1f s before batch %d", delay, batch["n"])
             time.sleep(delay)
-            return product_score(model, windows)
+            return product_score(model, windows, indices)
 
         worker.score_batch = score_batch
 
     if bad_rank := os.environ.get("HOOK_EVAL_BAD_TOKEN_RANK"):  # that rank's embedding raises IndexError
         unbroken_score = worker.score_batch
 
-        def bad_score_batch(model, windows):
+        def bad_score_batch(model, windows, indices):
             if os.environ.get("RANK") == bad_rank:
-                windows = windows.clone()
-                windows[0, 0] = model.m.vocab_size + 44
-            return unbroken_score(model, windows)
+                read = windows.get
+
+                def get(which):  # this batch's first token past the vocabulary
+                    batch = read(which).clone()
+                    batch[0, 0] = model.m.vocab_size + 44
+                    return batch
+
+                windows.get = get
+            return unbroken_score(model, windows, indices)
 
         worker.score_batch = bad_score_batch
 
