@@ -6,32 +6,25 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from tasks.data.prepare.core import PrepareOptions, prepare
 from tasks.evaluate import evaluate
 from tasks.evaluate.spec import window_order
 from tasks.models import get_family
 from tasks.runs.identity import for_dataset
 from tasks.train.data import TokenWindows
-from tests.chat import LLAMA3, chat_tokenizer, conversations, write_chat_jsonl
+from tests.chat import LLAMA3
 from tests.checkpoints import commit_reference
 from tests.train.conftest import tiny_config
-from tests.train.test_packed import MODEL, SEQ, documents, hf_loss
+from tests.train.test_packed import MODEL, SEQ, chat_dataset, conversations_in, documents, hf_loss
 
 SEED = 3
 
 
 @pytest.mark.multiproc
 def test_held_out_conversations_are_scored_on_the_assistant_tokens_across_stages(tmp_path: Path) -> None:
-    tok = chat_tokenizer(tmp_path / "tok", LLAMA3)
-    data = write_chat_jsonl(tmp_path / "chats.jsonl", conversations(48, seed=9, most=4))
-    source = tmp_path / "ds"
-    prepare(PrepareOptions(inputs=[str(data)], tokenizer=str(tok), dest=str(source), workers=1,
-                           heldout_fraction=0.5, chat=True, seq_len=SEQ, overlong="drop"))
+    source = chat_dataset(tmp_path, LLAMA3, 48, seed=9, heldout_fraction=0.5)
     cfg = tiny_config(tmp_path, {"model.family": "llama", **{f"model.{k}": v for k, v in MODEL.items()},
                                  "data.source_url": str(source), "evaluate.dtype": "fp32",
                                  "publish.export_dtype": "fp32",  # scored as published: unrounded here
@@ -44,12 +37,7 @@ def test_held_out_conversations_are_scored_on_the_assistant_tokens_across_stages
     windows = TokenWindows(source, "heldout", SEQ, cfg.model.vocab_size)
     order = window_order(len(windows), cfg.evaluate.batches, cfg.evaluate.batch_size)
     assert len(set(order.tolist())) == len(order)  # each window once: the expected loss counts it once
-    convs: list[Any] = []
-    for w in order.tolist():
-        shard, start, _ = windows.span(w)
-        for a, b in documents(windows, w):
-            convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
-                          windows.masks[shard][start + a:start + b].astype(bool).tolist()))
+    convs = conversations_in(windows, order.tolist())
     assert sum(len(documents(windows, w)) > 1 for w in order.tolist()) >= 2  # windows packing several
     want, assistant_tokens = hf_loss(cfg.model, SEED, convs)
     assert scored["heldout.tokens"] == assistant_tokens

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -26,11 +25,12 @@ SEQ = 128
 MODEL = dict(vocab_size=512, seq_len=SEQ, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64)
 
 
-def chat_dataset(tmp_path: Path, template: str, n: int, seed: int = 5) -> Path:
+def chat_dataset(tmp_path: Path, template: str, n: int, seed: int = 5, heldout_fraction: float = 0.0) -> Path:
+    """A prepared chat dataset at tmp_path/ds: `n` seeded conversations rendered with `template`."""
     tok = chat_tokenizer(tmp_path / "tok", template)
     data = write_chat_jsonl(tmp_path / "chats.jsonl", conversations(n, seed=seed, most=4))
     prepare(PrepareOptions(inputs=[str(data)], tokenizer=str(tok), dest=str(tmp_path / "ds"), workers=1,
-                           heldout_fraction=0.0, chat=True, seq_len=SEQ, overlong="drop"))
+                           heldout_fraction=heldout_fraction, chat=True, seq_len=SEQ, overlong="drop"))
     return tmp_path / "ds"
 
 
@@ -39,6 +39,17 @@ def documents(windows: TokenWindows, i: int) -> list[tuple[int, int]]:
     _, start, stop, firsts = windows.documents(i)
     bounds = [*firsts.tolist(), stop - start]
     return list(pairwise(bounds))
+
+
+def conversations_in(windows: TokenWindows, indices: list[int]) -> list[tuple[list[int], list[bool]]]:
+    """(tokens, assistant mask) of every conversation the windows `indices` hold, whole, in order."""
+    convs = []
+    for w in indices:
+        shard, start, _ = windows.span(w)
+        for a, b in documents(windows, w):
+            convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
+                          windows.masks[shard][start + a:start + b].astype(bool).tolist()))
+    return convs
 
 
 # Each attention path: Llama's causal SDPA, a sliding band (Mistral), Gemma 3's sliding/global layers with QK-norm,
@@ -97,7 +108,7 @@ def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
-def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[int]]]) -> tuple[float, int]:
+def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[bool]]]) -> tuple[float, int]:
     """transformers' loss of our seeded initial weights, conversation by conversation, labels -100 outside the
     assistant tokens, as one mean over every assistant token; and how many there are."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -138,12 +149,7 @@ def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: P
     summary = train(cfg, dataset)
     # Step 1's global batch is 2 x half windows of the packed dataset: the conversations they hold, whole.
     step = np.random.default_rng([cfg.train.seed, 0]).permutation(len(windows))[:2 * half]
-    convs: list[Any] = []
-    for w in step.tolist():
-        shard, start, _ = windows.span(w)
-        for a, b in documents(windows, w):
-            convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
-                          windows.masks[shard][start + a:start + b].astype(bool).tolist()))
+    convs = conversations_in(windows, step.tolist())
     want, trained = hf_loss(cfg.model, cfg.train.seed, convs)
     assert abs(summary["first_loss"] - want) <= 1e-5 * want, (summary["first_loss"], want)
     row = json.loads(Path(summary["telemetry_path"]).read_text().splitlines()[0])
@@ -156,11 +162,7 @@ def test_a_chat_dataset_for_a_mixture_of_experts_is_refused_before_a_rank_starts
     from tasks.data.warm import warm_mixture
     from tests.train.conftest import tiny_config
 
-    tok = chat_tokenizer(tmp_path / "tok", QWEN)
-    data = write_chat_jsonl(tmp_path / "chats.jsonl", conversations(16, seed=5, most=4))
-    source = tmp_path / "ds"
-    prepare(PrepareOptions(inputs=[str(data)], tokenizer=str(tok), dest=str(source), workers=1,
-                           heldout_fraction=0.25, chat=True, seq_len=SEQ, overlong="drop"))
+    source = chat_dataset(tmp_path, QWEN, 16, heldout_fraction=0.25)
     cfg = tiny_config(tmp_path, {"model.family": "qwen3_moe", "model.qk_norm": True, "model.vocab_size": 512,
                                  "model.seq_len": SEQ, "model.num_experts": 4, "model.num_experts_per_tok": 2,
                                  "data.source_url": str(source)})
