@@ -102,11 +102,13 @@ def family_refusal(m: ModelConfig) -> str | None:
 def lora_refusal(m: ModelConfig, target_modules: tuple[str, ...]) -> str | None:
     """Why `train.lora` cannot adapt `m`: target modules the family does not have (listing the ones it has);
     None when it can. A tied embedding is frozen base weight like any other (tasks/train/pipeline.py)."""
-    known = FAMILIES[m.family].lora_targets
-    unknown = [n for n in target_modules if n not in known]
+    spec = FAMILIES[m.family]
+    unknown = [n for n in target_modules if n not in spec.lora_targets]
     if unknown:
+        why = (" (the routed experts: adapters on them are not supported yet, and vLLM ignores expert adapters it "
+               "does not support)") if set(unknown) & set(spec.expert_targets) else ""
         return (f"train.lora.target_modules: unknown to model.family {m.family!r}: "
-                f"{', '.join(map(repr, unknown))}; its modules: {', '.join(sorted(known))}")
+                f"{', '.join(map(repr, unknown))}{why}; its modules: {', '.join(sorted(spec.lora_targets))}")
     return None
 
 

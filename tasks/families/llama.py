@@ -5,7 +5,9 @@ from __future__ import annotations
 from tasks.families.spec import FamilySpec
 
 ROTARY = ("rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim")  # every rotary family's options
-PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # its block linears (PEFT)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # the attention's linears (PEFT names)
+MLP = ("gate_proj", "up_proj", "down_proj")  # the SwiGLU MLP's
+PROJ = (*ATTENTION, *MLP)  # its block linears
 
 LLAMA = FamilySpec(
     name="llama",

@@ -54,7 +54,12 @@ def check_vllm_rules(adapter_dir: Path, max_lora_rank: int = 512) -> None:
 @pytest.fixture
 def lora_run(tmp_path: Path):
     """(cfg, checkpoint, base HF dir): a trained-looking LoRA checkpoint (B moved off zero) and its base."""
-    cfg = tiny_config(tmp_path, {"model.family": "llama", "model.vocab_size": 256, "train.lora": LORA})
+    return lora_checkpoint(tmp_path, tiny_config(tmp_path, {"model.family": "llama", "model.vocab_size": 256,
+                                                            "train.lora": LORA}))
+
+
+def lora_checkpoint(tmp_path: Path, cfg):
+    """(cfg, checkpoint, base HF dir) of `cfg`'s model and adapters, the adapters' B moved off zero."""
     m = cfg.model
     model = get_family(m.family).Reference(m, 3)
     base_state = {n: t.clone() for n, t in model.state_dict().items()}
@@ -71,11 +76,28 @@ def lora_run(tmp_path: Path):
     return cfg, checkpoint, base
 
 
+MOE = {"model.qk_norm": True, "model.num_experts": 4, "model.num_experts_per_tok": 2, "model.mlp_only_layers": [1]}
+
+
 def test_peft_loads_our_adapter_and_gives_our_logits(lora_run, tmp_path: Path) -> None:
+    assert_peft_parity(lora_run, tmp_path)
+
+
+def test_a_mixture_of_experts_takes_attention_adapters_and_refuses_expert_ones_by_name(tmp_path: Path) -> None:
+    """Qwen3-MoE (a routed layer and a dense one): adapters on the attention projections load in peft on the
+    transformers model and give our logits; one on the experts is refused before anything runs, naming why."""
+    attention = {**LORA, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    cfg = tiny_config(tmp_path, {"model.family": "qwen3_moe", "model.vocab_size": 256, **MOE, "train.lora": attention})
+    assert_peft_parity(lora_checkpoint(tmp_path, cfg), tmp_path)
+    with pytest.raises(ValueError, match=r"train.lora.target_modules: .*'gate_proj'.*routed experts"):
+        cfg.with_overrides({"train.lora": LORA})
+
+
+def assert_peft_parity(run, tmp_path: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg, checkpoint, base = lora_run
+    cfg, checkpoint, base = run
     m, lora = cfg.model, cfg.train.lora
     adapter = write_adapter(m, lora, open_weights(checkpoint, m), tmp_path / "adapter", base_model=str(base),
                             dtype="fp32")
