@@ -75,9 +75,9 @@ class Telemetry:
         take_comm_seconds()  # drop anything before the step (checkpoint I/O barriers etc.)
         return time.perf_counter()
 
-    def record(self, step: int, loss: float, started: float, packing: dict[str, Any] | None = None) -> dict[str, Any]:
-        """`packing` (a chat run): the step's trained (assistant) tokens and packed efficiency (real tokens /
-        window tokens), added to its row."""
+    def record(self, step: int, loss: float, started: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`extra`, added to the step's row: a chat run's trained (assistant) tokens and packed efficiency (real
+        tokens / window tokens); a mixture of experts' `expert_load` per MoE layer."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         step_s = time.perf_counter() - started
@@ -92,7 +92,7 @@ class Telemetry:
             "comm_s": comm_s,
             "peak_mem_bytes": peak_memory_bytes(),
             "mfu": (tokens_per_s * self.flops_per_token / self.peak_flops_total) if self.peak_flops_total else None,
-            **(packing or {}),
+            **(extra or {}),
         }
         if self.enabled:
             self._fh.write(json.dumps(row) + "\n")
@@ -131,7 +131,11 @@ class Telemetry:
 def step_metrics(row: dict[str, Any], lr: float, grad_norm: float | None, stall_s: float | None) -> dict[str, Any]:
     """One step's numbers as the trackers name them (tasks/train/tracking.py): the telemetry row with the learning
     rate, the gradient norm and, at a checkpoint, how long the save blocked training (None: not measured)."""
-    return {"train/loss": row["loss"], "train/lr": lr, "train/grad_norm": grad_norm,
-            "train/tokens_per_s": row["tokens_per_s"], "train/mfu": row["mfu"], "train/step_s": row["step_s"],
-            "train/comm_s": row["comm_s"], "train/peak_mem_bytes": row["peak_mem_bytes"],
-            "checkpoint/stall_s": stall_s}
+    metrics = {"train/loss": row["loss"], "train/lr": lr, "train/grad_norm": grad_norm,
+               "train/tokens_per_s": row["tokens_per_s"], "train/mfu": row["mfu"], "train/step_s": row["step_s"],
+               "train/comm_s": row["comm_s"], "train/peak_mem_bytes": row["peak_mem_bytes"],
+               "checkpoint/stall_s": stall_s}
+    for layer, load in row.get("expert_load", {}).items():  # 1.0 each: balanced; max >> 1: a collapsing router
+        metrics[f"moe/layer_{layer}/max_load"] = load["max"] / load["mean"]
+        metrics[f"moe/layer_{layer}/min_load"] = load["min"] / load["mean"]
+    return metrics

@@ -33,6 +33,7 @@ from tasks.base.job_status import State, Status, log_for_relay, now, write_statu
 from tasks.config.schema import TrainingJob
 from tasks.models import get_family
 from tasks.models.common.init import no_default_init
+from tasks.models.common.moe import take_expert_loads
 from tasks.models.export import FILES_PER_STAGE
 from tasks.models.grid import build_grid
 from tasks.models.shapes import TRAINING_PARTITION
@@ -246,7 +247,7 @@ class Trainer:
                 check_finite(loss, "loss", step)
                 norm = self.engine.get_global_grad_norm()
                 check_finite(None if norm is None else float(norm), "grad norm", step)
-                row = telemetry.record(step, loss, t0, packing)
+                row = telemetry.record(step, loss, t0, {**(packing or {}), **self.expert_loads()})
                 self.checkpoints.saver.check()
                 losses.append(loss)
                 stall = None
@@ -266,6 +267,24 @@ class Trainer:
             final_dir = root / ck.tag_for(cfg.train.steps)
         exported = self.export_final(out, final_dir.name) if self.export is not None else None
         return self.summary(out, final_dir, start, losses, exported)
+
+    def expert_loads(self) -> dict[str, Any]:
+        """A mixture of experts' routing this step, for rank 0's telemetry: `expert_load` {block index: {min, max,
+        mean}} of each MoE layer's picks per expert, summed over the data-parallel replicas (the TP peers of a
+        replica route the same tokens: counted once), every stage's layers; {} for a dense model."""
+        if not self.family.spec.routed:
+            return {}
+        loads = take_expert_loads(self.engine.module)  # every rank reads its counts, so every rank's restart
+        gathered: list[Any] = [None] * self.world if self.rank == 0 else []
+        tdist.gather_object(loads if self.tp.rank == 0 else {}, gathered if self.rank == 0 else None, dst=0)
+        if self.rank != 0:
+            return {}
+        layers: dict[int, list[int]] = {}
+        for part in gathered:
+            for index, counts in part.items():
+                layers[index] = [a + b for a, b in zip(layers.get(index, [0] * len(counts)), counts, strict=True)]
+        return {"expert_load": {str(i): {"min": min(c), "max": max(c), "mean": sum(c) / len(c)}
+                                for i, c in sorted(layers.items())}}
 
     def export_final(self, out: Path, tag: str) -> dict[str, Any]:
         """Write the final weights' Hugging Face files into the store's staging area (`FILES_PER_STAGE` per stage;

@@ -12,6 +12,7 @@ get the same check from imported weights, in the one tp=2 x pp=2 run each alread
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import torch
 from tasks.launch import train
 from tasks.models.weights import open_weights
 from tasks.train.reference import train_reference
+from tests.train.test_tracking import scalars
 
 pytestmark = pytest.mark.multiproc
 
@@ -37,10 +39,11 @@ LAYOUTS = {
                           "model.decoder_sparse_step": 2, "parallel.pp": 2, "parallel.tp": 2,
                           "parallel.micro_batches": 2},
     # Mixtral with transformers' auxiliary load-balancing loss across two stages, each split over two TP ranks: each
-    # layer's aux gradient needs every layer's routing, later stages' included (RouterAux).
+    # layer's aux gradient needs every layer's routing, later stages' included (RouterAux); its blocks recompute
+    # in backward, which must neither change the aux gradient nor count a token's routing twice.
     "mixtral-aux-pp2-tp2": {"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
                             "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5, "parallel.pp": 2,
-                            "parallel.tp": 2, "parallel.micro_batches": 2},
+                            "parallel.tp": 2, "parallel.micro_batches": 2, "train.activation_checkpointing": True},
 }
 
 
@@ -55,6 +58,20 @@ def test_layout_matches_single_process_reference(layout: str, make_config, datas
     assert ref.losses[-1] < ref.losses[0]  # it trains: equality is not between two constants
     for step, (got, want) in enumerate(zip(summary["losses"], ref.losses, strict=True), start=1):
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: 3D loss {got} vs reference {want}"
+
+    rows = [json.loads(line) for line in Path(summary["telemetry_path"]).read_text().splitlines()]
+    m, p = cfg.model, cfg.parallel
+    if m.num_experts is not None:  # each step's routing per MoE layer, every stage's: each token's k picks once
+        picks = cfg.train.micro_batch_size * p.micro_batches * p.dp * m.seq_len * m.num_experts_per_tok
+        for row in rows:
+            assert sorted(map(int, row["expert_load"])) == [i for i in range(m.n_layers) if m.routed(i)], row
+            for load in row["expert_load"].values():
+                assert load["mean"] * m.num_experts == picks and load["min"] <= load["mean"] <= load["max"], row
+        board = scalars(Path(summary["telemetry_path"]).parent)  # and in TensorBoard, as max / mean per layer
+        for layer, load in rows[-1]["expert_load"].items():
+            assert board[f"moe/layer_{layer}/max_load"][-1] == (6, pytest.approx(load["max"] / load["mean"]))
+    else:
+        assert not any("expert_load" in row for row in rows)
 
     weights = open_weights(summary["checkpoint_dir"], cfg.model)
     want_state = ref.model.state_dict()

@@ -145,12 +145,18 @@ class SparseMoE(nn.Module):
         self.tp, self.m = tp, m
         self.router = Router(m)
         self.experts = Experts(m, tp)
+        # Each expert's picks in training since `take_expert_loads` last read them (telemetry: a collapsing router
+        # shows as one expert taking most tokens); not state: no checkpoint or export holds it.
+        self.register_buffer("load", torch.zeros(m.num_experts or 0, dtype=torch.int64), persistent=False)
 
     def forward(self, x: torch.Tensor, carrier: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the experts' weighted sum, the carrier with this layer's routing added: see RouterAux)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits, probs, weights, chosen = self.router(flat)
+        # Counted in the forward pass only: an activation-checkpointing recompute runs inside the backward pass.
+        if self.training and torch._C._current_graph_task_id() == -1:
+            self.load += torch.bincount(chosen.flatten(), minlength=self.load.shape[0])
         if carrier is not None:
             carrier = RouterAux.apply(carrier, logits, probs.detach(), chosen, aux_scale(self.m, flat.shape[0]))
         if self.cast_weights:
@@ -202,7 +208,7 @@ class TransformerBlock(blocks.TransformerBlock):
     def __init__(self, m: ModelConfig, index: int, seed: int | None, tp: TPGroup | None = None) -> None:
         nn.Module.__init__(self)
         tp = tp or TPGroup()
-        self.ref_prefix = f"blocks.{index}"
+        self.index, self.ref_prefix = index, f"blocks.{index}"
         self.attn_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
         self.attn = blocks.Attention(m, tp)
         self.mlp_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
@@ -218,6 +224,17 @@ class TransformerBlock(blocks.TransformerBlock):
         else:
             y = self.mlp(self.mlp_norm(x))
         return x + y if carrier is None else (x + y, carrier)
+
+
+def take_expert_loads(module: nn.Module) -> dict[int, list[int]]:
+    """Each MoE layer of `module` (a pipeline stage, or a whole model) by block index: its experts' picks since
+    the last call, which resets them."""
+    out = {}
+    for block in module.modules():
+        if isinstance(block, TransformerBlock) and isinstance(block.mlp, SparseMoE):
+            out[block.index] = block.mlp.load.tolist()
+            block.mlp.load.zero_()
+    return out
 
 
 class Reference(common.Reference):
