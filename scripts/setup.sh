@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install retrainer with exactly the versions in constraints.txt, the lock of every dependency
-# (`bash scripts/lock.sh` updates it). Idempotent: skips when pyproject.toml and constraints.txt have not changed
-# since the last successful install.
+# (`bash scripts/lock.sh` updates it). Idempotent: skips when pyproject.toml, constraints.txt and this script have
+# not changed since the last successful install.
 #
 # uv installs (seconds where pip takes minutes); pip only where uv cannot run. uv is told where pip finds local
 # wheels (pip's find-links): where the machine keeps a CPU build of the locked torch there, both take it (a local
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 UV_VERSION=0.13.9  # the uv that setup installs where none is on PATH
-stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
 echo "setup: creating .venv and installing the locked dependencies (first time: a minute or two)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
