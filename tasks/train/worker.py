@@ -15,6 +15,7 @@ launcher supervises.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch.utils.checkpoint import checkpoint
 
 from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError, TrainingFailedError
@@ -171,6 +173,10 @@ class Trainer:
                 # Only the blocks recompute: DeepSpeed's default also wraps the embedding (its integer input has no
                 # grad: the reentrant checkpoint then loses its gradient) and the head (a loss that is no scalar).
                 checkpointable_layers=[self.family.TransformerBlock.__name__],
+                # torch's non-reentrant checkpoint, not DeepSpeed's reentrant one: a stage that passes on a tuple
+                # (a mixture of experts' routing carrier beside the activations) gets one backward call per tensor
+                # from DeepSpeed's pipeline engine, and a reentrant checkpoint's second call found its inputs freed.
+                activation_checkpoint_func=functools.partial(checkpoint, use_reentrant=False),
             )
         if init_path is not None and (resume_from is None or self.base_path is not None):
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
