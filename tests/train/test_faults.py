@@ -304,3 +304,43 @@ def test_sigterm_to_the_cli_stops_every_rank(make_config, dataset_dir: Path, tmp
         time.sleep(0.1)
     assert _processes_with(marker.encode()) == []
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
+
+
+PACKED = {**EXPERIMENT, "model.vocab_size": 512, "model.seq_len": 128, "train.micro_batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """An unbroken run of the experiment on a chat dataset (packed conversations, assistant-token loss):
+    (tmp root, dataset dir, summary)."""
+    from tests.chat import LLAMA3
+    from tests.train.test_packed import chat_dataset
+
+    root = tmp_path_factory.mktemp("packed")
+    dataset = chat_dataset(root, LLAMA3, 60)
+    return root, dataset, train(tiny_config(root, {**PACKED, "data.source_url": str(dataset)}, out="straight"),
+                                dataset)
+
+
+def test_sigkill_then_resume_on_packed_conversations_is_bitwise_exact(packed, hooked, monkeypatch) -> None:
+    """The packed windows, their documents and the global batch's assistant-token count are functions of the
+    step: the resumed run trains on what the unbroken one did, to the same losses and final weights."""
+    root, dataset, reference = packed
+    cfg = tiny_config(root, {**PACKED, "data.source_url": str(dataset)}, out="killed")
+    ckroot = ck.ckpt_root(cfg.train.output_dir)
+    Path(cfg.train.output_dir).mkdir(parents=True)
+    hooked(HOOK_STEP_DELAY_S="1.0")
+    proc = _start(cfg, dataset)
+    try:
+        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
+        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
+    finally:
+        rc = _reap(proc)
+    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+
+    monkeypatch.delenv("HOOK_STEP_DELAY_S")
+    resumed = train(cfg, dataset)
+    assert resumed["resumed_from_step"] == 3
+    rows = [json.loads(line) for line in Path(resumed["telemetry_path"]).read_text().splitlines()]
+    assert [r["step"] for r in rows][-3:] == [4, 5, 6] and all(r["trained_tokens"] > 0 for r in rows[-3:])
+    _assert_same_final_weights(resumed, reference)
