@@ -7,8 +7,6 @@ its checkpoints hold only the adapters and their optimizer states; the resume ta
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,9 @@ from tasks.launch import train
 from tasks.models import get_family
 from tasks.models.lora import adapter_full_shapes
 from tasks.models.weights import open_weights, weights_digest
-from tasks.train import checkpoint as ck
 from tests.checkpoints import write_base_weights
 from tests.train.conftest import tiny_config, write_dataset
-from tests.train.test_faults import _children, _rank_of, _reap, _start, _wait_for
+from tests.train.test_faults import kill_a_rank_after_step_3
 
 pytestmark = pytest.mark.multiproc
 
@@ -36,16 +33,7 @@ def test_sigkill_then_resume_of_a_lora_run_is_bitwise_exact(tmp_path: Path, hook
     straight = train(tiny_config(tmp_path, EXPERIMENT, out="straight"), dataset, init_path=base)
 
     cfg = tiny_config(tmp_path, EXPERIMENT, out="killed")
-    ckroot = ck.ckpt_root(cfg.train.output_dir)
-    Path(cfg.train.output_dir).mkdir(parents=True)
-    hooked(HOOK_STEP_DELAY_S="1.0")
-    proc = _start(cfg, dataset, init_path=base)
-    try:
-        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
-        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
-    finally:
-        rc = _reap(proc)
-    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+    kill_a_rank_after_step_3(cfg, dataset, hooked, init_path=base)
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
     resumed = train(cfg, dataset, init_path=base)
 

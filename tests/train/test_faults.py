@@ -100,6 +100,23 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
         proc.wait()
 
 
+def kill_a_rank_after_step_3(cfg: JobConfig, dataset: Path, hooked: Callable[..., None],
+                             run: RunIdentity | None = None, init_path: Path | None = None) -> None:
+    """Start the hooked node command (a second per step), SIGKILL rank 1 once the step-3 checkpoint is
+    committed; the node failed and `latest` names step 3. The caller drops the step delay (monkeypatch) before
+    it resumes."""
+    ckroot = ck.ckpt_root(cfg.train.output_dir)
+    Path(cfg.train.output_dir).mkdir(parents=True)
+    hooked(HOOK_STEP_DELAY_S="1.0")
+    proc = _start(cfg, dataset, run, init_path)
+    try:
+        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
+        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
+    finally:
+        rc = _reap(proc)
+    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+
+
 def _assert_same_final_weights(summary: dict, reference: dict) -> None:
     assert summary["losses"] == reference["losses"]
     m = tiny_config(Path(summary["checkpoint_dir"]), EXPERIMENT).model
@@ -109,18 +126,7 @@ def _assert_same_final_weights(summary: dict, reference: dict) -> None:
 def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeypatch) -> None:
     root, dataset, reference = straight
     cfg = tiny_config(root, EXPERIMENT, out="killed")
-    ckroot = ck.ckpt_root(cfg.train.output_dir)
-    Path(cfg.train.output_dir).mkdir(parents=True)
-    hooked(HOOK_STEP_DELAY_S="1.0")
-    proc = _start(cfg, dataset)
-    try:
-        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
-        ranks = {_rank_of(pid): pid for pid in _children(proc.pid)}
-        os.kill(ranks[1], signal.SIGKILL)
-    finally:
-        rc = _reap(proc)
-    assert rc != 0
-    assert ck.read_latest(ckroot) == "step-000003"
+    kill_a_rank_after_step_3(cfg, dataset, hooked)
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
@@ -154,16 +160,7 @@ def test_sigkill_then_resume_on_a_mixture_is_bitwise_exact(mixture, hooked, monk
     root, dataset, run, reference = mixture
     cfg = tiny_config(root, {**EXPERIMENT, "data.source_url": str(root / "snap-new"),
                              "data.replay": [{"source_url": str(root / "snap-old"), "weight": 0.25}]}, out="killed")
-    ckroot = ck.ckpt_root(cfg.train.output_dir)
-    Path(cfg.train.output_dir).mkdir(parents=True)
-    hooked(HOOK_STEP_DELAY_S="1.0")
-    proc = _start(cfg, dataset, run)
-    try:
-        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
-        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
-    finally:
-        rc = _reap(proc)
-    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+    kill_a_rank_after_step_3(cfg, dataset, hooked, run)
     assert f"+ replay {root / 'snap-old'} (" in (Path(cfg.train.output_dir) / "torchrun.log").read_text()
 
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
@@ -327,16 +324,7 @@ def test_sigkill_then_resume_on_packed_conversations_is_bitwise_exact(packed, ho
     step: the resumed run trains on what the unbroken one did, to the same losses and final weights."""
     root, dataset, reference = packed
     cfg = tiny_config(root, {**PACKED, "data.source_url": str(dataset)}, out="killed")
-    ckroot = ck.ckpt_root(cfg.train.output_dir)
-    Path(cfg.train.output_dir).mkdir(parents=True)
-    hooked(HOOK_STEP_DELAY_S="1.0")
-    proc = _start(cfg, dataset)
-    try:
-        _wait_for(lambda: (ckroot / ck.LATEST).exists(), proc, "the step-3 checkpoint")
-        os.kill({_rank_of(pid): pid for pid in _children(proc.pid)}[1], signal.SIGKILL)
-    finally:
-        rc = _reap(proc)
-    assert rc != 0 and ck.read_latest(ckroot) == "step-000003"
+    kill_a_rank_after_step_3(cfg, dataset, hooked)
 
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
     resumed = train(cfg, dataset)
