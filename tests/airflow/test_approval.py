@@ -110,14 +110,15 @@ with create_session() as session:
     assert (ti.state, ti.next_method) == ("scheduled", "execute_complete"), (ti.state, ti.next_method)
     ti.task = SerializedDagModel.get_dag(dag_id, session=session).get_task("approval")
     ti.handle_failure("test: the answered try's stale exit event (apache/airflow#67330)", session=session)
-    print(ti.state)
+    print("state:", ti.state)
 """
 
 
 def _fail_as_the_stale_exit_event_does(sa: Standalone, run_id: str) -> None:
     done = subprocess.run([sys.executable, "-c", STALE_EXIT_EVENT, RETRAIN, run_id], env=sa.env, cwd=sa.home,
                           capture_output=True, text=True, timeout=300)
-    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["up_for_retry"]), done.stdout + done.stderr
+    # Its own line among Airflow's (the OpenLineage listener logs the FAIL event it emits to stdout after it).
+    assert done.returncode == 0 and "state: up_for_retry" in done.stdout.splitlines(), done.stdout + done.stderr
 
 
 def _pause(sa: Standalone, paused: bool) -> None:
@@ -197,9 +198,11 @@ def test_approve_through_rest_publishes_and_names_the_approver(standalone: Stand
     # The race Airflow 3.3.2 loses when a person answers at once, made certain: the scheduler is held off the
     # run (paused) while the answer is given and the answered try is failed as the stale exit event fails it.
     _pause(standalone, True)
-    _answer(standalone, run_id, "Approve", "numbers look right")
-    _fail_as_the_stale_exit_event_does(standalone, run_id)
-    _pause(standalone, False)
+    try:
+        _answer(standalone, run_id, "Approve", "numbers look right")
+        _fail_as_the_stale_exit_event_does(standalone, run_id)
+    finally:  # the module's next tests run on this DAG
+        _pause(standalone, False)
 
     run = _finished(standalone, run_id)  # the retry takes the recorded answer: nobody is asked twice
     assert standalone.task_states(RETRAIN, run_id)["publish"] == "success"
