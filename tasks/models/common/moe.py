@@ -96,10 +96,10 @@ class RouterAux(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, carrier: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor,  # type: ignore[override]
-                chosen: torch.Tensor, scale: float) -> torch.Tensor:
+                picks: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(probs)
         ctx.scale, ctx.dtype = scale, logits.dtype
-        picks = torch.bincount(chosen.flatten(), minlength=probs.shape[-1]).to(carrier.dtype)
+        picks = picks.to(carrier.dtype)  # each expert's top-k picks in this layer
         return carrier + torch.stack([picks, probs.sum(dim=0).to(carrier.dtype)])
 
     @staticmethod
@@ -155,10 +155,13 @@ class SparseMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         logits, probs, weights, chosen = self.router(flat)
         # Counted in the forward pass only: an activation-checkpointing recompute runs inside the backward pass.
-        if self.training and torch._C._current_graph_task_id() == -1:
-            self.load += torch.bincount(chosen.flatten(), minlength=self.load.shape[0])
-        if carrier is not None:
-            carrier = RouterAux.apply(carrier, logits, probs.detach(), chosen, aux_scale(self.m, flat.shape[0]))
+        counting = self.training and torch._C._current_graph_task_id() == -1
+        if counting or carrier is not None:  # each expert's picks, counted once for both
+            picks = torch.bincount(chosen.flatten(), minlength=self.load.shape[0])
+            if counting:
+                self.load += picks
+            if carrier is not None:
+                carrier = RouterAux.apply(carrier, logits, probs.detach(), picks, aux_scale(self.m, flat.shape[0]))
         if self.cast_weights:
             weights = weights.to(x.dtype)
         out = self.experts(copy_to_tp(flat, self.tp), copy_to_tp(weights, self.tp), chosen)
