@@ -45,10 +45,40 @@ class UserMetric(Strict):
     names: tuple[str, ...] = Field(min_length=1, description="the names it returns (recorded as <suite>.<name>)")
 
 
+class Benchmark(Strict):
+    """lm-evaluation-harness tasks every evaluation runs on the candidate and the live model, scored by the evaluation
+    ranks (tasks/evaluate/harness.py); each setting that changes a score is pinned here and recorded."""
+
+    name: str = Field(min_length=1, max_length=100, pattern=_SUITE_NAME)
+    tasks: tuple[str, ...] = Field(min_length=1, description="harness task or group names (metrics are "
+                                                             "<name>.<task>.<metric>)")
+    num_fewshot: int = Field(0, ge=0, le=64, description="few-shot examples per prompt (pinned: not the task's "
+                                                         "default)")
+    limit: int | None = Field(None, gt=0, description="examples per task (None: all)")
+    apply_chat_template: bool = Field(False, description="render prompts with the model's chat template")
+    include_path: str | None = Field(None, min_length=1, description="a folder of task YAML (and their data: "
+                                     "relative data_files are read from it), on the first evaluation node too")
+    metrics: tuple[str, ...] = Field(("acc",), min_length=1, description="the harness metrics recorded and gated "
+                                                                         "on (its `<metric>,<filter>` keys, "
+                                                                         "`,none` left out)")
+
+    @model_validator(mode="after")
+    def _names(self) -> Benchmark:
+        for what, names in (("tasks", self.tasks), ("metrics", self.metrics)):
+            if len(set(names)) != len(names) or any(not n or "." in n or "/" in n for n in names):
+                raise ValueError(f"benchmark {self.name!r}: {what} must be unique names without dots or "
+                                 f"slashes, got {list(names)}")
+        return self
+
+    def metric_names(self) -> list[str]:
+        return [f"{self.name}.{task}.{metric}" for task in self.tasks for metric in self.metrics]
+
+
 class GateRule(Strict):
     """One condition a candidate must meet to be published."""
 
-    metric: str = Field(description="<suite>.loss, <suite>.perplexity or <suite>.<user metric name>")
+    metric: str = Field(description="<suite>.loss, <suite>.perplexity, <suite>.<user metric name> or "
+                                    "<benchmark>.<task>.<metric>")
     direction: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better")
     against: Literal["live", "absolute"] = "live"
     tolerance: float = Field(0.0, ge=0, description="how much worse than live is allowed")
@@ -96,6 +126,7 @@ class EvaluateConfig(Strict):
     parallel: EvalParallel | None = None
     suites: tuple[EvalSuite, ...] = Field((EvalSuite(name="heldout"),), min_length=1)
     metrics: tuple[UserMetric, ...] = ()
+    benchmarks: tuple[Benchmark, ...] = ()
     gate: GateConfig = GateConfig()
 
     @model_validator(mode="after")
@@ -103,6 +134,10 @@ class EvaluateConfig(Strict):
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"evaluate.suites: suite names must be unique, got {names}")
+        benchmarks = [b.name for b in self.benchmarks]
+        if len(set(benchmarks)) != len(benchmarks) or set(benchmarks) & set(names):
+            raise ValueError(f"evaluate.benchmarks: names must be unique and differ from the suites' ({names}), got "
+                             f"{benchmarks}")
         for i, metric in enumerate(self.metrics):
             if metric.suite not in names:
                 raise ValueError(f"evaluate.metrics[{i}].suite: unknown suite {metric.suite!r} (suites: {names})")
@@ -117,6 +152,7 @@ class EvaluateConfig(Strict):
         """Every metric an evaluation reports, as the gate rules name them."""
         out = [f"{s.name}.{m}" for s in self.suites for m in BUILTIN_METRICS]
         out += [f"{m.suite}.{n}" for m in self.metrics for n in m.names]
+        out += [name for b in self.benchmarks for name in b.metric_names()]
         if len(set(out)) != len(out):
             raise ValueError(f"evaluate.metrics: two metrics report the same name ({out})")
         return out

@@ -60,6 +60,7 @@ class Evaluated:
     checkpoint_tag: str | None
     step: int | None
     experiment_key: str
+    benchmarks: dict[str, Any] = dataclasses.field(default_factory=dict)  # each benchmark's settings and record
 
     def to_xcom(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "suites": list(self.suites)}
@@ -107,6 +108,7 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
         models.append(version_entry(cfg, run, live, "live"))
     launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), run_dir / EVAL_DIR)
     pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
+               "benchmarks": launch.options.evaluation["benchmarks"],
                "live_version": None if live is None else live.version, "live_cached": live_metrics}
     return launch, pending
 
@@ -198,6 +200,8 @@ def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str
         checkpoint_tag=marker.get("tag"),
         step=marker.get("step"),
         experiment_key=marker["experiment_key"],
+        benchmarks={b["name"]: {"settings": b, **summary.get("benchmarks", {}).get("candidate", {}).get(b["name"], {})}
+                    for b in pending.get("benchmarks", [])},
     )
 
 
@@ -207,10 +211,14 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.base.credentials import split_credentials
+    from tasks.evaluate.harness import resolve_benchmarks
     from tasks.launch import JobSpec, Launch, LaunchOptions
     from tasks.plan.evaluation import evaluation_layout
 
     e = cfg.evaluate
+    if e.benchmarks and (run.init.scratch or run.init.kind == "file"):
+        raise InvalidInputError(f"evaluate.benchmarks: the harness tokenizes with the starting model's tokenizer, "
+                                f"and this run starts from {run.init.note}, which has none")
     eval_id = sha256_json({"run": run.experiment_key, "suites": key, "models": models})
     eval_cfg = evaluation_layout(cfg)
     layout = eval_cfg.parallel.layout
@@ -220,10 +228,10 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     store_options, store_env = split_credentials(cfg.publish.storage_options, fields["store"])
     model_options, model_env = split_credentials(cfg.model.pretrained_storage_options, fields["pretrained"])
     secret_env = merged_env((fields["data"], data_env), (fields["store"], store_env),
-                            (fields["pretrained"], model_env if e.metrics else {}))
+                            (fields["pretrained"], model_env if e.metrics or e.benchmarks else {}))
     spec = {
         "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size, "dtype": e.dtype,
-        "metrics": [m.model_dump(mode="json") for m in e.metrics],
+        "metrics": [m.model_dump(mode="json") for m in e.metrics], "benchmarks": resolve_benchmarks(cfg),
         "cache_dir": cfg.data.cache_dir, "data_storage_options": data_options,
         "store_url": cfg.publish.store_url, "store_options": store_options,
         "model": cfg.model.model_copy(update={"pretrained_storage_options": model_options}).model_dump(mode="json"),

@@ -29,6 +29,7 @@ from tasks.models.common.packing import Packing, pack, unpack
 from tasks.models.grid import build_grid
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
+from tasks.models.parallel import vocab_parallel_greedy
 from tasks.models.shapes import EVALUATION_PARTITION, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
@@ -57,7 +58,7 @@ class ShardedModel:
         adapter)."""
         from deepspeed.pipe import PipelineModule
 
-        self.m, self.pp = m, layout.pp
+        self.m, self.pp, self.dp = m, layout.pp, layout.dp
         with deepspeed_prints_to_debug():  # rank 0 prints "Using topology: {...}"
             self.grid = build_grid(layout)
         self.tp = self.grid.tp
@@ -103,8 +104,29 @@ class ShardedModel:
                   for i in range(0, tokens.shape[0], step)]
         return None if scored[0] is None else torch.cat(scored)  # type: ignore[arg-type]
 
+    @torch.no_grad()
+    def loglikelihoods(self, tokens: torch.Tensor, targets: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-token NLL [B, T] of `targets` after `tokens`, and whether each target is the greedy token there
+        (lm-eval's logprob and is_greedy), on the last stage (None on the others). Collective over this DP
+        replica's ranks."""
+        step = windows_per_forward(tokens.shape[0], self.pp)
+        nll, greedy = [], []
+        for i in range(0, tokens.shape[0], step):
+            out = self._forward(tokens[i:i + step], None)
+            if out is not None:
+                y = targets[i:i + step].to(self.device)
+                nll.append(self.token_nll(out, y))
+                greedy.append(vocab_parallel_greedy(out, y, self.tp, self.m.vocab_size))
+        return (torch.cat(nll), torch.cat(greedy)) if self.last_stage else None
+
     def _forward_nll(self, x: torch.Tensor, y: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
-        x, y = x.to(self.device), y.to(self.device)
+        out = self._forward(x, packing)
+        return None if out is None else self.token_nll(out, y.to(self.device))
+
+    def _forward(self, x: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
+        """The last stage's logits of one forward (None on the other stages, which pass activations on)."""
+        x = x.to(self.device)
         if packing is not None:
             packing = (packing[0].to(self.device), packing[1].to(self.device))
         if self.stage == 0:
@@ -116,7 +138,7 @@ class ShardedModel:
         if not self.last_stage:
             tdist.send(unpack(out)[0].contiguous(), dst=self._peer[self.stage + 1])
             return None
-        return self.token_nll(out, y)
+        return out
 
     @torch.no_grad()
     def nll(self, windows: torch.Tensor) -> torch.Tensor:

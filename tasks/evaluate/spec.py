@@ -4,7 +4,7 @@ The windows of a suite are a deterministic function of the config (`evaluate.bat
 `evaluate.batch_size` windows evenly spaced over the suite's split), so any layout scores the same
 tokens. The suite hash names everything that decides an evaluation's numbers except the weights
 (each suite's data by manifest hash, the windows, the model shape, the compute dtype, the user
-metrics): a live version's numbers are cached under it.
+metrics, the benchmarks): a live version's numbers are cached under it.
 """
 
 from __future__ import annotations
@@ -43,9 +43,14 @@ def resolve_suites(cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
 
 
 def suite_hash(cfg: JobConfig, suites: list[dict[str, Any]]) -> str:
-    """sha256 of what decides an evaluation's numbers besides the weights (see the module docstring)."""
+    """sha256 of what decides an evaluation's numbers besides the weights (see the module docstring); the
+    benchmarks as resolved (tasks/evaluate/harness.py: settings, harness version, task folder digest)."""
+    from tasks.evaluate.harness import resolve_benchmarks
+
     e = cfg.evaluate
+    benchmarks = resolve_benchmarks(cfg)
     return sha256_json({
+        **({"benchmarks": benchmarks} if benchmarks else {}),  # without: the hash every earlier cache entry has
         "suites": [{k: s[k] for k in ("name", "split", "manifest_hash")} for s in suites],
         "batches": e.batches, "batch_size": e.batch_size, "dtype": e.dtype,
         "model": cfg.model.model_dump(mode="json", exclude={"pretrained", "pretrained_storage_options", "dropout"}),

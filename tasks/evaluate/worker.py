@@ -35,6 +35,7 @@ from tasks.config.util import load_entry_point
 from tasks.data.report import refuse_unplanned
 from tasks.data.tokens import ShardRules
 from tasks.data.warm import warm
+from tasks.evaluate.harness import RequestScorer, run_benchmarks
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.families import FAMILIES
@@ -137,6 +138,16 @@ class Evaluation:
 
     def tokenizer(self) -> Any:
         """The starting model's tokenizer (fetched alone, once per node) for the user metrics, or None."""
+        files = self.model_files()
+        path = None if files is None else files / "tokenizer.json"
+        if path is None or not path.is_file():
+            return None
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+
+    def model_files(self) -> Path | None:
+        """The starting model's config and tokenizer files (fetched alone, once per node), or None."""
         def fetch() -> str | None:
             out = Path(self.job.train.output_dir)
             files: Path | None = out / "model-files"  # an earlier attempt's (a retry): fetched whole, or not at all
@@ -148,15 +159,10 @@ class Evaluation:
                 if files == tmp:
                     tmp.rename(out / "model-files")
                     files = out / "model-files"
-            path = None if files is None else files / "tokenizer.json"
-            return str(path) if path is not None and path.is_file() else None
+            return None if files is None else str(files)
 
         path = self.on_leaders(fetch)
-        if path is None:
-            return None
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(path)
+        return None if path is None else Path(path)
 
     def checkpoint(self, entry: dict[str, Any]) -> Path:
         path, mirror = Path(entry["path"]), entry.get("mirror")
@@ -218,6 +224,7 @@ class Evaluation:
         dirs = self.warm_suites()
         p = self.job.parallel
         results: dict[str, Any] = {}
+        benchmarks: dict[str, Any] = {}  # each model's harness record (rank 0)
         for entry in self.spec["models"]:
             weights = self.weights(entry)
             lora, adapter = self.adapter(entry)
@@ -228,13 +235,17 @@ class Evaluation:
                 for key, value in self.score_suite(model, dirs[suite["name"]], suite["split"]).items():
                     metrics[f"{suite['name']}.{key}"] = value
             metrics.update(self.user_metrics(model, dirs))
+            if self.spec["benchmarks"]:
+                scorer = RequestScorer(model, self.spec["batch_size"], self.job.model.seq_len)
+                scores, benchmarks[entry["name"]] = run_benchmarks(scorer, self.model_files(), self.spec["benchmarks"])
+                metrics.update(scores)
             results[entry["name"]] = metrics
             if self.rank == 0:
                 log.info("evaluated %s: %s", entry["name"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
             del model
         peak_rss: list[Any] = [None] * self.world  # each rank's host high-water mark (the plan's evaluation term)
         tdist.all_gather_object(peak_rss, peak_rss_bytes())
-        summary = {"models": results, "markers": self.markers, "world_size": self.world,
+        summary = {"models": results, "benchmarks": benchmarks, "markers": self.markers, "world_size": self.world,
                    "layout": p.layout.record(), "peak_rss_bytes": peak_rss}
         if self.rank == 0:
             atomic_write_json(Path(self.job.train.output_dir) / "summary.json", summary)

@@ -190,6 +190,20 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
 NLL_ROWS = 32
 
 
+def vocab_parallel_greedy(logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup, vocab_size: int) -> torch.Tensor:
+    """Whether each label is its row's highest logit over the whole vocabulary (lm-eval's `is_greedy`), from each
+    rank's vocab slice or, where the head is replicated, from full logits."""
+    logits = logits.float()
+    if tp.size == 1 or logits.shape[-1] == vocab_size:
+        return logits.argmax(dim=-1) == labels
+    per = logits.shape[-1]
+    top = all_reduce(logits.max(dim=-1).values, tp, op="max")
+    local = labels - tp.rank * per
+    outside = (local < 0) | (local >= per)
+    target = logits.gather(-1, local.masked_fill(outside, 0).unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+    return all_reduce(target, tp) >= top
+
+
 def vocab_parallel_token_nll(local_logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     """Per-token next-token cross entropy [*labels.shape] in fp32 from each rank's logit slice (evaluation, and a
     packed batch's token-weighted training loss)."""

@@ -1,0 +1,283 @@
+"""Benchmark gates: lm-evaluation-harness tasks scored by the evaluation ranks (`evaluate.benchmarks`).
+
+Why the ranks and not the harness's own transformers backend: a model at real size exists only as slices
+across GPUs, and the ranks already hold the candidate (rounded as it will be published, LoRA adapters
+included) and the live version in any tp x pp x dp layout. Rank 0 runs the harness with `RanksLM`, whose
+loglikelihoods every rank computes: rank 0 hands each batch of requests to all ranks (`RequestScorer`), each
+DP replica scores its share, and the answers come back to rank 0. Tokenization, truncation and is_greedy
+follow the harness's transformers backend, so the numbers are the ones a team gets from `lm_eval --model hf`
+on the export with `max_length` = `model.seq_len`, the context the ranks score in (recorded;
+tests/evaluate/test_benchmarks.py compares them). Generation tasks (generate_until) are refused.
+
+Everything that changes a score is pinned by the config (few-shot count, limit, chat template) or here
+(seeds, bootstrap iterations), recorded with the version beside the harness's version, and part of the
+suite hash (with the task folder's digest), so a live version's benchmark numbers are cached like its loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as tdist
+
+from tasks.base.errors import InvalidInputError, RetrainerError
+from tasks.config.schema import JobConfig
+
+if TYPE_CHECKING:
+    from tasks.evaluate.sharded import ShardedModel
+
+log = logging.getLogger(__name__)
+
+HARNESS = "lm-eval"
+# The harness's own defaults, pinned so that its next release cannot move a gate's numbers unnoticed.
+PINNED = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234,
+          "bootstrap_iters": 1000}
+
+
+def harness_version() -> str:
+    try:
+        return metadata.version(HARNESS)
+    except metadata.PackageNotFoundError:
+        raise InvalidInputError("evaluate.benchmarks needs lm-evaluation-harness where the evaluation runs: "
+                                "pip install 'retrainer[benchmarks]'") from None
+
+
+def resolve_benchmarks(cfg: JobConfig) -> list[dict[str, Any]]:
+    """Each benchmark's settings as the ranks run them: the config's, the pinned ones, the harness version and
+    the digest of its task folder; refused here, before any rank starts, when the harness is missing, a task
+    folder is not a folder of plain files, or a task is unknown to the harness."""
+    from tasks.registry.store import local_tree_manifest
+
+    out = []
+    for i, bench in enumerate(cfg.evaluate.benchmarks):
+        field = f"evaluate.benchmarks[{i}]"
+        digest = None
+        if bench.include_path is not None:
+            if not Path(bench.include_path).is_dir():
+                raise InvalidInputError(f"{field}.include_path: {bench.include_path} is not a directory")
+            try:
+                digest = local_tree_manifest(bench.include_path).digest
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"{field}.include_path: {exc}") from None
+        unknown = unknown_tasks(bench.tasks, bench.include_path)
+        if unknown:
+            raise InvalidInputError(f"{field}.tasks: {', '.join(unknown)} not known to {HARNESS} "
+                                    f"{harness_version()} (include_path: {bench.include_path})")
+        out.append({**bench.model_dump(mode="json"), "include_digest": digest, "harness": HARNESS,
+                    "harness_version": harness_version(), "max_length": cfg.model.seq_len, **PINNED})
+    return out
+
+
+def unknown_tasks(tasks: tuple[str, ...], include_path: str | None) -> list[str]:
+    """The names neither the task folder nor (only when needed: indexing them takes seconds) the harness's own
+    tasks define."""
+    missing = [t for t in tasks if t not in task_manager(include_path, defaults=False).all_tasks]
+    if missing:
+        missing = [t for t in missing if t not in task_manager(include_path, defaults=True).all_tasks]
+    return missing
+
+
+def task_manager(include_path: str | None, *, defaults: bool) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(verbosity="WARNING", include_path=include_path,
+                       include_defaults=defaults or include_path is None)
+
+
+class RequestScorer:
+    """Loglikelihood requests scored by every evaluation rank. Rank 0 (which runs the harness) hands each call's
+    requests to all ranks; each DP replica scores every dp-th batch (longest first); the last stage's answers
+    return to rank 0. The other ranks `serve` until rank 0 `stop`s them (with its error, when it failed)."""
+
+    def __init__(self, model: ShardedModel, batch_size: int, max_length: int) -> None:
+        self.model, self.batch_size, self.max_length = model, batch_size, max_length
+        self.rank = tdist.get_rank()
+        self.dp = model.dp
+
+    def score(self, requests: list[tuple[list[int], list[int]]] | None) -> list[tuple[float, bool]] | None:
+        """Collective: rank 0 passes the requests (context tokens, continuation tokens), the others None; each
+        gets the (logprob, is_greedy) of every request on rank 0, None when rank 0 stopped them."""
+        box: list[Any] = [requests]
+        tdist.broadcast_object_list(box, src=0)
+        if box[0] is None or isinstance(box[0], str):
+            if isinstance(box[0], str):
+                raise RetrainerError(f"benchmarks: rank 0 failed: {box[0]}")
+            return None
+        mine = self._score_share(box[0])
+        gathered: list[Any] = [None] * tdist.get_world_size() if self.rank == 0 else None  # type: ignore[assignment]
+        tdist.gather_object(mine, gathered, dst=0)
+        if self.rank != 0:
+            return []
+        found = {i: answer for part in gathered for i, answer in part.items()}
+        return [found[i] for i in range(len(box[0]))]
+
+    def serve(self) -> None:
+        while self.score(None) is not None:
+            pass
+
+    def stop(self, error: str | None = None) -> None:
+        tdist.broadcast_object_list([error], src=0)
+
+    def _score_share(self, requests: list[tuple[list[int], list[int]]]) -> dict[int, tuple[float, bool]]:
+        """This replica's batches; answers kept on the last stage's first TP rank (TP peers hold the same)."""
+        rows = []
+        for context, continuation in requests:
+            if not 0 < len(continuation) <= self.max_length:
+                raise InvalidInputError(f"benchmarks: a continuation of {len(continuation)} tokens does not fit "
+                                        f"model.seq_len {self.max_length}")
+            whole = (context + continuation)[-(self.max_length + 1):]
+            rows.append((whole[:-1], whole[1:], len(continuation)))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        batches = [order[b:b + self.batch_size] for b in range(0, len(order), self.batch_size)]
+        out: dict[int, tuple[float, bool]] = {}
+        for batch in batches[self.model.dp_rank::self.dp]:
+            width = len(rows[batch[0]][0])
+            tokens = torch.zeros(len(batch), width, dtype=torch.long)
+            targets = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, i in enumerate(batch):  # right padding: a causal model's earlier positions do not see it
+                tokens[j, :len(rows[i][0])] = torch.tensor(rows[i][0])
+                targets[j, :len(rows[i][1])] = torch.tensor(rows[i][1])
+            scored = self.model.loglikelihoods(tokens, targets)
+            if scored is None or self.model.tp.rank != 0:
+                continue
+            nll, greedy = scored[0].double().cpu(), scored[1].cpu()
+            for j, i in enumerate(batch):
+                end, n = len(rows[i][0]), rows[i][2]
+                out[i] = (-float(nll[j, end - n:end].sum()), bool(greedy[j, end - n:end].all()))
+        return out
+
+
+def ranks_lm(scorer: RequestScorer, tokenizer: Any) -> Any:
+    """The harness's model (a `TemplateLM`) whose loglikelihoods the evaluation ranks compute."""
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    class RanksLM(TemplateLM):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokenizer = tokenizer
+            self.max_length = scorer.max_length
+
+        @property
+        def eot_token_id(self) -> int:
+            return tokenizer.eos_token_id
+
+        @property
+        def prefix_token_id(self) -> int:
+            return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+        @property
+        def tokenizer_name(self) -> str:
+            return str(tokenizer.name_or_path).replace("/", "__")
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+            # As the harness's transformers backend encodes (its add_bos_token unset).
+            bos = tokenizer.decode(self.prefix_token_id)
+            kw = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+            if add_special_tokens is None and bos and string.startswith(bos):
+                kw = {"add_special_tokens": False}
+            return tokenizer.encode(string, **kw)
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            return tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 continue_final_message=not add_generation_prompt)
+
+        def _loglikelihood_tokens(self, requests: list[Any], **kwargs: Any) -> list[tuple[float, bool]]:
+            scored = scorer.score([(list(context), list(continuation)) for _, context, continuation in requests])
+            assert scored is not None
+            return scored
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            windows, owner = [], []
+            for n, (string,) in enumerate(req.args for req in requests):
+                for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                        token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                        max_seq_len=self.max_length, context_len=1)):
+                    windows.append((None, context, continuation))
+                    owner.append(n)
+            totals = [0.0] * len(requests)
+            for n, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows), strict=True):
+                totals[n] += logprob
+            return totals
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            tasks = sorted({req.task_name for req in requests})
+            raise InvalidInputError(f"benchmarks: {', '.join(tasks)} generate text (generate_until), which the "
+                                    "evaluation ranks do not do: gate on loglikelihood or multiple-choice tasks")
+
+    return RanksLM()
+
+
+def run_benchmarks(scorer: RequestScorer, tokenizer_dir: Path | None, benchmarks: list[dict[str, Any]]
+                   ) -> tuple[dict[str, float], dict[str, Any]]:
+    """Every benchmark on the model the ranks hold: on rank 0, (metrics `<benchmark>.<task>.<metric>`, the
+    harness's record of each run); on the others ({}, {}), after serving rank 0's requests. Collective."""
+    if scorer.rank != 0:
+        scorer.serve()
+        return {}, {}
+    metrics: dict[str, float] = {}
+    record: dict[str, Any] = {}
+    try:
+        if tokenizer_dir is None:
+            raise InvalidInputError("evaluate.benchmarks: the starting model has no tokenizer (tokenizer.json); "
+                                    "the harness tokenizes text with it")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if tokenizer.eos_token_id is None:
+            raise InvalidInputError(f"evaluate.benchmarks: {tokenizer_dir}'s tokenizer names no eos_token")
+        for bench in benchmarks:
+            got, record[bench["name"]] = run_benchmark(ranks_lm(scorer, tokenizer), bench)
+            metrics.update(got)
+    except BaseException as exc:
+        scorer.stop(f"{type(exc).__name__}: {exc}")
+        raise
+    scorer.stop()
+    return metrics, record
+
+
+def run_benchmark(lm: Any, bench: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """One benchmark through the harness (in its task folder: relative data files are read from there)."""
+    from lm_eval import simple_evaluate
+
+    if bench["harness_version"] != harness_version():
+        raise InvalidInputError(f"benchmark {bench['name']}: the evaluation node has {HARNESS} {harness_version()}, "
+                                f"the config was resolved with {bench['harness_version']}")
+    folder = bench["include_path"]
+    if folder is not None:
+        from tasks.registry.store import local_tree_manifest
+
+        if local_tree_manifest(folder).digest != bench["include_digest"]:
+            raise InvalidInputError(f"benchmark {bench['name']}: {folder} changed since the evaluation was "
+                                    "planned (its digest differs)")
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's progress bars: the status file counts instead
+    with contextlib.chdir(folder) if folder is not None else contextlib.nullcontext():
+        results = simple_evaluate(
+            model=lm, tasks=list(bench["tasks"]), num_fewshot=bench["num_fewshot"], limit=bench["limit"],
+            apply_chat_template=bench["apply_chat_template"], fewshot_as_multiturn=bench["apply_chat_template"],
+            task_manager=task_manager(folder, defaults=bool(unknown_tasks(tuple(bench["tasks"]), folder))),
+            log_samples=False, **{k: bench[k] for k in PINNED})
+    if results is None:
+        raise RetrainerError(f"benchmark {bench['name']}: the harness returned no results")
+    metrics = {}
+    for task in bench["tasks"]:
+        scores = results["results"].get(task, {})
+        for metric in bench["metrics"]:
+            value = scores.get(metric if "," in metric else f"{metric},none")
+            if not isinstance(value, int | float):
+                known = sorted(k for k, v in scores.items() if isinstance(v, int | float))
+                raise InvalidInputError(f"benchmark {bench['name']}: the harness reports no {metric!r} for task "
+                                        f"{task!r} (it reports: {', '.join(known) or 'nothing'})")
+            metrics[f"{bench['name']}.{task}.{metric}"] = float(value)
+    record = {"results": results["results"], "n-shot": results.get("n-shot"), "n-samples": results.get("n-samples"),
+              "versions": results.get("versions")}
+    log.info("benchmark %s: %s", bench["name"], ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    return metrics, record
