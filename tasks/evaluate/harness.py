@@ -7,7 +7,7 @@ loglikelihoods every rank computes: rank 0 hands each batch of requests to all r
 DP replica scores its share, and the answers come back to rank 0. Tokenization, truncation and is_greedy
 follow the harness's transformers backend, so the numbers are the ones a team gets from `lm_eval --model hf`
 on the export with `max_length` = `model.seq_len`, the context the ranks score in (recorded;
-tests/evaluate/test_benchmarks.py compares them). Generation tasks (generate_until) are refused.
+tests/evaluate/test_benchmarks.py compares them). Generation tasks decode greedily (sampling is refused).
 
 Everything that changes a score is pinned by the config (few-shot count, limit, chat template) or here
 (seeds, bootstrap iterations), recorded with the version beside the harness's version, and part of the
@@ -91,41 +91,90 @@ def task_manager(include_path: str | None, *, defaults: bool) -> Any:
 
 
 class RequestScorer:
-    """Loglikelihood requests scored by every evaluation rank. Rank 0 (which runs the harness) hands each call's
-    requests to all ranks; each DP replica scores every dp-th batch (longest first); the last stage's answers
-    return to rank 0. The other ranks `serve` until rank 0 `stop`s them (with its error, when it failed)."""
+    """Loglikelihood and generation requests answered by every evaluation rank. Rank 0 (which runs the harness)
+    hands each call's requests to all ranks; each DP replica takes every dp-th batch (longest first); the last
+    stage's answers return to rank 0. The other ranks `serve` until rank 0 `stop`s them (with its error, when it failed)."""
 
     def __init__(self, model: ShardedModel, batch_size: int, max_length: int) -> None:
+        """`batch_size` requests per forward; `max_length`: the context, model.seq_len."""
         self.model, self.batch_size, self.max_length = model, batch_size, max_length
         self.rank = tdist.get_rank()
         self.dp = model.dp
 
-    def score(self, requests: list[tuple[list[int], list[int]]] | None) -> list[tuple[float, bool]] | None:
-        """Collective: rank 0 passes the requests (context tokens, continuation tokens), the others None; each
-        gets the (logprob, is_greedy) of every request on rank 0, None when rank 0 stopped them."""
-        box: list[Any] = [requests]
-        tdist.broadcast_object_list(box, src=0)
-        if box[0] is None or isinstance(box[0], str):
-            if isinstance(box[0], str):
-                raise RetrainerError(f"benchmarks: rank 0 failed: {box[0]}")
-            return None
-        mine = self._score_share(box[0])
-        gathered: list[Any] = [None] * tdist.get_world_size() if self.rank == 0 else None  # type: ignore[assignment]
-        tdist.gather_object(mine, gathered, dst=0)
-        if self.rank != 0:
-            return []
-        found = {i: answer for part in gathered for i, answer in part.items()}
-        return [found[i] for i in range(len(box[0]))]
+    def score(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """On rank 0: the (logprob, is_greedy) of each request (context tokens, continuation tokens)."""
+        return self._call(("loglikelihood", requests))  # type: ignore[return-value]
+
+    def generate(self, requests: list[tuple[list[int], int]], eos: int) -> list[list[int]]:
+        """On rank 0: each request's (context tokens, most new tokens) greedy continuation, up to its EOS."""
+        return self._call(("generate", requests, eos))  # type: ignore[return-value]
 
     def serve(self) -> None:
-        while self.score(None) is not None:
+        while self._call(None) is not None:
             pass
 
     def stop(self, error: str | None = None) -> None:
         tdist.broadcast_object_list([error], src=0)
 
+    def _call(self, payload: tuple[Any, ...] | None) -> list[Any] | None:
+        """Collective: rank 0's payload (the others pass None) reaches every rank, each DP replica does its
+        share, and the answers gather on rank 0 (the others get []); None once rank 0 has stopped them."""
+        box: list[Any] = [payload]
+        tdist.broadcast_object_list(box, src=0)
+        got = box[0]
+        if isinstance(got, str):
+            raise RetrainerError(f"benchmarks: rank 0 failed: {got}")
+        if got is None:
+            return None
+        mine = self._score_share(got[1]) if got[0] == "loglikelihood" else self._generate_share(got[1], got[2])
+        gathered: list[Any] | None = [None] * tdist.get_world_size() if self.rank == 0 else None
+        tdist.gather_object(mine, gathered, dst=0)
+        if gathered is None:
+            return []
+        found = {i: answer for part in gathered for i, answer in part.items()}
+        return [found[i] for i in range(len(got[1]))]
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """This replica's batches of request indices: longest first, every dp-th batch."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        batches = [order[b:b + self.batch_size] for b in range(0, len(order), self.batch_size)]
+        return batches[self.model.dp_rank::self.dp]
+
+    @property
+    def _keeps(self) -> bool:
+        """Whether this rank reports its replica's answers (the last stage's first TP rank: peers hold the same)."""
+        return self.model.last_stage and self.model.tp.rank == 0
+
+    def _generate_share(self, requests: list[tuple[list[int], int]], eos: int) -> dict[int, list[int]]:
+        """Greedy decoding of this replica's batches, one full forward per new token (no KV cache: a
+        benchmark's few hundred prompts, not serving), each row until its EOS or its token budget."""
+        out: dict[int, list[int]] = {}
+        for batch in self._batches([len(context) for context, _ in requests]):
+            seqs = [list(requests[i][0]) for i in batch]
+            budget = [requests[i][1] for i in batch]
+            new: list[list[int]] = [[] for _ in batch]
+            done = [False] * len(batch)
+            while not all(done):
+                tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+                for j, seq in enumerate(seqs):
+                    tokens[j, :len(seq)] = torch.tensor(seq)
+                picked = self.model.next_tokens(tokens, torch.tensor([len(s) - 1 for s in seqs]))
+                for j in range(len(batch)):
+                    if done[j]:
+                        continue
+                    token = int(picked[j])
+                    if token == eos:
+                        done[j] = True
+                        continue
+                    new[j].append(token)
+                    seqs[j].append(token)
+                    done[j] = len(new[j]) >= budget[j]
+            if self._keeps:
+                out.update(zip(batch, new, strict=True))
+        return out
+
     def _score_share(self, requests: list[tuple[list[int], list[int]]]) -> dict[int, tuple[float, bool]]:
-        """This replica's batches; answers kept on the last stage's first TP rank (TP peers hold the same)."""
+        """This replica's loglikelihood batches, left-truncated to `max_length` as the transformers backend does."""
         rows = []
         for context, continuation in requests:
             if not 0 < len(continuation) <= self.max_length:
@@ -133,10 +182,8 @@ class RequestScorer:
                                         f"model.seq_len {self.max_length}")
             whole = (context + continuation)[-(self.max_length + 1):]
             rows.append((whole[:-1], whole[1:], len(continuation)))
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
-        batches = [order[b:b + self.batch_size] for b in range(0, len(order), self.batch_size)]
         out: dict[int, tuple[float, bool]] = {}
-        for batch in batches[self.model.dp_rank::self.dp]:
+        for batch in self._batches([len(r[0]) for r in rows]):
             width = len(rows[batch[0]][0])
             tokens = torch.zeros(len(batch), width, dtype=torch.long)
             targets = torch.zeros(len(batch), width, dtype=torch.long)
@@ -144,7 +191,7 @@ class RequestScorer:
                 tokens[j, :len(rows[i][0])] = torch.tensor(rows[i][0])
                 targets[j, :len(rows[i][1])] = torch.tensor(rows[i][1])
             scored = self.model.loglikelihoods(tokens, targets)
-            if scored is None or self.model.tp.rank != 0:
+            if scored is None or not self._keeps:
                 continue
             nll, greedy = scored[0].double().cpu(), scored[1].cpu()
             for j, i in enumerate(batch):
@@ -208,9 +255,25 @@ def ranks_lm(scorer: RequestScorer, tokenizer: Any) -> Any:
             return totals
 
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            tasks = sorted({req.task_name for req in requests})
-            raise InvalidInputError(f"benchmarks: {', '.join(tasks)} generate text (generate_until), which the "
-                                    "evaluation ranks do not do: gate on loglikelihood or multiple-choice tasks")
+            from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+
+            eos = tokenizer.decode(tokenizer.eos_token_id, skip_special_tokens=False)
+            prompts, stops = [], []
+            for req in requests:
+                context, gen_kwargs = req.args
+                kwargs = normalize_gen_kwargs(dict(gen_kwargs), 256)
+                if kwargs.get("do_sample"):
+                    raise InvalidInputError(f"benchmarks: task {req.task_name} samples its generations (do_sample); "
+                                            "a gate needs greedy, repeatable ones")
+                most = kwargs["max_gen_toks"]
+                if most >= self.max_length:
+                    raise InvalidInputError(f"benchmarks: task {req.task_name} generates up to {most} tokens, not "
+                                            f"less than model.seq_len {self.max_length}")
+                prompts.append((self.tok_encode(context)[-(self.max_length - most):], most))
+                stops.append(handle_stop_sequences(kwargs.get("until"), eos=eos))
+            generated = scorer.generate(prompts, tokenizer.eos_token_id)
+            return [postprocess_generated_text(tokenizer.decode(tokens, skip_special_tokens=True), until, None)
+                    for tokens, until in zip(generated, stops, strict=True)]
 
     return RanksLM()
 

@@ -29,7 +29,7 @@ from tasks.models.common.packing import Packing, pack, unpack
 from tasks.models.grid import build_grid
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
-from tasks.models.parallel import vocab_parallel_greedy
+from tasks.models.parallel import vocab_parallel_argmax
 from tasks.models.shapes import EVALUATION_PARTITION, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
@@ -117,8 +117,25 @@ class ShardedModel:
             if out is not None:
                 y = targets[i:i + step].to(self.device)
                 nll.append(self.token_nll(out, y))
-                greedy.append(vocab_parallel_greedy(out, y, self.tp, self.m.vocab_size))
+                greedy.append(vocab_parallel_argmax(out, self.tp, self.m.vocab_size) == y)
         return (torch.cat(nll), torch.cat(greedy)) if self.last_stage else None
+
+    @torch.no_grad()
+    def next_tokens(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The greedy next token [B] after position `last[b]` of each row of `tokens` [B, T] (right-padded), on
+        every rank of this DP replica (one generation step; all of them call it with the same tokens)."""
+        step = windows_per_forward(tokens.shape[0], self.pp)
+        picked = []
+        for i in range(0, tokens.shape[0], step):
+            out = self._forward(tokens[i:i + step], None)
+            if out is not None:
+                rows = out[torch.arange(out.shape[0], device=out.device), last[i:i + step].to(out.device)]
+                picked.append(vocab_parallel_argmax(rows, self.tp, self.m.vocab_size))
+        result = torch.cat(picked) if self.last_stage else torch.empty(tokens.shape[0], dtype=torch.long,
+                                                                        device=self.device)
+        if self.pp > 1:
+            tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.groups.get_pipe_parallel_group())
+        return result.cpu()
 
     def _forward_nll(self, x: torch.Tensor, y: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
         out = self._forward(x, packing)

@@ -190,18 +190,17 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
 NLL_ROWS = 32
 
 
-def vocab_parallel_greedy(logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup, vocab_size: int) -> torch.Tensor:
-    """Whether each label is its row's highest logit over the whole vocabulary (lm-eval's `is_greedy`), from each
-    rank's vocab slice or, where the head is replicated, from full logits."""
+def vocab_parallel_argmax(logits: torch.Tensor, tp: TPGroup, vocab_size: int) -> torch.Tensor:
+    """Each row's highest-logit token id over the whole vocabulary (the first on a tie, as torch's argmax), from
+    each rank's vocab slice or, where the head is replicated, from full logits."""
     logits = logits.float()
     if tp.size == 1 or logits.shape[-1] == vocab_size:
-        return logits.argmax(dim=-1) == labels
+        return logits.argmax(dim=-1)
     per = logits.shape[-1]
-    top = all_reduce(logits.max(dim=-1).values, tp, op="max")
-    local = labels - tp.rank * per
-    outside = (local < 0) | (local >= per)
-    target = logits.gather(-1, local.masked_fill(outside, 0).unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-    return all_reduce(target, tp) >= top
+    local_top, local_index = logits.max(dim=-1)
+    top = all_reduce(local_top, tp, op="max")
+    index = torch.where(local_top == top, local_index + tp.rank * per, torch.full_like(local_index, vocab_size))
+    return -all_reduce(-index, tp, op="max")  # the lowest id among the ranks holding the top logit
 
 
 def vocab_parallel_token_nll(local_logits: torch.Tensor, labels: torch.Tensor, tp: TPGroup) -> torch.Tensor:

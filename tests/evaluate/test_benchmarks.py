@@ -34,6 +34,11 @@ ITEMS = [("The quick brown fox jumps over the", [" lazy", " 0712", " 3349"], 0),
          ("the lazy dog while", [" 0712", " 3349", " the"], 2)]
 
 
+# (context, target): greedy generation until "." must give the rest of the sentence.
+GENERATE = [("the cat sleeps in the warm", "sun"), ("jumps over the lazy dog while the cat sleeps in the", "warm sun"),
+            ("The quick brown fox jumps over the lazy dog while the cat sleeps in", "the warm sun")]
+
+
 def task_folder(root: Path) -> Path:
     """A team's own tasks: YAML and JSONL side by side (data_files relative to the folder)."""
     root.mkdir(parents=True)
@@ -49,6 +54,14 @@ def task_folder(root: Path) -> Path:
         "task": "english_ppl", **common, "dataset_kwargs": {"data_files": {"test": "english_ppl.jsonl"}},
         "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
         "metric_list": [{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}]}))
+    (root / "english_next.yaml").write_text(yaml.safe_dump({
+        "task": "english_next", **common, "dataset_kwargs": {"data_files": {"test": "english_next.jsonl"}},
+        "output_type": "generate_until", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
+        "generation_kwargs": {"until": ["."], "max_gen_toks": 8, "do_sample": False},
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
+                         "regexes_to_ignore": [" "]}]}))
+    (root / "english_next.jsonl").write_text("".join(json.dumps({"context": c, "target": t}) + "\n"
+                                                     for c, t in GENERATE))
     (root / "english_ppl.jsonl").write_text("".join(json.dumps({"text": ENGLISH[:90 * n]}) + "\n" for n in (1, 2, 3)))
     return root
 
@@ -69,13 +82,14 @@ def snapshot(text: str, base: Path, url: Path, tmp: Path) -> None:
 def job(tmp: Path, base: Path, tasks: Path) -> Path:
     doc = _config(tmp, base)
     doc["parallel"] = {"tp": 1, "pp": 2, "dp": 1, "zero_stage": 1, "micro_batches": 2}
-    doc["train"].update(steps=30, checkpoint_every=30, lr=1e-2, warmup_steps=2, micro_batch_size=4)
+    doc["train"].update(steps=120, checkpoint_every=120, lr=1e-2, warmup_steps=4, micro_batch_size=4)
     doc["evaluate"] = {
         "batches": 2, "batch_size": 4, "dtype": "fp32", "parallel": {"tp": 1, "pp": 1, "dp": 2},
         "benchmarks": [
             {"name": "mc", "tasks": ["english_mc"], "include_path": str(tasks)},
             {"name": "ppl", "tasks": ["english_ppl"], "include_path": str(tasks),
-             "metrics": ["word_perplexity", "bits_per_byte"]}],
+             "metrics": ["word_perplexity", "bits_per_byte"]},
+            {"name": "gen", "tasks": ["english_next"], "include_path": str(tasks), "metrics": ["exact_match"]}],
         "gate": {"rules": [{"metric": "heldout.loss"},
                            {"metric": "mc.english_mc.acc", "direction": "max"},
                            {"metric": "ppl.english_ppl.word_perplexity", "tolerance": 0.5}]},
@@ -94,7 +108,8 @@ def harness_on_export(export: Path, tasks: Path, max_length: int) -> dict:
     with contextlib.chdir(tasks):
         out = simple_evaluate(model="hf", model_args={"pretrained": str(export), "dtype": "float32",
                                                            "max_length": max_length},
-                              tasks=["english_mc", "english_ppl"], num_fewshot=0, device="cpu", log_samples=False,
+                              tasks=["english_mc", "english_ppl", "english_next"], num_fewshot=0, device="cpu",
+                              log_samples=False,
                               task_manager=TaskManager(include_path=str(tasks), include_defaults=False))
     return out["results"]
 
@@ -117,7 +132,7 @@ def test_a_candidate_that_loses_benchmark_accuracy_is_refused_with_the_harness_n
 
     snapshot(ENGLISH, base, url, tmp_path)
     first = run_lifecycle(cfg)
-    assert first["train"]["trained_steps"] == 30 and first["publish"]["version"] == 1
+    assert first["train"]["trained_steps"] == 120 and first["publish"]["version"] == 1
     registry = Registry(cfg.publish.registry_url)
     v1 = registry.get_version("team-llama", 1)
     assert v1.metrics["metrics"]["mc.english_mc.acc"] == 1.0  # it learned the English text
@@ -135,18 +150,21 @@ def test_a_candidate_that_loses_benchmark_accuracy_is_refused_with_the_harness_n
     assert ours["mc.english_mc.acc"] == theirs["english_mc"]["acc,none"]
     assert ours["ppl.english_ppl.word_perplexity"] == pytest.approx(theirs["english_ppl"]["word_perplexity,none"],
                                                                     rel=1e-4)
+    assert ours["gen.english_next.exact_match"] == theirs["english_next"]["exact_match,none"] == 1.0
     assert ours["ppl.english_ppl.bits_per_byte"] == pytest.approx(theirs["english_ppl"]["bits_per_byte,none"],
                                                                   rel=1e-4)
 
     snapshot(DIGITS, base, url, tmp_path)  # week 2: new data of another kind, same URL, same config
     second = run_lifecycle(load_config(path))
-    assert second["run"]["init"]["version"] == 1 and second["train"]["trained_steps"] == 30
+    assert second["run"]["init"]["version"] == 1 and second["train"]["trained_steps"] == 120
     ev, gate = second["evaluate"], second["gate"]
     assert ev["live"]["version"] == 1 and ev["live"]["metrics"]["mc.english_mc.acc"] == 1.0
     new_acc = ev["metrics"]["mc.english_mc.acc"]
     assert new_acc < 1.0 and ev["metrics"]["heldout.loss"] < ev["live"]["metrics"]["heldout.loss"]
     assert not gate["publish"] and "publish" not in second
     assert [r["passed"] for r in gate["rules"]] == [True, False, False]
+    assert ev["live"]["metrics"]["gen.english_next.exact_match"] == 1.0  # generation: scored for both
+    assert ev["metrics"]["gen.english_next.exact_match"] < 1.0
     assert (f"evaluate.gate.rules[1] (mc.english_mc.acc max vs live, tolerance 0 relative): {new_acc:.6g} < 1 "
             "(live v1 1 -> limit 1)") in gate["reason"]
     assert "ppl.english_ppl.word_perplexity min vs live" in gate["reason"]
