@@ -59,7 +59,8 @@ def task_folder(root: Path) -> Path:
         "output_type": "generate_until", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
         "generation_kwargs": {"until": ["."], "max_gen_toks": 8, "do_sample": False},
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
-                         "regexes_to_ignore": [" "]}]}))
+                         "regexes_to_ignore": [" "]},
+                        {"metric": "chrf", "aggregation": "chrf", "higher_is_better": True}]}))
     (root / "english_next.jsonl").write_text("".join(json.dumps({"context": c, "target": t}) + "\n"
                                                      for c, t in GENERATE))
     (root / "english_ppl.jsonl").write_text("".join(json.dumps({"text": ENGLISH[:90 * n]}) + "\n" for n in (1, 2, 3)))

@@ -26,6 +26,7 @@ from tasks.models.weights import load_reference
 from tasks.runs.identity import RunIdentity, StartingWeights
 from tasks.train.data import TokenWindows
 from tests.checkpoints import reference_checkpoint
+from tests.evaluate.test_benchmarks import task_folder
 from tests.train.conftest import tiny_config
 
 USER_METRIC = {"entry_point": "tests.evaluate.user_metrics:token_prob", "suite": "heldout", "names": ["token_prob"]}
@@ -40,9 +41,10 @@ def model_files(directory: Path) -> tuple[StartingWeights, int]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20,
-                            trainers.BpeTrainer(vocab_size=60, show_progress=False))
+                            trainers.BpeTrainer(vocab_size=60, show_progress=False, special_tokens=["<eos>"]))
     directory.mkdir(parents=True)
     tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))  # benchmarks need EOS
     return StartingWeights(requested=str(directory), digest="e" * 64, url=str(directory), kind="tree",
                            note="a local model directory"), tok.get_vocab_size()
 
@@ -70,13 +72,20 @@ def single_process_loss(cfg: JobConfig, ckpt: Path, dtype: torch.dtype = torch.f
         return float(loss_fn(model(batch[:, :-1]), batch[:, 1:]))
 
 
-def test_every_layout_gives_the_same_numbers(trained) -> None:
-    """In fp32 (`evaluate.dtype`), any layout scores what one process holding the whole model scores."""
+def test_every_layout_gives_the_same_numbers(trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In fp32 (`evaluate.dtype`), any layout scores what one process holding the whole model scores, and the
+    benchmarks (a rolling perplexity; greedy generation, its text scored by chrF) agree across layouts."""
     cfg, run, ckpt, vocab = trained
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    tasks = str(task_folder(tmp_path / "tasks"))
     cfg = cfg.with_overrides({"evaluate.dtype": "fp32"})
+    benchmarks = [{"name": "ppl", "tasks": ["english_ppl"], "include_path": tasks, "metrics": ["word_perplexity"]},
+                  {"name": "gen", "tasks": ["english_next"], "include_path": tasks, "metrics": ["chrf"]}]
     results = {}
     for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1)):
-        layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp}})
+        layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp},
+                                     # dp=2's share of the requests: tests/evaluate/test_benchmarks.py
+                                     "evaluate.benchmarks": benchmarks if dp == 1 else []})
         results[(tp, pp, dp)] = evaluate(layout, run, ckpt, cfg.data.source_url)
     reference = single_process_loss(cfg, ckpt)
     e = cfg.evaluate
@@ -91,7 +100,10 @@ def test_every_layout_gives_the_same_numbers(trained) -> None:
                                                         rel=1e-6), layout
         assert out.checkpoint_tag == "step-000020" and out.step == 20 and out.live is None
         assert out.experiment_key == run.experiment_key
-    assert len({out.suite_hash for out in results.values()}) == 1  # the layout is not part of what is scored
+    assert len({results[k].suite_hash for k in ((1, 1, 1), (2, 2, 1))}) == 1  # the layout is not part of it
+    one, four = results[(1, 1, 1)].metrics, results[(2, 2, 1)].metrics  # the benchmarks on 1 rank and on tp x pp
+    assert four["ppl.english_ppl.word_perplexity"] == pytest.approx(one["ppl.english_ppl.word_perplexity"], rel=1e-6)
+    assert four["gen.english_next.chrf"] == one["gen.english_next.chrf"] > 0  # the same greedy text
 
 
 def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None:

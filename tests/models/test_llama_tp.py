@@ -39,6 +39,7 @@ def test_tp2_layers_match_the_reference(tmp_path: Path) -> None:
                 assert r["shapes"]["head.out.weight"] == [vocab // 2, d]
             assert r["local_logits_shape"] == [2, CONFIGS[name]["seq_len"], vocab // 2]
             assert r["logits"] <= 1e-5, (rank, name, r)
+            assert r["argmax"], (rank, name)  # each position's greedy token over both vocab slices
             assert r["loss"] <= 1e-6, (rank, name, r)
             if CONFIGS[name].get("qk_norm"):  # replicated, head_dim wide, on every rank
                 assert r["shapes"]["blocks.0.attn.q_norm.weight"] == [CONFIGS[name]["head_dim"]]

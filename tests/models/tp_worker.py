@@ -22,6 +22,7 @@ from tasks.base.layout import Layout
 from tasks.config.model import ModelConfig
 from tasks.models import get_family
 from tasks.models.grid import Grid, build_grid
+from tasks.models.parallel import vocab_parallel_argmax
 from tasks.models.shapes import TRAINING_PARTITION
 from tasks.models.weights import local_named_params
 
@@ -73,6 +74,7 @@ def check(m: ModelConfig, grid: Grid) -> dict[str, Any]:
     loss.backward()
 
     full = reference(tokens)
+    top = vocab_parallel_argmax(local.detach(), tp, m.vocab_size)  # the benchmarks' greedy token, from slices
     ref_loss = F.cross_entropy(full.reshape(-1, m.vocab_size), labels.reshape(-1))
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
@@ -90,6 +92,7 @@ def check(m: ModelConfig, grid: Grid) -> dict[str, Any]:
         "shapes": {n: list(p.shape) for n, p in params.items()},
         "logits": _max_diff(torch.cat(pieces, dim=-1), full.detach()),
         "local_logits_shape": list(local.shape),
+        "argmax": torch.equal(top, full.detach().argmax(dim=-1)),
         "loss": abs(loss.item() - ref_loss.item()),
         "grads": grads,
     }
