@@ -93,7 +93,8 @@ def task_manager(include_path: str | None, *, defaults: bool) -> Any:
 class RequestScorer:
     """Loglikelihood and generation requests answered by every evaluation rank. Rank 0 (which runs the harness)
     hands each call's requests to all ranks; each DP replica takes every dp-th batch (longest first); the last
-    stage's answers return to rank 0. The other ranks `serve` until rank 0 `stop`s them (with its error, when it failed)."""
+    stage's answers return to rank 0. The other ranks `serve` until rank 0 `stop`s them (with its error, when it
+    failed)."""
 
     def __init__(self, model: ShardedModel, batch_size: int, max_length: int) -> None:
         """`batch_size` requests per forward; `max_length`: the context, model.seq_len."""
