@@ -10,10 +10,11 @@ Printed: the packing's own cost (the plain step over the packed step, the same w
 and real (non-padding) tokens per second, which the padding of the windows lowers too.
 The two sides alternate (bench/fair.py: >= 3 rounds, rotated, medians; a scattered set is taken again).
 
-Efficiency. The share of window tokens that are real when whole conversations are packed greedily in order
-(tasks/train/data.py `pack_windows`, what a chat dataset's windows are), for conversation lengths drawn from a
-log-normal (median `--median-len` tokens, sigma 1.0: many short exchanges, a long tail of long ones), cut at the
-window as `prepare-data --overlong drop` does. Goal: >= 0.9. No timing: counts.
+Efficiency. The share of window tokens that are real when whole conversations are packed best-fit decreasing
+(tasks/train/data.py `pack_windows`, what a chat dataset's windows are; beside it, greedily in order, the packer
+before), for conversation lengths drawn from a log-normal (median `--median-len` tokens, sigma 1.0: many short
+exchanges, a long tail of long ones), cut at the window as `prepare-data --overlong drop` does. Goal: >= 0.9.
+Counts, and the seconds the packer takes for a million conversations (every rank packs its split at start).
 """
 
 from __future__ import annotations
@@ -48,34 +49,49 @@ def conversation_lengths(n: int, median_len: int, seq: int, seed: int = 0) -> np
 
 
 def packed_efficiency(lengths: np.ndarray, seq: int) -> float:
-    """Real tokens / window tokens of the windows `pack_windows` makes of these conversations, in order."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    windows = pack_windows(starts, int(lengths.sum()), seq + 1)
-    return float(lengths.sum()) / (len(windows) * (seq + 1))
+    """Real tokens / window tokens of the windows `pack_windows` makes of these conversations."""
+    return float(lengths.sum()) / (len(pack_windows(lengths, seq + 1)) * (seq + 1))
+
+
+def in_order_efficiency(lengths: np.ndarray, seq: int) -> float:
+    """The same for whole conversations packed greedily in order (the packer before best-fit)."""
+    windows, used = 1, 0
+    for n in lengths.tolist():
+        if used + n > seq + 1:
+            windows, used = windows + 1, 0
+        used += n
+    return float(lengths.sum()) / (windows * (seq + 1))
 
 
 def packed_batch(lengths: np.ndarray, batch: int, seq: int, vocab: int) -> tuple[tuple[torch.Tensor, ...],
                                                                                   torch.Tensor, int]:
     """((tokens, position_ids, doc_ids), labels, real tokens) of the first `batch` packed windows: random tokens,
     the second half of each conversation the assistant's."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    windows = pack_windows(starts, int(lengths.sum()), seq + 1)[:batch]
+    windows = pack_windows(lengths, seq + 1)[:batch]
     gen = torch.Generator().manual_seed(1)
     tokens = torch.zeros(batch, seq + 1, dtype=torch.int64)
     positions, docs = torch.zeros_like(tokens), torch.zeros_like(tokens)
     labels = torch.full((batch, seq), IGNORE, dtype=torch.int64)
     real = 0
-    for row, (a, b) in enumerate(windows):
-        firsts = [int(s) - a for s in starts if a <= s < b]
-        bounds = [*firsts, b - a, seq + 1]
-        tokens[row, :b - a] = torch.randint(0, vocab, (b - a,), generator=gen)
+    for row, members in enumerate(windows):
+        sizes = lengths[members].tolist()
+        bounds = [*itertools.accumulate(sizes, initial=0), seq + 1]
+        used = bounds[-2]
+        tokens[row, :used] = torch.randint(0, vocab, (used,), generator=gen)
         for doc, (lo, hi) in enumerate(itertools.pairwise(bounds)):
             docs[row, lo:hi], positions[row, lo:hi] = doc, torch.arange(hi - lo)
-            if hi <= b - a:  # a conversation, not the padding: its second half is trained on
+            if hi <= used:  # a conversation, not the padding: its second half is trained on
                 mid = (lo + hi) // 2
                 labels[row, mid:hi - 1] = tokens[row, mid + 1:hi]
-        real += b - a
+        real += used
     return (tokens[:, :-1], positions[:, :-1], docs[:, :-1]), labels, real
+
+
+def packing_seconds(lengths: np.ndarray, seq: int) -> float:
+    """Seconds `pack_windows` takes for these conversations (the index every rank builds at start)."""
+    start = time.perf_counter()
+    pack_windows(lengths, seq + 1)
+    return time.perf_counter() - start
 
 
 def step_seconds(m: ModelConfig, inputs: object, labels: object, steps: int) -> Sample:
@@ -114,8 +130,11 @@ def main() -> None:
     lengths = conversation_lengths(20000, args.median_len, args.seq)
     for seq in sorted({args.seq, 2048, 4096}):
         kept = conversation_lengths(20000, args.median_len, seq)
-        print(f"packed efficiency, seq {seq}: {packed_efficiency(kept, seq):.3f} "
-              f"({len(kept)} conversations, median {int(np.median(kept))} tokens)")
+        print(f"packed efficiency, seq {seq}: {packed_efficiency(kept, seq):.3f} best-fit (goal >= 0.9), "
+              f"{in_order_efficiency(kept, seq):.3f} in order ({len(kept)} conversations, median "
+              f"{int(np.median(kept))} tokens)")
+    many = conversation_lengths(1_000_000, args.median_len, 4096)
+    print(f"packing {len(many)} conversations into windows of 4097: {packing_seconds(many, 4096):.2f} s")
     inputs, labels, real = packed_batch(lengths, args.batch, args.seq, m.vocab_size)
     scale = torch.tensor(1.0 / max(1, int((labels != IGNORE).sum())))
     plain = torch.randint(0, m.vocab_size, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(2))

@@ -33,6 +33,22 @@ def test_demo_config_is_valid_and_expands_home(monkeypatch: pytest.MonkeyPatch, 
     assert cfg.parallel.layout.world_size == 2
 
 
+def test_the_chat_demo_config_reads_the_teams_model_and_its_shipped_template(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`retrainer demo --chat`: the model it writes where `model.pretrained` points sizes the config, and the
+    shipped tokenizer's template marks the assistant's tokens with generation markers."""
+    from tasks.cli.demo_chat import CONFIG, TOKENIZER, write_base_model
+    from tasks.data.prepare.chat import load_template
+
+    monkeypatch.setenv("RETRAINER_HOME", str(tmp_path))
+    write_base_model(tmp_path / "object-store" / "models" / "tiny-chat-base")
+    cfg = load_config(CONFIG)
+    assert (cfg.model.family, cfg.model.vocab_size, cfg.model.seq_len, cfg.model.n_layers) == ("llama", 512, 128, 2)
+    assert cfg.evaluate.benchmarks[0].include_path == f"{tmp_path}/evals/tiny-chat"
+    assert "check.tiny_chat_facts.exact_match" in cfg.evaluate.metric_names()
+    assert load_template(TOKENIZER).mask_rule == "generation"
+
+
 def test_env_default_syntax_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RETRAINER_DB_URL", "postgresql+psycopg://u@db/registry")
     assert load_config(DEMO).publish.registry_url == "postgresql+psycopg://u@db/registry"

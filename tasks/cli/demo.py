@@ -26,7 +26,7 @@ def _new_week_of_data(cfg: JobConfig, week: int) -> None:
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
 
-def _run(cfg: JobConfig, title: str) -> dict:
+def run_week(cfg: JobConfig, title: str) -> dict:
     from tasks.stages.lifecycle import describe_outcome, run_lifecycle
 
     print(f"== {title}", flush=True)
@@ -44,18 +44,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from tasks.registry import upgrade
     from tasks.stages.lifecycle import stage_rollback
 
+    if args.chat:
+        from tasks.cli.demo_chat import chat_demo
+
+        return chat_demo(args.config)
     cfg = load_config(args.config or REPO_ROOT / "configs" / "tiny-llama.yaml")
     upgrade(cfg.publish.registry_url)  # the demo sets up its embedded registry itself
     _new_week_of_data(cfg, 1)
-    _run(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
+    run_week(cfg, f"week 1: new data at {cfg.data.source_url}, scheduled run (init_from: {cfg.train.init_from})")
     _new_week_of_data(cfg, 2)
-    _run(cfg, "week 2: new data at the same URL, the same config")
+    run_week(cfg, "week 2: new data at the same URL, the same config")
 
     print("== rollback (the pointer-switch task): production misbehaves", flush=True)
     back = stage_rollback(cfg, reason="demo rollback")
     print(f"   {back.alias}: v{back.from_version} -> v{back.to_version}", flush=True)
 
-    _run(cfg, "week 2 again: the schedule fires on the same data after the rollback")
+    run_week(cfg, "week 2 again: the schedule fires on the same data after the rollback")
 
     registry = registry_for(cfg)
     print("== alias history (append-only)")
@@ -76,5 +80,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
-    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml)")
+    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml; with --chat configs/tiny-chat.yaml)")
+    p.add_argument("--chat", action="store_true", help="a chat model retrained on conversations (assistant turns "
+                                                        "only), gated on a generation check, then served")
     p.set_defaults(handler=_cmd_demo)

@@ -50,6 +50,49 @@ def synthetic_text(n_bytes: int, rng: random.Random) -> bytes:
     return "".join(parts).encode("ascii")[:n_bytes]
 
 
+_ASKS = ["Tell me about {s}.", "What does {s} do?", "Do you know anything about {s}?", "Any news of {s}?"]
+_SYSTEMS = ["You are a helpful assistant.", "Answer in one sentence.", "Be brief."]
+CHAT_EVAL_TASK = "tiny_chat_facts"  # the chat demo's generation check (`write_chat_eval`)
+
+
+def chat_facts() -> dict[str, str]:
+    """The chat demo's facts: one sentence per subject, the same every week (its own seed)."""
+    rng = random.Random(0)
+    return {s: f"{s[0].upper()}{s[1:]} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}." for s in _SUBJECTS}
+
+
+def synthetic_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
+    """`n` seeded conversations for the chat demo: sometimes a system line, one or two exchanges in which the user
+    asks about a subject and the assistant states its fact (`chat_facts`)."""
+    facts, rng = chat_facts(), random.Random(seed)
+    out = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": rng.choice(_SYSTEMS)}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 2)):
+            subject = rng.choice(_SUBJECTS)
+            messages += [{"role": "user", "content": rng.choice(_ASKS).format(s=subject)},
+                         {"role": "assistant", "content": facts[subject]}]
+        out.append(messages)
+    return out
+
+
+def write_chat_eval(folder: Path) -> Path:
+    """The chat demo's generation check as an lm-evaluation-harness task folder: one question per subject,
+    rendered with the model's chat template, the reply generated greedily and compared with the fact."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"question": _ASKS[1].format(s=s), "answer": fact} for s, fact in chat_facts().items()]
+    (folder / "facts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "facts.yaml").write_text(
+        f"task: {CHAT_EVAL_TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: facts.jsonl\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: \"{{question}}\"\n"
+        "doc_to_target: \"{{answer}}\"\ngeneration_kwargs:\n  until: [\"<|eot_id|>\"]\n  max_gen_toks: 24\n"
+        "  do_sample: false\nmetric_list:\n  - metric: exact_match\n    aggregation: mean\n"
+        "    higher_is_better: true\n    ignore_case: true\n    ignore_punctuation: true\n")
+    return folder
+
+
 def _tokens(data: bytes) -> bytes:
     import numpy as np
 

@@ -63,7 +63,10 @@ class Evaluated:
     benchmarks: dict[str, Any] = dataclasses.field(default_factory=dict)  # each benchmark's settings and record
 
     def to_xcom(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "suites": list(self.suites)}
+        out = {**dataclasses.asdict(self), "suites": list(self.suites)}
+        if not self.benchmarks:  # an evaluation without benchmarks: the XCom it always had
+            del out["benchmarks"]
+        return out
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> Evaluated:
@@ -211,7 +214,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.base.credentials import split_credentials
-    from tasks.evaluate.harness import resolve_benchmarks
+    from tasks.evaluate.benchmarks import resolve_benchmarks
     from tasks.launch import JobSpec, Launch, LaunchOptions
     from tasks.plan.evaluation import evaluation_layout
 

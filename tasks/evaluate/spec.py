@@ -45,7 +45,7 @@ def resolve_suites(cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
 def suite_hash(cfg: JobConfig, suites: list[dict[str, Any]]) -> str:
     """sha256 of what decides an evaluation's numbers besides the weights (see the module docstring); the
     benchmarks as resolved (tasks/evaluate/harness.py: settings, harness version, task folder digest)."""
-    from tasks.evaluate.harness import resolve_benchmarks
+    from tasks.evaluate.benchmarks import resolve_benchmarks
 
     e = cfg.evaluate
     benchmarks = resolve_benchmarks(cfg)

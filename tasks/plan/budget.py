@@ -203,8 +203,18 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     return max(routed, dense) if any(not m.routed(i) for i in range(m.n_layers)) else routed
 
 
-def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, attention: str = "sdpa") -> int:
-    """Activation bytes of one stage at its peak (1F1B: min(m, p - stage) micro-batches in flight)."""
+def packing_bytes(s: int, b: int, in_flight: int) -> int:
+    """What packed windows (a chat dataset) add to a stage: each in-flight micro-batch's position and document
+    ids (int64, travelling with the activations), and the [b, 1, s, s] boolean document masks the stage builds
+    (tasks/models/common/packing.py: the last two kept, one more while the next is compared, and the causal
+    [s, s] it is cut from)."""
+    return in_flight * 2 * 8 * s * b + 3 * b * s * s + s * s
+
+
+def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, attention: str = "sdpa",
+                       packed: bool = False) -> int:
+    """Activation bytes of one stage at its peak (1F1B: min(m, p - stage) micro-batches in flight); `packed`:
+    the windows are packed conversations (`packing_bytes`)."""
     m, p = cfg.model, cfg.parallel
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.d_model
     per_layer = _activation_bytes_per_layer(cfg, e, p.tp, attention)
@@ -217,6 +227,8 @@ def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, at
     if stage.has_head:
         # Final LN input/output, logits, and the fp32 softmax inside cross-entropy.
         stored += 2 * e * s * b * h + e * s * b * m.vocab_size + 4 * s * b * m.vocab_size
+    if packed:
+        stored += packing_bytes(s, b, in_flight)
     return stored
 
 
@@ -256,6 +268,7 @@ def plan(
     comm_warn_share: float = COMM_WARN_SHARE,
     bubble_warn: float = BUBBLE_WARN,
     attention: Literal["sdpa", "materialized"] = "sdpa",
+    packed: bool = False,
 ) -> Plan:
     """Budget one launch of `cfg` and say whether it can work.
 
@@ -263,6 +276,7 @@ def plan(
     device: "cuda"/"gpu" or "cpu" to resolve precision "auto" (None: ask torch).
     reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
+    packed: the training data is a chat dataset (packed conversations: their ids and document masks).
     """
     validate_layout(cfg, world_size)
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
@@ -303,8 +317,8 @@ def plan(
         # Plain Adam: two fp32 moments (+ fp32 master in mixed precision). ZeRO keeps an fp32
         # partition copy even in fp32 runs, so 12 B per parameter of its shard.
         optim = n * (8 + (4 if precision == "bf16" else 0)) if zero == 0 else shard * 12
-        act_no = _stage_activations(cfg, st, b.activation, recompute=False, attention=attention)
-        act_re = _stage_activations(cfg, st, b.activation, recompute=True, attention=attention)
+        act_no = _stage_activations(cfg, st, b.activation, recompute=False, attention=attention, packed=packed)
+        act_re = _stage_activations(cfg, st, b.activation, recompute=True, attention=attention, packed=packed)
         act = act_re if t.activation_checkpointing else act_no
         bucket = min(DS_BUCKET_ELEMENTS, n) * b.grad if dp > 1 else 0
         p2p = 2 * b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.pp > 1 else 0

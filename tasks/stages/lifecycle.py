@@ -167,7 +167,12 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
         if not force:
             raise InvalidInputError(lost)
         log.warning("plan: %s; starting the new run anyway because force is set", lost)
-    result = plan(cfg)
+    from tasks.data.manifest import read_manifest
+
+    # A chat dataset's windows are packed conversations: their ids and document masks are planned too.
+    manifest = f"{run.data_url.rstrip('/')}/{cfg.data.manifest}"
+    packed = read_manifest(manifest, cfg.data.storage_options).chat is not None
+    result = plan(cfg, packed=packed)
     log.info("plan: %s", result.verdict)
     for warning in result.warnings:
         log.warning("plan: %s", warning)

@@ -20,16 +20,17 @@ Dataset format (written by `tasks.data.manifest` / `tasks.data.prepare`, copied 
 little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 
 A chat dataset (the manifest's `chat`) has a loss mask and document starts beside each shard: its windows
-are packed from whole conversations of one shard, in order (greedily: as many as fit in `seq_len + 1`
-tokens, the rest padding), and `get_packed` gives what `tasks.train.packing` turns into a packed batch.
+are packed from whole conversations of one shard (best-fit decreasing, `pack_windows`: a window's
+conversations need not be neighbours; the rest of `seq_len + 1` tokens is padding), and `get_packed` gives
+what `tasks.train.packing` turns into a packed batch.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -65,21 +66,37 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     return path
 
 
-def pack_windows(starts: np.ndarray, n_tokens: int, capacity: int) -> list[tuple[int, int]]:
-    """[start, stop) token ranges of whole consecutive documents, each at most `capacity` tokens (greedy, in
-    order); a document longer than `capacity` (prepare-data cut or dropped those) would be refused."""
-    ends = [*starts[1:].tolist(), n_tokens]
-    out: list[tuple[int, int]] = []
-    first = 0
-    for a, b in zip(starts.tolist(), ends, strict=True):
-        if b - a > capacity:
-            raise InvalidInputError(f"a document of {b - a} tokens does not fit a window of {capacity}")
-        if b - first > capacity:
-            out.append((first, a))
-            first = a
-    if ends:
-        out.append((first, n_tokens))
-    return out
+def pack_windows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """The documents (indices into `lengths`, ascending) of each window of at most `capacity` tokens, best-fit
+    decreasing: the longest document first, each into the fullest window it fits, a new window when none has
+    room; windows ordered by their first document. A pure function of the lengths, so every rank and every
+    resume packs the same windows; a document longer than `capacity` (prepare-data cut or dropped those) is
+    refused. About 1.5 us a document (bisect over the distinct free capacities, at most `capacity` of them)."""
+    if len(lengths) and int(lengths.max()) > capacity:
+        raise InvalidInputError(f"a document of {int(lengths.max())} tokens does not fit a window of {capacity}")
+    free: list[int] = []  # the distinct free capacities of open windows, ascending
+    holders: dict[int, list[int]] = {}  # free capacity -> the windows with exactly that much left
+    members: list[list[int]] = []
+    for doc in np.argsort(-lengths, kind="stable").tolist():
+        size = int(lengths[doc])
+        k = bisect_left(free, size)
+        if k == len(free):
+            window, left = len(members), capacity - size
+            members.append([doc])
+        else:
+            have = free[k]
+            stack = holders[have]
+            window, left = stack.pop(), have - size
+            if not stack:
+                del holders[have], free[k]
+            members[window].append(doc)
+        if left:
+            if left in holders:
+                holders[left].append(window)
+            else:
+                holders[left] = [window]
+                insort(free, left)
+    return sorted((sorted(m) for m in members), key=lambda m: m[0])
 
 
 @dataclass(frozen=True)
@@ -107,9 +124,9 @@ class TokenWindows:
         dtype = np.dtype(TOKEN_DTYPES[manifest.dtype])
         self.shards: list[np.memmap] = []
         self.masks: list[np.memmap] = []  # chat: per shard
-        self.starts: list[np.ndarray] = []
-        index: list[tuple[int, int]] = []  # (shard, start) of each window
-        self.stops: list[int] = []  # chat: where each packed window ends (plain: start + seq_len + 1)
+        self.starts: list[np.ndarray] = []  # chat: each shard's document starts, and its token count last
+        index: list[tuple[int, int]] = []  # (shard, start) of each window; chat: (shard, its first member)
+        members: list[np.ndarray] = []  # chat: each window's documents, one after another
         for entry in manifest.split(split):
             path = root / entry.key
             if not path.is_file() or path.stat().st_size != entry.size:
@@ -123,15 +140,21 @@ class TokenWindows:
                 index.extend((shard, start) for start in window_starts(len(tokens), seq_len))
                 continue
             self.masks.append(np.memmap(root / mask_key(entry.key), dtype=MASK_DTYPE, mode="r"))
-            self.starts.append(np.fromfile(root / starts_key(entry.key), dtype=STARTS_DTYPE).astype(np.int64))
-            if len(self.masks[-1]) != len(tokens) or not len(self.starts[-1]) or self.starts[-1][0]:
+            starts = np.fromfile(root / starts_key(entry.key), dtype=STARTS_DTYPE).astype(np.int64)
+            if len(self.masks[-1]) != len(tokens) or not len(starts) or starts[0] or starts[-1] >= len(tokens):
                 raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
-            for a, b in pack_windows(self.starts[-1], len(tokens), seq_len + 1):
-                index.append((shard, a))
-                self.stops.append(b)
+            self.starts.append(np.append(starts, len(tokens)))
+            done = sum(len(m) for m in members)
+            for docs in pack_windows(np.diff(self.starts[-1]), seq_len + 1):
+                index.append((shard, done))
+                done += len(docs)
+                members.append(np.asarray(docs, dtype=np.int64))
         if not index:
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")
         self.index = index
+        self.members = np.concatenate(members) if members else np.zeros(0, np.int64)
+        # chat: where each window's members end
+        self.ends = [first for _, first in index[1:]] + [len(self.members)] if self.packed else []
 
     @classmethod
     def joined(cls, parts: list[TokenWindows]) -> TokenWindows:
@@ -140,15 +163,19 @@ class TokenWindows:
             raise InvalidInputError("a replay mixture cannot mix chat (packed, assistant-only loss) and plain-text "
                                     "datasets")
         out = cls.__new__(cls)
-        out.seq_len, out.packed, out.shards, out.masks, out.starts, out.index, out.stops = \
+        out.seq_len, out.packed, out.shards, out.masks, out.starts, out.index, out.ends = \
             parts[0].seq_len, parts[0].packed, [], [], [], [], []
+        members = []
         for part in parts:
-            base = len(out.shards)
+            base, first = len(out.shards), sum(len(m) for m in members)
             out.shards.extend(part.shards)
             out.masks.extend(part.masks)
             out.starts.extend(part.starts)
-            out.index.extend((base + shard, start) for shard, start in part.index)
-            out.stops.extend(part.stops)
+            shift = first if part.packed else 0
+            out.index.extend((base + shard, start + shift) for shard, start in part.index)
+            out.ends.extend(end + shift for end in part.ends)
+            members.append(part.members)
+        out.members = np.concatenate(members)
         return out
 
     def __len__(self) -> int:
@@ -166,16 +193,17 @@ class TokenWindows:
         return torch.from_numpy(np.stack(rows))
 
     def span(self, i: int) -> tuple[int, int, int]:
-        """Shard, start and stop of window `i`'s tokens (a packed window's padding not included)."""
+        """Shard, start and stop of plain-text window `i`'s tokens."""
         shard, start = self.index[int(i)]
-        return shard, start, self.stops[int(i)] if self.packed else start + self.seq_len + 1
+        return shard, start, start + self.seq_len + 1
 
-    def documents(self, i: int) -> tuple[int, int, int, np.ndarray]:
-        """Shard, start, stop and the document starts (relative to the window) of window `i` of a chat dataset."""
-        shard, start, stop = self.span(i)
+    def documents(self, i: int) -> tuple[int, np.ndarray]:
+        """Shard and [start, stop) token ranges [n, 2] of the conversations of window `i` of a chat dataset, in
+        the order the window holds them."""
+        shard, first = self.index[int(i)]
+        docs = self.members[first:self.ends[int(i)]]
         starts = self.starts[shard]
-        inside = starts[np.searchsorted(starts, start):np.searchsorted(starts, stop)]
-        return shard, start, stop, inside - start
+        return shard, np.stack([starts[docs], starts[docs + 1]], axis=1)
 
     def get_packed(self, indices: np.ndarray | list[int]) -> PackedRows:
         """The packed windows of a chat dataset, padded to `seq_len + 1` tokens."""
@@ -184,12 +212,14 @@ class TokenWindows:
         tokens, mask = np.zeros((n, width), np.int64), np.zeros((n, width), bool)
         docs, positions = np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
         for row, i in enumerate(indices):
-            shard, start, stop, firsts = self.documents(i)
-            tokens[row, :stop - start] = self.shards[shard][start:stop]
-            mask[row, :stop - start] = self.masks[shard][start:stop]
-            bounds = [*firsts.tolist(), stop - start, width]
-            for doc, (a, b) in enumerate(pairwise(bounds)):
-                docs[row, a:b], positions[row, a:b] = doc, np.arange(b - a)
+            shard, ranges = self.documents(i)
+            at = 0
+            for doc, (a, b) in enumerate(ranges.tolist()):
+                tokens[row, at:at + b - a] = self.shards[shard][a:b]
+                mask[row, at:at + b - a] = self.masks[shard][a:b]
+                docs[row, at:at + b - a], positions[row, at:at + b - a] = doc, np.arange(b - a)
+                at += b - a
+            docs[row, at:], positions[row, at:] = len(ranges), np.arange(width - at)  # the padding
         return PackedRows(*(torch.from_numpy(t) for t in (tokens, mask, docs, positions)))
 
     def trained_tokens(self, indices: np.ndarray | list[int]) -> int:
@@ -197,10 +227,16 @@ class TokenWindows:
         predicts a document's first token from the one before it)."""
         total = 0
         for i in indices:
-            shard, start, stop, firsts = self.documents(i)
+            shard, ranges = self.documents(i)
             mask = self.masks[shard]
-            total += int(mask[start + 1:stop].sum()) - int(mask[start + firsts[firsts > 0]].sum())
+            total += sum(int(mask[a + 1:b].sum()) for a, b in ranges.tolist())
         return total
+
+    def real_tokens(self, indices: np.ndarray | list[int]) -> int:
+        """Tokens of these windows that are not padding (a chat run's packed efficiency)."""
+        if not self.packed:
+            return len(indices) * (self.seq_len + 1)
+        return sum(int((ranges[:, 1] - ranges[:, 0]).sum()) for _, ranges in map(self.documents, indices))
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,7 @@ class Trainer:
         for idx in micro:
             inputs, labels = packed_inputs(self.windows.get_packed(idx))
             out.append((tuple(t.to(self.device) for t in inputs), (labels.to(self.device), scale)))
-        real = sum(stop - start for _, start, stop in map(self.windows.span, step))
+        real = self.windows.real_tokens(step)
         return out, {"trained_tokens": trained, "packed_efficiency": real / (len(step) * (self.cfg.model.seq_len + 1))}
 
     def run(self, tracking: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -173,7 +173,7 @@ def test_a_candidate_that_loses_benchmark_accuracy_is_refused_with_the_harness_n
 
 
 def test_a_task_the_harness_does_not_know_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
-    from tasks.evaluate.harness import resolve_benchmarks
+    from tasks.evaluate.benchmarks import resolve_benchmarks
 
     base = make_hf_llama(tmp_path / "hf", vocab=512, layers=2, tokenizer=False)
     tasks = task_folder(tmp_path / "team-tasks")

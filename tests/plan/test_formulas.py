@@ -128,6 +128,17 @@ def test_activations_match_korthikanti_formula_for_standard_shapes() -> None:
     assert sdpa.memory.activations_without_recompute == 2 * (34 * s * b * h + 4 * a * s * b) + embed_out + head
 
 
+def test_packed_conversations_add_their_ids_and_document_masks() -> None:
+    """A chat dataset's windows: per in-flight micro-batch the int64 position and document ids (2 x 8 x s b),
+    per stage the boolean document masks (three of b s^2: two kept, one being built) and the causal s^2."""
+    cfg = make_config(model=DEMO, parallel={"pp": 2, "micro_batches": 4}, train={"micro_batch_size": 2})
+    plain, packed = plan(cfg), plan(cfg, packed=True)
+    s, b = 64, 2
+    for stage, in_flight in ((0, 2), (1, 1)):  # 1F1B: min(micro_batches, pp - stage)
+        added = packed.stages[stage]["activations"] - plain.stages[stage]["activations"]
+        assert added == in_flight * 2 * 8 * s * b + 3 * b * s * s + s * s == in_flight * 2048 + 28672
+
+
 def test_step_comm_flops_and_bubble_by_hand() -> None:
     cfg = make_config(
         model=DEMO, parallel={"tp": 2, "pp": 2, "dp": 2, "zero_stage": 0, "micro_batches": 6},

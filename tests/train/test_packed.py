@@ -35,9 +35,9 @@ def chat_dataset(tmp_path: Path, template: str, n: int, seed: int = 5, heldout_f
 
 
 def documents(windows: TokenWindows, i: int) -> list[tuple[int, int]]:
-    """[start, stop) of each conversation inside window i."""
-    _, start, stop, firsts = windows.documents(i)
-    bounds = [*firsts.tolist(), stop - start]
+    """[start, stop) of each conversation inside window i's row."""
+    _, ranges = windows.documents(i)
+    bounds = np.concatenate([[0], np.cumsum(ranges[:, 1] - ranges[:, 0])]).tolist()
     return list(pairwise(bounds))
 
 
@@ -45,10 +45,10 @@ def conversations_in(windows: TokenWindows, indices: list[int]) -> list[tuple[li
     """(tokens, assistant mask) of every conversation the windows `indices` hold, whole, in order."""
     convs = []
     for w in indices:
-        shard, start, _ = windows.span(w)
-        for a, b in documents(windows, w):
-            convs.append((windows.shards[shard][start + a:start + b].astype(np.int64).tolist(),
-                          windows.masks[shard][start + a:start + b].astype(bool).tolist()))
+        shard, ranges = windows.documents(w)
+        for a, b in ranges.tolist():
+            convs.append((windows.shards[shard][a:b].astype(np.int64).tolist(),
+                          windows.masks[shard][a:b].astype(bool).tolist()))
     return convs
 
 
@@ -84,13 +84,21 @@ def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, fa
     assert windows.trained_tokens(range(len(windows))) == int((labels != IGNORE).sum())
 
 
-def test_windows_pack_whole_documents_greedily_in_order() -> None:
-    starts = np.array([0, 3, 5, 9, 10])
-    assert pack_windows(starts, 14, 5) == [(0, 5), (5, 10), (10, 14)]
-    assert pack_windows(starts, 14, 9) == [(0, 9), (9, 14)]
-    assert pack_windows(np.array([0]), 4, 4) == [(0, 4)]  # a document of exactly a window
+def test_windows_pack_whole_documents_best_fit_decreasing() -> None:
+    lengths = np.array([3, 2, 4, 1, 4])
+    # Longest first (4, 4, 3, 2, 1), each into the fullest window it fits: of 5 tokens [3, 2] [4] [4, 1]; of 9
+    # [3, 2] [4, 4, 1] (in order, as before: [3, 2, 4] [1, 4], and a third window at 5 too).
+    assert pack_windows(lengths, 5) == [[0, 1], [2], [3, 4]]
+    assert pack_windows(lengths, 9) == [[0, 1], [2, 3, 4]]
+    assert pack_windows(np.array([4]), 4) == [[0]]  # a document of exactly a window
+    lognormal = np.random.default_rng(0).lognormal(np.log(300), 1.0, 5000).astype(np.int64) + 8
+    kept = lognormal[lognormal <= 2049]
+    packed = pack_windows(kept, 2049)
+    assert sorted(d for w in packed for d in w) == list(range(len(kept)))  # every document, once
+    assert all(int(kept[w].sum()) <= 2049 for w in packed)
+    assert kept.sum() / (len(packed) * 2049) > 0.95  # bench/packing.py: the efficiency goal is 0.9
     with pytest.raises(InvalidInputError, match="5 tokens does not fit a window of 4"):
-        pack_windows(np.array([0, 2]), 7, 4)
+        pack_windows(np.array([2, 5]), 4)
 
 
 def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
@@ -101,7 +109,8 @@ def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
     source = chat_dataset(tmp_path, QWEN, 24)
     result = warm(str(source), tmp_path / "cache", progress=False, rules=ShardRules(512, ("train",), "data"))
     here, there = (TokenWindows(d, "train", SEQ, 512) for d in (source, result.dataset_dir))
-    assert there.packed and (here.index, here.stops) == (there.index, there.stops)
+    assert there.packed and here.index == there.index and here.ends == there.ends
+    assert here.members.tolist() == there.members.tolist()
     everything = list(range(len(here)))
     for a, b in zip(vars(here.get_packed(everything)).values(), vars(there.get_packed(everything)).values(),
                     strict=True):
