@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -263,7 +262,6 @@ def run_benchmark(lm: Any, bench: dict[str, Any]) -> tuple[dict[str, float], dic
             raise InvalidInputError(f"benchmark {bench['name']}: {folder} changed since the evaluation was "
                                     "planned (its digest differs)")
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's progress bars: the status file counts instead
     with contextlib.chdir(folder) if folder is not None else contextlib.nullcontext():
         results = simple_evaluate(
             model=lm, tasks=list(bench["tasks"]), num_fewshot=bench["num_fewshot"], limit=bench["limit"],

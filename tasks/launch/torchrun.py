@@ -67,8 +67,11 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
 # limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
 # such block is mapped and first-touched anew (more system time per step: ~1.5% of a 300M step on CPU).
+# Progress bars (tqdm's, the datasets library's: the benchmarks' harness draws them) would reach the person as
+# relayed log lines; a rank reports its progress in its status file.
 RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
-                     "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
+                     "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2), "TQDM_DISABLE": "1",
+                     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
 
 
 def node_command(

@@ -11,7 +11,7 @@ from tasks.models import get_family
 from tasks.models.parallel import TPGroup
 from tasks.models.shapes import EVALUATION_PARTITION, TRAINING_PARTITION, pipeline_stages
 from tasks.plan import plan, search, serving_estimate
-from tasks.plan.evaluation import EVAL_RUNTIME_BYTES
+from tasks.plan.evaluation import EVAL_RUNTIME_BYTES, HARNESS_RUNTIME_BYTES
 from tasks.plan.process import RUNTIME_BYTES
 from tests.plan.conftest import make_config
 
@@ -256,3 +256,7 @@ def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step
     gpu = plan(make_config(model=m, train={"steps": 10, "checkpoint_every": 5}), device="gpu")
     assert gpu.memory.process_peak == RUNTIME_BYTES + gpu.memory.checkpoint_snapshot
     assert gpu.evaluation["process_total"] == EVAL_RUNTIME_BYTES + gpu.evaluation["weights_file_pages"]
+    # Benchmarks: rank 0 also runs the harness.
+    bench = plan(make_config(model=m, train={"steps": 10, "checkpoint_every": 5},
+                             evaluate={"benchmarks": [{"name": "mc", "tasks": ["arc_easy"]}]}), device="gpu")
+    assert bench.evaluation["process_total"] == gpu.evaluation["process_total"] + HARNESS_RUNTIME_BYTES
