@@ -26,19 +26,10 @@ def _new_week_of_data(cfg: JobConfig, week: int) -> None:
     make_data(cfg.data.source_url, name=cfg.name, seed=cfg.train.seed + week, storage_options=cfg.data.storage_options)
 
 
-def run_week(cfg: JobConfig, title: str) -> dict:
-    from tasks.stages.lifecycle import describe_outcome, run_lifecycle
-
-    print(f"== {title}", flush=True)
-    out = run_lifecycle(cfg)
-    for line in describe_outcome(out):
-        print(f"   {line}", flush=True)
-    return out
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
+    from tasks.cli.demo_week import run_week
     from tasks.config.endpoints import registry_for
     from tasks.models.resolve import load_config
     from tasks.registry import upgrade

@@ -83,7 +83,7 @@ def answer(cfg: JobConfig, directory: Path) -> str:
 def chat_demo(config: str | None) -> int:
     import tempfile
 
-    from tasks.cli.demo import run_week
+    from tasks.cli.demo_week import run_week
     from tasks.config.load import expand_vars, read_config_document
     from tasks.data.synthetic import chat_facts, write_chat_eval
     from tasks.models.resolve import load_config
