@@ -71,7 +71,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="two weeks of retraining on the embedded default, a rollback, a re-run")
-    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml; with --chat configs/tiny-chat.yaml)")
+    p.add_argument("--config", help="job config (default: configs/tiny-llama.yaml; with --chat "
+                                    "configs/tiny-chat/job.yaml)")
     p.add_argument("--chat", action="store_true", help="a chat model retrained on conversations (assistant turns "
                                                         "only), gated on a generation check, then served")
     p.set_defaults(handler=_cmd_demo)

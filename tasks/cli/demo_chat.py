@@ -20,7 +20,7 @@ from tasks import REPO_ROOT
 if TYPE_CHECKING:
     from tasks.config.schema import JobConfig
 
-CONFIG = REPO_ROOT / "configs" / "tiny-chat.yaml"
+CONFIG = REPO_ROOT / "configs" / "tiny-chat" / "job.yaml"  # not configs/*.yaml: no DAG until the model exists
 TOKENIZER = REPO_ROOT / "configs" / "tiny-chat" / "tokenizer"  # scripts/tiny_chat_tokenizer.py wrote it
 QUESTION = "What does the baker do?"
 

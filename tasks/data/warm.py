@@ -332,31 +332,11 @@ def warm_sources(sources: list[DataSource], cache_root: str | os.PathLike[str], 
 
 def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
     """Warm the dataset a job config names (data.source_url, manifest, cache_dir, budget, storage options)."""
-    sources = training_sources(cfg)[:1]
-    results = warm_sources(sources, cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
-                           disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)
-    refuse_unreadable_format(cfg, sources, results)
-    return results[0]
+    return warm_sources(training_sources(cfg)[:1], cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)[0]
 
 
 def warm_mixture(cfg: JobConfig, **kw: Any) -> list[WarmResult]:
     """Warm every source a job trains on: data.source_url first, then each `data.replay` source in order."""
-    sources = training_sources(cfg)
-    results = warm_sources(sources, cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
-                           disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)
-    refuse_unreadable_format(cfg, sources, results)
-    return results
-
-
-def refuse_unreadable_format(cfg: JobConfig, sources: list[DataSource], results: list[WarmResult]) -> None:
-    """Refuse, before a rank starts, a chat dataset (packed conversations: position ids and document masks travel
-    with the activations) for a family whose blocks do not carry them yet: the mixtures of experts."""
-    from tasks.families import FAMILIES
-
-    if not FAMILIES[cfg.model.family].routed:
-        return
-    for source, result in zip(sources, results, strict=True):
-        if result.manifest.chat is not None:
-            raise InvalidInputError(f"{source.field} {source.source_url}: a chat dataset (packed conversations) "
-                                    f"cannot train model.family {cfg.model.family!r} yet: its routed blocks do not "
-                                    "carry the document boundaries")
+    return warm_sources(training_sources(cfg), cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)

@@ -177,6 +177,9 @@ def ranks_lm(scorer: RequestScorer, tokenizer: Any) -> Any:
                                                  add_generation_prompt=add_generation_prompt,
                                                  continue_final_message=not add_generation_prompt)
 
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            return super().loglikelihood(requests, disable_tqdm=True)  # a rank's stderr is relayed as log lines
+
         def _loglikelihood_tokens(self, requests: list[Any], **kwargs: Any) -> list[tuple[float, bool]]:
             scored = scorer.score([(list(context), list(continuation)) for _, context, continuation in requests])
             assert scored is not None

@@ -38,7 +38,6 @@ from tasks.data.warm import warm
 from tasks.evaluate.harness import RequestScorer, run_benchmarks
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
-from tasks.families import FAMILIES
 from tasks.inputs.weights import WeightSources, fetch_model_files, fetch_weights
 from tasks.runs.identity import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
@@ -182,10 +181,6 @@ class Evaluation:
     def score_suite(self, model: ShardedModel, dataset_dir: Path, split: str) -> dict[str, float]:
         m, p, s = self.job.model, self.job.parallel, self.spec
         windows = TokenWindows(dataset_dir, split, m.seq_len, m.vocab_size)
-        if windows.packed and FAMILIES[m.family].routed:
-            raise InvalidInputError(f"{dataset_dir}: a chat dataset (packed conversations) cannot be scored by "
-                                    f"model.family {m.family!r} yet: its routed blocks do not carry the document "
-                                    "boundaries")
         order = window_order(len(windows), s["batches"], s["batch_size"])
         sums = torch.zeros(2, dtype=torch.float64)
         for b in range(model.dp_rank, s["batches"], p.dp):

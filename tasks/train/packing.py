@@ -36,14 +36,18 @@ def loss_scale(micro_batches: int, dp: int, trained_tokens: int) -> torch.Tensor
 def token_weighted_loss(plain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                         token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
     """The pipeline's loss_fn: `plain` for bare labels; for (labels, scale) the scaled NLL sum over the
-    labels that are not IGNORE (`token_nll`: the family's per-token cross entropy, vocab-parallel where it is)."""
+    labels that are not IGNORE (`token_nll`: the family's per-token cross entropy, vocab-parallel where it is),
+    plus a mixture of experts' auxiliary loss when the head passes it beside the logits (as `plain` adds it)."""
 
-    def loss_fn(logits: torch.Tensor, labels: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def loss_fn(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                labels: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if not isinstance(labels, tuple):
-            return plain(logits, labels)
+            return plain(outputs, labels)
+        logits, aux = outputs if isinstance(outputs, tuple) else (outputs, None)
         targets, scale = labels
         trained = targets != IGNORE
         nll = token_nll(logits, targets.masked_fill(~trained, 0))
-        return (nll * trained).sum() * scale
+        loss = (nll * trained).sum() * scale
+        return loss if aux is None else loss + aux
 
     return loss_fn

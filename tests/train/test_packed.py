@@ -55,9 +55,12 @@ def conversations_in(windows: TokenWindows, indices: list[int]) -> list[tuple[li
 # Each attention path: Llama's causal SDPA, a sliding band (Mistral), Gemma 3's sliding/global layers with QK-norm,
 # Gemma 2's soft-capped eager scores, GPT's learned positions.
 GEMMA = dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24, tie_embeddings=True)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 FAMILIES = {"llama": {}, "mistral": {"sliding_window": 8}, "gpt": {},
             "gemma3": {**GEMMA, "sliding_window_pattern": 2, "qk_norm": True, "rope_local_base_freq": 1e4},
-            "gemma2": {**GEMMA, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 1.0}}
+            "gemma2": {**GEMMA, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 1.0},
+            "qwen3_moe": {**MOE, "qk_norm": True},
+            "mixtral": {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -166,17 +169,21 @@ def test_trainer_loss_is_transformers_loss_over_the_assistant_tokens(tmp_path: P
     assert row["packed_efficiency"] == sum(len(t) for t, _ in convs) / (2 * half * (SEQ + 1))
 
 
-def test_a_chat_dataset_for_a_mixture_of_experts_is_refused_before_a_rank_starts(tmp_path: Path) -> None:
-    """The routed blocks do not carry document boundaries yet: the warm refuses, naming the field and the family."""
-    from tasks.data.warm import warm_mixture
-    from tests.train.conftest import tiny_config
-
-    source = chat_dataset(tmp_path, QWEN, 16, heldout_fraction=0.25)
-    cfg = tiny_config(tmp_path, {"model.family": "qwen3_moe", "model.qk_norm": True, "model.vocab_size": 512,
-                                 "model.seq_len": SEQ, "model.num_experts": 4, "model.num_experts_per_tok": 2,
-                                 "data.source_url": str(source)})
-    with pytest.raises(InvalidInputError, match=r"data.source_url .*chat dataset.*'qwen3_moe'"):
-        warm_mixture(cfg, progress=False)
-    llama = cfg.with_overrides({"model.family": "llama", "model.num_experts": None, "model.num_experts_per_tok": None,
-                                "model.qk_norm": False})
-    assert warm_mixture(llama, progress=False)[0].manifest.chat is not None  # a dense family takes it
+@pytest.mark.multiproc
+def test_a_mixture_of_experts_trains_on_conversations_across_stages(tmp_path: Path, make_config) -> None:
+    """Qwen3-MoE at pp=2 on packed conversations: the positions, the documents and the auxiliary loss's carrier
+    cross the stage boundary together; the loss is transformers' cross entropy over the assistant tokens plus
+    the auxiliary loss (coef x E x sum_e f_e P_e: positive, at most coef x E x k)."""
+    dataset = chat_dataset(tmp_path, LLAMA3, 40)
+    windows = TokenWindows(dataset, "train", SEQ, 512)
+    half = len(windows) // 2
+    coef = 1e-3
+    cfg = make_config({"model.family": "qwen3_moe", **{f"model.{k}": v for k, v in {**MODEL, **MOE}.items()},
+                       "model.qk_norm": True, "model.router_aux_loss_coef": coef, "train.steps": 1,
+                       "train.checkpoint_every": 1, "train.micro_batch_size": half, "parallel.micro_batches": 2,
+                       "parallel.pp": 2})
+    summary = train(cfg, dataset)
+    step = np.random.default_rng([cfg.train.seed, 0]).permutation(len(windows))[:2 * half]
+    want, _ = hf_loss(cfg.model, cfg.train.seed, conversations_in(windows, step.tolist()))
+    assert 0 < summary["first_loss"] - want <= coef * MOE["num_experts"] * MOE["num_experts_per_tok"], (
+        summary["first_loss"], want)

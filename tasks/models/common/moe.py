@@ -24,6 +24,7 @@ from tasks.config.model import ModelConfig
 from tasks.models.common import blocks
 from tasks.models.common import reference as common
 from tasks.models.common.moe_sharding import full_shapes, shard_spec
+from tasks.models.common.packing import Packing, pack, unpack
 from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
 
 
@@ -168,6 +169,28 @@ class SparseMoE(nn.Module):
         return reduce_from_tp(out, self.tp).reshape(shape), carrier
 
 
+Routed = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def split(inputs: Routed) -> tuple[torch.Tensor, Packing | None, torch.Tensor | None]:
+    """(activations or tokens, packing, carrier) of what a routed model's layer receives: `x`, `(x, carrier)`,
+    a packed window's `(x, position_ids, doc_ids)` or `(x, position_ids, doc_ids, carrier)`."""
+    if not isinstance(inputs, tuple):
+        return inputs, None, None
+    if len(inputs) == 2:
+        return inputs[0], None, inputs[1]
+    x, packing = unpack(inputs[:3])
+    return x, packing, inputs[3] if len(inputs) == 4 else None
+
+
+def join(x: torch.Tensor, packing: Packing | None, carrier: torch.Tensor | None) -> Routed:
+    """What a routed model's layer passes on (the inverse of `split`)."""
+    out = pack(x, packing)
+    if carrier is None:
+        return out
+    return (*out, carrier) if isinstance(out, tuple) else (out, carrier)
+
+
 def carries(m: ModelConfig, module: nn.Module) -> bool:
     """Whether the activations carry the auxiliary loss's carrier: training with a coefficient."""
     return module.training and m.router_aux_loss_coef > 0
@@ -180,12 +203,13 @@ class Embedding(blocks.Embedding):
         super().__init__(m, seed, tp)
         self.m = m
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        x = super().forward(tokens)
+    def forward(self, inputs: Routed) -> Routed:
+        out = super().forward(inputs)
         if not carries(self.m, self):
-            return x
+            return out
         assert self.m.num_experts is not None
-        return x, torch.zeros(2, self.m.num_experts, device=x.device, requires_grad=True)
+        x, packing = unpack(out)
+        return join(x, packing, torch.zeros(2, self.m.num_experts, device=x.device, requires_grad=True))
 
 
 class Head(blocks.Head):
@@ -195,10 +219,10 @@ class Head(blocks.Head):
         super().__init__(m, seed, tp)
         self.m = m
 
-    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        if not isinstance(x, tuple):
+    def forward(self, inputs: Routed) -> Routed:
+        x, _, carrier = split(inputs)
+        if carrier is None:
             return super().forward(x)
-        x, carrier = x
         tokens = x.shape[0] * x.shape[1]
         return super().forward(x), AuxLoss.apply(carrier, aux_scale(self.m, tokens))
 
@@ -218,15 +242,15 @@ class TransformerBlock(blocks.TransformerBlock):
         self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
         blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec)
 
-    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        x, carrier = inputs if isinstance(inputs, tuple) else (inputs, None)
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, inputs: Routed) -> Routed:
+        """`inputs`: see `split` (a packed window's positions and documents pass through, as in a dense block)."""
+        x, packing, carrier = split(inputs)
+        x = x + self.attn(self.attn_norm(x), packing)
         if isinstance(self.mlp, SparseMoE):
             y, carrier = self.mlp(self.mlp_norm(x), carrier)
         else:
             y = self.mlp(self.mlp_norm(x))
-        return x + y if carrier is None else (x + y, carrier)
+        return join(x + y, packing, carrier)
 
 
 def take_expert_loads(module: nn.Module) -> dict[int, list[int]]:
