@@ -38,9 +38,9 @@ def evaluated_windows(cfg: JobConfig, rec: VersionRecord) -> tuple[Any, float, i
     suites = metrics.get("suites")
     if not suites or "batches" not in metrics or "suite_hash" not in metrics:
         return f"v{rec.version} records no evaluation windows (published outside the lifecycle)"
-    if suite_hash(cfg, suites) != metrics["suite_hash"]:
+    if (key := suite_hash(cfg, suites)) != metrics["suite_hash"]:
         return (f"v{rec.version} was evaluated under another evaluation or model config (suite hash "
-                f"{metrics['suite_hash'][:12]}, this config's {suite_hash(cfg, suites)[:12]})")
+                f"{metrics['suite_hash'][:12]}, this config's {key[:12]})")
     suite = suites[0]
     recorded = metrics.get("metrics", {}).get(f"{suite['name']}.loss")
     if not isinstance(recorded, int | float):

@@ -88,6 +88,7 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
                       run_dir: Path, *, live: VersionRecord | None = None) -> tuple[Launch, dict[str, Any]]:
     """The evaluation ranks' job (in the run directory's `eval/<id>`), and what `evaluation_result` needs of this
     evaluation besides their summary (JSON: it may wait in Airflow while the job runs)."""
+    from tasks.evaluate.benchmarks import resolve_benchmarks
     from tasks.evaluate.cache import read_cached
     from tasks.evaluate.spec import resolve_suites, suite_hash
     from tasks.runs.identity import EVAL_DIR
@@ -103,15 +104,14 @@ def evaluation_launch(cfg: JobConfig, run: RunIdentity, checkpoint_dir: str | Pa
 
         public, _ = split_credentials(cfg.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         candidate["mirror"] = {"url": cfg.train.checkpoint_url, "storage_options": public, "run_id": run.run_id}
-    suites = resolve_suites(cfg, run)
-    key = suite_hash(cfg, suites)
+    suites, benchmarks = resolve_suites(cfg, run), resolve_benchmarks(cfg)
+    key = suite_hash(cfg, suites, benchmarks)
     models: list[dict[str, Any]] = [candidate]
     live_metrics = read_cached(cfg, live.version, key) if live is not None else None
     if live is not None and live_metrics is None:
         models.append(version_entry(cfg, run, live, "live"))
-    launch = ranks_launch(cfg, run, models, suites, key, Path(dataset_dir), run_dir / EVAL_DIR)
-    pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key,
-               "benchmarks": launch.options.evaluation["benchmarks"],
+    launch = ranks_launch(cfg, run, models, suites, benchmarks, key, Path(dataset_dir), run_dir / EVAL_DIR)
+    pending = {"checkpoint_dir": str(checkpoint_dir), "suites": suites, "suite_hash": key, "benchmarks": benchmarks,
                "live_version": None if live is None else live.version, "live_cached": live_metrics}
     return launch, pending
 
@@ -158,15 +158,17 @@ def score_versions(cfg: JobConfig, run: RunIdentity, candidate: VersionRecord, l
     """Score `candidate` and `live` on the config's suites (the run's data, warmed at `dataset_dir`, for a suite
     without its own source) by evaluation ranks through the job's launcher, each unless its numbers on exactly
     these suites are cached; what is scored is cached. `eval_root` holds the job's directory."""
+    from tasks.evaluate.benchmarks import resolve_benchmarks
     from tasks.evaluate.cache import read_cached, write_cached
     from tasks.evaluate.spec import resolve_suites, suite_hash
 
-    suites = resolve_suites(cfg, run)
-    key = suite_hash(cfg, suites)
+    suites, benchmarks = resolve_suites(cfg, run), resolve_benchmarks(cfg)
+    key = suite_hash(cfg, suites, benchmarks)
     named = {"candidate": candidate, "live": live}
     scores = {name: read_cached(cfg, v.version, key) for name, v in named.items() if v is not None}
     models = [version_entry(cfg, run, named[name], name) for name, cached in scores.items() if cached is None]
-    scored = ranks_launch(cfg, run, models, suites, key, dataset_dir, eval_root).run_here()["models"] if models else {}
+    scored = (ranks_launch(cfg, run, models, suites, benchmarks, key, dataset_dir, eval_root).run_here()["models"]
+              if models else {})
     out: dict[str, LiveScore] = {}
     for name, cached in scores.items():
         version = named[name]
@@ -209,12 +211,11 @@ def evaluation_result(cfg: JobConfig, pending: dict[str, Any], summary: dict[str
 
 
 def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]], suites: list[dict[str, Any]],
-                 key: str, dataset_dir: Path, eval_root: Path) -> Launch:
+                 benchmarks: list[dict[str, Any]], key: str, dataset_dir: Path, eval_root: Path) -> Launch:
     """The evaluation ranks' job (the job's launcher, the evaluation layout), whose summary has each model's
     metrics and each checkpoint's marker; their status and summary go to `eval_root/<evaluation id>` (the run
     directory's `eval/`), and the engine names the job `eval-<evaluation id>`, not after the run's training."""
     from tasks.base.credentials import split_credentials
-    from tasks.evaluate.benchmarks import resolve_benchmarks
     from tasks.launch import JobSpec, Launch, LaunchOptions
     from tasks.plan.evaluation import evaluation_layout
 
@@ -234,7 +235,7 @@ def ranks_launch(cfg: JobConfig, run: RunIdentity, models: list[dict[str, Any]],
                             (fields["pretrained"], model_env if e.metrics or e.benchmarks else {}))
     spec = {
         "models": models, "suites": suites, "batches": e.batches, "batch_size": e.batch_size, "dtype": e.dtype,
-        "metrics": [m.model_dump(mode="json") for m in e.metrics], "benchmarks": resolve_benchmarks(cfg),
+        "metrics": [m.model_dump(mode="json") for m in e.metrics], "benchmarks": benchmarks,
         "cache_dir": cfg.data.cache_dir, "data_storage_options": data_options,
         "store_url": cfg.publish.store_url, "store_options": store_options,
         "model": cfg.model.model_copy(update={"pretrained_storage_options": model_options}).model_dump(mode="json"),

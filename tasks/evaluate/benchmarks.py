@@ -47,22 +47,23 @@ def resolve_benchmarks(cfg: JobConfig) -> list[dict[str, Any]]:
                 digest = local_tree_manifest(bench.include_path).digest
             except InvalidInputError as exc:
                 raise InvalidInputError(f"{field}.include_path: {exc}") from None
-        unknown = unknown_tasks(bench.tasks, bench.include_path)
+        unknown, defaults = find_tasks(bench.tasks, bench.include_path)
         if unknown:
             raise InvalidInputError(f"{field}.tasks: {', '.join(unknown)} not known to {HARNESS} "
                                     f"{harness_version()} (include_path: {bench.include_path})")
-        out.append({**bench.model_dump(mode="json"), "include_digest": digest, "harness": HARNESS,
-                    "harness_version": harness_version(), "max_length": cfg.model.seq_len, **PINNED})
+        out.append({**bench.model_dump(mode="json"), "include_digest": digest, "include_defaults": defaults,
+                    "harness": HARNESS, "harness_version": harness_version(), "max_length": cfg.model.seq_len,
+                    **PINNED})
     return out
 
 
-def unknown_tasks(tasks: tuple[str, ...], include_path: str | None) -> list[str]:
-    """The names neither the task folder nor (only when needed: indexing them takes seconds) the harness's own
-    tasks define."""
+def find_tasks(tasks: tuple[str, ...], include_path: str | None) -> tuple[list[str], bool]:
+    """(the names neither the task folder nor the harness's own tasks define, whether any name needs the
+    harness's own: indexing them takes seconds, so only then, here and on rank 0)."""
     missing = [t for t in tasks if t not in task_manager(include_path, defaults=False).all_tasks]
-    if missing:
-        missing = [t for t in missing if t not in task_manager(include_path, defaults=True).all_tasks]
-    return missing
+    if not missing or include_path is None:
+        return missing, include_path is None
+    return [t for t in missing if t not in task_manager(include_path, defaults=True).all_tasks], True
 
 
 def task_manager(include_path: str | None, *, defaults: bool) -> Any:

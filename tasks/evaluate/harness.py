@@ -22,7 +22,7 @@ import torch
 import torch.distributed as tdist
 
 from tasks.base.errors import InvalidInputError, RetrainerError
-from tasks.evaluate.benchmarks import HARNESS, PINNED, harness_version, task_manager, unknown_tasks
+from tasks.evaluate.benchmarks import HARNESS, PINNED, harness_version, task_manager
 
 if TYPE_CHECKING:
     from tasks.evaluate.sharded import ShardedModel
@@ -86,6 +86,15 @@ class RequestScorer:
         """Whether this rank reports its replica's answers (the last stage's first TP rank: peers hold the same)."""
         return self.model.last_stage and self.model.tp.rank == 0
 
+    @staticmethod
+    def _right_padded(rows: list[list[int]]) -> torch.Tensor:
+        """[len(rows), longest] token ids, zero-padded on the right: a causal model's earlier positions do not see
+        the padding."""
+        out = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+        for j, row in enumerate(rows):
+            out[j, :len(row)] = torch.tensor(row)
+        return out
+
     def _generate_share(self, requests: list[tuple[list[int], int]], eos: int) -> dict[int, list[int]]:
         """Greedy decoding of this replica's batches, one full forward per new token (no KV cache: a
         benchmark's few hundred prompts, not serving), each row until its EOS or its token budget."""
@@ -96,10 +105,7 @@ class RequestScorer:
             new: list[list[int]] = [[] for _ in batch]
             done = [False] * len(batch)
             while not all(done):
-                tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
-                for j, seq in enumerate(seqs):
-                    tokens[j, :len(seq)] = torch.tensor(seq)
-                picked = self.model.next_tokens(tokens, torch.tensor([len(s) - 1 for s in seqs]))
+                picked = self.model.next_tokens(self._right_padded(seqs), torch.tensor([len(s) - 1 for s in seqs]))
                 for j in range(len(batch)):
                     if done[j]:
                         continue
@@ -125,13 +131,8 @@ class RequestScorer:
             rows.append((whole[:-1], whole[1:], len(continuation)))
         out: dict[int, tuple[float, bool]] = {}
         for batch in self._batches([len(r[0]) for r in rows]):
-            width = len(rows[batch[0]][0])
-            tokens = torch.zeros(len(batch), width, dtype=torch.long)
-            targets = torch.zeros(len(batch), width, dtype=torch.long)
-            for j, i in enumerate(batch):  # right padding: a causal model's earlier positions do not see it
-                tokens[j, :len(rows[i][0])] = torch.tensor(rows[i][0])
-                targets[j, :len(rows[i][1])] = torch.tensor(rows[i][1])
-            scored = self.model.loglikelihoods(tokens, targets)
+            scored = self.model.loglikelihoods(self._right_padded([rows[i][0] for i in batch]),
+                                               self._right_padded([rows[i][1] for i in batch]))
             if scored is None or not self._keeps:
                 continue
             nll, greedy = scored[0].double().cpu(), scored[1].cpu()
@@ -269,7 +270,7 @@ def run_benchmark(lm: Any, bench: dict[str, Any]) -> tuple[dict[str, float], dic
         results = simple_evaluate(
             model=lm, tasks=list(bench["tasks"]), num_fewshot=bench["num_fewshot"], limit=bench["limit"],
             apply_chat_template=bench["apply_chat_template"], fewshot_as_multiturn=bench["apply_chat_template"],
-            task_manager=task_manager(folder, defaults=bool(unknown_tasks(tuple(bench["tasks"]), folder))),
+            task_manager=task_manager(folder, defaults=bench["include_defaults"]),
             log_samples=False, **{k: bench[k] for k in PINNED})
     if results is None:
         raise RetrainerError(f"benchmark {bench['name']}: the harness returned no results")

@@ -42,13 +42,15 @@ def resolve_suites(cfg: JobConfig, run: RunIdentity) -> list[dict[str, Any]]:
     return out
 
 
-def suite_hash(cfg: JobConfig, suites: list[dict[str, Any]]) -> str:
+def suite_hash(cfg: JobConfig, suites: list[dict[str, Any]], benchmarks: list[dict[str, Any]] | None = None) -> str:
     """sha256 of what decides an evaluation's numbers besides the weights (see the module docstring); the
-    benchmarks as resolved (tasks/evaluate/harness.py: settings, harness version, task folder digest)."""
+    benchmarks as resolved (tasks/evaluate/benchmarks.py: settings, harness version, task folder digest), here
+    unless the caller resolved them already."""
     from tasks.evaluate.benchmarks import resolve_benchmarks
 
     e = cfg.evaluate
-    benchmarks = resolve_benchmarks(cfg)
+    if benchmarks is None:
+        benchmarks = resolve_benchmarks(cfg)
     return sha256_json({
         **({"benchmarks": benchmarks} if benchmarks else {}),  # without: the hash every earlier cache entry has
         "suites": [{k: s[k] for k in ("name", "split", "manifest_hash")} for s in suites],

@@ -195,7 +195,7 @@ def test_evaluation_ranks_run_the_evaluation_worker_in_their_own_job(tmp_path: P
     cfg = k8s_config(tmp_path)
     run = identity(cfg, "e" * 64, scratch(cfg))
     models = [{"name": "candidate", "path": str(run.run_dir(cfg) / "ckpt" / "step-3")}]
-    launch = ranks_launch(cfg, run, models, [{"name": "heldout"}], "s" * 64, tmp_path / "ds",
+    launch = ranks_launch(cfg, run, models, [{"name": "heldout"}], [], "s" * 64, tmp_path / "ds",
                           run.run_dir(cfg) / "eval")
     assert launch.run == run and launch.job.output_dir.parent == run.run_dir(cfg) / "eval"
     launcher = get_launcher(launch.cfg)
