@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch  # noqa: F401  (it binds its loggers to the sys.stderr of its import: pytest's session-wide capture)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -135,6 +137,11 @@ def airflow_db() -> str:
 
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "db", "migrate"], check=True, capture_output=True, timeout=600)
+    # `import airflow` configures its logging on the sys.stdout of that moment: here, under pytest's session-wide
+    # capture, not first inside a test whose capsys/capfd stream is closed after it (every later Airflow log
+    # line on this worker would be a "Logging error: I/O operation on closed file" traceback).
+    import airflow
+
     return os.environ["AIRFLOW_HOME"]
 
 
@@ -163,3 +170,16 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     for binary in ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "scontrol"):
         require_binary(binary)
     yield from slurm_daemons(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture(autouse=True)
+def no_log_handler_left_on_a_closed_stream() -> Iterator[None]:
+    """Fails the test that leaves a logging handler writing to its closed capsys/capfd stream (a library that
+    configures logging when a test first imports it): every later log line on that worker would be a "Logging
+    error" traceback in another module's output."""
+    yield
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    left = [f"{lg.name} ({type(h).__name__})" for lg in loggers for h in lg.handlers
+            if getattr(getattr(h, "stream", None), "closed", False)]
+    assert not left, f"logging handlers left on this test's closed capture stream: {left}"
