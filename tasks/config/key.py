@@ -13,10 +13,10 @@ instead of trained again. The rules:
    `train.checkpoint_url`, `train.checkpoint_storage_options`, `train.deadline` and `train.init_from` (a request:
    the weights it resolves to enter by digest) are out.
 4. The layout is how a run trains, not what: it enters as tp = pp = dp = 1 with the same global batch in
-   micro-batches. The same global batch gives the same steps at any tp x pp x dp (tests/train/test_3d_equality.py),
-   so a run that lost nodes resumes its own checkpoints at a smaller dp (tasks/train/reshard.py), and a tp/pp change
-   finds them and is refused by name (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it
-   always had.
+   micro-batches, and without `ep` (dropless routing computes the same at any ep). The same global batch gives the
+   same steps at any tp x pp x dp (tests/train/test_3d_equality.py), so a run that lost nodes resumes its own
+   checkpoints at a smaller dp (tasks/train/reshard.py), and a tp/pp/ep change finds them and is refused by name
+   (tasks/train/checkpoint.py: check_layout). A one-rank config keeps the key it always had.
 5. An option enters the key only when it is on: a model option at the value `off_values` gives it, a
    `model.rope_scaling` field that is null (not a field of its rope type) and `train.lora` when unset are left out.
    So adding an option to the schema never changes the key of a config that does not use it: a run resumed across
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.base.layout import ONE_RANK
+from tasks.base.layout import ONE_RANK, OPTIONAL
 from tasks.config.util import sha256_json
 
 MODEL_SOURCES = ("pretrained", "pretrained_storage_options", "base")  # rule 2
@@ -61,7 +61,8 @@ def keyed_model(model: dict[str, Any]) -> dict[str, Any]:
 
 def keyed_layout(parallel: dict[str, Any]) -> dict[str, Any]:
     """The `parallel` section (its JSON dump) as the key sees it: its one-rank equivalent (rule 4)."""
-    return {**parallel, **ONE_RANK.record(), "micro_batches": parallel["micro_batches"] * parallel["dp"]}
+    return {**{k: v for k, v in parallel.items() if k not in OPTIONAL}, **ONE_RANK.record(),
+            "micro_batches": parallel["micro_batches"] * parallel["dp"]}
 
 
 def keyed_train(train: dict[str, Any]) -> dict[str, Any]:

@@ -96,16 +96,21 @@ class ParallelConfig(Strict):
     tp: int = Field(1, ge=1, le=MAX_RANKS)
     pp: int = Field(1, ge=1, le=MAX_RANKS)
     dp: int = Field(1, ge=1, le=MAX_RANKS)
+    ep: int = Field(1, ge=1, le=MAX_RANKS, description="expert parallel: each mixture-of-experts layer's experts "
+                    "split over ep of the data-parallel ranks (divides dp and model.num_experts)")
     zero_stage: Literal[0, 1, 2, 3] = 1
     micro_batches: int = Field(1, ge=1, le=MAX_BATCH,
                                description="gradient accumulation steps (pipeline micro-batches)")
 
     @property
     def layout(self) -> Layout:
-        return Layout(dp=self.dp, tp=self.tp, pp=self.pp)
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
 
     @model_validator(mode="after")
     def _world(self) -> ParallelConfig:
+        if self.dp % self.ep:
+            raise ValueError(f"parallel.ep ({self.ep}) must divide parallel.dp ({self.dp}): the expert-parallel "
+                             "ranks are data-parallel ranks")
         if self.layout.world_size > MAX_RANKS:
             raise ValueError(f"tp x pp x dp = {self.layout.world_size} ranks, more than {MAX_RANKS}")
         return self
@@ -258,6 +263,19 @@ class JobConfig(Strict):
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.n_heads and n_kv_heads")
         if m.ffn % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.d_ff ({m.ffn})")
+        if p.ep > 1:
+            if m.num_experts is None:
+                raise ValueError(f"parallel.ep ({p.ep}) splits a mixture of experts' experts; model.family "
+                                 f"{m.family!r} has none")
+            if m.num_experts % p.ep:
+                raise ValueError(f"parallel.ep ({p.ep}) must divide model.num_experts ({m.num_experts})")
+            if p.zero_stage not in (1, 2):
+                # Each rank's share of the experts' optimizer state is saved by that rank only under ZeRO;
+                # without it DeepSpeed saves the optimizer once per replica, from data-parallel rank 0.
+                raise ValueError(f"parallel.ep ({p.ep}) needs parallel.zero_stage 1 or 2")
+            if self.train.lora is not None:
+                raise ValueError(f"parallel.ep ({p.ep}) with train.lora: the adapters leave the experts frozen, "
+                                 "so there is nothing to split; use parallel.ep 1")
         if m.num_experts is not None and m.expert_ffn % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide the experts' width (model.moe_intermediate_size, "
                              f"null: model.d_ff: {m.expert_ffn})")

@@ -37,6 +37,11 @@ def topology(layout: Layout) -> Any:
     return PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
 
 
+def expert_group_name(ep: int) -> str:
+    """DeepSpeed's name of the expert-parallel groups of size `ep` (a parameter's `group_name`)."""
+    return f"ep_size_{ep}"
+
+
 def build_grid(layout: Layout) -> Grid:
     """Create the process groups of `layout` (collective: every rank calls it; DeepSpeed prints the topology on
     rank 0, callers quiet it). The world must be the layout's."""
@@ -45,4 +50,22 @@ def build_grid(layout: Layout) -> Grid:
     topo = topology(layout)
     groups = PipelineParallelGrid(topology=topo)
     coord = layout.coord(tdist.get_rank())
-    return Grid(layout, topo, groups, TPGroup(groups.get_slice_parallel_group(), layout, coord))
+    ep_group = _expert_groups(layout, groups, coord) if layout.ep > 1 else None
+    return Grid(layout, topo, groups, TPGroup(groups.get_slice_parallel_group(), layout, coord, ep_group))
+
+
+def _expert_groups(layout: Layout, grid: Any, coord: Coord) -> Any:
+    """DeepSpeed's expert-parallel and expert-data-parallel groups (its ZeRO optimizer reduces and partitions the
+    experts' gradients over the latter), created once here; this rank's expert-parallel group. Checked against
+    the layout's own rule: ep consecutive data-parallel ranks of one stage and TP index."""
+    from deepspeed.utils import groups as ds_groups
+
+    ds_groups.mpu = grid
+    ds_groups._create_expert_data_and_model_parallel(layout.ep, mpu=grid)
+    name = expert_group_name(layout.ep)
+    first = coord.dp - coord.ep
+    expected = [layout.rank(Coord(pp=coord.pp, dp=first + k, tp=coord.tp)) for k in range(layout.ep)]
+    if list(ds_groups._get_expert_parallel_group_ranks(name)) != expected:
+        raise RuntimeError(f"DeepSpeed's expert-parallel group {ds_groups._get_expert_parallel_group_ranks(name)} "
+                           f"is not the layout's {expected}")
+    return ds_groups._get_expert_parallel_group(name)

@@ -24,11 +24,13 @@ from tasks.base.layout import ONE_RANK, ORIGIN, Coord, Layout
 
 
 class TPGroup:
-    """What a family's layers are built for: the layout, this rank's coordinates in it, and the process group of
-    its tensor-parallel slice of the pipeline grid (tp 1 = no TP, no collectives)."""
+    """What a family's layers are built for: the layout, this rank's coordinates in it, the process group of
+    its tensor-parallel slice of the pipeline grid (tp 1 = no TP, no collectives) and, where `layout.ep` > 1,
+    of its expert-parallel group (the ep data-parallel ranks a mixture of experts' tokens are dispatched over)."""
 
-    def __init__(self, group: object | None = None, layout: Layout = ONE_RANK, coord: Coord = ORIGIN) -> None:
-        self.group, self.layout, self.coord = group, layout, coord
+    def __init__(self, group: object | None = None, layout: Layout = ONE_RANK, coord: Coord = ORIGIN,
+                 ep_group: object | None = None) -> None:
+        self.group, self.layout, self.coord, self.ep_group = group, layout, coord, ep_group
 
     @property
     def rank(self) -> int:

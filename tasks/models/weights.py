@@ -37,9 +37,17 @@ from tasks.config.schema import LoraConfig
 from tasks.models import get_family
 from tasks.models import lora as lora_mod
 from tasks.models.common.init import no_default_init
+from tasks.models.common.moe_sharding import expert_range
 from tasks.models.parallel import TPGroup
 
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
+_EXPERT_FILE = re.compile(r"layer_(\d+)-model_(\d+)-experts_(\d+)-model_states\.pt")
+
+
+def expert_layer_file(layer: int, tp_rank: int, ep_rank: int) -> str:
+    """The checkpoint file of one pipeline layer's experts held by one expert-parallel rank's TP rank
+    (`parallel.ep` > 1; DeepSpeed's layer file beside it holds the rest: tasks/train/pipeline.py)."""
+    return f"layer_{layer:02d}-model_{tp_rank:02d}-experts_{ep_rank:02d}-model_states.pt"
 
 Slice = tuple[int, int, int] | None  # (dim, start, end) of the full tensor; None = all of it
 
@@ -65,17 +73,21 @@ def layer_prefix(index: int, n_layers: int) -> str:
 
 class CheckpointWeights:
     """A committed checkpoint's weights from DeepSpeed's layer files (`layer_LL-model_TT-model_states.pt`,
-    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read.
+    one per pipeline layer and TP rank, written by data-parallel rank 0); TP pieces are joined on read, and an
+    expert-parallel run's experts (`expert_layer_file`, one per layer, TP rank and expert-parallel rank) after them.
     A LoRA run's checkpoint holds only the adapters: its frozen base tensors are read from the base weights
     its `CHECKPOINT_BASE_FILE` names, so every reader sees the whole model."""
 
     def __init__(self, directory: str | Path, m: ModelConfig) -> None:
         self.dir, self.m = Path(directory), m
         self.files: dict[int, dict[int, Path]] = {}
+        self.expert_files: dict[int, dict[tuple[int, int], Path]] = {}  # layer: {(ep rank, tp rank): file}
         for path in self.dir.iterdir():
-            match = _LAYER_FILE.fullmatch(path.name)
-            if match:
+            if match := _LAYER_FILE.fullmatch(path.name):
                 self.files.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
+            elif match := _EXPERT_FILE.fullmatch(path.name):
+                layer, tp, ep = (int(g) for g in match.groups())
+                self.expert_files.setdefault(layer, {})[ep, tp] = path
         if not self.files:
             raise InvalidInputError(f"{self.dir}: no DeepSpeed layer files (layer_*-model_states.pt) in checkpoint")
         self.layer_of = {f"{layer_prefix(i, m.n_layers)}.": i for i in self.files}
@@ -99,9 +111,16 @@ class CheckpointWeights:
             pieces = {tp: _torch_load(path) for tp, path in sorted(self.files[index].items())}
             prefix = layer_prefix(index, self.m.n_layers)
             names = pieces[min(pieces)].keys()
-            self._cached = (index, {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}",
-                                                                      [p[n] for p in pieces.values()])
-                                    for n in names})
+            joined = {f"{prefix}.{n}": lora_mod.unshard(self.m, f"{prefix}.{n}", [p[n] for p in pieces.values()])
+                      for n in names}
+            experts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}  # ep rank: {tp rank: tensors}
+            for (ep, tp), path in sorted(self.expert_files.get(index, {}).items()):
+                experts.setdefault(ep, {})[tp] = _torch_load(path)
+            for n in experts[0][0] if experts else ():
+                name = f"{prefix}.{n}"
+                joined[name] = torch.cat([lora_mod.unshard(self.m, name, [p[n] for _, p in sorted(by_tp.items())])
+                                          for _, by_tp in sorted(experts.items())])
+            self._cached = (index, joined)
         return self._cached[1]
 
     def base(self) -> Weights:
@@ -318,8 +337,12 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def read_slice(weights: Weights, m: ModelConfig, name: str, tp: TPGroup) -> torch.Tensor:
-    """This TP rank's slice of tensor `name`, reading only that slice where the format allows."""
+    """This rank's slice of tensor `name`, reading only that slice where the format allows (under expert
+    parallelism: its experts, then their TP slice of those)."""
     spec = lora_mod.shard_spec(m, name, tp.layout, tp.coord) if tp.size > 1 else None
+    if (experts := expert_range(m, name, tp.layout, tp.coord)) is not None:
+        held = weights.read(name, (0, *experts))
+        return held if spec is None else held.index_select(spec[0], spec[1])
     if spec is None:
         return weights.read(name)
     dim, indices = spec

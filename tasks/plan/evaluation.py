@@ -36,11 +36,13 @@ HARNESS_RUNTIME_BYTES = 220 * 1024**2
 
 
 def evaluation_layout(cfg: JobConfig) -> JobConfig:
-    """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off.
+    """The job as its evaluation ranks run it: `evaluate.parallel` (or the training layout), ZeRO off, each
+    rank holding all the experts of its slice (ep 1: a replica scores its own windows, while an expert-parallel
+    group's ranks would have to run every forward together).
 
     A copy, not a revalidation: the config's validation checked `evaluate.parallel` against the model."""
     layout = (cfg.evaluate.parallel or cfg.parallel).layout
-    parallel = cfg.parallel.model_copy(update={**layout.record(), "zero_stage": 1, "micro_batches": 1})
+    parallel = cfg.parallel.model_copy(update={**layout.record(), "ep": 1, "zero_stage": 1, "micro_batches": 1})
     return cfg.model_copy(update={"parallel": parallel})
 
 

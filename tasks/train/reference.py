@@ -26,6 +26,7 @@ from tasks.train.worker import WarmupCosine
 @dataclass
 class ReferenceRun:
     losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)  # before clipping, as DeepSpeed reports its global norm
     step_seconds: list[float] = field(default_factory=list)
     model: torch.nn.Module | None = None
 
@@ -60,10 +61,10 @@ def train_reference(cfg: JobConfig, dataset_dir: str | Path, steps: int | None =
             loss = lm_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainable, t.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(trainable, t.grad_clip if t.grad_clip > 0 else float("inf"))
         opt.step()
         sched.step()
         run.step_seconds.append(time.perf_counter() - started)
         run.losses.append(float(loss.detach()))
+        run.grad_norms.append(float(norm))
     return run

@@ -106,6 +106,17 @@ def make_optimizer(params: Any, cfg: TrainingJob) -> torch.optim.Optimizer:
     return eager_adamw(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
 
+def param_groups(module: torch.nn.Module, ep: int) -> list[Any]:
+    """What trains, as the optimizer takes it: one group, or under expert parallelism the dense parameters and
+    the experts apart (DeepSpeed's ZeRO reduces and partitions each expert group over its own ranks)."""
+    trainable = [q for q in module.parameters() if q.requires_grad]
+    if ep == 1:
+        return trainable
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    return split_params_into_different_moe_groups_for_optimizer({"params": trainable, "name": "dense"})
+
+
 def make_scheduler(cfg: TrainingJob):
     return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(cfg.train.warmup_steps, cfg.train.steps))
 
@@ -122,7 +133,7 @@ class Trainer:
                  export: dict[str, Any] | None = None) -> None:
         import deepspeed
 
-        from tasks.train.pipeline import TrainingPipeline
+        from tasks.train.pipeline import TrainingPipeline, engine_for
 
         self.cfg, self.run_identity, self.export = cfg, run, export
         p, m = cfg.parallel, cfg.model
@@ -177,6 +188,7 @@ class Trainer:
                 # (a mixture of experts' routing carrier beside the activations) gets one backward call per tensor
                 # from DeepSpeed's pipeline engine, and a reentrant checkpoint's second call found its inputs freed.
                 activation_checkpoint_func=functools.partial(checkpoint, use_reentrant=False),
+                ep=p.ep,
             )
         if init_path is not None and (resume_from is None or self.base_path is not None):
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
@@ -194,11 +206,12 @@ class Trainer:
 
                 load_start_adapter(module, cfg, run, tp)
         import_muon_uncompiled()
-        with deepspeed_prints_to_debug():
+        params = param_groups(module, p.ep)
+        with deepspeed_prints_to_debug(), engine_for(p.ep):
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module,
-                model_parameters=[q for q in module.parameters() if q.requires_grad],
-                optimizer=make_optimizer([q for q in module.parameters() if q.requires_grad], cfg),
+                model_parameters=params,
+                optimizer=make_optimizer(params, cfg),
                 lr_scheduler=make_scheduler(cfg),
                 config=deepspeed_config(cfg),
             )

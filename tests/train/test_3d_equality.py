@@ -44,6 +44,14 @@ LAYOUTS = {
     "mixtral-aux-pp2-tp2": {"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
                             "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5, "parallel.pp": 2,
                             "parallel.tp": 2, "parallel.micro_batches": 2, "train.activation_checkpointing": True},
+    # Expert parallelism: each MoE layer's 4 experts split over 2 of the data-parallel ranks (tokens dispatched by
+    # all-to-all, the experts' gradients reduced over the ranks holding the same experts), under a pipeline, with
+    # the auxiliary loss; the gradient norm checks the experts' gradient scale, which Adam's steps would hide.
+    "qwen3_moe-aux-pp2-dp2-ep2": {"model.family": "qwen3_moe", "model.qk_norm": True, "model.num_experts": 4,
+                                  "model.num_experts_per_tok": 2,
+                                  "model.moe_intermediate_size": 16, "model.norm_topk_prob": True,
+                                  "model.router_aux_loss_coef": 0.5, "parallel.pp": 2, "parallel.dp": 2,
+                                  "parallel.ep": 2, "parallel.micro_batches": 2},
 }
 
 
@@ -58,6 +66,10 @@ def test_layout_matches_single_process_reference(layout: str, make_config, datas
     assert ref.losses[-1] < ref.losses[0]  # it trains: equality is not between two constants
     for step, (got, want) in enumerate(zip(summary["losses"], ref.losses, strict=True), start=1):
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: 3D loss {got} vs reference {want}"
+
+    norms = [value for _, value in scalars(Path(summary["telemetry_path"]).parent)["train/grad_norm"]]
+    for step, (got, want) in enumerate(zip(norms, ref.grad_norms, strict=True), start=1):
+        assert abs(got - want) <= 1e-4 * want, f"step {step}: 3D gradient norm {got} vs reference {want}"
 
     rows = [json.loads(line) for line in Path(summary["telemetry_path"]).read_text().splitlines()]
     m, p = cfg.model, cfg.parallel

@@ -332,3 +332,30 @@ def test_sigkill_then_resume_on_packed_conversations_is_bitwise_exact(packed, ho
     rows = [json.loads(line) for line in Path(resumed["telemetry_path"]).read_text().splitlines()]
     assert [r["step"] for r in rows][-3:] == [4, 5, 6] and all(r["trained_tokens"] > 0 for r in rows[-3:])
     _assert_same_final_weights(resumed, reference)
+
+
+EXPERT_PARALLEL = {**{k: v for k, v in EXPERIMENT.items() if k != "model.dropout"},  # the family has none
+                   "model.family": "qwen3_moe", "model.qk_norm": True, "model.num_experts": 4,
+                   "model.num_experts_per_tok": 2, "model.moe_intermediate_size": 16,
+                   "model.router_aux_loss_coef": 0.01, "parallel.ep": 2, "parallel.micro_batches": 2}
+
+
+def test_sigkill_then_resume_at_ep2_is_bitwise_exact(dataset_dir: Path, tmp_path: Path, hooked, monkeypatch) -> None:
+    """Each expert-parallel rank's experts and their optimizer partitions are saved and loaded by that rank:
+    the resumed run reaches the unbroken run's losses and final weights bit for bit; the same checkpoints
+    resumed at another ep or dp are refused, naming the axis, before any rank starts."""
+    straight = train(tiny_config(tmp_path, EXPERT_PARALLEL, out="straight"), dataset_dir)
+    cfg = tiny_config(tmp_path, EXPERT_PARALLEL, out="killed")
+    kill_a_rank_after_step_3(cfg, dataset_dir, hooked)
+    files = {p.name for p in (ck.ckpt_root(cfg.train.output_dir) / "step-000003").iterdir()}
+    assert {"layer_02-model_00-experts_00-model_states.pt", "layer_02-model_00-experts_01-model_states.pt"} <= files
+
+    monkeypatch.delenv("HOOK_STEP_DELAY_S")
+    for changed, axis in (({"parallel.ep": 1}, "ep=2 -> 1"), ({"parallel.dp": 4, "parallel.micro_batches": 1},
+                                                                 "has dp=4")):
+        with pytest.raises(InvalidInputError, match=axis):
+            train(tiny_config(tmp_path, {**EXPERT_PARALLEL, **changed}, out="killed"), dataset_dir)
+    resumed = train(cfg, dataset_dir)
+    assert resumed["resumed_from_step"] == 3 and resumed["layout"]["ep"] == 2
+    assert resumed["losses"] == straight["losses"]
+    assert weights_digest(resumed["checkpoint_dir"], cfg.model) == weights_digest(straight["checkpoint_dir"], cfg.model)

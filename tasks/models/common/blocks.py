@@ -49,12 +49,14 @@ TIED = "tok.weight"  # the embedding attribute DeepSpeed ties between the first 
 
 def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | None, tp: TPGroup, *,
                shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = full_shapes,
-               shards: Callable[..., tuple[int, torch.Tensor] | None] = shard_spec, norm_init: float = 1.0) -> None:
+               shards: Callable[..., tuple[int, torch.Tensor] | None] = shard_spec, norm_init: float = 1.0,
+               experts: Callable[..., tuple[int, int] | None] | None = None) -> None:
     """Fill the layer's parameters in order from its own generator, one full tensor at a time, keeping our slice.
 
     Linear weights and the embedding ~ N(0, 0.02); norms `norm_init` (Gemma's x * (1 + w): 0); q/k/v
     biases 0. `seed` None: no draw (the weights are loaded next: a resume or starting weights), only the
-    tensor-parallel marks. `shapes`, `shards`: the family's full shapes and shard rule.
+    tensor-parallel marks. `shapes`, `shards`: the family's full shapes and shard rule; `experts`: a mixture of
+    experts' `expert_range` (the experts this rank holds, cut before the TP rule).
     """
     g = None if seed is None else layer_generator(seed, seed_layer)
     full_shapes_of = shapes(m)
@@ -70,6 +72,8 @@ def init_layer(layer: nn.Module, m: ModelConfig, seed_layer: int, seed: int | No
                 full = torch.zeros(shape)
             else:
                 full = torch.randn(*shape, generator=g) * INIT_STD
+            if full is not None and experts is not None and (cut := experts(m, ref, tp.layout, tp.coord)):
+                full = full[cut[0]:cut[1]]
             set_slice(p, full, shards(m, ref, tp.layout, tp.coord), tp.layout)
 
 

@@ -7,9 +7,10 @@ per-expert layout checkpoints hold is stacked on read, tasks/models/weights.py, 
 the family's `hf_tensors`). Dropless: every token reaches its k experts (no capacity), so the logits are
 transformers'. The auxiliary load-balancing loss: RouterAux.
 
-Tensor parallelism (ep = 1): every expert is split along its hidden units like the dense MLP (gate/up rows,
-down columns), the router is replicated. A token's output is the sum of its experts' partial outputs, all-reduced
-once; the routing weights' gradient is summed over the TP ranks (each rank saw only its share of every expert).
+Tensor parallelism: every expert is split along its hidden units like the dense MLP (gate/up rows, down columns),
+the router is replicated. A token's output is the sum of its experts' partial outputs, all-reduced once; the
+routing weights' gradient is summed over the TP ranks (each rank saw only its share of every expert). Expert
+parallelism (`parallel.ep`): see Experts.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from torch import nn
 from tasks.config.model import ModelConfig
 from tasks.models.common import blocks
 from tasks.models.common import reference as common
-from tasks.models.common.moe_sharding import full_shapes, shard_spec
+from tasks.models.common.moe_sharding import expert_range, full_shapes, shard_spec
 from tasks.models.common.packing import Packing, pack, unpack
+from tasks.models.grid import expert_group_name
 from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
 
 
@@ -49,38 +51,75 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """This TP rank's share of every expert's SwiGLU: gate_up [E, 2I/tp, H] (its gate rows, then its up rows),
-    down [E, H, I/tp]."""
+    """This rank's experts (all E, or its E / ep under expert parallelism), each its TP rank's share of the
+    expert's SwiGLU: gate_up [E/ep, 2I/tp, H] (its gate rows, then its up rows), down [E/ep, H, I/tp].
+
+    Expert parallelism (ep > 1): every rank routes its own tokens; each (token, pick) row goes to the rank holding
+    its expert and its output comes back, by two all-to-alls over the expert-parallel group (differentiable: the
+    backward runs them reversed), so each expert computes on the tokens of all ep ranks. The experts' parameters
+    are marked for DeepSpeed (`allreduce` False, `group_name`): their gradients are reduced over the ranks that
+    hold the same experts (the expert-data-parallel group), not over every data-parallel rank."""
 
     def __init__(self, m: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         assert m.num_experts is not None
         width = m.expert_ffn // tp.size
+        self.ep, self.ep_group = tp.layout.ep, tp.ep_group
+        self.local = m.num_experts // self.ep  # experts on this rank: [coord.ep * local, (coord.ep + 1) * local)
         self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu
-        self.gate_up = nn.Parameter(torch.empty(m.num_experts, 2 * width, m.d_model))
-        self.down = nn.Parameter(torch.empty(m.num_experts, m.d_model, width))
+        self.gate_up = nn.Parameter(torch.empty(self.local, 2 * width, m.d_model))
+        self.down = nn.Parameter(torch.empty(self.local, m.d_model, width))
+        if self.ep > 1:
+            for p in (self.gate_up, self.down):
+                p.allreduce, p.group_name = False, expert_group_name(self.ep)  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """sum_k weights[:, k] * expert_chosen[:, k](x) of tokens x [n, H] (this rank's partial sum).
 
-        The CPU path: a loop over the experts that received tokens, each gathering its tokens (index_select) and
-        adding its weighted output back (index_add), as transformers' eager experts do (its tokens in the same
-        order: one stable sort of the (token, slot) picks by expert)."""
-        out = torch.zeros_like(x)
+        The (token, slot) picks in one stable sort by expert, as transformers' eager experts take them; each
+        expert gathers its rows (index_select) and the weighted outputs are added back in that order
+        (index_add): a token's experts are summed in ascending order at any ep."""
+        k = chosen.shape[1]
         picks = chosen.flatten()
         order = picks.argsort(stable=True)
-        counts = torch.bincount(picks, minlength=self.gate_up.shape[0]).tolist()
-        start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            mine, start = order[start:start + count], start + count
-            token, slot = mine // chosen.shape[1], mine % chosen.shape[1]
-            h = x.index_select(0, token)
-            gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
-            h = F.linear(self.act(gate) * up, self.down[expert]) * weights[token, slot, None]
-            out.index_add_(0, token, h.to(out.dtype))
-        return out
+        token, slot = order // k, order % k
+        rows = x.index_select(0, token)
+        counts = torch.bincount(picks, minlength=self.local * self.ep)
+        y = self._dispatched(rows, counts) if self.ep > 1 else self._compute(rows, counts)
+        y = y * weights[token, slot, None]
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+    def _compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each local expert's SwiGLU of its consecutive run of `rows` (`counts` rows per local expert)."""
+        outs, start = [], 0
+        for expert, count in enumerate(counts.tolist()):
+            if count:
+                h = rows[start:start + count]
+                gate, up = F.linear(h, self.gate_up[expert]).chunk(2, dim=-1)
+                outs.append(F.linear(self.act(gate) * up, self.down[expert]))
+                start += count
+        return torch.cat(outs) if outs else rows.new_zeros(0, self.down.shape[1])
+
+    def _dispatched(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts' outputs of `rows` (sorted by expert, `counts` [E] per expert) computed where each expert
+        lives: rows out to their experts' ranks, outputs back, in the same order."""
+        from torch.distributed import all_to_all_single
+        from torch.distributed.nn.functional import all_to_all_single as all_to_all_grad
+
+        per_expert = counts.view(self.ep, self.local)  # [destination rank, its local expert]
+        received = torch.empty_like(per_expert)  # [source rank, my local expert]
+        all_to_all_single(received, per_expert.contiguous(), group=self.ep_group)
+        send, recv = per_expert.sum(dim=1).tolist(), received.sum(dim=1).tolist()
+        arrived = all_to_all_grad(rows.new_empty(sum(recv), rows.shape[1]), rows.contiguous(), recv, send,
+                                  group=self.ep_group)
+        # Arrived by source rank, each source's rows by local expert: regroup by expert (stable: sources in
+        # rank order), compute, and put the outputs back in arrival order.
+        expert_of = torch.repeat_interleave(torch.arange(self.local).repeat(self.ep), received.flatten())
+        by_expert = expert_of.argsort(stable=True)
+        out = self._compute(arrived.index_select(0, by_expert), received.sum(dim=0))
+        out = out.index_select(0, by_expert.argsort())
+        return all_to_all_grad(rows.new_empty(rows.shape[0], out.shape[1]), out.contiguous(), send, recv,
+                               group=self.ep_group)
 
 
 class RouterAux(torch.autograd.Function):
@@ -240,7 +279,7 @@ class TransformerBlock(blocks.TransformerBlock):
         self.attn = blocks.Attention(m, tp)
         self.mlp_norm = blocks.RMSNorm(m.d_model, m.rms_norm_eps)
         self.mlp = self.moe(m, tp) if m.routed(index) else blocks.MLP(m, tp)
-        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec)
+        blocks.init_layer(self, m, index + 1, seed, tp, shapes=full_shapes, shards=shard_spec, experts=expert_range)
 
     def forward(self, inputs: Routed) -> Routed:
         """`inputs`: see `split` (a packed window's positions and documents pass through, as in a dense block)."""

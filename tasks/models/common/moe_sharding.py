@@ -1,6 +1,7 @@
-"""The mixture-of-experts decoder's shapes, tensor-parallel shard rules and exact counts (ep = 1): Llama's, with
-a router [E, H] (replicated) and stacked experts, gate_up [E, 2I, H] and down [E, H, I], in each MoE layer;
-every expert split over TP along its hidden units as the dense MLP is."""
+"""The mixture-of-experts decoder's shapes, shard rules and exact counts: Llama's, with a router [E, H]
+(replicated) and stacked experts, gate_up [E, 2I, H] and down [E, H, I], in each MoE layer; every expert split
+over TP along its hidden units as the dense MLP is, and the experts themselves over `ep` ranks (`expert_range`:
+a cut of dim 0 before the TP rule)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,21 @@ def shard_spec(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple
     return 1, torch.cat([torch.arange(start, end), torch.arange(width + start, width + end)])
 
 
+def is_expert_tensor(name: str) -> bool:
+    """Whether `name` (a reference name, or a layer's own: `mlp.experts.down`) is a stacked expert tensor."""
+    return name.endswith((GATE_UP, DOWN))
+
+
+def expert_range(m: ModelConfig, name: str, layout: Layout, coord: Coord) -> tuple[int, int] | None:
+    """[first, end) of the experts of tensor `name` the rank at `coord` holds under expert parallelism; None
+    where it holds them all (ep 1) or `name` is no stacked expert tensor (any family's)."""
+    if layout.ep == 1 or not is_expert_tensor(name):
+        return None
+    assert m.num_experts is not None
+    per = m.num_experts // layout.ep
+    return coord.ep * per, (coord.ep + 1) * per
+
+
 def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
     """The full tensor from its TP pieces (by TP rank): gate_up's gate rows of every rank, then their up rows."""
     rel = BLOCK.fullmatch(name).group(2) if BLOCK.fullmatch(name) else name
@@ -86,9 +102,9 @@ def param_counts(m: ModelConfig, layout: Layout = ONE_RANK) -> ParamCounts:
 def _held(m: ModelConfig, name: str, shape: tuple[int, ...], layout: Layout) -> int:
     """Elements of `name` one rank of `layout` holds (an uneven split refused, naming the field)."""
     spec = shard_spec(m, name, layout, ORIGIN)
-    if spec is None:
-        return math.prod(shape)
-    return math.prod(shape) // shape[spec[0]] * len(spec[1])
+    held = math.prod(shape) if spec is None else math.prod(shape) // shape[spec[0]] * len(spec[1])
+    experts = expert_range(m, name, layout, ORIGIN)
+    return held if experts is None else held // shape[0] * (experts[1] - experts[0])
 
 
 def unrouted_params(m: ModelConfig) -> int:
