@@ -78,9 +78,10 @@ class Layout:
                 raise ValueError(f"{axis} coordinate {getattr(at, axis)} outside {self.describe()}")
         return (at.pp * self.dp + at.dp) * self.tp + at.tp
 
-    def span(self, axis: Literal["tp", "dp", "pp"]) -> int:
-        """Consecutive ranks one group along `axis` covers (a TP group: tp; a DP group: tp x dp; PP: the world)."""
-        return {"tp": self.tp, "dp": self.tp * self.dp, "pp": self.world_size}[axis]
+    def span(self, axis: Literal["tp", "dp", "pp", "ep"]) -> int:
+        """Consecutive ranks one group along `axis` covers (a TP group: tp; a DP group: tp x dp; an expert-parallel
+        group: tp x ep; PP: the world)."""
+        return {"tp": self.tp, "dp": self.tp * self.dp, "ep": self.tp * self.ep, "pp": self.world_size}[axis]
 
     def record(self) -> dict[str, int]:
         """The layout as checkpoints, summaries and plans record it (`{"tp", "pp", "dp"}` plus any axis in use)."""

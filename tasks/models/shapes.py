@@ -19,10 +19,17 @@ class ParamCounts:
     head: int  # the last stage's final norm + LM head (a tied copy of the embedding included)
     # Each block's count where blocks differ (a mixture of experts' dense layers); () = every block is `block`.
     per_block: tuple[int, ...] = ()
+    # Of each block's count, its routed experts' (a mixture of experts; () = none): under expert parallelism
+    # their gradients and ZeRO partitions go over dp / ep ranks, not dp.
+    experts_per_block: tuple[int, ...] = ()
 
     def blocks(self, first: int, count: int) -> int:
         """Parameters of blocks first .. first + count - 1."""
         return sum(self.per_block[first:first + count]) if self.per_block else count * self.block
+
+    def experts(self, first: int, count: int) -> int:
+        """Routed expert parameters of blocks first .. first + count - 1."""
+        return sum(self.experts_per_block[first:first + count])
 
 
 def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
@@ -92,6 +99,10 @@ class Stage:
             + (counts.embedding if self.has_embedding else 0)
             + (counts.head if self.has_head else 0)
         )
+
+    def experts(self, counts: ParamCounts) -> int:
+        """Of `params`, the routed experts'."""
+        return counts.experts(self.first_block, self.blocks)
 
 
 def windows_per_forward(batch_size: int, pp: int) -> int:

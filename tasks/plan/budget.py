@@ -101,9 +101,11 @@ class Step:
     tp_payload_bytes: int  # per step, bytes one rank hands to TP all-reduces (busiest stage)
     tp_collective_bytes: int  # per step, ring bytes each rank sends for TP all-reduces
     pp_p2p_bytes: int  # activations + their gradients sent by the busiest stage
+    ep_alltoall_bytes: int  # per step, the busiest stage's routed rows sent to other expert-parallel ranks
     dp_comm_s: float
     tp_comm_s: float
     pp_comm_s: float
+    ep_comm_s: float
     comm_s: float
     bubble_fraction: float
     bubble_s: float
@@ -304,7 +306,10 @@ def plan(
         # adapters have gradients and optimizer states (ZeRO as configured).
         held = st.params(counts) + st.blocks * adapter
         n = held if t.lora is None else st.blocks * adapter  # trained parameters
-        shard = -(-n // dp)  # ZeRO pads partitions to equal size
+        # ZeRO pads partitions to equal size; under expert parallelism the experts' partitions are cut over the
+        # dp / ep ranks holding the same experts (DeepSpeed's expert-data-parallel group), the rest over dp.
+        experts = st.experts(counts) if t.lora is None else 0
+        shard = -(-n // dp) if p.ep == 1 else -(-(n - experts) // dp) + -(-experts // (dp // p.ep))
         weights = held * b.weight if zero < 3 else -(-held // dp) * b.weight
         # A LoRA run on base weights saves only what trains (the worker's exclude_frozen_parameters).
         kept = n if cfg.lora_saves_adapters_only else held
@@ -445,6 +450,17 @@ def plan(
     return plan_
 
 
+def _alltoall_bytes(cfg: JobConfig, b: Bytes) -> int:
+    """Bytes one rank of the stage with the most routed layers sends over its expert-parallel group per step."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    assert m.num_experts_per_tok is not None
+    bounds = pipeline_stages(m.n_layers, p.pp)
+    routed = max(sum(m.routed(i) for i in range(st.first_block, st.first_block + st.blocks)) for st in bounds)
+    rows = t.micro_batch_size * m.seq_len * m.num_experts_per_tok * p.micro_batches
+    passes = 6 if t.activation_checkpointing else 4  # dispatch + combine, forward, backward (+ recompute)
+    return int(passes * routed * rows * m.d_model * b.activation * (p.ep - 1) / p.ep)
+
+
 def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
     s, h, mb = m.seq_len, m.d_model, t.micro_batch_size
@@ -469,10 +485,15 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     # PP: each stage boundary sends the activation forward and its gradient back per micro-batch.
     pp_bytes = 2 * b.activation * s * mb * h * p.micro_batches if p.pp > 1 else 0
 
+    # EP: each routed layer sends a rank's k rows per token to their experts' ranks and takes the outputs back,
+    # forward and again in backward (and in the recompute): with balanced routing (ep - 1) / ep of them leave.
+    ep_bytes = _alltoall_bytes(cfg, b) if p.ep > 1 else 0
+
     dp_s = dp_ring / _bandwidth(cfg, p.layout.span("dp"))
     tp_s = tp_ring / _bandwidth(cfg, p.layout.span("tp"))
     pp_s = pp_bytes / _bandwidth(cfg, p.layout.span("pp"))
-    comm_s = dp_s + tp_s + pp_s
+    ep_s = ep_bytes / _bandwidth(cfg, p.layout.span("ep")) if ep_bytes else 0.0
+    comm_s = dp_s + tp_s + pp_s + ep_s
     bubble = (p.pp - 1) / (p.micro_batches + p.pp - 1)
     bubble_s = compute_s * bubble / (1 - bubble)
     step_s = compute_s + bubble_s + comm_s
@@ -487,9 +508,11 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
         tp_payload_bytes=tp_payload,
         tp_collective_bytes=tp_ring,
         pp_p2p_bytes=pp_bytes,
+        ep_alltoall_bytes=ep_bytes,
         dp_comm_s=dp_s,
         tp_comm_s=tp_s,
         pp_comm_s=pp_s,
+        ep_comm_s=ep_s,
         comm_s=comm_s,
         bubble_fraction=bubble,
         bubble_s=bubble_s,

@@ -47,7 +47,8 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
         f"  FLOPs {s.flops_total:.3e} ({s.flops_per_gpu:.3e}/GPU), compute {_ms(s.compute_s)}",
         f"  DP grads {gib(s.dp_grad_payload_bytes)} payload, {gib(s.dp_ring_bytes)} on the wire, "
         f"{_ms(s.dp_comm_s)}",
-        f"  TP {gib(s.tp_collective_bytes)} {_ms(s.tp_comm_s)}; PP p2p {gib(s.pp_p2p_bytes)} {_ms(s.pp_comm_s)}",
+        f"  TP {gib(s.tp_collective_bytes)} {_ms(s.tp_comm_s)}; PP p2p {gib(s.pp_p2p_bytes)} {_ms(s.pp_comm_s)}"
+        + (f"; EP all-to-all {gib(s.ep_alltoall_bytes)} {_ms(s.ep_comm_s)}" if s.ep_alltoall_bytes else ""),
         f"  bubble {s.bubble_fraction:.1%}, communication share {s.comm_share:.1%}, step ~{_ms(s.step_s)}",
     ]
     if r.evaluation:

@@ -39,6 +39,7 @@ from tasks.base.safetensors_stream import PIECE, TensorEntry
 from tasks.base.safetensors_stream import write as write_safetensors
 from tasks.config.model import ModelConfig
 from tasks.models import get_family
+from tasks.models.common.moe_sharding import expert_range
 from tasks.models.export import FILES_PER_STAGE, shard_name, split_stage
 from tasks.models.parallel import TPGroup
 from tasks.models.weights import local_named_params
@@ -117,11 +118,64 @@ class _FileWriters:
         self._pool.shutdown()
 
 
+def _sharded(m: ModelConfig, name: str, tp: TPGroup) -> bool:
+    return tp.size > 1 and get_family(m.family).shard_spec(m, name, tp.layout, tp.coord) is not None
+
+
+def _pieces(params: dict[str, torch.Tensor], m: ModelConfig, tp: TPGroup) -> list[tuple[str, str, int,
+                                                                                        tuple[int, ...]]]:
+    """Each parameter's exported tensors (one, or a stacked expert tensor's per-expert parts: `hf_tensors`) as
+    (Hugging Face name, parameter, its place in the parameter's hf_tensors, shape), sorted by Hugging Face name,
+    as `safetensors.torch.save_file` lays out tensors of one dtype: the same weights give the same bytes (and
+    tree digest) whichever export wrote them. The joined shapes (every TP rank's slice, every expert-parallel
+    rank's experts) come from shapes alone: meta tensors hold no memory."""
+    family = get_family(m.family)
+    pieces = []
+    for name, param in params.items():
+        full = torch.empty_like(param, device="meta")
+        if _sharded(m, name, tp):
+            full = family.unshard(m, name, [full] * tp.size)
+        if expert_range(m, name, tp.layout, tp.coord) is not None:
+            full = full.repeat(tp.layout.ep, *([1] * (full.dim() - 1)))
+        pieces += [(hf, name, k, tuple(t.shape)) for k, (hf, t) in enumerate(family.hf_tensors(name, full))]
+    return sorted(pieces)
+
+
+def _tp_joined(m: ModelConfig, name: str, local: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """The whole of a TP-sharded tensor on every rank of the TP group (collective)."""
+    gathered = [torch.empty_like(local) for _ in range(tp.size)]
+    tdist.all_gather(gathered, local, group=tp.group)
+    return get_family(m.family).unshard(m, name, gathered)
+
+
+def _expert_joined(local: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """A layer's experts of every expert-parallel rank, in expert order, gathered on expert-parallel rank 0
+    (collective over the expert-parallel group; `_send_experts` is the other ranks' side)."""
+    gathered = [torch.empty_like(local) for _ in range(tp.layout.ep)]
+    tdist.gather(local, gathered, group_dst=0, group=tp.ep_group)
+    return torch.cat(gathered)
+
+
+def _send_experts(module: torch.nn.Module, m: ModelConfig, tp: TPGroup) -> None:
+    """An expert-parallel rank > 0's part of the export: its experts of each layer, TP-joined within its own TP
+    group, handed to rank 0's writer in the order the writer reaches them (`_pieces`)."""
+    experts = {name: p for name, p in local_named_params(module) if expert_range(m, name, tp.layout, tp.coord)}
+    for name in dict.fromkeys(name for _, name, _, _ in _pieces(experts, m, tp)):
+        local = experts[name].detach().contiguous()
+        if _sharded(m, name, tp):
+            local = _tp_joined(m, name, local, tp)
+        tdist.gather(local, None, group_dst=0, group=tp.ep_group)
+
+
 def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: dict[str, Any],
                  output_dir: str | Path, tag: str) -> list[dict[str, Any]]:
-    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none): the
-    reports of the files it wrote, none where it wrote none. `tp` says where the rank sits (its stage, replica)."""
+    """This rank's part of the export (collective within its TP group; data-parallel ranks > 0 have none, but
+    under expert parallelism ranks 1 .. ep-1 hand their experts to rank 0's): the reports of the files it wrote,
+    none where it wrote none. `tp` says where the rank sits (its stage, replica)."""
+    if tp.coord.dp >= tp.layout.ep:
+        return []
     if tp.coord.dp != 0:
+        _send_experts(module, m, tp)
         return []
     stage, stages = tp.coord.pp, tp.layout.pp
     family, dtype = get_family(m.family), getattr(torch, DTYPES[spec["dtype"]])
@@ -129,19 +183,7 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: 
     params = {name: param for name, param in local_named_params(module)
               if stage == 0 or not name.startswith("embed.")}
 
-    def sharded(name: str) -> bool:
-        return tp.size > 1 and family.shard_spec(m, name, tp.layout, tp.coord) is not None
-
-    # Each parameter's exported tensors (one, or a stacked expert tensor's per-expert parts: `hf_tensors`),
-    # sorted by Hugging Face name, as `safetensors.torch.save_file` lays out tensors of one dtype: the same
-    # weights give the same bytes (and tree digest) whichever export wrote them. The joined shapes come from
-    # shapes alone (meta tensors hold no memory).
-    pieces = []  # (HF name, parameter, its place in the parameter's hf_tensors, shape)
-    for name, param in params.items():
-        meta = torch.empty_like(param, device="meta")
-        full = family.unshard(m, name, [meta] * tp.size) if sharded(name) else meta
-        pieces += [(hf, name, k, tuple(t.shape)) for k, (hf, t) in enumerate(family.hf_tensors(name, full))]
-    pieces.sort()
+    pieces = _pieces(params, m, tp)
     entries = [TensorEntry(hf, dtype, shape) for hf, _, _, shape in pieces]
     last = {name: i for i, (_, name, _, _) in enumerate(pieces)}  # where each parameter's last piece goes
     runs = split_stage([e.nbytes for e in entries])
@@ -156,11 +198,10 @@ def export_stage(module: torch.nn.Module, m: ModelConfig, tp: TPGroup, *, spec: 
         for i, (_, name, k, _) in enumerate(pieces):
             if name not in joined:
                 local, owned = params[name].detach().contiguous(), False
-                if sharded(name):  # each tensor joined on the TP rank that writes it (every rank gathers: collective)
-                    gathered = [torch.empty_like(local) for _ in range(tp.size)]
-                    tdist.all_gather(gathered, local, group=tp.group)
-                    local, owned = family.unshard(m, name, gathered), True
-                    del gathered
+                if _sharded(m, name, tp):  # joined on the TP rank that writes it (every rank gathers: collective)
+                    local, owned = _tp_joined(m, name, local, tp), True
+                if expert_range(m, name, tp.layout, tp.coord) is not None:
+                    local, owned = _expert_joined(local, tp), True
                 joined[name] = ([t for _, t in family.hf_tensors(name, local)], owned)
                 del local
             tensors, owned = joined[name]

@@ -51,6 +51,10 @@ ARCHS = {
 }
 
 
+# Retrained with expert parallelism (tp=2 x dp=2, ep=2) rather than tp=2 x pp=2: a pipelined MoE is
+# tests/train/test_3d_equality.py's.
+EXPERT_PARALLEL = ("qwen3_moe",)
+
 # Read through another family's blocks (Qwen2: Llama's with a QKV bias): imported and exported here, not retrained.
 ALSO_READ = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {})}
 
@@ -223,6 +227,8 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
 
     hf = make_hf_llama(tmp_path / "hf", arch=arch)
     doc = _config(tmp_path, hf)
+    if arch in EXPERT_PARALLEL:  # the same 4 ranks and global batch, the experts split over the 2 replicas
+        doc["parallel"] = {"tp": 2, "pp": 1, "dp": 2, "ep": 2, "zero_stage": 1, "micro_batches": 1}
     if arch != "llama":  # the evaluation ranks' 3D path is Llama's run here (and tests/evaluate): one rank for the rest
         doc["evaluate"]["parallel"] = {"tp": 1, "pp": 1, "dp": 1}
     config = _write(tmp_path, doc)
@@ -242,12 +248,14 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     out = json.loads(done.stdout)
     assert out["run"]["init"]["kind"] == "pretrained" and out["run"]["init"]["url"] == str(hf)
     assert out["train"]["outcome"] == "trained" and out["train"]["trained_steps"] == 3
-    assert out["train"]["layout"] == {"tp": 2, "pp": 2, "dp": 1}
+    layout = {k: v for k, v in doc["parallel"].items() if k not in ("zero_stage", "micro_batches")}
+    assert out["train"]["layout"] == layout
     assert out["publish"]["version"] == 1 and out["publish"]["parent_version"] is None
     # The ranks of each stage wrote its shard into the store; publish exported nothing itself.
     run_dir = Path(out["train"]["checkpoint_dir"]).parents[1]
+    files = 4 * layout["pp"]
     assert sorted(p.name for p in (run_dir / "export" / "step-000003").iterdir()) == [
-        f"shard-0000{i}.json" for i in range(8)]  # 4 files per stage, written by both TP ranks of each
+        f"shard-0000{i}.json" for i in range(files)]  # 4 files per stage, written by both TP ranks of each
     assert not (run_dir / "export" / "step-000003-fp32").exists()
     store = tmp_path / "store" / "models"
     touched = opened.read_text().split()
@@ -268,7 +276,8 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert abs(out["train"]["first_loss"] - want) <= 1e-5 * want, (out["train"]["first_loss"], want)
 
     # 3D equality (as tests/train/test_3d_equality.py for scratch Llama): from the same imported weights, every
-    # tp=2 x pp=2 step's loss is the family's single-process reference loop's; the published weights are its
+    # step's loss (tp=2 x pp=2; a mixture of experts tp=2 x dp=2 x ep=2) is the family's single-process reference
+    # loop's; the published weights are its
     # final weights (below). Mistral's and Gemma's 32-token windows are longer than their 8-token window.
     ref = train_reference(cfg, dataset, start=load_reference(hf, m))
     assert len(out["train"]["losses"]) == len(ref.losses) == 3
@@ -286,7 +295,7 @@ def test_import_retrain_in_3d_publish_pull_and_load_with_transformers(tmp_path: 
     assert hf_config == json.loads((hf / "config.json").read_text())
     index = json.loads((pulled / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == [
-        f"model-0000{i}-of-00008.safetensors" for i in range(1, 9)]  # four per stage
+        f"model-0000{i}-of-0000{files}.safetensors" for i in range(1, files + 1)]  # four per stage
     served = AutoModelForCausalLM.from_pretrained(pulled).eval()
     ours = load_reference(pulled, m).eval()
     tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tasks.base.errors import ConfigError
 from tasks.base.layout import Layout
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
@@ -13,6 +14,7 @@ from tasks.models.shapes import EVALUATION_PARTITION, TRAINING_PARTITION, pipeli
 from tasks.plan import plan, search, serving_estimate
 from tasks.plan.evaluation import EVAL_RUNTIME_BYTES, HARNESS_RUNTIME_BYTES
 from tasks.plan.process import RUNTIME_BYTES
+from tasks.plan.render import render
 from tests.plan.conftest import make_config
 
 # d=64, heads=4 (hd=16), kv=4, ffn=256, vocab=256, seq=64, 4 layers: the demo model.
@@ -260,3 +262,35 @@ def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step
     bench = plan(make_config(model=m, train={"steps": 10, "checkpoint_every": 5},
                              evaluate={"benchmarks": [{"name": "mc", "tasks": ["arc_easy"]}]}), device="gpu")
     assert bench.evaluation["process_total"] == gpu.evaluation["process_total"] + HARNESS_RUNTIME_BYTES
+
+
+def test_expert_parallelism_divides_the_experts_states_and_counts_the_all_to_all() -> None:
+    """parallel.ep: each rank holds E / ep experts of every routed layer, their ZeRO partitions are cut over the
+    dp / ep ranks holding the same experts (the dense rest over dp), and each routed layer's rows cross the
+    expert-parallel group 4 times a micro-batch ((ep - 1) / ep of them leave the rank)."""
+    model = {"family": "qwen3_moe", "qk_norm": True, "vocab_size": 256, "seq_len": 64, "n_layers": 2, "d_model": 64,
+             "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "num_experts": 8, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 32}
+    cfg = make_config(model, {"dp": 4, "zero_stage": 1, "micro_batches": 2}, {"micro_batch_size": 2})
+    dense, split = plan(cfg, device="cpu"), plan(cfg.with_overrides({"parallel.ep": 2}), device="cpu")
+    experts = 2 * 8 * 3 * 32 * 64  # per layer: 8 experts of gate, up and down, 32 x 64 each
+    assert dense.params_total == split.params_total and dense.params_per_rank - split.params_per_rank == experts // 2
+    rest = dense.params_per_rank - experts
+    assert dense.stages[0]["optimizer_states"] == 12 * -(-dense.params_per_rank // 4)
+    assert split.stages[0]["optimizer_states"] == 12 * (-(-rest // 4) + -(-(experts // 2) // 2))
+    assert dense.step.ep_alltoall_bytes == 0 and dense.step.ep_comm_s == 0
+    rows = 2 * 64 * 2 * 2  # micro-batch x seq x k x micro-batches
+    assert split.step.ep_alltoall_bytes == 4 * 2 * rows * 64 * 4 // 2  # 2 routed layers, fp32 rows, half leave
+    assert split.step.comm_s == pytest.approx(split.step.dp_comm_s + split.step.ep_comm_s)
+    assert "EP all-to-all" in render(split)
+    assert plan(cfg.with_overrides({"parallel.ep": 4}), device="cpu").layout["ep"] == 4
+    for overrides, message in (({"parallel.ep": 3}, r"parallel\.ep \(3\) must divide parallel\.dp \(4\)"),
+                               ({"model.num_experts": 6, "parallel.ep": 4},
+                                r"parallel\.ep \(4\) must divide model\.num_experts \(6\)"),
+                               ({"parallel.ep": 2, "parallel.zero_stage": 0},
+                                r"parallel\.ep \(2\) needs parallel\.zero_stage 1 or 2")):
+        with pytest.raises(ConfigError, match=message):
+            cfg.with_overrides(overrides)
+    with pytest.raises(ConfigError, match=r"parallel\.ep \(2\) splits a mixture of experts' experts; model\.family "
+                                          r"'gpt' has none"):
+        make_config(parallel={"dp": 2}).with_overrides({"parallel.ep": 2})

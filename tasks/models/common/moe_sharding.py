@@ -85,18 +85,19 @@ def unshard(m: ModelConfig, name: str, pieces: list[torch.Tensor]) -> torch.Tens
 def param_counts(m: ModelConfig, layout: Layout = ONE_RANK) -> ParamCounts:
     """Parameters one rank of `layout` holds per layer kind; blocks differ where some layers are dense."""
     shapes = full_shapes(m)
-    per_block = [0] * m.n_layers
+    per_block, experts = [0] * m.n_layers, [0] * m.n_layers
     outside = {"embed": 0, "head": 0}
     for name, shape in shapes.items():
         match = BLOCK.fullmatch(name)
         held = _held(m, name, shape, layout)
         if match:
             per_block[int(match.group(1))] += held
+            experts[int(match.group(1))] += held if is_expert_tensor(name) else 0
         else:
             outside[name.split(".", 1)[0]] += held
     embedding = outside["embed"]
     return ParamCounts(embedding=embedding, block=max(per_block), head=outside["head"] + (
-        embedding if m.tie_embeddings else 0), per_block=tuple(per_block))
+        embedding if m.tie_embeddings else 0), per_block=tuple(per_block), experts_per_block=tuple(experts))
 
 
 def _held(m: ModelConfig, name: str, shape: tuple[int, ...], layout: Layout) -> int:
