@@ -75,6 +75,34 @@ class ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
+def exchange(x: torch.Tensor, send: list[int], recv: list[int], group: object) -> torch.Tensor:
+    """All-to-all of rows over `group`: `send[r]` rows of `x` (in rank order) go to rank r, `recv[r]` arrive
+    from it (a copy; timed by DeepSpeed's comms logger). Not differentiable: see `all_to_all`."""
+    from deepspeed import comm as dist
+
+    out = x.new_empty(sum(recv), *x.shape[1:])
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """`exchange` forward; backward, each row's gradient goes back where the row came from (the reverse splits)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group: object) -> torch.Tensor:  # type: ignore[override]
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return exchange(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return exchange(grad, ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: object) -> torch.Tensor:
+    """Differentiable `exchange` (a mixture of experts' token dispatch under expert parallelism)."""
+    return AllToAll.apply(x, send, recv, group)
+
+
 def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return CopyToTP.apply(x, tp) if tp.size > 1 else x
 

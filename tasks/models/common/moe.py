@@ -27,7 +27,7 @@ from tasks.models.common import reference as common
 from tasks.models.common.moe_sharding import expert_range, full_shapes, shard_spec
 from tasks.models.common.packing import Packing, pack, unpack
 from tasks.models.grid import expert_group_name
-from tasks.models.parallel import TPGroup, copy_to_tp, reduce_from_tp
+from tasks.models.parallel import TPGroup, all_to_all, copy_to_tp, exchange, reduce_from_tp
 
 
 class Router(nn.Module):
@@ -103,23 +103,16 @@ class Experts(nn.Module):
     def _dispatched(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts' outputs of `rows` (sorted by expert, `counts` [E] per expert) computed where each expert
         lives: rows out to their experts' ranks, outputs back, in the same order."""
-        from torch.distributed import all_to_all_single
-        from torch.distributed.nn.functional import all_to_all_single as all_to_all_grad
-
         per_expert = counts.view(self.ep, self.local)  # [destination rank, its local expert]
-        received = torch.empty_like(per_expert)  # [source rank, my local expert]
-        all_to_all_single(received, per_expert.contiguous(), group=self.ep_group)
+        received = exchange(per_expert, [1] * self.ep, [1] * self.ep, self.ep_group)  # [source rank, local expert]
         send, recv = per_expert.sum(dim=1).tolist(), received.sum(dim=1).tolist()
-        arrived = all_to_all_grad(rows.new_empty(sum(recv), rows.shape[1]), rows.contiguous(), recv, send,
-                                  group=self.ep_group)
+        arrived = all_to_all(rows, send, recv, self.ep_group)
         # Arrived by source rank, each source's rows by local expert: regroup by expert (stable: sources in
         # rank order), compute, and put the outputs back in arrival order.
         expert_of = torch.repeat_interleave(torch.arange(self.local).repeat(self.ep), received.flatten())
         by_expert = expert_of.argsort(stable=True)
         out = self._compute(arrived.index_select(0, by_expert), received.sum(dim=0))
-        out = out.index_select(0, by_expert.argsort())
-        return all_to_all_grad(rows.new_empty(rows.shape[0], out.shape[1]), out.contiguous(), send, recv,
-                               group=self.ep_group)
+        return all_to_all(out.index_select(0, by_expert.argsort()), recv, send, self.ep_group)
 
 
 class RouterAux(torch.autograd.Function):
