@@ -57,7 +57,7 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
         phases = {"training": training, "loading": stage["weights"] + file_pages}
         if saves_mid_run:
             phases["training + snapshot"] = training + snapshot
-        else:
-            phases["saving"] = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + snapshot
+        else:  # the save follows the optimizer step, after which DeepSpeed has dropped the gradients (zero_grad)
+            phases["saving"] = stage["weights"] + stage["optimizer_states"] + snapshot
     phase = max(phases, key=phases.__getitem__)
     return {"terms": terms, "peak": RUNTIME_BYTES + phases[phase], "phase": phase}

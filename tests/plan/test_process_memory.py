@@ -7,7 +7,7 @@ for its stage, and its memory must plateau: the anonymous RSS after the last sav
 the second (each rank's `rss_trace` in the summary). The evaluation ranks scoring its checkpoint must peak
 within 15% of the plan's evaluation term. The same run as a LoRA adapter on base weights (frozen base,
 adapter-only checkpoint, 2 steps) must peak lower on every rank, and within 15% of the planner's LoRA
-prediction.
+prediction; so must a mixture of experts at dp=2 x ep=2.
 """
 
 from __future__ import annotations
@@ -37,14 +37,13 @@ LORA = {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj"
 
 
 def _measure(cfg: JobConfig, dataset: Path, **run: Any) -> tuple[Plan, dict[str, Any]]:
-    """The plan of `cfg` and the run's summary, whose peak RSS per rank is checked against it (pp=2, dp=1: rank r
-    holds stage r)."""
+    """The plan of `cfg` and the run's summary, whose peak RSS per rank (two ranks) is checked against it."""
     predicted = plan(cfg, device="cpu")
     summary = train(cfg, dataset, **run)
     measured = summary["peak_rss_bytes"]
     assert len(measured) == 2
     for rank, peak in enumerate(measured):
-        stage = predicted.stages[rank]
+        stage = predicted.stages[cfg.parallel.layout.coord(rank).pp]
         want = stage["process_total"]
         # The starting weights' file pages count in a rank's RSS only while mapped and resident in it: whether
         # they still are at its high-water mark depends on the page cache (a LoRA rank 0 peaked at 565 MiB on one
@@ -119,3 +118,16 @@ def test_a_lora_run_peaks_lower_than_the_full_run_and_as_planned(
     full_peaks = full_run[2]["peak_rss_bytes"]
     for rank, (lora, full) in enumerate(zip(lora_peaks, full_peaks, strict=True)):
         assert lora < full, f"rank {rank}: LoRA peak RSS {lora / 2**20:.0f} MiB, full run {full / 2**20:.0f} MiB"
+
+
+def test_an_expert_parallel_run_peaks_as_planned(tmp_path: Path, dataset: Path) -> None:
+    """A mixture of experts (8 experts of each of 4 layers: most of its 70M parameters) at dp=2 x ep=2: each rank
+    holds half of every layer's experts and, with ep = dp, all of their optimizer state; both ranks peak within
+    15% of the plan, which counts what ep splits and what it does not."""
+    moe = {"model.family": "qwen3_moe", "model.qk_norm": True, "model.num_experts": 8, "model.num_experts_per_tok": 2,
+           "model.moe_intermediate_size": 512, "model.router_aux_loss_coef": 0.001}
+    cfg = tiny_config(tmp_path, {**RUN, **moe, "parallel.pp": 1, "parallel.dp": 2, "parallel.ep": 2,
+                                 "parallel.micro_batches": 1, "data.source_url": str(dataset)})
+    predicted, summary = _measure(cfg, dataset)
+    assert summary["layout"]["ep"] == 2
+    assert predicted.params_total > 60_000_000 and predicted.params_per_rank < 0.75 * predicted.params_total
