@@ -273,3 +273,32 @@ def test_a_tp_degree_that_does_not_divide_the_experts_is_refused_at_config_load(
                                           r"\(model\.moe_intermediate_size, null: model\.d_ff: 9\)"):
         tiny_config(tmp_path, {"model.family": "qwen3_moe", "model.qk_norm": True, "model.num_experts": 4,
                                "model.num_experts_per_tok": 2, "parallel.tp": 2, "model.moe_intermediate_size": 9})
+
+
+def test_the_grouped_matmul_and_the_loop_of_matmuls_compute_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experts run as two grouped matmuls where torch has them (every CPU dtype; bf16 on Hopper GPUs), else as a
+    loop of one matmul per expert (other GPUs): the same outputs and gradients, an expert without tokens included."""
+    from tasks.models.common import moe
+    from tasks.models.parallel import TPGroup
+
+    m = ModelConfig(family="qwen3_moe", qk_norm=True, vocab_size=64, seq_len=8, n_layers=1, d_model=32, n_heads=2,
+                    d_ff=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+    experts = moe.Experts(m, TPGroup())
+    torch.nn.init.normal_(experts.gate_up, std=0.3)
+    torch.nn.init.normal_(experts.down, std=0.3)
+    x = torch.randn(12, 32, generator=torch.Generator().manual_seed(0))
+    chosen = torch.tensor([[0, 1], [1, 3], [3, 0]] * 4)  # expert 2 gets no token
+    weights = torch.rand(12, 2, generator=torch.Generator().manual_seed(1))
+
+    def run() -> list[torch.Tensor]:
+        experts.zero_grad(set_to_none=True)
+        out = experts(x, weights, chosen)
+        out.backward(torch.ones_like(out))
+        return [out.detach(), experts.gate_up.grad, experts.down.grad]
+
+    assert moe.grouped_mm_supported(x, 16)
+    grouped = run()
+    monkeypatch.setattr(moe, "grouped_mm_supported", lambda *_: False)
+    for got, want in zip(run(), grouped, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert grouped[1][2].abs().sum() == 0  # the idle expert's gradient
