@@ -153,13 +153,6 @@ def check_layout(marker: dict[str, Any], layout: Layout, where: str) -> None:
             f"({', '.join(changed)}): resuming at another tensor or pipeline parallel size is not supported; keep "
             f"{kept} (parallel.dp may change, with micro_batch_size x micro_batches x dp unchanged), or remove the "
             "run's checkpoints to start over")
-    if layout.ep > 1 and recorded_axis(written, "dp") != layout.dp:
-        # tasks/train/reshard.py cuts the dense ZeRO partitions anew; the experts' are cut over their own
-        # expert-data-parallel groups, which it does not do yet.
-        raise InvalidInputError(
-            f"{where}: written with parallel dp={recorded_axis(written, 'dp')}, this run has dp={layout.dp}: "
-            f"resuming an expert-parallel run (parallel.ep={layout.ep}) at another parallel.dp is not supported "
-            "yet; keep the dp, or remove the run's checkpoints to start over")
 
 
 def refuse_layout_change(cfg: JobConfig, run: RunIdentity, run_dir: Path) -> None:

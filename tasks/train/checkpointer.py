@@ -218,7 +218,8 @@ class Checkpointer:
         )
         if load_path is None:
             raise InvalidInputError(f"{root / tag}: DeepSpeed could not load the checkpoint")
-        read = reshard.load_zero_partitions(self.engine, root, tag, old_dp) if resharded and zero else 0
+        ep = self.cfg.parallel.ep
+        read = reshard.load_zero_partitions(self.engine, root, tag, old_dp, ep) if resharded and zero else 0
         state = ck.load_rank_state(root / tag, self.rank) if not resharded or self.rank == 0 else None
         if resharded:  # the old ranks' RNG streams have no owner now: dropout masks follow the new layout
             ck.seed_rank(self.cfg.train.seed + step, self.dp_rank, self.stage)
@@ -242,7 +243,7 @@ class Checkpointer:
         assert self.mirror is not None
         available: list[Any] = [self.mirror.names(tag) if self.rank == 0 else None]
         tdist.broadcast_object_list(available, src=0)
-        mine = reshard.rank_files(self.engine, self.root, tag, available[0], old_dp, self.rank)
+        mine = reshard.rank_files(self.engine, self.root, tag, available[0], old_dp, self.rank, self.cfg.parallel.ep)
         listings: list[Any] = [None] * self.world
         tdist.all_gather_object(listings, mine)
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))

@@ -6,9 +6,10 @@ on every rank (a whole stage's optimizer in each rank's memory: at 70B, far more
 ZeRO-1/2 parameter group is one flat vector laid out alike at any dp (the parameters in order, padding only
 at the end); rank k of dp owns [k x P, (k + 1) x P), P its padded share. So a new rank copies, from just the
 old partition files whose ranges overlap its own, just those elements: the fp32 master weights and every
-per-element optimizer state (Adam's moments). Files are memory-mapped (torch.load(mmap=True)): only the
-pages it copies are read. Weights (`layer_*`) and the engine's counters and LR schedule do not depend on dp:
-DeepSpeed loads them as usual.
+per-element optimizer state (Adam's moments). Under expert parallelism an expert group is cut the same way
+over the dp / ep ranks holding the same experts (DeepSpeed's expert-data-parallel group). Files are
+memory-mapped (torch.load(mmap=True)): only the pages it copies are read. Weights (`layer_*`) and the engine's
+counters and LR schedule do not depend on dp: DeepSpeed loads them as usual.
 """
 
 from __future__ import annotations
@@ -42,23 +43,39 @@ def overlapping(start: int, stop: int, part: int) -> range:
     return range(start // part, -(-stop // part)) if stop > start else range(0)
 
 
-def _groups(engine: Any) -> list[tuple[int, int, int]]:
+def _groups(engine: Any) -> list[tuple[int, int, int, bool]]:
     """Per parameter group of this rank's ZeRO optimizer: (flat numel without the end padding, this rank's
-    share, its start in the flat group)."""
+    share, its start in the flat group, whether it is an expert group: partitioned over the ranks holding the
+    same experts, not over dp)."""
     opt = engine.optimizer
+    experts = getattr(opt, "is_moe_param_group", None) or [False] * len(opt.single_partition_of_fp32_groups)
     out = []
     for i, part in enumerate(opt.single_partition_of_fp32_groups):
         numel = sum(m.numel() for m in opt.round_robin_bit16_meta[i]) + sum(opt.round_robin_bit16_padding[i])
-        out.append((numel, part.numel(), tdist.get_rank(group=opt.real_dp_process_group[i]) * part.numel()))
+        out.append((numel, part.numel(), tdist.get_rank(group=opt.real_dp_process_group[i]) * part.numel(),
+                    bool(experts[i])))
     return out
 
 
-def old_zero_ranks(engine: Any, old_dp: int) -> list[int]:
-    """The old data-parallel ranks whose ZeRO partition files this rank reads at the new dp."""
+def _old_shares(engine: Any, old_dp: int, ep: int) -> list[tuple[int, int, int, int, list[int]]]:
+    """Per group: (flat numel, this rank's share, its start, the old partition size, the old data-parallel rank
+    of each old partition). An expert group's partitions were cut over the old dp / ep ranks holding this
+    rank's experts (expert-parallel rank dp % ep; partition j on old dp rank j x ep + that rank)."""
     align = engine.optimizer.nccl_start_alignment_factor
+    ep_rank = tdist.get_rank(group=engine.optimizer.dp_process_group) % ep
+    out = []
+    for numel, share, start, expert in _groups(engine):
+        count = old_dp // ep if expert else old_dp
+        owners = [j * ep + ep_rank for j in range(count)] if expert else list(range(count))
+        out.append((numel, share, start, partition_numel(numel, count, align), owners))
+    return out
+
+
+def old_zero_ranks(engine: Any, old_dp: int, ep: int = 1) -> list[int]:
+    """The old data-parallel ranks whose ZeRO partition files this rank reads at the new dp."""
     ranks: set[int] = set()
-    for numel, share, start in _groups(engine):
-        ranks.update(overlapping(start, min(start + share, numel), partition_numel(numel, old_dp, align)))
+    for numel, share, start, part_old, owners in _old_shares(engine, old_dp, ep):
+        ranks.update(owners[k] for k in overlapping(start, min(start + share, numel), part_old))
     return sorted(ranks)
 
 
@@ -67,7 +84,8 @@ def _zero_file(engine: Any, ckpt_root: Path, tag: str, dp_rank: int) -> Path:
                                                 engine.bfloat16_enabled()))
 
 
-def rank_files(engine: Any, ckpt_root: Path, tag: str, available: list[str], old_dp: int, rank: int) -> list[str]:
+def rank_files(engine: Any, ckpt_root: Path, tag: str, available: list[str], old_dp: int, rank: int,
+               ep: int = 1) -> list[str]:
     """The names (of `available`, the tag's files) this rank loads on resume: its stage's layer files and the
     engine's model-state files (DeepSpeed lists them by pattern and picks its own), its ZeRO partition
     file(s) (at another dp: the old ones overlapping its new share) and its per-rank state (at another dp
@@ -80,19 +98,18 @@ def rank_files(engine: Any, ckpt_root: Path, tag: str, available: list[str], old
         "_model_states.pt")) or n == CHECKPOINT_BASE_FILE}
     if engine.zero_optimization():
         own = tdist.get_rank(group=engine.optimizer.dp_process_group)
-        dp_ranks = old_zero_ranks(engine, old_dp) if resharded else [own]
+        dp_ranks = old_zero_ranks(engine, old_dp, ep) if resharded else [own]
         wanted.update(_zero_file(engine, ckpt_root, tag, k).name for k in dp_ranks)
     if not resharded or rank == 0:
         wanted.add(ck.rank_file(Path(), rank).name)
     return sorted(wanted & set(available))
 
 
-def load_zero_partitions(engine: Any, ckpt_root: Path, tag: str, old_dp: int) -> int:
+def load_zero_partitions(engine: Any, ckpt_root: Path, tag: str, old_dp: int, ep: int = 1) -> int:
     """Fill this rank's ZeRO-1/2 partition (fp32 master weights and optimizer state) from a checkpoint written
-    at `old_dp` ranks; how many old partition files it read. Call after `engine.load_checkpoint(...,
-    load_optimizer_states=False)` (weights, counters, LR schedule)."""
+    at `old_dp` ranks (and the same `ep`); how many old partition files it read. Call after
+    `engine.load_checkpoint(..., load_optimizer_states=False)` (weights, counters, LR schedule)."""
     opt = engine.optimizer
-    align = opt.nccl_start_alignment_factor
     files: dict[int, dict[str, Any]] = {}
 
     def old(k: int) -> dict[str, Any]:
@@ -108,18 +125,17 @@ def load_zero_partitions(engine: Any, ckpt_root: Path, tag: str, old_dp: int) ->
 
     state: dict[int, dict[str, Any]] = {}
     param_groups = None
-    for i, (numel, share, start) in enumerate(_groups(engine)):
-        part_old = partition_numel(numel, old_dp, align)
+    for i, (numel, share, start, part_old, owners) in enumerate(_old_shares(engine, old_dp, ep)):
         stop = min(start + share, numel)
         master = torch.zeros(share, dtype=torch.float32)
         moments: dict[str, Any] = {}
         for k in overlapping(start, stop, part_old):
-            entry = old(k)
+            entry = old(owners[k])
             sd, path = entry["sd"], entry["path"]
             fp32 = sd[SINGLE_PARTITION_OF_FP32_GROUPS][i]
             if fp32.numel() + sd[GROUP_PADDINGS][i] != part_old:
                 raise InvalidInputError(f"{path}: group {i} holds {fp32.numel() + sd[GROUP_PADDINGS][i]} elements, "
-                                        f"not the {part_old} of a dp={old_dp} partition of {numel}")
+                                        f"not the {part_old} of a {len(owners)}-way partition of {numel}")
             base = sd[BASE_OPTIMIZER_STATE]
             param_groups = base["param_groups"]
             saved = base["state"].get(base["param_groups"][i]["params"][0], {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -342,20 +343,26 @@ EXPERT_PARALLEL = {**{k: v for k, v in EXPERIMENT.items() if k != "model.dropout
 
 def test_sigkill_then_resume_at_ep2_is_bitwise_exact(dataset_dir: Path, tmp_path: Path, hooked, monkeypatch) -> None:
     """Each expert-parallel rank's experts and their optimizer partitions are saved and loaded by that rank:
-    the resumed run reaches the unbroken run's losses and final weights bit for bit; the same checkpoints
-    resumed at another ep or dp are refused, naming the axis, before any rank starts."""
+    the resumed run reaches the unbroken run's losses and final weights bit for bit. The same checkpoint resumed
+    on twice the replicas (dp 2 -> 4, ep 2: the experts' partitions cut anew over their own ranks) trains on to
+    the same losses; resumed at another ep it is refused, naming the axis, before any rank starts."""
     straight = train(tiny_config(tmp_path, EXPERT_PARALLEL, out="straight"), dataset_dir)
     cfg = tiny_config(tmp_path, EXPERT_PARALLEL, out="killed")
     kill_a_rank_after_step_3(cfg, dataset_dir, hooked)
     files = {p.name for p in (ck.ckpt_root(cfg.train.output_dir) / "step-000003").iterdir()}
     assert {"layer_02-model_00-experts_00-model_states.pt", "layer_02-model_00-experts_01-model_states.pt"} <= files
+    shutil.copytree(cfg.train.output_dir, tmp_path / "grown")
 
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
-    for changed, axis in (({"parallel.ep": 1}, "ep=2 -> 1"), ({"parallel.dp": 4, "parallel.micro_batches": 1},
-                                                                 "has dp=4")):
-        with pytest.raises(InvalidInputError, match=axis):
-            train(tiny_config(tmp_path, {**EXPERT_PARALLEL, **changed}, out="killed"), dataset_dir)
+    with pytest.raises(InvalidInputError, match="ep=2 -> 1"):
+        train(tiny_config(tmp_path, {**EXPERT_PARALLEL, "parallel.ep": 1}, out="killed"), dataset_dir)
     resumed = train(cfg, dataset_dir)
     assert resumed["resumed_from_step"] == 3 and resumed["layout"]["ep"] == 2
     assert resumed["losses"] == straight["losses"]
     assert weights_digest(resumed["checkpoint_dir"], cfg.model) == weights_digest(straight["checkpoint_dir"], cfg.model)
+
+    grown = train(tiny_config(tmp_path, {**EXPERT_PARALLEL, "parallel.dp": 4, "parallel.micro_batches": 1},
+                              out="grown"), dataset_dir)
+    assert grown["resharded"] == {"from_dp": 2, "to_dp": 4, "at_step": 3} and grown["layout"]["ep"] == 2
+    for step, (got, want) in enumerate(zip(grown["losses"], straight["losses"], strict=True), start=1):
+        assert abs(got - want) <= 1e-6, f"step {step}: resumed at dp=4 {got} vs unbroken dp=2 {want}"
