@@ -54,6 +54,7 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
+    from tasks.data.manifest import holds_conversations
     from tasks.data.sources import refuse_cached, suite_sources, training_sources
     from tasks.data.warm import remote_manifest_hash
 
@@ -66,7 +67,13 @@ def _handle(args: argparse.Namespace) -> int:
         except RetrainerError as exc:  # nothing there (yet) to have been cached; the warm says what is wrong
             log.debug("plan: %s not checked against the cache: %s", source.field, exc)
     refuse_cached(cfg, planned)
-    return report(args, cfg)
+    d = cfg.data
+    try:  # planned as the plan stage plans it: a chat dataset's windows are packed conversations
+        packed = holds_conversations(d.source_url, d.manifest, d.storage_options)
+    except RetrainerError as exc:
+        log.debug("plan: data.source_url not read (%s); planned as plain text", exc)
+        packed = False
+    return report(args, cfg, packed)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,8 +97,9 @@ def configured(args: argparse.Namespace) -> JobConfig:
     return cfg.with_overrides(overrides) if overrides else cfg
 
 
-def report(args: argparse.Namespace, cfg: JobConfig) -> int:
-    """Print the budget (or the ranked layouts); the exit code says whether it fits."""
+def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> int:
+    """Print the budget (or the ranked layouts); the exit code says whether it fits. `packed`: the training data
+    is a chat dataset."""
     from tasks.plan.budget import plan
     from tasks.plan.render import gib, render, render_search
     from tasks.plan.search import search
@@ -100,7 +108,7 @@ def report(args: argparse.Namespace, cfg: JobConfig) -> int:
     serving = serving_estimate(cfg)
     if args.search is not None:
         ranked = search(cfg, args.search, device=args.device, reserve_gib=args.reserve_gib,
-                        attention=args.attention)
+                        attention=args.attention, packed=packed)
         if args.json:
             print(json.dumps({"gpus": args.search, "plans": [r.to_dict() for r in ranked[: args.top]],
                               "feasible": len(ranked), "serving": serving}, indent=2))
@@ -108,7 +116,7 @@ def report(args: argparse.Namespace, cfg: JobConfig) -> int:
             print(render_search(ranked[: args.top], args.search, len(ranked)))
         return EXIT_FITS if ranked else EXIT_DOES_NOT_FIT
     result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gib=args.reserve_gib,
-                  attention=args.attention)
+                  attention=args.attention, packed=packed)
     if args.json:
         print(json.dumps({**result.to_dict(), "serving": serving}, indent=2))
     else:

@@ -201,6 +201,12 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Ma
     return Manifest.parse(raw, source=url)
 
 
+def holds_conversations(url: str, manifest_key: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether the dataset at `url` (its manifest `manifest_key`) is a chat dataset: its training windows are
+    packed conversations, whose position ids and document masks the planner counts too."""
+    return read_manifest(f"{url.rstrip('/')}/{manifest_key}", storage_options).chat is not None
+
+
 def build_manifest(
     prefix_url: str,
     *,

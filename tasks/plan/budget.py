@@ -15,6 +15,7 @@ from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget
 from tasks.plan.layout import ranks_per_node, validate_layout
+from tasks.plan.packing import packing_bytes
 from tasks.plan.process import process_memory
 
 log = logging.getLogger(__name__)
@@ -205,14 +206,6 @@ def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str 
     return max(routed, dense) if any(not m.routed(i) for i in range(m.n_layers)) else routed
 
 
-def packing_bytes(s: int, b: int, in_flight: int) -> int:
-    """What packed windows (a chat dataset) add to a stage: each in-flight micro-batch's position and document
-    ids (int64, travelling with the activations), and the [b, 1, s, s] boolean document masks the stage builds
-    (tasks/models/common/packing.py: the last two kept, one more while the next is compared, and the causal
-    [s, s] it is cut from)."""
-    return in_flight * 2 * 8 * s * b + 3 * b * s * s + s * s
-
-
 def _stage_activations(cfg: JobConfig, stage: Stage, e: int, recompute: bool, attention: str = "sdpa",
                        packed: bool = False) -> int:
     """Activation bytes of one stage at its peak (1F1B: min(m, p - stage) micro-batches in flight); `packed`:
@@ -382,7 +375,7 @@ def plan(
     step = _step(cfg, busiest, b)
     n_total, n_active = get_family(m.family).total_params(m), get_family(m.family).active_params(m)
 
-    evaluation = evaluation_budget(cfg, capacity, cpu)
+    evaluation = evaluation_budget(cfg, capacity, cpu, packed)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
     process_fits = not cpu or mem.process_peak <= capacity
     fits = mem.total <= capacity and evaluation["fits"] and process_fits

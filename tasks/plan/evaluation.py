@@ -25,6 +25,7 @@ from tasks.config.schema import JobConfig
 from tasks.models import get_family
 from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_per_forward
 from tasks.plan.layout import validate_layout
+from tasks.plan.packing import packing_bytes
 from tasks.plan.serving import DTYPE_BYTES
 
 FP32 = 4
@@ -46,7 +47,7 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     return cfg.model_copy(update={"parallel": parallel})
 
 
-def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict[str, Any]:
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool, packed: bool = False) -> dict[str, Any]:
     """Bytes on the busiest evaluation rank and its host RSS, and whether they fit `capacity_bytes` (on CPU the
     host's: the RSS must fit it); an evaluation layout the cluster cannot run is refused naming
     `evaluate.parallel`."""
@@ -58,7 +59,8 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
             raise InvalidInputError(f"evaluate.parallel: {exc}") from None
     m, p, e = cfg.model, eval_cfg.parallel, cfg.evaluate
     counts = get_family(m.family).param_counts(m, p.layout)
-    tokens = windows_per_forward(e.batch_size, p.pp) * m.seq_len
+    windows = windows_per_forward(e.batch_size, p.pp)
+    tokens = windows * m.seq_len
     width = DTYPE_BYTES[e.dtype]
     best: dict[str, Any] | None = None
     for stage in pipeline_stages(m.n_layers, p.pp, EVALUATION_PARTITION):
@@ -67,6 +69,8 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool) -> dict
         hidden = tokens * m.d_model * width
         block = hidden * 3 + tokens * width * (m.d_model + 2 * m.kv_heads * m.head_dim) // p.tp \
             + tokens * width * 3 * m.ffn // p.tp
+        if packed:  # a chat run's suites score packed windows: their ids and document masks, one forward's
+            block += packing_bytes(m.seq_len, windows, 1)
         # The logits, their fp32 copy (none when they are fp32) and the fp32 log-softmax.
         logit_bytes = width + FP32 + (FP32 if width != FP32 else 0)
         logits = tokens * logit_bytes * -(-m.vocab_size // p.tp) if stage.has_head else 0

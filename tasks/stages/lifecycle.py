@@ -167,12 +167,9 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
         if not force:
             raise InvalidInputError(lost)
         log.warning("plan: %s; starting the new run anyway because force is set", lost)
-    from tasks.data.manifest import read_manifest
+    from tasks.data.manifest import holds_conversations
 
-    # A chat dataset's windows are packed conversations: their ids and document masks are planned too.
-    manifest = f"{run.data_url.rstrip('/')}/{cfg.data.manifest}"
-    packed = read_manifest(manifest, cfg.data.storage_options).chat is not None
-    result = plan(cfg, packed=packed)
+    result = plan(cfg, packed=holds_conversations(run.data_url, cfg.data.manifest, cfg.data.storage_options))
     log.info("plan: %s", result.verdict)
     for warning in result.warnings:
         log.warning("plan: %s", warning)

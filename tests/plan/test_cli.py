@@ -183,3 +183,23 @@ def test_retrainer_cli_maps_plan_exit_codes(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", str(DEMO), "--gpus", "3"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "does not match the GPU count 3" in bad.stderr
+
+
+def test_retrainer_plan_plans_a_chat_dataset_as_the_plan_stage_does(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`retrainer plan CONFIG` reads data.source_url's manifest: a chat dataset's packed windows add their position
+    ids and document masks to the activations, as the run's plan stage counts them, the evaluation ranks' too."""
+    from tasks.cli import main as retrainer
+    from tasks.models.resolve import load_config
+    from tasks.plan import plan
+    from tests.chat import LLAMA3
+    from tests.train.test_packed import chat_dataset
+
+    config = _write(tmp_path, data={"source_url": str(chat_dataset(tmp_path, LLAMA3, 8))}, model={"vocab_size": 512})
+    assert retrainer(["plan", str(config), "--json", "--device", "cpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    job = load_config(config)
+    packed, plain = plan(job, device="cpu", packed=True), plan(job, device="cpu")
+    assert doc["memory"]["activations"] == packed.memory.activations > plain.memory.activations
+    assert packed.evaluation is not None and plain.evaluation is not None
+    assert doc["evaluation"]["activations"] == packed.evaluation["activations"] > plain.evaluation["activations"]
