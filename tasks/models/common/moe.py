@@ -124,7 +124,8 @@ class Experts(nn.Module):
         arrived = all_to_all(rows, send, recv, self.ep_group)
         # Arrived by source rank, each source's rows by local expert: regroup by expert (stable: sources in
         # rank order), compute, and put the outputs back in arrival order.
-        expert_of = torch.repeat_interleave(torch.arange(self.local).repeat(self.ep), received.flatten())
+        local = torch.arange(self.local, device=received.device)
+        expert_of = torch.repeat_interleave(local.repeat(self.ep), received.flatten())
         by_expert = expert_of.argsort(stable=True)
         out = self._compute(arrived.index_select(0, by_expert), received.sum(dim=0))
         return all_to_all(out.index_select(0, by_expert.argsort()), recv, send, self.ep_group)
