@@ -110,7 +110,8 @@ with create_session() as session:
     assert (ti.state, ti.next_method) == ("scheduled", "execute_complete"), (ti.state, ti.next_method)
     ti.task = SerializedDagModel.get_dag(dag_id, session=session).get_task("approval")
     ti.handle_failure("test: the answered try's stale exit event (apache/airflow#67330)", session=session)
-    print("state:", ti.state)
+    sys.stdout.write(f"state: {ti.state}\\n")  # one write: print's parts can interleave with a listener's log
+    sys.stdout.flush()
 """
 
 
