@@ -25,6 +25,7 @@ from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
 from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from tasks.base.layout import ORIGIN, Coord
 from tasks.models.common.moe_sharding import is_expert_tensor
 from tasks.models.weights import expert_layer_file
 
@@ -33,18 +34,17 @@ class TrainingPipeline(PipelineModule):
     """PipelineModule whose tied-gradient reduction skips weights that do not require grad, and whose checkpoint
     files keep each expert-parallel rank's experts (`ep` > 1)."""
 
-    def __init__(self, *args: Any, ep: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, coord: Coord = ORIGIN, ep: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ep = ep
+        self.coord, self.ep = coord, ep  # this rank's place in the layout (its TP and expert-parallel ranks)
 
     def get_tied_weights_and_groups(self) -> list[tuple[Any, Any]]:
         return [(weight, group) for weight, group in super().get_tied_weights_and_groups() if weight.requires_grad]
 
     def _expert_file(self, ckpt_dir: str, local_layer_idx: int) -> str:
         """This rank's experts of a layer: its TP rank's slice of its expert-parallel rank's experts."""
-        coord = self._grid._topo.get_coord(rank=self.global_rank)
-        return os.path.join(ckpt_dir, expert_layer_file(local_layer_idx + self._local_start, coord.model,
-                                                        coord.data % self.ep))
+        return os.path.join(ckpt_dir, expert_layer_file(local_layer_idx + self._local_start, self.coord.tp,
+                                                        self.coord.ep))
 
     def save_state_dict(self, save_dir: str, checkpoint_engine: Any, exclude_frozen_params: bool = False) -> None:
         """DeepSpeed's layer files (data-parallel rank 0) less the experts; under ep > 1 the first ep

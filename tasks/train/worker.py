@@ -188,7 +188,7 @@ class Trainer:
                 # (a mixture of experts' routing carrier beside the activations) gets one backward call per tensor
                 # from DeepSpeed's pipeline engine, and a reentrant checkpoint's second call found its inputs freed.
                 activation_checkpoint_func=functools.partial(checkpoint, use_reentrant=False),
-                ep=p.ep,
+                coord=grid.coord, ep=p.ep,
             )
         if init_path is not None and (resume_from is None or self.base_path is not None):
             # Before deepspeed.initialize: ZeRO copies the weights into its fp32 partitions there.
