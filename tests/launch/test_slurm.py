@@ -79,9 +79,13 @@ def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
     cfg = tiny_config(tmp_path, {"cluster.launcher": "slurm", "train.steps": 12, "train.checkpoint_every": 2,
                                  "cluster.slurm.time_limit": "00:10:00"}, out="slurm")
     out = Path(cfg.train.output_dir)
-    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_S": "0.5"}
+    delays = tmp_path / "step-delays"
+    delays.mkdir()
+    (delays / cfg.name).write_text("0.5")
+    env = {**slurm_cluster.env, "HOOK_STEP_DELAY_DIR": str(delays)}
     with launched(cfg, dataset, env, tmp_path / "first.log") as first:
         wait_for_step(out, 4, first)
+        (delays / cfg.name).write_text("600")  # the orphan holds after its next step: it cannot end before the retry
         old_job = (out / "slurm-job-id").read_text().strip()
         first.kill()  # SIGKILL: no handler runs, nothing is cancelled
         first.wait()
