@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,6 +252,22 @@ def run_benchmarks(scorer: RequestScorer, tokenizer_dir: Path | None, benchmarks
     return metrics, record
 
 
+@contextlib.contextmanager
+def without_environment_report() -> Iterator[None]:
+    """The harness without its report of the machine: `simple_evaluate` ends every benchmark with torch's
+    `collect_env` (`pip list`, compiler and driver probes: 2 s of CPU and ~7 s on a busy 2-core node, on rank 0
+    while every other rank waits), for fields the record does not keep (`run_benchmark` keeps the scores,
+    shots, samples and task versions; the harness's version is pinned in the config)."""
+    from lm_eval import evaluator
+
+    report = evaluator.add_env_info
+    evaluator.add_env_info = lambda results: None
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = report
+
+
 def run_benchmark(lm: Any, bench: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
     """One benchmark through the harness (in its task folder: relative data files are read from there)."""
     from lm_eval import simple_evaluate
@@ -266,7 +283,7 @@ def run_benchmark(lm: Any, bench: dict[str, Any]) -> tuple[dict[str, float], dic
             raise InvalidInputError(f"benchmark {bench['name']}: {folder} changed since the evaluation was "
                                     "planned (its digest differs)")
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    with contextlib.chdir(folder) if folder is not None else contextlib.nullcontext():
+    with contextlib.chdir(folder) if folder is not None else contextlib.nullcontext(), without_environment_report():
         results = simple_evaluate(
             model=lm, tasks=list(bench["tasks"]), num_fewshot=bench["num_fewshot"], limit=bench["limit"],
             apply_chat_template=bench["apply_chat_template"], fewshot_as_multiturn=bench["apply_chat_template"],

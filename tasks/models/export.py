@@ -2,14 +2,15 @@
 
 Why stage by stage: a 70B model must never pass through one process whole. Each pipeline stage's
 layers are read from the checkpoint's per-layer, per-TP-rank files, joined across TP ranks one
-tensor at a time, and written to that stage's own safetensors files by its own process; the parent
-only writes the index, config.json, generation_config.json and the tokenizer files the model came
-with. The result loads with `AutoModelForCausalLM.from_pretrained` (llama family) or our evaluate
+tensor at a time, and written to that stage's own safetensors files by its own process (the last stage
+by the parent, which then writes the index, config.json, generation_config.json and the tokenizer files
+the model came with). The result loads with `AutoModelForCausalLM.from_pretrained` (llama family) or our evaluate
 (both families), and serves with vLLM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -73,7 +74,7 @@ def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
 def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], stage: int, stages: int,
                 dest_dir: str, dtype: str, lora: dict[str, Any] | None = None) -> dict[str, tuple[str, int]]:
     """One stage's tensors, TP-joined and renamed to Hugging Face names, into its `FILES_PER_STAGE` safetensors
-    files in `dest_dir`. Returns {HF name: (file, bytes)}. Runs in its own process: its memory is one stage.
+    files in `dest_dir`. Returns {HF name: (file, bytes)}. Its memory is one stage (a process of its own each, but the last stage's).
     `lora`: the run's train.lora: its adapters are merged into their weights (tasks/models/lora_export.py)."""
     import torch
     from safetensors.torch import save_file
@@ -109,19 +110,23 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
     the Hugging Face directory the run started from (pretrained or a published version), whose tokenizer
     files and config.json (in its own format, with what training changed) the export keeps."""
     groups = [g for g in stage_layers(m, stages) if g]
+    *others, last = groups
     with fresh_dir(dest) as tmp:
+        args = (str(checkpoint_dir), m.model_dump(mode="json"))
+        tail = (len(groups), str(tmp), dtype, None if lora is None else lora.model_dump(mode="json"))
         ctx = multiprocessing.get_context("spawn")  # no inherited torch threads or locks
-        with ProcessPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1), mp_context=ctx) as pool:
-            futures = [
-                pool.submit(write_stage, str(checkpoint_dir), m.model_dump(mode="json"), layers, i, len(groups),
-                            str(tmp), dtype, None if lora is None else lora.model_dump(mode="json"))
-                for i, layers in enumerate(groups)
-            ]
-            weight_map, total = {}, 0
-            for fut in futures:
-                for name, (file, size) in fut.result().items():
-                    weight_map[name] = file
-                    total += size
+        # The last stage in this process meanwhile (a stage's memory, as each worker's): one process fewer to
+        # start (an interpreter and torch's import, seconds of CPU), none for a single stage.
+        workers = max(1, min(len(others), (os.cpu_count() or 1) - 1))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) if others else contextlib.nullcontext() as pool:
+            futures = [pool.submit(write_stage, *args, layers, i, *tail) for i, layers in enumerate(others)]
+            stage_maps = [write_stage(*args, last, len(others), *tail)]
+            stage_maps[:0] = [fut.result() for fut in futures]
+        weight_map, total = {}, 0
+        for stage_map in stage_maps:
+            for name, (file, size) in stage_map.items():
+                weight_map[name] = file
+                total += size
         write_metadata(tmp, m, weight_map, total, dtype=dtype, base_dir=base_dir)
     log.info("export: %s -> %s (%d shards, %d bytes of %s weights)", checkpoint_dir, dest,
              len(set(weight_map.values())), total, dtype)

@@ -16,6 +16,7 @@ import yaml
 
 from tasks.base.errors import InvalidInputError
 from tasks.data.prepare.core import PrepareOptions, prepare
+from tasks.evaluate.harness import without_environment_report
 from tasks.models.resolve import load_config
 from tasks.registry import ArtifactStore, Registry
 from tasks.stages.lifecycle import run_lifecycle
@@ -106,7 +107,7 @@ def harness_on_export(export: Path, tasks: Path, max_length: int) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    with contextlib.chdir(tasks):
+    with contextlib.chdir(tasks), without_environment_report():  # as the ranks run it: no `pip list` etc.
         out = simple_evaluate(model="hf", model_args={"pretrained": str(export), "dtype": "float32",
                                                            "max_length": max_length},
                               tasks=["english_mc", "english_ppl", "english_next"], num_fewshot=0, device="cpu",
