@@ -3,8 +3,12 @@
 # and run the whole test suite. Tests start their own services (PostgreSQL cluster, S3 server, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The system packages (apt: the network and the disk) install while setup installs the Python packages and builds
+# DeepSpeed's op (the cores): on a fresh machine the two overlap instead of adding up.
+bash scripts/system-deps.sh &
+system_deps=$!
 bash scripts/setup.sh
-bash scripts/system-deps.sh
+wait "$system_deps"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .
 .venv/bin/lint-imports  # the package layers in pyproject.toml [tool.importlinter]: a new upward import or cycle fails

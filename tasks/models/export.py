@@ -74,7 +74,8 @@ def stage_layers(m: ModelConfig, stages: int) -> list[list[int]]:
 def write_stage(checkpoint_dir: str, model: dict[str, Any], layers: list[int], stage: int, stages: int,
                 dest_dir: str, dtype: str, lora: dict[str, Any] | None = None) -> dict[str, tuple[str, int]]:
     """One stage's tensors, TP-joined and renamed to Hugging Face names, into its `FILES_PER_STAGE` safetensors
-    files in `dest_dir`. Returns {HF name: (file, bytes)}. Its memory is one stage (a process of its own each, but the last stage's).
+    files in `dest_dir`. Returns {HF name: (file, bytes)}. Its memory is one stage (a process of its own for
+    each stage but the last).
     `lora`: the run's train.lora: its adapters are merged into their weights (tasks/models/lora_export.py)."""
     import torch
     from safetensors.torch import save_file
