@@ -50,9 +50,9 @@ def _shares_the_standalone(module: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `--dist loadscope` (`scripts/test.sh`: two workers) a test file is one unit of work, so its module
+    """Under `--dist loadscope` (`scripts/test.sh`: three workers) a test file is one unit of work, so its module
     fixtures start once, and all the modules sharing the Airflow standalone are one unit, so one worker starts
-    it and runs them while the other worker runs the rest (they mostly wait on its scheduler). By file here,
+    it and runs them while the other workers run the rest (they mostly wait on its scheduler). By file here,
     not by xdist_group marks: xdist 3.8 cannot rename node ids under pytest 9.2."""
     if config.getvalue("dist") != "loadscope":
         return None
@@ -70,7 +70,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """On an xdist worker, the order units are handed out in (`--no-loadscope-reorder`): the standalone's
     modules first (the longest unit), then the modules that start several processes, then the rest, so the
-    last minutes are short units on both workers. A module's tests stay together and in file order."""
+    last minutes are short units on every worker. A module's tests stay together and in file order."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
     first: dict[Path, int] = {}
