@@ -208,7 +208,9 @@ class MlflowServer:
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
              "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
+                                                       # no job consumers (GenAI judges): six processes of imports
+                                                       "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         log.close()
         server = cls(proc, f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
