@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tasks.config.schema import JobConfig
+from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget
@@ -168,6 +168,24 @@ def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -
     return grads, gather
 
 
+def _dp_traffic(trained: int, experts: int, b: Bytes, p: ParallelConfig) -> tuple[int, int, int]:
+    """(gradient payload, all-gather payload, ring bytes each rank sends) of one rank's data-parallel collectives
+    per step, for `trained` parameters of which `experts` are routed experts'.
+
+    Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload; all-gather (N-1) x
+    the shard each rank contributes. Under expert parallelism the experts' gradients and shards go over their
+    expert-data-parallel group (the dp / ep ranks holding the same experts: none at dp = ep), the rest over dp.
+    """
+    experts = experts if p.ep > 1 else 0
+    grads_payload = gather_payload = ring = 0
+    for params, group in ((trained - experts, p.dp), (experts, p.dp // p.ep)):
+        grads, gather = _dp_payload(params, b, p.zero_stage, p.micro_batches, group)
+        reduce_factor = (2 if p.zero_stage <= 1 else 1) * (group - 1) / group
+        grads_payload, gather_payload = grads_payload + grads, gather_payload + gather
+        ring += int(reduce_factor * grads + (group - 1) * gather)
+    return grads_payload, gather_payload, ring
+
+
 def _activation_bytes_per_layer(cfg: JobConfig, e: int, tp: int, attention: str = "sdpa") -> int:
     """Activation bytes one block keeps for backward, per micro-batch (Korthikanti et al. 2022, generalised).
 
@@ -322,7 +340,7 @@ def plan(
         p2p = 2 * b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.pp > 1 else 0
         tp_buf = b.activation * m.seq_len * t.micro_batch_size * m.d_model if p.tp > 1 else 0
         comm = bucket + p2p + tp_buf
-        grad_payload, gather_payload = _dp_payload(n, b, zero, p.micro_batches, dp)
+        grad_payload, gather_payload, _ = _dp_traffic(n, experts, b, p)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
                    "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
         process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run)
@@ -333,6 +351,7 @@ def plan(
             "has_head": st.has_head,
             "params": held,
             "trained_params": n,
+            "trained_expert_params": experts,
             "weights": weights,
             "gradients": grads,
             "optimizer_states": optim,
@@ -465,12 +484,8 @@ def _step(cfg: JobConfig, busiest: dict[str, int], b: Bytes) -> Step:
     flops_gpu = flops / p.layout.world_size
     compute_s = flops_gpu / (c.peak_tflops * 1e12 * c.assumed_mfu)
 
-    grads_payload, gather_payload = _dp_payload(busiest["trained_params"], b, p.zero_stage, p.micro_batches, p.dp)
-    ring = (p.dp - 1) / p.dp
-    # Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload;
-    # all-gather (N-1) x the shard each rank contributes.
-    reduce_factor = 2 * ring if p.zero_stage <= 1 else ring
-    dp_ring = int(reduce_factor * grads_payload + (p.dp - 1) * gather_payload)
+    grads_payload, gather_payload, dp_ring = _dp_traffic(busiest["trained_params"], busiest["trained_expert_params"],
+                                                         b, p)
 
     # TP: two all-reduces of (s b h) per block in forward and two in backward (+2 when recomputing).
     tp_payload = busiest["tp_payload_bytes"]

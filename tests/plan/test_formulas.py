@@ -266,9 +266,9 @@ def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step
 
 
 def test_expert_parallelism_divides_the_experts_states_and_counts_the_all_to_all() -> None:
-    """parallel.ep: each rank holds E / ep experts of every routed layer, their ZeRO partitions are cut over the
-    dp / ep ranks holding the same experts (the dense rest over dp), and each routed layer's rows cross the
-    expert-parallel group 4 times a micro-batch ((ep - 1) / ep of them leave the rank)."""
+    """parallel.ep: each rank holds E / ep experts of every routed layer, their ZeRO partitions (and their gradient
+    reduction) are cut over the dp / ep ranks holding the same experts (the dense rest over dp), and each routed
+    layer's rows cross the expert-parallel group 4 times a micro-batch ((ep - 1) / ep of them leave the rank)."""
     model = {"family": "qwen3_moe", "qk_norm": True, "vocab_size": 256, "seq_len": 64, "n_layers": 2, "d_model": 64,
              "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "num_experts": 8, "num_experts_per_tok": 2,
              "moe_intermediate_size": 32}
@@ -279,6 +279,14 @@ def test_expert_parallelism_divides_the_experts_states_and_counts_the_all_to_all
     rest = dense.params_per_rank - experts
     assert dense.stages[0]["optimizer_states"] == 12 * -(-dense.params_per_rank // 4)
     assert split.stages[0]["optimizer_states"] == 12 * (-(-rest // 4) + -(-(experts // 2) // 2))
+    # ZeRO-1 all-reduces the fp32 gradients (2 (N-1) / N of them leave) and all-gathers the updated shards
+    # ((N-1) shards arrive): the dense rest over the 4 dp ranks, each rank's experts over the 2 holding them.
+    assert dense.step.dp_ring_bytes == 2 * 3 * dense.params_per_rank * 4 // 4 + 3 * -(-dense.params_per_rank // 4) * 4
+    assert split.step.dp_ring_bytes == (2 * 3 * rest * 4 // 4 + 3 * -(-rest // 4) * 4
+                                        + 2 * 1 * (experts // 2) * 4 // 2 + 1 * -(-(experts // 2) // 2) * 4)
+    assert split.step.dp_grad_payload_bytes == dense.step.dp_grad_payload_bytes - experts // 2 * 4
+    at_dp = plan(cfg.with_overrides({"parallel.ep": 4}), device="cpu").step  # one rank holds each expert
+    assert at_dp.dp_ring_bytes == 2 * 3 * rest * 4 // 4 + 3 * -(-rest // 4) * 4
     assert dense.step.ep_alltoall_bytes == 0 and dense.step.ep_comm_s == 0
     rows = 2 * 64 * 2 * 2  # micro-batch x seq x k x micro-batches
     assert split.step.ep_alltoall_bytes == 4 * 2 * rows * 64 * 4 // 2  # 2 routed layers, fp32 rows, half leave
