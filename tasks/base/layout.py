@@ -69,7 +69,22 @@ class Layout:
             raise ValueError(f"rank {rank} outside a layout of {self.world_size} ranks")
         rest, tp = divmod(rank, self.tp)
         pp, dp = divmod(rest, self.dp)
-        return Coord(pp=pp, dp=dp, tp=tp, ep=dp % self.ep)
+        return Coord(pp=pp, dp=dp, tp=tp, ep=self.ep_index(dp))
+
+    def ep_index(self, dp: int) -> int:
+        """The expert-parallel rank of data-parallel index `dp`: `ep` consecutive DP ranks form an expert group
+        (DeepSpeed's `_get_expert_parallel_ranks` order), each holding 1 / ep of every routed layer's experts."""
+        return dp % self.ep
+
+    def expert_group(self, dp: int) -> list[int]:
+        """The data-parallel indices of `dp`'s expert-parallel group (the all-to-all's ranks), by expert rank."""
+        first = dp - self.ep_index(dp)
+        return list(range(first, first + self.ep))
+
+    def expert_replicas(self, ep_index: int) -> list[int]:
+        """The data-parallel indices holding expert rank `ep_index`'s experts, in order: its expert-data-parallel
+        group, over which those experts' gradients are reduced and their ZeRO partitions cut."""
+        return [dp for dp in range(self.dp) if self.ep_index(dp) == ep_index]
 
     def rank(self, at: Coord) -> int:
         """The rank at `at` (inverse of `coord`)."""

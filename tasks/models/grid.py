@@ -63,8 +63,7 @@ def _expert_groups(layout: Layout, grid: Any, coord: Coord) -> Any:
     ds_groups.mpu = grid
     ds_groups._create_expert_data_and_model_parallel(layout.ep, mpu=grid)
     name = expert_group_name(layout.ep)
-    first = coord.dp - coord.ep
-    expected = [layout.rank(Coord(pp=coord.pp, dp=first + k, tp=coord.tp)) for k in range(layout.ep)]
+    expected = [layout.rank(Coord(pp=coord.pp, dp=dp, tp=coord.tp)) for dp in layout.expert_group(coord.dp)]
     if list(ds_groups._get_expert_parallel_group_ranks(name)) != expected:
         raise RuntimeError(f"DeepSpeed's expert-parallel group {ds_groups._get_expert_parallel_group_ranks(name)} "
                            f"is not the layout's {expected}")

@@ -28,6 +28,7 @@ from deepspeed.checkpoint.constants import (
 )
 
 from tasks.base.errors import InvalidInputError
+from tasks.base.layout import Layout
 from tasks.base.model_files import CHECKPOINT_BASE_FILE
 from tasks.train import checkpoint as ck
 
@@ -59,15 +60,15 @@ def _groups(engine: Any) -> list[tuple[int, int, int, bool]]:
 
 def _old_shares(engine: Any, old_dp: int, ep: int) -> list[tuple[int, int, int, int, list[int]]]:
     """Per group: (flat numel, this rank's share, its start, the old partition size, the old data-parallel rank
-    of each old partition). An expert group's partitions were cut over the old dp / ep ranks holding this
-    rank's experts (expert-parallel rank dp % ep; partition j on old dp rank j x ep + that rank)."""
+    of each old partition). An expert group's partitions were cut over the old ranks holding this rank's
+    experts (its expert-data-parallel group at the old dp: `Layout.expert_replicas`)."""
     align = engine.optimizer.nccl_start_alignment_factor
-    ep_rank = tdist.get_rank(group=engine.optimizer.dp_process_group) % ep
+    new, old = Layout(dp=engine.dp_world_size, ep=ep), Layout(dp=old_dp, ep=ep)
+    replicas = old.expert_replicas(new.ep_index(tdist.get_rank(group=engine.optimizer.dp_process_group)))
     out = []
     for numel, share, start, expert in _groups(engine):
-        count = old_dp // ep if expert else old_dp
-        owners = [j * ep + ep_rank for j in range(count)] if expert else list(range(count))
-        out.append((numel, share, start, partition_numel(numel, count, align), owners))
+        owners = replicas if expert else list(range(old_dp))
+        out.append((numel, share, start, partition_numel(numel, len(owners), align), owners))
     return out
 
 

@@ -56,6 +56,19 @@ def test_the_expert_rank_is_the_dp_rank_within_its_group() -> None:
     assert [layout.coord(r).ep for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
+def test_expert_groups_and_replicas_partition_the_data_parallel_ranks() -> None:
+    """An expert group: ep consecutive DP ranks (one of each expert rank); an expert rank's replicas: one DP rank of
+    every group. Together they tile dp, and each DP rank sits in one of each (the all-to-all's group and the
+    experts' gradient reduction / ZeRO partition group, which a resume at another dp re-cuts)."""
+    layout = Layout(dp=6, ep=3)
+    assert layout.expert_group(4) == [3, 4, 5] and layout.expert_replicas(1) == [1, 4]
+    for dp in range(6):
+        assert [layout.ep_index(k) for k in layout.expert_group(dp)] == [0, 1, 2]
+        assert dp in layout.expert_replicas(layout.ep_index(dp))
+    assert sorted(d for e in range(3) for d in layout.expert_replicas(e)) == list(range(6))
+    assert Layout(dp=4).expert_replicas(0) == [0, 1, 2, 3] and Layout(dp=4).expert_group(2) == [2]
+
+
 def test_coordinates_outside_the_layout_are_refused() -> None:
     layout = Layout(tp=2, dp=2)
     with pytest.raises(ValueError, match="rank 4 outside a layout of 4 ranks"):
