@@ -53,6 +53,10 @@ LAYOUTS = {
                                   "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5,
                                   "parallel.pp": 2, "parallel.dp": 2, "parallel.ep": 2, "parallel.micro_batches": 2,
                                   "train.activation_checkpointing": True},
+    # Mixtral's router (always renormalised) over the same expert-parallel dispatch, without recompute.
+    "mixtral-aux-pp2-dp2-ep2": {"model.family": "mixtral", "model.num_experts": 4, "model.num_experts_per_tok": 2,
+                                "model.norm_topk_prob": True, "model.router_aux_loss_coef": 0.5, "parallel.pp": 2,
+                                "parallel.dp": 2, "parallel.ep": 2, "parallel.micro_batches": 2},
 }
 
 
