@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # DeepSpeed's op (the cores): on a fresh machine the two overlap instead of adding up.
 bash scripts/system-deps.sh &
 system_deps=$!
-bash scripts/setup.sh
+bash scripts/setup.sh || { wait "$system_deps" || true; exit 1; }  # a failed setup leaves no apt half-run behind
 wait "$system_deps"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .

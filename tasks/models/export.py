@@ -121,8 +121,8 @@ def export_checkpoint(m: ModelConfig, checkpoint_dir: str | Path, dest: str | Pa
         workers = max(1, min(len(others), (os.cpu_count() or 1) - 1))
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) if others else contextlib.nullcontext() as pool:
             futures = [pool.submit(write_stage, *args, layers, i, *tail) for i, layers in enumerate(others)]
-            stage_maps = [write_stage(*args, last, len(others), *tail)]
-            stage_maps[:0] = [fut.result() for fut in futures]
+            last_map = write_stage(*args, last, len(others), *tail)
+            stage_maps = [fut.result() for fut in futures] + [last_map]
         weight_map, total = {}, 0
         for stage_map in stage_maps:
             for name, (file, size) in stage_map.items():

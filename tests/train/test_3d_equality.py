@@ -4,10 +4,10 @@ Same initial weights (seeded per layer, sliced per TP rank), same global batches
 same optimizer: per-step losses and gradient norms must agree within 1e-5 / 1e-4 relative, and so must the
 final weights read back from the checkpoint's layer files (which also checks TP
 un-sharding and stage merging). GPT; Llama with tied vocabulary-parallel embeddings split across two stages;
-Qwen3-MoE's routed experts split over TP with dense layers between them, and over two expert-parallel ranks.
-Qwen3, Mistral, Gemma 3 and Gemma 2 get the same check from imported weights, in the one tp=2 x pp=2 run each
-already has (tests/models/test_hf_import_export.py). Three of the layouts recompute their blocks' activations in
-backward (train.activation_checkpointing).
+Qwen3-MoE's and Mixtral's routed experts split over TP with dense layers between them, and over two
+expert-parallel ranks. Qwen3, Mistral, Gemma 3 and Gemma 2 get the same check from imported weights, in the one
+tp=2 x pp=2 run each already has (tests/models/test_hf_import_export.py). Four of the layouts recompute their
+blocks' activations in backward (train.activation_checkpointing).
 """
 
 from __future__ import annotations
