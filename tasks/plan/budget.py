@@ -146,6 +146,16 @@ class Plan:
         return cls(**{**data, "memory": Memory(**data["memory"]), "step": Step(**data["step"])})
 
 
+def _dp_groups(trained: int, experts: int, p: ParallelConfig) -> tuple[tuple[int, int], ...]:
+    """(parameters, group size) of each data-parallel collective group a rank's `trained` parameters are cut
+    over: under expert parallelism the routed experts' (`experts` of them) go over their expert-data-parallel
+    group (the dp / ep ranks holding the same experts; DeepSpeed's ZeRO partitions and reduces them there), the
+    rest over dp; at ep = 1 all of them over dp (one partition, as ZeRO pads it)."""
+    if p.ep == 1:
+        return ((trained, p.dp),)
+    return (trained - experts, p.dp), (experts, p.dp // p.ep)
+
+
 def _dp_payload(params: int, b: Bytes, zero: int, micro_batches: int, dp: int) -> tuple[int, int]:
     """(gradient payload, parameter all-gather payload): bytes of the tensors one rank hands to the
     data-parallel collectives per step.
@@ -173,12 +183,11 @@ def _dp_traffic(trained: int, experts: int, b: Bytes, p: ParallelConfig) -> tupl
     per step, for `trained` parameters of which `experts` are routed experts'.
 
     Ring all-reduce sends 2(N-1)/N x payload per rank; reduce-scatter (N-1)/N x payload; all-gather (N-1) x
-    the shard each rank contributes. Under expert parallelism the experts' gradients and shards go over their
-    expert-data-parallel group (the dp / ep ranks holding the same experts: none at dp = ep), the rest over dp.
+    the shard each rank contributes, over each of the rank's groups (`_dp_groups`: the experts' expert-data-parallel
+    group, none at dp = ep, and dp for the rest).
     """
-    experts = experts if p.ep > 1 else 0
     grads_payload = gather_payload = ring = 0
-    for params, group in ((trained - experts, p.dp), (experts, p.dp // p.ep)):
+    for params, group in _dp_groups(trained, experts, p):
         grads, gather = _dp_payload(params, b, p.zero_stage, p.micro_batches, group)
         reduce_factor = (2 if p.zero_stage <= 1 else 1) * (group - 1) / group
         grads_payload, gather_payload = grads_payload + grads, gather_payload + gather
@@ -317,10 +326,9 @@ def plan(
         # adapters have gradients and optimizer states (ZeRO as configured).
         held = st.params(counts) + st.blocks * adapter
         n = held if t.lora is None else st.blocks * adapter  # trained parameters
-        # ZeRO pads partitions to equal size; under expert parallelism the experts' partitions are cut over the
-        # dp / ep ranks holding the same experts (DeepSpeed's expert-data-parallel group), the rest over dp.
+        # ZeRO pads partitions to equal size, each over its data-parallel group (`_dp_groups`).
         experts = st.experts(counts) if t.lora is None else 0
-        shard = -(-n // dp) if p.ep == 1 else -(-(n - experts) // dp) + -(-experts // (dp // p.ep))
+        shard = sum(-(-params // group) for params, group in _dp_groups(n, experts, p))
         weights = held * b.weight if zero < 3 else -(-held // dp) * b.weight
         # A LoRA run on base weights saves only what trains (the worker's exclude_frozen_parameters).
         kept = n if cfg.lora_saves_adapters_only else held
