@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -21,9 +21,12 @@ from tasks.base.model_files import GENERATION_CONFIG, HF_CONFIG, TOKENIZER_FILES
 from tasks.config.model import ModelConfig
 from tasks.config.schema import JobConfig
 from tasks.models.pretrained import listing_digest, model_dir, planned_listing, warm_pretrained
-from tasks.registry import ArtifactStore, NotFoundError, Registry
-from tasks.registry.store import local_tree_manifest
+from tasks.registry import NotFoundError
+from tasks.registry.store import ArtifactStore, local_tree_manifest
 from tasks.runs.identity import StartingWeights, scratch
+
+if TYPE_CHECKING:  # the database layer (sqlalchemy, ~0.25 s) stays out of the ranks that fetch weights
+    from tasks.registry import Registry
 
 log = logging.getLogger(__name__)
 

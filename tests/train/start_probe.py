@@ -9,7 +9,7 @@ import sys
 if __name__ == "__main__":
     for worker in ("tasks.train.worker", "tasks.evaluate.worker"):  # both import DeepSpeed at module level
         importlib.import_module(worker)
-    loaded = {name: name in sys.modules for name in ("deepspeed", "mlflow")}
+    loaded = {name: name in sys.modules for name in ("deepspeed", "mlflow", "sqlalchemy")}
     import mlflow  # what rank 0's tracker does when a run asks for MLflow
 
     print(json.dumps({**loaded, "mlflow_after": mlflow.__name__, "argv": sys.argv,

@@ -69,11 +69,13 @@ def test_eager_adamw_is_torchs_adamw_bit_for_bit_and_never_imports_the_compiler(
 def test_a_rank_program_starts_with_deepspeed_but_without_mlflow() -> None:
     """Every rank program goes through `tasks.train.start`: DeepSpeed is imported with the accelerator named and
     without the MLflow its autotuner would import (2.9 s and ~100 MiB per rank, found as a LoRA rank 100 MiB over
-    its plan), and MLflow still imports afterwards for rank 0's tracker; the program gets its own arguments."""
+    its plan), and MLflow still imports afterwards for rank 0's tracker; the program gets its own arguments. Neither
+    worker loads the registry's database layer (sqlalchemy, ~0.25 s a rank: the evaluation worker did, through the
+    weights fetcher's import of `Registry`)."""
     done = subprocess.run([sys.executable, "-m", "tasks.train.start", "tests.train.start_probe", "--flag", "x"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["deepspeed"] and not seen["mlflow"], seen
+    assert seen["deepspeed"] and not seen["mlflow"] and not seen["sqlalchemy"], seen
     assert seen["mlflow_after"] == "mlflow" and seen["accelerator"] == "cpu"
     assert seen["argv"][1:] == ["--flag", "x"] and seen["argv"][0].endswith("start_probe.py")
     assert "Setting accelerator" not in done.stderr + done.stdout
