@@ -68,6 +68,12 @@ class Job(ABC):
     def poll(self) -> int | None:
         """None while running; the job's exit status once it ended (non-zero if any node failed)."""
 
+    def wait(self, timeout_s: float) -> int | None:
+        """`poll` after at most `timeout_s`: sooner where the engine can tell the job ended (a local process),
+        so the supervisor returns when the ranks exit, not up to a poll interval later."""
+        time.sleep(timeout_s)
+        return self.poll()
+
     @abstractmethod
     def status(self) -> Status | None:
         """The run's latest status as this engine sees it (the status file, or a node agent's relay)."""
@@ -296,7 +302,8 @@ class Launcher(ABC):
         return summary
 
     def _supervise(self, cfg: JobConfig, job: Job, watcher: ProgressWatcher, what: str) -> int:
-        while (rc := job.poll()) is None:
+        rc = job.poll()
+        while rc is None:
             watcher.observe(job.status())
             if watcher.hung():
                 reason = watcher.describe()
@@ -305,7 +312,7 @@ class Launcher(ABC):
                     job.stop()
                 raise TrainingFailedError(f"{what} of {cfg.name} hung ({self.name} launcher): {reason}; "
                                           "job cancelled on every node")
-            time.sleep(self.poll_interval_s)
+            rc = job.wait(self.poll_interval_s)
         return rc
 
 

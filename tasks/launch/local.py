@@ -46,6 +46,12 @@ class LocalJob(Job):
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self) -> None:
         if self._stopped:
             return
