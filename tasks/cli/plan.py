@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--zero", type=int, help="ZeRO stage override")
     p.add_argument("--micro-batch", type=int, help="train.micro_batch_size override")
     p.add_argument("--micro-batches", type=int, help="parallel.micro_batches override")
-    p.add_argument("--device", choices=["cpu", "gpu"], help="resolves precision auto (default: detect)")
+    p.add_argument("--device", choices=["cpu", "gpu"], help="what the ranks compute on (default: cluster.device, "
+                   "else the GPUs the engine asks for, else this machine)")
     p.add_argument("--attention", choices=["sdpa", "materialized"], default="sdpa",
                    help="activation model: fused SDPA (our model) or materialised s x s scores")
     p.add_argument("--reserve-gib", type=float, default=0.0, help="memory kept back per GPU")

@@ -184,6 +184,12 @@ class ClusterConfig(Strict):
     slurm: SlurmConfig = SlurmConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     # Hardware, for the planner.
+    device: Literal["auto", "gpu", "cpu"] = Field(
+        "auto", description="what the ranks compute on, for the planner (precision auto, host vs device memory); "
+        "auto: the GPUs the engine asks for (kubernetes.gpus_per_node: unset = one per rank, 0 = none; "
+        "slurm.gpus_per_node set), else what the planning machine sees (right for local; for ssh hosts or a "
+        "Slurm partition that gives GPUs without --gpus-per-node, say gpu). The ranks refuse a node that "
+        "is not what this names")
     gpu_memory_gib: float = Field(80.0, gt=0, description="GiB per GPU")
     gpus_per_node: int = Field(8, ge=1, le=MAX_RANKS, description="GPUs in one node: the planner's node size (the "
                                "engine sections' gpus_per_node is what a job asks for)")
@@ -209,6 +215,19 @@ class ClusterConfig(Strict):
                              "started them (by design: a killed task takes its ranks along), so its task cannot "
                              "defer; use slurm or kubernetes, or deferrable: false")
         return self
+
+    @property
+    def ranks_device(self) -> tuple[Literal["gpu", "cpu"], str] | None:
+        """(what the ranks compute on, the field that says so) as far as the config tells: `device`, else the
+        engine's GPU request; None: only the machine the ranks run on can tell (local, ssh, Slurm without a GPU
+        request)."""
+        if self.device != "auto":
+            return self.device, "cluster.device"
+        if self.launcher == "kubernetes":
+            return "cpu" if self.kubernetes.gpus_per_node == 0 else "gpu", "cluster.kubernetes.gpus_per_node"
+        if self.launcher == "slurm" and self.slurm.gpus_per_node is not None:
+            return "gpu", "cluster.slurm.gpus_per_node"
+        return None
 
     @property
     def defers(self) -> bool:

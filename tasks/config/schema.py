@@ -186,10 +186,12 @@ class TrainConfig(Strict):
 
 
 class RankCluster(Strict):
-    """What a rank needs of `cluster`: the collective timeout and the peak for its MFU figure."""
+    """What a rank needs of `cluster`: the collective timeout, the peak for its MFU figure, and the device the
+    run was planned for with the field that says so (`ClusterConfig.ranks_device`; None: the node decides)."""
 
     hang_timeout_s: float = Field(gt=0)
     peak_tflops: float = Field(gt=0)
+    planned_device: tuple[Literal["gpu", "cpu"], str] | None = None
 
 
 class TrainingJob(Strict):
@@ -340,7 +342,8 @@ class JobConfig(Strict):
         public, _ = split_credentials(self.train.checkpoint_storage_options, "train.checkpoint_storage_options")
         train = self.train.model_copy(update={"checkpoint_storage_options": public})  # keys: by environment
         return TrainingJob(name=self.name, model=model, parallel=self.parallel, train=train,
-                           cluster=RankCluster(hang_timeout_s=c.hang_timeout_s, peak_tflops=c.peak_tflops))
+                           cluster=RankCluster(hang_timeout_s=c.hang_timeout_s, peak_tflops=c.peak_tflops,
+                                               planned_device=c.ranks_device))
 
     def with_overrides(self, overrides: dict[str, Any]) -> JobConfig:
         """Apply dotted overrides (`{"train.steps": 5}`) and validate the result again."""

@@ -45,7 +45,14 @@ from tasks.train.data import TokenWindows
 from tasks.train.memory_trace import peak_rss_bytes
 from tasks.train.mirror import Mirror
 from tasks.train.packing import IGNORE, packed_inputs
-from tasks.train.rank import deepspeed_prints_to_debug, exit_without_teardown, finish, quiet_start_up, report_failure
+from tasks.train.rank import (
+    deepspeed_prints_to_debug,
+    exit_without_teardown,
+    finish,
+    quiet_start_up,
+    report_failure,
+    start_device,
+)
 
 log = logging.getLogger("tasks.evaluate.worker")
 
@@ -65,9 +72,7 @@ class Evaluation:
     """The ranks' side of one evaluation job: warm, load each model, score each suite, run user metrics."""
 
     def __init__(self, job: TrainingJob, spec: dict[str, Any]) -> None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = start_device(job.cluster)
         import deepspeed
 
         load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock

@@ -44,25 +44,25 @@ PRECISION_BYTES: dict[str, Bytes] = {
 }
 
 
+def ranks_on_gpu(cfg: JobConfig, device: str | None = None) -> bool:
+    """Whether the ranks compute on GPUs: `device` ("cuda"/"gpu" or "cpu", a caller's override), else the
+    config's `cluster.ranks_device`, else this machine (the ranks' own under `local`). Never the planning
+    machine where the config says otherwise: an Airflow worker without a GPU plans a Slurm GPU job."""
+    if device is None and cfg.cluster.ranks_device is not None:
+        device = cfg.cluster.ranks_device[0]
+    if device is None:
+        import torch  # local: only needed where the config cannot tell
+
+        return torch.cuda.is_available()
+    return device in ("cuda", "gpu")
+
+
 def resolve_precision(cfg: JobConfig, device: str | None = None) -> Precision:
-    """`auto` means bf16 on GPU and fp32 on CPU, as the trainer does."""
+    """`auto` means bf16 on GPU and fp32 on CPU, as the trainer does (`ranks_on_gpu` for `device`)."""
     p = cfg.train.precision
     if p != "auto":
         return p
-    if device is None:
-        import torch  # local: only needed to resolve "auto" without a hint
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "bf16" if device in ("cuda", "gpu") else "fp32"
-
-
-def on_cpu(device: str | None = None) -> bool:
-    """Whether the ranks run on CPU (`device` "cpu", or None and torch sees no GPU)."""
-    if device is None:
-        import torch  # local: only needed without a hint
-
-        return not torch.cuda.is_available()
-    return device == "cpu"
+    return "bf16" if ranks_on_gpu(cfg, device) else "fp32"
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ def plan(
     """Budget one launch of `cfg` and say whether it can work.
 
     world_size: GPU count the layout must match (tp x pp x dp); None: the cluster's nodes x ranks per node.
-    device: "cuda"/"gpu" or "cpu" to resolve precision "auto" (None: ask torch).
+    device: "cuda"/"gpu" or "cpu": what the ranks compute on (None: `ranks_on_gpu`'s rule).
     reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
     packed: the training data is a chat dataset (packed conversations: their ids and document masks).
@@ -307,7 +307,7 @@ def plan(
     counts = get_family(m.family).param_counts(m, p.layout)
     stages = pipeline_stages(m.n_layers, p.pp)
     dp, zero = p.dp, p.zero_stage
-    cpu = on_cpu(device)
+    cpu = not ranks_on_gpu(cfg, device)
 
     adapter = 0
     if t.lora is not None:

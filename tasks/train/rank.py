@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import socket
 import sys
 import traceback
 import warnings
@@ -22,7 +23,9 @@ import torch
 import torch.distributed as tdist
 
 from tasks.base import rank_failure
+from tasks.base.errors import InvalidInputError
 from tasks.base.job_status import Status, now, write_status
+from tasks.config.schema import RankCluster
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,21 @@ def quiet_start_up() -> None:
     deepspeed_log.setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+
+
+def start_device(cluster: RankCluster) -> str:
+    """This rank's device and its process-group backend ("nccl" on CUDA, "gloo" on CPU), after refusing a node
+    that is not what the run was planned for (`cluster.planned_device`): a GPU job landing on a node without a
+    GPU would otherwise train in fp32 on its CPU, planned for memory it does not have."""
+    on_gpu = torch.cuda.is_available()
+    if cluster.planned_device is not None and (cluster.planned_device[0] == "gpu") != on_gpu:
+        planned, field = cluster.planned_device
+        found = "has CUDA devices, which the ranks would train on" if on_gpu else "has no CUDA device"
+        raise InvalidInputError(f"{field}: the run was planned for {planned} ranks but this node "
+                                f"({socket.gethostname()}) {found}")
+    if on_gpu:  # before the first NCCL collective
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return "nccl" if on_gpu else "gloo"
 
 
 def report_failure(output_dir: str | Path, exc: Exception, *, step: int, steps: int) -> int:

@@ -54,6 +54,7 @@ from tasks.train.rank import (
     finish,
     quiet_start_up,
     report_failure,
+    start_device,
 )
 from tasks.train.telemetry import Telemetry, comms_config, step_metrics
 from tasks.train.tracking import Tracker
@@ -137,9 +138,7 @@ class Trainer:
 
         self.cfg, self.run_identity, self.export = cfg, run, export
         p, m = cfg.parallel, cfg.model
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():  # before the first NCCL collective
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = start_device(cfg.cluster)
         load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
         with deepspeed_prints_to_debug():
             deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))

@@ -84,3 +84,24 @@ def test_a_ranks_unexpected_exception_reaches_the_cli_error_line(tmp_path: Path)
     logged = log[log.index("ERROR tasks.launch.base: rank 1 failed: IndexError"):]
     assert logged.index("Traceback (most recent call last)") < logged.index(error)  # the traceback, with the error
     assert training_processes(cfg.train.output_dir) == []
+
+
+def test_a_run_planned_for_other_devices_than_the_nodes_is_refused_by_its_ranks(tmp_path: Path) -> None:
+    """`cluster.device` (or a Slurm / Kubernetes GPU request) is what the run was planned for; a node that is not
+    that (here: a GPU run on this CPU machine, or a CPU run on a GPU machine) is refused by every rank before its
+    process group, naming the field and the node, instead of training in another precision than planned."""
+    import socket
+
+    import torch
+
+    from tasks.base.errors import TrainingFailedError
+    from tasks.launch import train
+
+    have, planned = ("gpu", "cpu") if torch.cuda.is_available() else ("cpu", "gpu")
+    found = "has CUDA devices, which the ranks would train on" if have == "gpu" else "has no CUDA device"
+    cfg = tiny_config(tmp_path, {"parallel.dp": 2, "train.steps": 2, "cluster.device": planned}, out="device")
+    with pytest.raises(TrainingFailedError, match=re.escape(
+            f"cluster.device: the run was planned for {planned} ranks but this node ({socket.gethostname()}) "
+            f"{found}")):
+        train(cfg, write_dataset(tmp_path / "dataset"))
+    assert not (Path(cfg.train.output_dir) / "ckpt").exists() and training_processes(cfg.train.output_dir) == []

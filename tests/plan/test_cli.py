@@ -162,6 +162,40 @@ def test_layout_that_fills_the_cluster_plans(tmp_path: Path, capsys: pytest.Capt
     assert main([str(_write(tmp_path, cluster=cluster, parallel=layout, model=model)), "--device", "gpu"]) == 0
 
 
+LLAMA_70B = {"family": "llama", "vocab_size": 128256, "seq_len": 8192, "n_layers": 80, "d_model": 8192,
+             "n_heads": 64, "n_kv_heads": 8, "d_ff": 28672}
+LLAMA_70B_ON_32_GPUS = {"tp": 8, "pp": 2, "dp": 2, "zero_stage": 1, "micro_batches": 16}
+
+
+@pytest.mark.parametrize(("cluster", "device"), [
+    ({"launcher": "slurm", "slurm": {"nodes": 4, "gpus_per_node": 8}}, "gpu"),
+    ({"launcher": "kubernetes", "kubernetes": {"nodes": 4}}, "gpu"),  # unset: one GPU per rank
+    ({"launcher": "kubernetes", "kubernetes": {"nodes": 4, "gpus_per_node": 0}}, "cpu"),
+    ({**TWO_SSH_HOSTS, "device": "gpu", "nproc_per_node": 16}, "gpu"),
+    ({"launcher": "slurm", "slurm": {"nodes": 4, "gpus_per_node": 8}, "device": "cpu"}, "cpu"),
+])
+def test_the_plan_is_for_the_ranks_devices_not_the_planning_machines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict, device: str) -> None:
+    """The plan stage runs where Airflow runs it, mostly a machine without a GPU, and calls the planner with no
+    device (as here): a Slurm or Kubernetes GPU job is still planned for GPUs, by what the engine section asks
+    for or `cluster.device`. Planned for CPU ranks instead, Llama 70B on 32 GPUs was refused: the host's process
+    memory (the tensors plus the checkpoint snapshot, 95 GiB) held against the GPU's 80 GiB, and precision auto
+    read as fp32."""
+    cfg = _write(tmp_path, model={**LLAMA_70B, "rope_theta": 500000.0}, parallel=LLAMA_70B_ON_32_GPUS,
+                 train={"micro_batch_size": 1, "activation_checkpointing": True},
+                 cluster={"gpus_per_node": 8, "gpu_memory_gib": 80, **cluster})
+    code = main([str(cfg), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["precision"] == ("bf16" if device == "gpu" else "fp32")
+    assert (code, doc["fits"]) == ((0, True) if device == "gpu" else (3, False)), doc["memory"]
+    memory = doc["memory"]
+    if device == "gpu":  # the device holds the tensors, the host the runtime and the save's snapshot
+        assert memory["total"] < 80 * 2**30 and memory["process_phase"] == "saving"
+        assert memory["process_peak"] == memory["process_runtime"] + memory["checkpoint_snapshot"]
+    else:
+        assert memory["process_phase"] == "training + snapshot" and memory["process_peak"] > 80 * 2**30
+
+
 def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err
