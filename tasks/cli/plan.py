@@ -102,7 +102,7 @@ def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> in
     """Print the budget (or the ranked layouts); the exit code says whether it fits. `packed`: the training data
     is a chat dataset."""
     from tasks.plan.budget import plan
-    from tasks.plan.render import gib, render, render_search
+    from tasks.plan.render import render, render_search, shortfall
     from tasks.plan.search import search
     from tasks.plan.serving import serving_estimate
 
@@ -123,9 +123,7 @@ def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> in
     else:
         print(render(result, serving))
     if not result.fits:
-        o = result.overflow or {}
-        print(f"retrainer: plan does not fit: {gib(o.get('by_bytes', 0))} over capacity; "
-              f"largest term {o.get('term')}", file=sys.stderr)
+        print(f"retrainer: plan does not fit: {shortfall(result)}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return EXIT_FITS
 

@@ -191,6 +191,9 @@ class ClusterConfig(Strict):
         "Slurm partition that gives GPUs without --gpus-per-node, say gpu). The ranks refuse a node that "
         "is not what this names")
     gpu_memory_gib: float = Field(80.0, gt=0, description="GiB per GPU")
+    host_memory_gib: float | None = Field(None, gt=0, description="GiB of host RAM per node: the process memory of "
+                                          "a node's ranks together (on GPUs their runtime and every save's host "
+                                          "snapshot; on CPU everything) must fit it; unset: not checked")
     gpus_per_node: int = Field(8, ge=1, le=MAX_RANKS, description="GPUs in one node: the planner's node size (the "
                                "engine sections' gpus_per_node is what a job asks for)")
     intra_node_gbytes_per_s: float = Field(450.0, gt=0, description="GB/s per GPU inside a node (NVLink)")

@@ -7,13 +7,14 @@ source in the docstring or the `assumptions` list so a reader can check it by ha
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
-from tasks.plan.evaluation import evaluation_budget
+from tasks.plan.evaluation import evaluation_budget, evaluation_layout
+from tasks.plan.host import node_peak_bytes
 from tasks.plan.layout import ranks_per_node, validate_layout
 from tasks.plan.packing import packing_bytes
 from tasks.plan.process import process_memory
@@ -86,6 +87,8 @@ class Memory:
     weights_file_pages: int = 0
     process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
     process_phase: str = ""  # what peaks: training, saving, training + snapshot, loading
+    host_node_peak: int = 0  # host RSS of the busiest node's ranks together (tasks/plan/host.py)
+    host_capacity: int | None = None  # cluster.host_memory_gib; None: not checked
 
 
 @dataclass(frozen=True)
@@ -405,10 +408,21 @@ def plan(
     evaluation = evaluation_budget(cfg, capacity, cpu, packed)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
     process_fits = not cpu or mem.process_peak <= capacity
-    fits = mem.total <= capacity and evaluation["fits"] and process_fits
+    per_node = ranks_per_node(c)[0]
+    eval_ranks = min(per_node, evaluation_layout(cfg).parallel.layout.world_size)  # each as the busiest one
+    host_node = max(node_peak_bytes(p.layout, per_node, [s["process_total"] for s in per_stage]),
+                    eval_ranks * evaluation["process_total"])
+    host_capacity = None if c.host_memory_gib is None else int(c.host_memory_gib * GIB)
+    mem = replace(mem, host_node_peak=host_node, host_capacity=host_capacity)
+    host_fits = host_capacity is None or host_node <= host_capacity
+    fits = mem.total <= capacity and evaluation["fits"] and process_fits and host_fits
     overflow = None
     warnings: list[str] = []
-    if not process_fits and mem.total <= capacity:
+    if not host_fits and mem.total <= capacity and evaluation["fits"] and process_fits:
+        assert host_capacity is not None
+        overflow = {"term": "host_memory", "term_bytes": host_node, "by_bytes": host_node - host_capacity,
+                    "total_bytes": host_node, "capacity_bytes": host_capacity, "stage": process_stage["stage"]}
+    elif not process_fits and mem.total <= capacity:
         overflow = {"term": "process", "term_bytes": mem.process_peak, "by_bytes": mem.process_peak - capacity,
                     "total_bytes": mem.process_peak, "capacity_bytes": capacity, "stage": process_stage["stage"]}
     elif not evaluation["fits"] and mem.total <= capacity:
@@ -558,4 +572,6 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "ZeRO-1/2's two gradient-sized partition copies in place of the freed activations), a save (weights, "
         "gradients, optimizer states and their host snapshot; a run that saves before its last step: the next "
         "step with the snapshot on top) and the load of starting weights; on CPU it must fit the capacity",
+        "host memory per node (tasks/plan/host.py): the process peaks of a node's ranks added up (ranks placed "
+        "node-major), or of its evaluation ranks; checked against cluster.host_memory_gib when that is set",
     ]

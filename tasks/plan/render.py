@@ -20,6 +20,17 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
+def shortfall(r: Plan) -> str:
+    """Why a plan does not fit, in one line (the CLI, the table and the plan task's error say the same)."""
+    o = r.overflow or {}
+    if o.get("term") == "host_memory":
+        return (f"{gib(o['by_bytes'])} over cluster.host_memory_gib ({gib(o['capacity_bytes'])}) on a node: its "
+                f"ranks' host memory together {gib(o['total_bytes'])}")
+    if not o:
+        return "does not fit"
+    return f"{gib(o['by_bytes'])} over on stage {o['stage']}; largest term {o['term']} ({gib(o['term_bytes'])})"
+
+
 def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     """A short human table."""
     lay = r.layout
@@ -42,6 +53,9 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
                  f"{gib(m.zero_step_buffers)}, checkpoint snapshot {gib(m.checkpoint_snapshot)}, "
                  f"weights file pages {gib(m.weights_file_pages)}; "
                  f"peak {gib(m.process_peak)} ({m.process_phase})")
+    lines.append(f"host memory per node (its ranks' process peaks together): {gib(m.host_node_peak)}"
+                 + (f" of {gib(m.host_capacity)}" if m.host_capacity is not None
+                    else " (cluster.host_memory_gib unset: not checked)"))
     lines += [
         "per step:",
         f"  FLOPs {s.flops_total:.3e} ({s.flops_per_gpu:.3e}/GPU), compute {_ms(s.compute_s)}",
@@ -62,9 +76,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
                      f"{serving['kv_cache_bytes_per_token']} B/token x {serving['concurrency']} x "
                      f"{serving['context']} = {gib(serving['serving_bytes'])}")
     if r.overflow:
-        o = r.overflow
-        lines.append(f"DOES NOT FIT: {gib(o['by_bytes'])} over on stage {o['stage']}; largest term {o['term']} "
-                     f"({gib(o['term_bytes'])})")
+        lines.append(f"DOES NOT FIT: {shortfall(r)}")
     lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 

@@ -159,6 +159,7 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
     over beside a stopped run of another global batch (tasks/train/other_batch.py), is refused unless forced.
     Data this machine has cached already that the model cannot read is refused whatever `force` says."""
     from tasks.plan import plan
+    from tasks.plan.render import shortfall
     from tasks.train.other_batch import stopped_at_another_batch
 
     refuse_cached_data(cfg, run)
@@ -175,7 +176,7 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
         log.warning("plan: %s", warning)
     if not result.fits:
         if not force:
-            raise PlanDoesNotFitError(f"plan: {result.verdict} (force to launch anyway)")
+            raise PlanDoesNotFitError(f"plan: {result.verdict}: {shortfall(result)} (force to launch anyway)")
         log.warning("plan says the launch cannot work; launching anyway because force is set")
     return result
 

@@ -196,6 +196,26 @@ def test_the_plan_is_for_the_ranks_devices_not_the_planning_machines(
         assert memory["process_phase"] == "training + snapshot" and memory["process_peak"] > 80 * 2**30
 
 
+def test_a_node_without_the_host_memory_for_its_ranks_saves_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama 70B on four 8-GPU Slurm nodes fits each GPU (62 GiB of 80), but every save copies each rank's model
+    states to host memory: ~33 GiB a rank, ~266 GiB a node. A node of 256 GiB would be OOM-killed at the first
+    save, hours in: the plan says so before the launch, naming the field; 512 GiB fits."""
+    def planned(host_gib: int) -> tuple[int, str]:
+        cfg = _write(tmp_path, model={**LLAMA_70B, "rope_theta": 500000.0}, parallel=LLAMA_70B_ON_32_GPUS,
+                     train={"micro_batch_size": 1, "activation_checkpointing": True},
+                     cluster={"launcher": "slurm", "slurm": {"nodes": 4, "gpus_per_node": 8}, "gpus_per_node": 8,
+                              "host_memory_gib": host_gib})
+        code = main([str(cfg)])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    code, text = planned(256)
+    assert code == 3 and "host memory per node (its ranks' process peaks together): 265.68 GiB of 256.00 GiB" in text
+    assert "retrainer: plan does not fit: 9.68 GiB over cluster.host_memory_gib (256.00 GiB) on a node" in text
+    assert planned(512)[0] == 0
+
+
 def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err

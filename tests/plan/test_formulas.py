@@ -303,3 +303,39 @@ def test_expert_parallelism_divides_the_experts_states_and_counts_the_all_to_all
     with pytest.raises(ConfigError, match=r"parallel\.ep \(2\) splits a mixture of experts' experts; model\.family "
                                           r"'gpt' has none"):
         make_config(parallel={"dp": 2}).with_overrides({"parallel.ep": 2})
+
+
+def test_a_nodes_host_memory_adds_up_the_ranks_placed_on_it() -> None:
+    """Ranks are placed node-major in the layout's order (TP innermost, then DP, then PP): with 4 ranks a node,
+    tp 2 x dp 2 x pp 2 puts stage 0 whole on node 0 and stage 1 on node 1; with 2 a node, each node holds one
+    stage's TP pair; a local job's one node holds every rank."""
+    from tasks.plan.host import node_peak_bytes
+
+    layout = Layout(tp=2, pp=2, dp=2)
+    assert node_peak_bytes(layout, 4, [10, 7]) == 40
+    assert node_peak_bytes(layout, 2, [10, 7]) == 20
+    assert node_peak_bytes(layout, 8, [10, 7]) == 4 * 10 + 4 * 7
+    assert node_peak_bytes(Layout(tp=1, pp=4, dp=1), 2, [1, 2, 3, 9]) == 12  # node 1: stages 2 and 3
+
+
+def test_the_plan_holds_a_nodes_ranks_against_its_host_memory() -> None:
+    """Every rank of a node snapshots its model states to host memory at a save: the plan adds the node's ranks'
+    process peaks (or its evaluation ranks') and refuses a node whose `cluster.host_memory_gib` cannot hold them,
+    naming the field; unset, the figure is printed and nothing is refused."""
+    from tasks.plan.render import gib, shortfall
+
+    cfg = make_config(parallel={"tp": 1, "pp": 2, "dp": 2}, cluster={"gpus_per_node": 4})
+    free = plan(cfg, device="gpu")
+    training = 2 * sum(s["process_total"] for s in free.stages)  # one node: both stages, two DP ranks each
+    assert free.memory.host_node_peak == max(training, 4 * free.evaluation["process_total"])
+    assert free.memory.host_capacity is None and free.fits
+    assert "host memory per node" in render(free) and "not checked" in render(free)
+    roomy = plan(cfg.with_overrides({"cluster.host_memory_gib": free.memory.host_node_peak / 2**30}), device="gpu")
+    assert roomy.fits and roomy.memory.host_capacity == free.memory.host_node_peak
+    tight = plan(cfg.with_overrides({"cluster.host_memory_gib": free.memory.host_node_peak / 2**30 / 2}),
+                 device="gpu")
+    assert not tight.fits and tight.overflow is not None and tight.overflow["term"] == "host_memory"
+    assert tight.overflow["by_bytes"] == free.memory.host_node_peak - tight.memory.host_capacity
+    assert shortfall(tight) == (f"{gib(tight.overflow['by_bytes'])} over cluster.host_memory_gib "
+                                f"({gib(tight.memory.host_capacity)}) on a node: its ranks' host memory together "
+                                f"{gib(free.memory.host_node_peak)}")
