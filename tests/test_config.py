@@ -170,6 +170,13 @@ def test_overrides_are_validated() -> None:
         (lambda c: c.update(tracking={"mlflow_uri": "https://me:hunter22@mlflow.example"}),
          r"tracking\.mlflow_uri(.|\n)*MLFLOW_TRACKING_PASSWORD"),
         (lambda c: c.update(tracking={"wandb": True}), r"tracking\.wandb"),
+        (lambda c: (c["train"].update(precision="bf16"), c["cluster"].update(device="cpu")),
+         r"train\.precision bf16 needs GPU ranks, and cluster\.device says they are CPU ranks"),
+        (lambda c: (c["train"].update(precision="bf16"),
+                    c["cluster"].update(launcher="kubernetes", kubernetes={"gpus_per_node": 0})),
+         r"and cluster\.kubernetes\.gpus_per_node says they are CPU ranks"),
+        (lambda c: c["cluster"].update(device="tpu"), r"cluster\.device"),
+        (lambda c: c["cluster"].update(host_memory_gib=0), r"cluster\.host_memory_gib"),
     ],
 )
 def test_invalid_layouts_name_the_field(tmp_path: Path, mutate, message: str) -> None:

@@ -298,6 +298,9 @@ class JobConfig(Strict):
                 raise ValueError(f"evaluate.parallel.pp ({e.pp}) cannot exceed model.n_layers ({m.n_layers})")
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError("parallel.zero_stage must be 0 or 1 with pipeline parallelism (pp > 1)")
+        if self.train.precision == "bf16" and (device := self.cluster.ranks_device) and device[0] == "cpu":
+            raise ValueError(f"train.precision bf16 needs GPU ranks, and {device[1]} says they are CPU ranks; "
+                             "use auto or fp32")
         batch = self.train.micro_batch_size * p.micro_batches * p.dp
         if batch > MAX_BATCH:
             raise ValueError(f"the global batch of {batch} (train.micro_batch_size x parallel.micro_batches x "
