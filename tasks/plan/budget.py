@@ -7,7 +7,7 @@ source in the docstring or the `assumptions` list so a reader can check it by ha
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tasks.config.schema import JobConfig, ParallelConfig
@@ -383,6 +383,12 @@ def plan(
     busiest = max(per_stage, key=lambda s: (s["total"], -s["stage"]))
     process_stage = max(per_stage, key=lambda s: (s["process_total"], -s["stage"]))
     capacity = int((c.gpu_memory_gib - reserve_gib) * GIB)
+    evaluation = evaluation_budget(cfg, capacity, cpu, packed)
+    per_node = ranks_per_node(c)[0]
+    eval_ranks = min(per_node, evaluation_layout(cfg).parallel.layout.world_size)  # each as the busiest one
+    host_node = max(node_peak_bytes(p.layout, per_node, [s["process_total"] for s in per_stage]),
+                    eval_ranks * evaluation["process_total"])
+    host_capacity = None if c.host_memory_gib is None else int(c.host_memory_gib * GIB)
     mem = Memory(
         weights=busiest["weights"],
         gradients=busiest["gradients"],
@@ -400,20 +406,15 @@ def plan(
         weights_file_pages=process_stage["process"]["weights_file_pages"],
         process_peak=process_stage["process_total"],
         process_phase=process_stage["process_phase"],
+        host_node_peak=host_node,
+        host_capacity=host_capacity,
     )
 
     step = _step(cfg, busiest, b)
     n_total, n_active = get_family(m.family).total_params(m), get_family(m.family).active_params(m)
 
-    evaluation = evaluation_budget(cfg, capacity, cpu, packed)
     # On CPU the capacity is the host's, and the process peak is what it must hold.
     process_fits = not cpu or mem.process_peak <= capacity
-    per_node = ranks_per_node(c)[0]
-    eval_ranks = min(per_node, evaluation_layout(cfg).parallel.layout.world_size)  # each as the busiest one
-    host_node = max(node_peak_bytes(p.layout, per_node, [s["process_total"] for s in per_stage]),
-                    eval_ranks * evaluation["process_total"])
-    host_capacity = None if c.host_memory_gib is None else int(c.host_memory_gib * GIB)
-    mem = replace(mem, host_node_peak=host_node, host_capacity=host_capacity)
     host_fits = host_capacity is None or host_node <= host_capacity
     fits = mem.total <= capacity and evaluation["fits"] and process_fits and host_fits
     overflow = None
