@@ -150,8 +150,6 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
     (named by digest, written only after verification); a pretrained directory is warmed into
     `<cache_dir>/models/`, checked whole as it enters (tasks/models/intake.py); every other's shapes
     are checked here, before any rank starts, so weights of another model fail naming the tensor."""
-    from tasks.models.weights import check_shapes  # torch: planning a run and the launchers never load it
-
     model = ModelConfig.model_validate(src.model)
     path = weights_path(init, src.cache_dir)
     if path is None:
@@ -174,5 +172,7 @@ def fetch_weights(init: StartingWeights, src: WeightSources) -> Path | None:
             if not path.is_file():
                 log.info("starting weights: fetching %s (sha256 %s) into %s", init.note, init.digest[:12], path)
                 store.get(init.digest, path)
+    from tasks.models.weights import check_shapes  # torch (~1 s): only where there are weights to check
+
     check_shapes(path, model)
     return path
