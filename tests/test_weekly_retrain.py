@@ -178,3 +178,22 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     assert (move["action"], move["from_version"], move["to_version"]) == ("promote", 3, 1)
     assert move["reason"].startswith("v1 answers best; gate: evaluate.gate.rules[0] (heldout.loss min, threshold 100)")
 
+
+
+def test_a_run_whose_node_cannot_hold_its_ranks_stops_at_the_plan_naming_the_field(tmp_path: Path) -> None:
+    """The week's run on a node too small for its ranks' host memory (`cluster.host_memory_gib`: here less than
+    two ranks' runtime) stops at the plan, before any rank or run directory exists, and says why: the term, by how
+    much, and the field to change (the plan task's error in Airflow is this one)."""
+    config = week_config(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["cluster"]["host_memory_gib"] = 0.25
+    config.write_text(yaml.safe_dump(cfg))
+    assert retrainer("db", "upgrade", "--db", f"sqlite:///{tmp_path / 'registry.db'}", tmp=tmp_path).returncode == 0
+    assert retrainer("make-data", str(config), "--tokens-per-shard", "16384", tmp=tmp_path).returncode == 0
+    done = retrainer("run", str(config), tmp=tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    error = [line for line in done.stderr.splitlines() if line.startswith("retrainer: error:")]
+    assert error and "plan: does_not_fit: " in error[0] and "over cluster.host_memory_gib (256.00 MiB) on a node: " \
+        "its ranks' host memory together" in error[0], done.stderr[-2000:]
+    assert "launching" not in done.stderr and not Path(cfg["train"]["output_dir"]).exists()
+    assert "activation_checkpointing" not in done.stderr  # recomputation frees device memory, not the host's

@@ -452,7 +452,7 @@ def plan(
             f"pipeline bubble is {step.bubble_fraction:.0%} (> {bubble_warn:.0%}): "
             f"raise parallel.micro_batches above {p.micro_batches} or lower pp"
         )
-    if not t.activation_checkpointing and not fits and mem.activations_with_recompute < mem.activations:
+    if not t.activation_checkpointing and mem.total > capacity and mem.activations_with_recompute < mem.activations:
         saved = mem.activations - mem.activations_with_recompute
         if mem.total - saved <= capacity:
             warnings.append("would fit with train.activation_checkpointing: true")

@@ -339,3 +339,18 @@ def test_the_plan_holds_a_nodes_ranks_against_its_host_memory() -> None:
     assert shortfall(tight) == (f"{gib(tight.overflow['by_bytes'])} over cluster.host_memory_gib "
                                 f"({gib(tight.memory.host_capacity)}) on a node: its ranks' host memory together "
                                 f"{gib(free.memory.host_node_peak)}")
+
+
+def test_the_recompute_hint_is_given_only_where_recomputation_would_make_it_fit() -> None:
+    """A device overflowing by its activations is told that `train.activation_checkpointing` would fit it; a plan
+    refused for a node's host memory is not (recomputation frees device memory, not the host's)."""
+    cfg = make_config(model={"seq_len": 2048}, train={"micro_batch_size": 8})
+    loose = plan(cfg, device="gpu")
+    saved = loose.memory.activations - loose.memory.activations_with_recompute
+    assert saved > 0
+    between = (loose.memory.total - saved / 2) / 2**30  # fits only with recomputation
+    tight = plan(cfg.with_overrides({"cluster.gpu_memory_gib": between}), device="gpu")
+    assert not tight.fits and "would fit with train.activation_checkpointing: true" in tight.warnings
+    host = plan(cfg.with_overrides({"cluster.host_memory_gib": 0.1}), device="gpu")
+    assert not host.fits and host.overflow is not None and host.overflow["term"] == "host_memory"
+    assert not [w for w in host.warnings if "activation_checkpointing" in w]
