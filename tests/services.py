@@ -53,18 +53,35 @@ def require_binary(name: str) -> str:
 TEST_PORTS = range(30000, 32768)
 
 
+_handed_out: set[int] = set()
+
+
+def _worker_ports() -> range:
+    """This xdist worker's own slice of TEST_PORTS: a port handed out here is never handed to another worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index, count = int(worker.removeprefix("gw")), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = len(TEST_PORTS) // count
+    return TEST_PORTS[index * size:(index + 1) * size]
+
+
 def free_port() -> int:
-    """A port free now, from TEST_PORTS, at random so two workers rarely pick the same one."""
+    """A port free now, from this worker's slice of TEST_PORTS, never handed out before in this session: a port
+    reserved early and bound late (a DAG config's rendezvous port, used minutes later) is not handed to a server
+    started in between (seen: a standalone's training failing with EADDRINUSE on its config's port)."""
     rng = random.SystemRandom()
+    candidates = [port for port in _worker_ports() if port not in _handed_out]
     for _ in range(200):
-        port = rng.choice(TEST_PORTS)
+        if not candidates:
+            break
+        port = candidates.pop(rng.randrange(len(candidates)))
+        _handed_out.add(port)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {TEST_PORTS}")
+    raise RuntimeError(f"no free port left in {_worker_ports()}")
 
 
 def stop_daemon(proc: subprocess.Popen, timeout_s: float) -> None:
