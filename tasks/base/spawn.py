@@ -17,6 +17,12 @@ stopped are reported after. The ranks stay in its process group and get SIGTERM 
 (`die_with_parent`). It lives outside `tasks.launch`, whose package loads the config layer (0.7 s), and
 imports nothing but the standard library (and tasks/base/rank_failure.py, which imports nothing else).
 
+On a node without GPUs it forks the ranks instead (`forks_ranks`): a rank program `-m MODULE` whose module has a
+`preload(args)` (tasks/train/start.py: torch, DeepSpeed and the worker module, 1.6 s of CPU) is imported once
+here and each rank is forked from this process, so a node pays the imports once instead of once per rank
+(they were most of a CPU job's start-up and of the test suite's CPU). Never where a GPU may be used: CUDA does
+not survive a fork of a process that touched it, so there every rank is its own new process, as above.
+
     python -m tasks.base.spawn --nnodes=N --node-rank=R --nproc-per-node=P --master-addr=A --master-port=M
                                  (-m MODULE | SCRIPT) [ARGS...]
 """
@@ -25,14 +31,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import importlib
+import io
 import logging
 import os
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -104,7 +115,97 @@ def rank_environment(args: argparse.Namespace, local_rank: int) -> dict[str, str
     }
 
 
-def _stop(ranks: list[subprocess.Popen], grace_s: float) -> None:
+# Device files of an accelerator torch may drive (NVIDIA, AMD ROCm, WSL's GPU): a node with one never forks ranks.
+_ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+_PR_SET_NAME = 15
+
+
+class ForkedRank:
+    """A rank forked from this process: what `_run` and `_stop` use of a `subprocess.Popen`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reaped(self, flags: int) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N for signal N, as Popen's
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reaped(os.WNOHANG)
+
+    def wait(self) -> int | None:
+        return self._reaped(0)
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def forks_ranks(target: Sequence[str]) -> bool:
+    """Whether this node's ranks are forked from this process, which has then imported what each of them imports:
+    a rank program `-m MODULE` with a `preload(args)` function, on a node with no accelerator device. A preload
+    that fails starts the ranks as processes of their own, which meet the same failure and report it as ranks."""
+    if len(target) < 2 or target[0] != "-m" or any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES):
+        return False
+    try:
+        preload = getattr(importlib.import_module(target[1]), "preload", None)
+        if preload is None:
+            return False
+        preload(list(target[2:]))
+    except Exception as exc:
+        log.warning("could not preload the ranks' program (%s: %s): starting each rank as a new process",
+                    type(exc).__name__, exc)
+        return False
+    return True
+
+
+def _fork_rank(target: Sequence[str], env: dict[str, str]) -> ForkedRank:
+    """Fork one rank running `-m MODULE ARGS` as `__main__` with `env` added, as a new process would: default
+    signal handlers, no logging configured, `sys.argv` its own; it never returns into this module's loop."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedRank(pid)
+    code = 1
+    try:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with_parent()
+        os.environ.update(env)
+        import ctypes  # `ps -o comm` / top name the rank (its command line is its spawner's)
+
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, f"rank {env['RANK']}".encode(), 0, 0, 0)
+        logging.root.handlers.clear()
+        for name in ("stdout", "stderr"):  # unbuffered, as `python -u` starts a rank
+            stream = getattr(sys, name)
+            setattr(sys, name, io.TextIOWrapper(open(stream.fileno(), "wb", buffering=0, closefd=False),  # noqa: SIM115
+                                                encoding=stream.encoding, errors=stream.errors, write_through=True))
+        sys.argv = [target[1], *target[2:]]
+        sys.modules.pop(target[1])  # run as `__main__` beside no copy of itself, as in a new process
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _stop(ranks: list[subprocess.Popen] | list[ForkedRank], grace_s: float) -> None:
     """SIGTERM the live ranks (SIGCONT too: a stopped one must see it), SIGKILL those left after the grace."""
     for proc in ranks:
         if proc.poll() is None:
@@ -149,12 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, target: list[str], errors: Path, stop_signal: list[int]) -> int:
-    cmd = [sys.executable, "-u", *target]
     first = args.node_rank * args.nproc_per_node
     error_files = [errors / f"rank-{first + local}.json" for local in range(args.nproc_per_node)]
-    ranks = [subprocess.Popen(cmd, env={**os.environ, **rank_environment(args, local),
-                                        ERROR_FILE_VAR: str(error_files[local])}, preexec_fn=die_with_parent)
-             for local in range(args.nproc_per_node)]
+    envs = [{**rank_environment(args, local), ERROR_FILE_VAR: str(error_files[local])}
+            for local in range(args.nproc_per_node)]
+    ranks: list[subprocess.Popen] | list[ForkedRank]
+    if forks_ranks(target):
+        ranks = [_fork_rank(target, env) for env in envs]
+    else:
+        ranks = [subprocess.Popen([sys.executable, "-u", *target], env={**os.environ, **env},
+                                  preexec_fn=die_with_parent) for env in envs]
     while True:
         codes = [proc.poll() for proc in ranks]
         failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
@@ -179,4 +284,10 @@ def _run(args: argparse.Namespace, target: list[str], errors: Path, stop_signal:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # as log_for_relay
-    sys.exit(main())
+    code = main()
+    # No interpreter teardown: with the ranks' imports preloaded, torch's and DeepSpeed's would take ~0.5 s
+    # after the job is done (the ranks leave the same way: tasks/train/rank.py `exit_without_teardown`).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

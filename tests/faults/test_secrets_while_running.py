@@ -70,11 +70,12 @@ def tagged_ranks(under: Path):
     import psutil
 
     from tasks.launch.procs import TAG_VAR
+    from tests.launch.helpers import is_rank
 
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "tests.hooks.worker" in cmd and "tasks.base.spawn" not in cmd and str(under) in " ".join(cmd):
+        if "tests.hooks.worker" in cmd and str(under) in " ".join(cmd) and is_rank(proc):
             try:
                 if f"{TAG_VAR}=".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes():
                     found.append(proc)

@@ -61,10 +61,16 @@ def wait_for_step(output_dir: str | Path, step: int, proc: subprocess.Popen[byte
     raise AssertionError(f"no step {step} in {path} after {timeout_s}s")
 
 
-def is_rank(cmdline: list[str]) -> bool:
-    """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not its spawner or agent."""
-    return bool({"tasks.train.worker", "tests.hooks.worker"} & set(cmdline)) and not (
-        {"tasks.base.spawn", "tasks.launch.agent"} & set(cmdline))
+def is_rank(proc: psutil.Process) -> bool:
+    """A training rank itself (`-m tasks.train.worker` or the hooked `tests.hooks.worker`), not its spawner or agent:
+    a rank the spawner forked (a node without GPUs, tasks/base/spawn.py) has its spawner's command line and is
+    named `rank N`; one it started as a new process names the worker module itself."""
+    cmdline = set(proc.cmdline())
+    if not {"tasks.train.worker", "tests.hooks.worker"} & cmdline:
+        return False
+    if proc.name().startswith("rank "):
+        return True
+    return not {"tasks.base.spawn", "tasks.launch.agent"} & cmdline
 
 
 def training_processes(output_dir: str | Path) -> list[psutil.Process]:

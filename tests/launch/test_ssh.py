@@ -70,7 +70,7 @@ def test_hung_rank_is_detected_and_the_job_cancelled_on_every_node(netns_hosts: 
     def hang_the_rank_on_node_2() -> None:
         wait_for_step(cfg.train.output_dir, 2)
         ranks = [p for p in training_processes(cfg.train.output_dir)
-                 if p.pid in netns_hosts.pids(1) and is_rank(p.cmdline())]
+                 if p.pid in netns_hosts.pids(1) and is_rank(p)]
         ranks[0].send_signal(signal.SIGSTOP)
         stopped.append(ranks[0].pid)
 
@@ -123,7 +123,7 @@ def test_no_secret_reaches_a_node_argv_or_the_run_dir_while_running_or_after_a_k
     with launched(cfg, dataset, env, tmp_path / "launcher.log") as launcher:
         wait_for_step(out, 2, launcher)
         on_nodes = netns_hosts.training_pids(0) + netns_hosts.training_pids(1)
-        assert len([p for p in training_processes(out) if is_rank(p.cmdline())]) == 2
+        assert len([p for p in training_processes(out) if is_rank(p)]) == 2
         assert argv_containing(values, netns_hosts.names) == []
         assert environments_containing(on_nodes, values) == []
         run_files = [p for p in out.iterdir() if p.is_file() and p.suffix == ".json"]
