@@ -1,10 +1,12 @@
 """`tasks.base.spawn`, the node's rank starter: torchrun's environment for each rank, one failed rank stops the
-node, a stop signal stops every rank, and a bad command line is refused naming the flag. Its ranks here are
-small Python programs (the training ranks run under it in every launcher test)."""
+node, a stop signal stops every rank, and a bad command line is refused naming the flag; on a node without GPUs,
+a rank program with a `preload` is imported once and its ranks are forked, each running it as `__main__` as a new
+process would. Its ranks here are small Python programs (the training ranks run under it in every launcher test)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +15,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from tasks.base import spawn
 from tests.conftest import ROOT
 
 
@@ -26,6 +30,17 @@ def _rank_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "rank.py"
     script.write_text("import json, os, sys, time\nout = sys.argv[1]\nrank = int(os.environ['RANK'])\n" + body)
     return script
+
+
+def _rank_program(tmp_path: Path, body: str, forked: bool) -> tuple[list[str], dict[str, str]]:
+    """The spawner's target running `body` as each rank, and its environment: a script (a new process per rank),
+    or with `forked` a module with a `preload` (forked from the spawner here: no GPU device on the test machine)."""
+    if not forked:
+        return [str(_rank_script(tmp_path, body))], dict(os.environ)
+    main = "import json, os, sys, time\nout = sys.argv[1]\nrank = int(os.environ['RANK'])\n" + body
+    (tmp_path / "rankmod.py").write_text("def preload(args):\n    pass\n\n\nif __name__ == '__main__':\n"
+                                         + "".join(f"    {line}\n" for line in main.splitlines()))
+    return ["-m", "rankmod"], {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
 
 
 def test_each_rank_gets_torchruns_environment_on_its_node(tmp_path: Path) -> None:
@@ -95,13 +110,14 @@ def test_the_first_failure_by_time_is_reported_with_its_exception_not_the_lowest
     assert list(scratch.iterdir()) == []  # the ranks' error files went with the spawner
 
 
-def test_sigterm_stops_every_rank_even_one_that_ignores_it(tmp_path: Path) -> None:
-    script = _rank_script(tmp_path, (
+@pytest.mark.parametrize("forked", [False, True], ids=["processes", "forked"])
+def test_sigterm_stops_every_rank_even_one_that_ignores_it(tmp_path: Path, forked: bool) -> None:
+    target, env = _rank_program(tmp_path, (
         "import signal\n"
         "if rank == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "open(f'{out}/started-{rank}', 'w').close()\n"
-        "time.sleep(600)\n"))
-    proc = _spawn("--nproc-per-node=2", "--grace", "1", str(script), str(tmp_path))
+        "time.sleep(600)\n"), forked)
+    proc = _spawn("--nproc-per-node=2", "--grace", "1", *target, str(tmp_path), env=env)
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("started-*"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -114,9 +130,10 @@ def test_sigterm_stops_every_rank_even_one_that_ignores_it(tmp_path: Path) -> No
     assert not [r for r in ranks if r.is_running() and r.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_a_sigkilled_spawner_takes_its_ranks_with_it(tmp_path: Path) -> None:
-    script = _rank_script(tmp_path, "open(f'{out}/started-{rank}', 'w').close()\ntime.sleep(600)\n")
-    proc = _spawn("--nproc-per-node=2", str(script), str(tmp_path))
+@pytest.mark.parametrize("forked", [False, True], ids=["processes", "forked"])
+def test_a_sigkilled_spawner_takes_its_ranks_with_it(tmp_path: Path, forked: bool) -> None:
+    target, env = _rank_program(tmp_path, "open(f'{out}/started-{rank}', 'w').close()\ntime.sleep(600)\n", forked)
+    proc = _spawn("--nproc-per-node=2", *target, str(tmp_path), env=env)
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("started-*"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -135,3 +152,91 @@ def test_a_node_that_does_not_exist_is_refused_naming_the_flags(tmp_path: Path) 
     proc = _spawn("--nproc-per-node=1")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "module (-m MODULE) or script is missing" in err
+
+
+PROGRAM = '''
+import json, os, signal, sys
+
+
+
+def preload(args):
+    if args == ["--fail-preload"]:
+        raise ImportError("no such worker")
+    open(os.path.join(os.environ["OUT"], f"preloaded-{os.getpid()}"), "w").close()
+
+
+if __name__ == "__main__":
+    import logging
+    logging.basicConfig(level=logging.INFO, format="OWN %(message)s")  # a rank sets up its own logging
+    logging.getLogger("prog").info("configured")
+    out = {"rank": os.environ["RANK"], "world": os.environ["WORLD_SIZE"], "argv": sys.argv[1:],
+           "pid": os.getpid(), "ppid": os.getppid(), "copies": [m for m in sys.modules if "forkprog" in m],
+           "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+           "name": open("/proc/self/comm").read().strip()}
+    with open(os.path.join(os.environ["OUT"], "rank" + os.environ["RANK"] + ".json"), "w") as fh:
+        json.dump(out, fh)
+    if os.environ["RANK"] == "1" and "--raise" in sys.argv:
+        raise ValueError("rank one refuses")
+'''
+
+
+def _spawn_forkprog(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "forkprog.py").write_text(PROGRAM)
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    proc = _spawn("--nproc-per-node=2", "-m", "forkprog", *args, env=env)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _ranks(tmp_path: Path) -> list[dict]:
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_ranks_are_forked_from_the_spawner_that_preloaded_their_program_once(tmp_path: Path) -> None:
+    done = _spawn_forkprog(tmp_path, "--out", "x")
+    assert done.returncode == 0, done.stderr
+    ranks = _ranks(tmp_path)
+    spawner = {r["ppid"] for r in ranks}
+    assert len(spawner) == 1 and len({r["pid"] for r in ranks}) == 2
+    # Preloaded once, in the spawner (the pid the preload ran in is the ranks' parent), before the fork; each
+    # rank runs it as `__main__` beside no second copy of itself, as a new process would.
+    assert [p.name for p in tmp_path.glob("preloaded-*")] == [f"preloaded-{pid}" for pid in spawner]
+    assert [r["copies"] for r in ranks] == [[], []]
+    assert [(r["rank"], r["world"], r["argv"], r["name"]) for r in ranks] == [
+        ("0", "2", ["--out", "x"], "rank 0"), ("1", "2", ["--out", "x"], "rank 1")]
+    assert all(r["sigterm_default"] for r in ranks)  # not the spawner's stop handler
+    assert done.stderr.count("OWN configured") == 2  # each rank's own logging, not the spawner's format
+
+
+def test_a_forked_ranks_exception_reaches_the_spawners_report(tmp_path: Path) -> None:
+    done = _spawn_forkprog(tmp_path, "--raise")
+    assert done.returncode == 1
+    assert "ValueError: rank one refuses" in done.stderr  # the rank's traceback
+    assert "rank 1 exited with code 1 without recording an exception" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_failed_preload_starts_each_rank_as_a_process_of_its_own(tmp_path: Path) -> None:
+    done = _spawn_forkprog(tmp_path, "--fail-preload")
+    assert done.returncode == 0, done.stderr
+    assert "could not preload the ranks' program (ImportError: no such worker)" in done.stderr
+    ranks = _ranks(tmp_path)
+    assert list(tmp_path.glob("preloaded-*")) == []
+    assert all(r["name"] != f"rank {r['rank']}" for r in ranks)  # run as `-m forkprog` in a new interpreter
+
+
+def test_no_fork_on_a_node_with_a_gpu_device_or_for_a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "forkprog.py").write_text(PROGRAM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    (tmp_path / "nvidia0").touch()
+    monkeypatch.setattr(spawn, "_ACCELERATOR_DEVICES", (str(tmp_path / "nvidia[0-9]*"),))
+    assert not spawn.forks_ranks(["-m", "forkprog"])
+    assert "forkprog" not in sys.modules  # not even imported
+    monkeypatch.setattr(spawn, "_ACCELERATOR_DEVICES", (str(tmp_path / "kfd"),))
+    assert not spawn.forks_ranks([str(tmp_path / "forkprog.py")])
+    with caplog.at_level(logging.WARNING, logger="tasks.base.spawn"):
+        assert not spawn.forks_ranks(["-m", "forkprog", "--fail-preload"])
+    assert "could not preload" in caplog.text
+    assert spawn.forks_ranks(["-m", "forkprog"])
+    del sys.modules["forkprog"]  # imported by the preload above
