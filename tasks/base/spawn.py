@@ -150,8 +150,9 @@ class ForkedRank:
 
 def forks_ranks(target: Sequence[str]) -> bool:
     """Whether this node's ranks are forked from this process, which has then imported what each of them imports:
-    a rank program `-m MODULE` with a `preload(args)` function, on a node with no accelerator device. A preload
-    that fails starts the ranks as processes of their own, which meet the same failure and report it as ranks."""
+    a rank program `-m MODULE` with a `preload(args)` function, on a node with no accelerator device, as long as
+    this process is still single-threaded after it. A preload that fails starts the ranks as processes of their
+    own, which meet the same failure and report it as ranks."""
     if len(target) < 2 or target[0] != "-m" or any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES):
         return False
     try:
@@ -162,6 +163,11 @@ def forks_ranks(target: Sequence[str]) -> bool:
     except Exception as exc:
         log.warning("could not preload the ranks' program (%s: %s): starting each rank as a new process",
                     type(exc).__name__, exc)
+        return False
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:  # a thread's locks (an OpenMP pool's, an allocator's) would be held forever in a forked copy
+        log.warning("preloading the ranks' program started %d threads: starting each rank as a new process",
+                    threads - 1)
         return False
     return True
 

@@ -162,6 +162,10 @@ import json, os, signal, sys
 def preload(args):
     if args == ["--fail-preload"]:
         raise ImportError("no such worker")
+    if args == ["--thread"]:
+        import threading, time
+        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        return
     open(os.path.join(os.environ["OUT"], f"preloaded-{os.getpid()}"), "w").close()
 
 
@@ -224,6 +228,14 @@ def test_a_failed_preload_starts_each_rank_as_a_process_of_its_own(tmp_path: Pat
     assert all(r["name"] != f"rank {r['rank']}" for r in ranks)  # run as `-m forkprog` in a new interpreter
 
 
+def test_a_preload_that_starts_a_thread_starts_each_rank_as_a_process_of_its_own(tmp_path: Path) -> None:
+    """A forked copy of a multi-threaded process would hold the other threads' locks forever."""
+    done = _spawn_forkprog(tmp_path, "--thread")
+    assert done.returncode == 0, done.stderr
+    assert "preloading the ranks' program started 1 threads: starting each rank as a new process" in done.stderr
+    assert all(r["name"] != f"rank {r['rank']}" for r in _ranks(tmp_path))
+
+
 def test_no_fork_on_a_node_with_a_gpu_device_or_for_a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "forkprog.py").write_text(PROGRAM)
@@ -238,5 +250,4 @@ def test_no_fork_on_a_node_with_a_gpu_device_or_for_a_script(tmp_path: Path, mon
     with caplog.at_level(logging.WARNING, logger="tasks.base.spawn"):
         assert not spawn.forks_ranks(["-m", "forkprog", "--fail-preload"])
     assert "could not preload" in caplog.text
-    assert spawn.forks_ranks(["-m", "forkprog"])
     del sys.modules["forkprog"]  # imported by the preload above
