@@ -60,10 +60,15 @@ def _children(pid: int) -> list[int]:
 
 
 def _rank_of(pid: int) -> int | None:
+    """The rank a process of the node is: a forked rank is named `rank N` (tasks/base/spawn.py), one started as a
+    process of its own has RANK in its environment."""
     try:
+        name = (Path("/proc") / str(pid) / "comm").read_text().strip()
         env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
     except OSError:
         return None
+    if name.startswith("rank "):
+        return int(name.removeprefix("rank "))
     for item in env:
         if item.startswith(b"RANK="):
             return int(item[5:])
