@@ -91,6 +91,15 @@ def summary_line(text: str) -> str:
     return SUMMARY_PREFIX + json.dumps(json.loads(text), separators=(",", ":"))
 
 
+def print_line(line: str) -> None:
+    """`line` and its newline to stdout in one write: a tagged line a launcher parses must not be split between its
+    text and its newline by the process's stderr, which shares the launcher's pipe (seen: an ssh node's warm
+    report and a log line on one line, the report unread; `print` writes the text and the newline apart when
+    stdout is unbuffered)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_tagged(line: str, prefix: str) -> dict[str, Any] | None:
     """The JSON object a `<prefix>{json}` relay line carries (summaries, warm reports), else None."""
     if not line.startswith(prefix):

@@ -30,7 +30,7 @@ from typing import Any
 
 from tasks.base.errors import RetrainerError
 from tasks.base.fsutil import atomic_write_json
-from tasks.base.job_status import Status, log_for_relay, now, parse_tagged, write_status
+from tasks.base.job_status import Status, log_for_relay, now, parse_tagged, print_line, write_status
 from tasks.data.report import refuse_unplanned
 from tasks.data.sources import DataSource, training_sources
 from tasks.runs.identity import StartingWeights
@@ -130,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         report = warm_node(spec)
     except (RetrainerError, KeyError, ValueError, OSError) as exc:
         reason = str(exc) if isinstance(exc, RetrainerError) else f"node {node_name()}: warm failed: {exc!r}"
-        print(REPORT_PREFIX + json.dumps({"node": node_name(), "error": reason}), flush=True)
+        print_line(REPORT_PREFIX + json.dumps({"node": node_name(), "error": reason}))
         if args.status_dir is not None:
             write_status(args.status_dir, Status(state="failed", step=0, steps=0, at=now(), reason=reason))
         return 1
     if args.report_dir is not None:
         args.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.report_dir / f"{report['node']}.json", report)
-    print(REPORT_PREFIX + json.dumps(report), flush=True)
+    print_line(REPORT_PREFIX + json.dumps(report))
     log.info("%s", describe(report))
     return 0
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.base.fsutil import atomic_write_bytes
-from tasks.base.job_status import log_for_relay, read_status, relay_line, summary_line
+from tasks.base.job_status import log_for_relay, print_line, read_status, relay_line, summary_line
 from tasks.base.spawn import die_with_parent
 from tasks.launch.procs import TAG_VAR, stop_all, tagged
 
@@ -78,7 +78,7 @@ class _StatusRelay:
         status = read_status(self.path)
         if status is not None and (line := relay_line(status)) != self._last:
             self._last = line
-            print(line, flush=True)
+            print_line(line)
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(0.5):
@@ -139,7 +139,7 @@ def _run(tag: str, cmd: Sequence[str], grace_s: float, cancel: threading.Event, 
     if leftovers:
         log.warning("agent: job exited %d leaving %d process(es); stopped them", rc, leftovers)
     if rc == 0 and relay_summary is not None and relay_summary.is_file():
-        print(summary_line(relay_summary.read_text()), flush=True)
+        print_line(summary_line(relay_summary.read_text()))
     return rc
 
 

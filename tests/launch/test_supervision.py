@@ -192,3 +192,31 @@ def test_a_ranks_failure_is_not_overwritten_by_another_ranks_progress(tmp_path: 
     write_status(tmp_path, Status(state="failed", step=4, steps=6, at=4.0, reason="peer gone", rank=0))
     got = read_status(tmp_path / "status.json")
     assert got is not None and got.reason == "peer gone"
+
+
+def test_a_tagged_line_reaches_the_pipe_in_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's warm report, a relayed status or summary: the node's stderr shares the launcher's pipe (over ssh:
+    another channel), so a line written as text and then newline could be split by a log line (seen in CI)."""
+    import io
+    import sys
+
+    from tasks.base.job_status import print_line
+
+    class Recorder(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:  # type: ignore[override]
+            self.writes.append(bytes(data))
+            return len(data)
+
+    raw = Recorder()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))  # stdout as `python -u` has it
+    print("RETRAINER-WARM {}", flush=True)
+    assert raw.writes == [b"RETRAINER-WARM {}", b"\n"]  # what `print` did: two writes, room for a line between
+    raw.writes.clear()
+    print_line('RETRAINER-WARM {"node": "n1"}')
+    assert raw.writes == [b'RETRAINER-WARM {"node": "n1"}\n']
