@@ -20,7 +20,8 @@ from tasks.train.rank import quiet_start_up
 
 def preload(args: list[str]) -> None:
     """What every rank running `MODULE ARGS` (`args`) imports, done before they are forked: the quiet start-up and
-    MODULE (as a module: its `__main__` part runs in each rank)."""
+    MODULE (as a module: its `__main__` part runs in each rank). MODULE's top-level code thus also runs once in the
+    spawner: a rank program keeps its side effects (patches, files, threads) under `if __name__ == "__main__"`."""
     quiet_start_up()
     importlib.import_module(args[0])
 
