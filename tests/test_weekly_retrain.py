@@ -179,7 +179,6 @@ def test_weekly_retrain_trains_on_new_data_from_production_and_respects_a_rollba
     assert move["reason"].startswith("v1 answers best; gate: evaluate.gate.rules[0] (heldout.loss min, threshold 100)")
 
 
-
 def test_a_run_whose_node_cannot_hold_its_ranks_stops_at_the_plan_naming_the_field(tmp_path: Path) -> None:
     """The week's run on a node too small for its ranks' host memory (`cluster.host_memory_gib`: here less than
     two ranks' runtime) stops at the plan, before any rank or run directory exists, and says why: the term, by how

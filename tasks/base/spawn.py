@@ -65,11 +65,16 @@ def die_with_parent() -> None:
     session) would keep training next to the retry. On SIGTERM this module stops its ranks, an
     ssh client's exit closes the remote agent's stdin (which then reaps its node).
     """
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, "PR_SET_PDEATHSIG")
+
+
+def _prctl(option: int, arg: int | bytes, what: str) -> None:
+    """prctl(2) of this process (Linux), raising OSError naming `what` where it fails."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({what}) failed")
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -187,9 +192,8 @@ def _fork_rank(target: Sequence[str], env: dict[str, str]) -> ForkedRank:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         die_with_parent()
         os.environ.update(env)
-        import ctypes  # `ps -o comm` / top name the rank (its command line is its spawner's)
-
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, f"rank {env['RANK']}".encode(), 0, 0, 0)
+        # `ps -o comm` and top name the rank (its command line is its spawner's).
+        _prctl(_PR_SET_NAME, f"rank {env['RANK']}".encode(), "PR_SET_NAME")
         logging.root.handlers.clear()
         for name in ("stdout", "stderr"):  # unbuffered, as `python -u` starts a rank
             stream = getattr(sys, name)
