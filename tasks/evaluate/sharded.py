@@ -11,10 +11,12 @@ Every DP replica is a complete model; replicas score different batches.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -33,6 +35,9 @@ from tasks.models.parallel import vocab_parallel_argmax
 from tasks.models.shapes import EVALUATION_PARTITION, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
+
+# Activations a stage may have sent that the next stage has not received yet (each one window's [1, T, d_model]).
+SENDS_IN_FLIGHT = 2
 
 
 @contextlib.contextmanager
@@ -98,11 +103,11 @@ class ShardedModel:
         """Per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the others); a packed
         batch's `packing` (positions, documents) is known to every rank of the replica, so only the activations
         cross the stages, `windows_per_forward` windows at a time. Collective over this DP replica's ranks."""
-        step = windows_per_forward(tokens.shape[0], self.pp)
-        scored = [self._forward_nll(tokens[i:i + step], targets[i:i + step],
-                                    None if packing is None else (packing[0][i:i + step], packing[1][i:i + step]))
-                  for i in range(0, tokens.shape[0], step)]
-        return None if scored[0] is None else torch.cat(scored)  # type: ignore[arg-type]
+        chunks = self._chunks(tokens)
+        scored = [self.token_nll(out, targets[rows].to(self.device))
+                  for rows, out in zip(chunks, self._forwards(tokens, chunks, packing), strict=True)
+                  if out is not None]
+        return torch.cat(scored) if self.last_stage else None
 
     @torch.no_grad()
     def loglikelihoods(self, tokens: torch.Tensor, targets: torch.Tensor
@@ -110,12 +115,11 @@ class ShardedModel:
         """Per-token NLL [B, T] of `targets` after `tokens`, and whether each target is the greedy token there
         (lm-eval's logprob and is_greedy), on the last stage (None on the others). Collective over this DP
         replica's ranks."""
-        step = windows_per_forward(tokens.shape[0], self.pp)
+        chunks = self._chunks(tokens)
         nll, greedy = [], []
-        for i in range(0, tokens.shape[0], step):
-            out = self._forward(tokens[i:i + step], None)
+        for rows, out in zip(chunks, self._forwards(tokens, chunks), strict=True):
             if out is not None:
-                y = targets[i:i + step].to(self.device)
+                y = targets[rows].to(self.device)
                 nll.append(self.token_nll(out, y))
                 greedy.append(vocab_parallel_argmax(out, self.tp, self.m.vocab_size) == y)
         return (torch.cat(nll), torch.cat(greedy)) if self.last_stage else None
@@ -124,38 +128,59 @@ class ShardedModel:
     def next_tokens(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """The greedy next token [B] after position `last[b]` of each row of `tokens` [B, T] (right-padded), on
         every rank of this DP replica (one generation step; all of them call it with the same tokens)."""
-        step = windows_per_forward(tokens.shape[0], self.pp)
+        chunks = self._chunks(tokens)
         picked = []
-        for i in range(0, tokens.shape[0], step):
-            out = self._forward(tokens[i:i + step], None)
+        for rows, out in zip(chunks, self._forwards(tokens, chunks), strict=True):
             if out is not None:
-                rows = out[torch.arange(out.shape[0], device=out.device), last[i:i + step].to(out.device)]
-                picked.append(vocab_parallel_argmax(rows, self.tp, self.m.vocab_size))
+                at = out[torch.arange(out.shape[0], device=out.device), last[rows].to(out.device)]
+                picked.append(vocab_parallel_argmax(at, self.tp, self.m.vocab_size))
         result = torch.cat(picked) if self.last_stage else torch.empty(tokens.shape[0], dtype=torch.long,
                                                                         device=self.device)
         if self.pp > 1:
             tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.groups.get_pipe_parallel_group())
         return result.cpu()
 
-    def _forward_nll(self, x: torch.Tensor, y: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
-        out = self._forward(x, packing)
-        return None if out is None else self.token_nll(out, y.to(self.device))
+    def _chunks(self, tokens: torch.Tensor) -> list[slice]:
+        """The row slices of `tokens` that go through the stages together (`windows_per_forward` rows each)."""
+        step = windows_per_forward(tokens.shape[0], self.pp)
+        return [slice(i, i + step) for i in range(0, tokens.shape[0], step)]
 
-    def _forward(self, x: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
-        """The last stage's logits of one forward (None on the other stages, which pass activations on)."""
-        x = x.to(self.device)
-        if packing is not None:
-            packing = (packing[0].to(self.device), packing[1].to(self.device))
-        if self.stage == 0:
-            hidden = x
-        else:
-            hidden = torch.empty(x.shape[0], x.shape[1], self.m.d_model, device=self.device, dtype=self.dtype)
-            tdist.recv(hidden, src=self._peer[self.stage - 1])
-        out = self.module(pack(hidden, packing))
-        if not self.last_stage:
-            tdist.send(unpack(out)[0].contiguous(), dst=self._peer[self.stage + 1])
-            return None
-        return out
+    def _forwards(self, tokens: torch.Tensor, chunks: list[slice], packing: Packing | None = None
+                  ) -> Iterator[torch.Tensor | None]:
+        """The last stage's logits of each chunk of `tokens` in turn (None on the other stages, which pass
+        activations on). Pipelined: a stage posts the receive of its next chunk before it computes this one and
+        leaves up to `SENDS_IN_FLIGHT` sends in flight, so neighbouring stages compute different chunks at once.
+        With a blocking send and receive per chunk a stage could start a chunk only once its neighbour had
+        finished the one before, and each waited on the other. Every send has completed when the loop ends."""
+        def receive(rows: slice) -> tuple[torch.Tensor, Any]:
+            shape = (*tokens[rows].shape, self.m.d_model)
+            hidden = torch.empty(shape, device=self.device, dtype=self.dtype)
+            return hidden, tdist.irecv(hidden, src=self._peer[self.stage - 1])
+
+        sends: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()  # (work, the tensor it sends)
+        posted = receive(chunks[0]) if self.stage > 0 else None
+        try:
+            for n, rows in enumerate(chunks):
+                if posted is None:
+                    hidden = tokens[rows].to(self.device)
+                else:
+                    hidden, work = posted
+                    work.wait()
+                    posted = receive(chunks[n + 1]) if n + 1 < len(chunks) else None
+                placed = None if packing is None else (packing[0][rows].to(self.device),
+                                                       packing[1][rows].to(self.device))
+                out = self.module(pack(hidden, placed))
+                if self.last_stage:
+                    yield out
+                    continue
+                sent = unpack(out)[0].contiguous()
+                sends.append((tdist.isend(sent, dst=self._peer[self.stage + 1]), sent))
+                while len(sends) > SENDS_IN_FLIGHT:
+                    sends.popleft()[0].wait()
+                yield None
+        finally:
+            for work, _ in sends:
+                work.wait()
 
     @torch.no_grad()
     def nll(self, windows: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,9 @@ def model_files(directory: Path) -> tuple[StartingWeights, int]:
 
 @pytest.fixture
 def trained(tmp_path: Path) -> tuple[JobConfig, RunIdentity, Path, int]:
-    """A tiny llama (the demo's family: vocab-parallel embedding and head) trained 20 steps."""
-    cfg = tiny_config(tmp_path, {"model.family": "llama", "train.steps": 20,
+    """A tiny llama (the demo's family: vocab-parallel embedding and head) of 3 layers (pp=3 has a middle stage)
+    trained 30 steps."""
+    cfg = tiny_config(tmp_path, {"model.family": "llama", "model.n_layers": 3, "train.steps": 30,
                                  "evaluate.metrics": [USER_METRIC, TOKENIZER_METRIC]})
     init, vocab = model_files(tmp_path / "base-model")
     run, ckpt = reference_checkpoint(cfg, init)
@@ -74,7 +75,8 @@ def single_process_loss(cfg: JobConfig, ckpt: Path, dtype: torch.dtype = torch.f
 
 def test_every_layout_gives_the_same_numbers(trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In fp32 (`evaluate.dtype`), any layout scores what one process holding the whole model scores, and the
-    benchmarks (a rolling perplexity; greedy generation, its text scored by chrF) agree across layouts."""
+    benchmarks (a rolling perplexity; greedy generation, its text scored by chrF) agree across layouts; pp=3 has a
+    stage that receives and sends at once (its next window's activations while its last one's are in flight)."""
     cfg, run, ckpt, vocab = trained
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     tasks = str(task_folder(tmp_path / "tasks"))
@@ -82,7 +84,7 @@ def test_every_layout_gives_the_same_numbers(trained, tmp_path: Path, monkeypatc
     benchmarks = [{"name": "ppl", "tasks": ["english_ppl"], "include_path": tasks, "metrics": ["word_perplexity"]},
                   {"name": "gen", "tasks": ["english_next"], "include_path": tasks, "metrics": ["chrf"]}]
     results = {}
-    for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1)):
+    for tp, pp, dp in ((1, 1, 1), (1, 1, 2), (2, 2, 1), (1, 3, 1)):
         layout = cfg.with_overrides({"evaluate.parallel": {"tp": tp, "pp": pp, "dp": dp},
                                      # dp=2's share of the requests: tests/evaluate/test_benchmarks.py
                                      "evaluate.benchmarks": benchmarks if dp == 1 else []})
@@ -98,12 +100,15 @@ def test_every_layout_gives_the_same_numbers(trained, tmp_path: Path, monkeypatc
         assert m["heldout.tokenizer_vocab"] == vocab  # the starting model's tokenizer reached it
         assert m["heldout.token_prob"] == pytest.approx(results[(1, 1, 1)].metrics["heldout.token_prob"],
                                                         rel=1e-6), layout
-        assert out.checkpoint_tag == "step-000020" and out.step == 20 and out.live is None
+        assert out.checkpoint_tag == "step-000030" and out.step == 30 and out.live is None
         assert out.experiment_key == run.experiment_key
     assert len({results[k].suite_hash for k in ((1, 1, 1), (2, 2, 1))}) == 1  # the layout is not part of it
-    one, four = results[(1, 1, 1)].metrics, results[(2, 2, 1)].metrics  # the benchmarks on 1 rank and on tp x pp
-    assert four["ppl.english_ppl.word_perplexity"] == pytest.approx(one["ppl.english_ppl.word_perplexity"], rel=1e-6)
-    assert four["gen.english_next.chrf"] == one["gen.english_next.chrf"] > 0  # the same greedy text
+    one = results[(1, 1, 1)].metrics
+    for split in ((2, 2, 1), (1, 3, 1)):  # the benchmarks on 1 rank and on tp x pp, on 3 stages
+        got = results[split].metrics
+        assert got["ppl.english_ppl.word_perplexity"] == pytest.approx(one["ppl.english_ppl.word_perplexity"],
+                                                                       rel=1e-6), split
+        assert got["gen.english_next.chrf"] == one["gen.english_next.chrf"] > 0, split  # the same greedy text
 
 
 def test_refuses_incomplete_foreign_and_unknown(trained, tmp_path: Path) -> None:
