@@ -32,12 +32,9 @@ from tasks.models.grid import build_grid
 from tasks.models.lora import apply_lora
 from tasks.models.lora_export import PeftAdapter, load_adapter
 from tasks.models.parallel import vocab_parallel_argmax
-from tasks.models.shapes import EVALUATION_PARTITION, windows_per_forward
+from tasks.models.shapes import EVALUATION_PARTITION, EVALUATION_SENDS_IN_FLIGHT, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
-
-# Activations a stage may have sent that the next stage has not received yet (each one window's [1, T, d_model]).
-SENDS_IN_FLIGHT = 2
 
 
 @contextlib.contextmanager
@@ -149,9 +146,9 @@ class ShardedModel:
                   ) -> Iterator[torch.Tensor | None]:
         """The last stage's logits of each chunk of `tokens` in turn (None on the other stages, which pass
         activations on). Pipelined: a stage posts the receive of its next chunk before it computes this one and
-        leaves up to `SENDS_IN_FLIGHT` sends in flight, so neighbouring stages compute different chunks at once.
-        With a blocking send and receive per chunk a stage could start a chunk only once its neighbour had
-        finished the one before, and each waited on the other. Every send has completed when the loop ends."""
+        leaves up to `EVALUATION_SENDS_IN_FLIGHT` sends in flight, so neighbouring stages compute different chunks
+        at once. With a blocking send and receive per chunk a stage could start a chunk only once its neighbour
+        had finished the one before, and each waited on the other. Every send has completed when the loop ends."""
         def receive(rows: slice) -> tuple[torch.Tensor, Any]:
             shape = (*tokens[rows].shape, self.m.d_model)
             hidden = torch.empty(shape, device=self.device, dtype=self.dtype)
@@ -175,7 +172,7 @@ class ShardedModel:
                     continue
                 sent = unpack(out)[0].contiguous()
                 sends.append((tdist.isend(sent, dst=self._peer[self.stage + 1]), sent))
-                while len(sends) > SENDS_IN_FLIGHT:
+                while len(sends) > EVALUATION_SENDS_IN_FLIGHT:
                     sends.popleft()[0].wait()
                 yield None
         finally:

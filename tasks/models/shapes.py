@@ -112,6 +112,16 @@ def windows_per_forward(batch_size: int, pp: int) -> int:
     return batch_size if pp == 1 else 1
 
 
+# An evaluation stage's sends the next stage has not received yet (tasks/evaluate/sharded.py): each one forward's
+# activations. With them the stage also holds the forward it computes from and the next one's posted receive.
+EVALUATION_SENDS_IN_FLIGHT = 2
+
+
+def evaluation_p2p_buffers(pp: int) -> int:
+    """Forwards' activations an evaluation stage holds for the stages around it (0 on a single stage)."""
+    return EVALUATION_SENDS_IN_FLIGHT + 2 if pp > 1 else 0
+
+
 def pipeline_stages(n_layers: int, pp: int, partition: str = TRAINING_PARTITION) -> list[Stage]:
     """Stages as DeepSpeed's PipelineModule builds them with `partition` (one of the two above)."""
     if partition not in (TRAINING_PARTITION, EVALUATION_PARTITION):

@@ -3,8 +3,9 @@
 An evaluation rank holds its pipeline stage's tensor-parallel slice of the weights in `evaluate.dtype` (built
 in it: no fp32 copy while loading), no gradients or optimizer states, and the temporaries of one forward
 (`windows_per_forward`: a batch on one stage, a window across stages): a layer's hidden states, its attention
-and MLP intermediates, and on the last stage the vocab-parallel logits with their fp32 softmax terms (a bf16
-rank's logits are taken to fp32 first).
+and MLP intermediates, across stages the activations in flight between them (`evaluation_p2p_buffers`), and on
+the last stage the vocab-parallel logits with their fp32 softmax terms (a bf16 rank's logits are taken to fp32
+first).
 
 Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
 adds the process's runtime: on CPU runtime + the larger of those tensors and the load (its weights with the
@@ -23,7 +24,7 @@ from typing import Any
 from tasks.base.errors import InvalidInputError
 from tasks.config.schema import JobConfig
 from tasks.models import get_family
-from tasks.models.shapes import EVALUATION_PARTITION, pipeline_stages, windows_per_forward
+from tasks.models.shapes import EVALUATION_PARTITION, evaluation_p2p_buffers, pipeline_stages, windows_per_forward
 from tasks.plan.layout import validate_layout
 from tasks.plan.packing import packing_bytes
 from tasks.plan.serving import DTYPE_BYTES
@@ -74,7 +75,7 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool, packed:
         # The logits, their fp32 copy (none when they are fp32) and the fp32 log-softmax.
         logit_bytes = width + FP32 + (FP32 if width != FP32 else 0)
         logits = tokens * logit_bytes * -(-m.vocab_size // p.tp) if stage.has_head else 0
-        p2p = 2 * hidden if p.pp > 1 else 0
+        p2p = evaluation_p2p_buffers(p.pp) * hidden
         total = weights + block + logits + p2p
         # The checkpoint's pages, read through a memory map, count in the RSS while the stage loads (its weights as
         # a checkpoint holds them: fp32 at most).

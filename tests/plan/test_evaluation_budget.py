@@ -63,3 +63,5 @@ def test_small_model_by_hand(dtype: str, width: int, logit_bytes: int) -> None:
     one = 64
     assert piped["activations"] == one * 64 * width * 3 + one * width * (64 + 2 * 4 * 16) + one * width * 3 * 256
     assert piped["logits"] == (one * logit_bytes * 256 if piped["stage"] == 1 else 0)
+    # Between the stages: the window it computes from, the next one's posted receive, two sends in flight.
+    assert piped["comm_buffers"] == 4 * one * 64 * width
