@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from tasks import REPO_ROOT
+from tests.hooks import set_step_delay
 from tests.services import AIRFLOW_TEST_USERS, free_port
 
 ROOT = REPO_ROOT
@@ -129,10 +130,7 @@ class Standalone:
 
     def set_step_delay(self, model: str, seconds: float) -> None:
         """From their next step on, the ranks training `model` sleep `seconds` after each (tests/hooks)."""
-        delays = Path(self.env["HOOK_STEP_DELAY_DIR"])
-        staged = delays / f".{model}"
-        staged.write_text(str(seconds))
-        staged.replace(delays / model)  # whole, never half-written under a reading rank
+        set_step_delay(Path(self.env["HOOK_STEP_DELAY_DIR"]), model, seconds)
 
     @property
     def auth(self) -> dict[str, str]:

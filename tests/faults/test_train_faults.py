@@ -24,6 +24,7 @@ from tests.faults.conftest import (
     run_task,
     task_env,
 )
+from tests.hooks import set_step_delay
 from tests.services import require
 
 pytestmark = pytest.mark.multiproc
@@ -82,9 +83,13 @@ def test_duplicate_trigger_is_refused_by_the_lock_naming_the_holder(
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "warm.json").write_text((tmp_path / "a" / "warm.json").read_text())
 
+    delays = tmp_path / "delays"  # each rank's pause after a step, read again as it sleeps (tests/hooks)
+    delays.mkdir()
+    set_step_delay(delays, job.cfg().name, 3)
     first = TaskProcess(driver(job, tmp_path / "a", "train"), tmp_path / "first.log",
-                        task_env(HOOK_STEP_DELAY_S="3"))
+                        task_env(HOOK_STEP_DELAY_DIR=str(delays)))
     first.wait_for(lambda: "checkpoint committed" in first.text(), "the first run's first checkpoint")
+    set_step_delay(delays, job.cfg().name, 600)  # the holder stays until killed below, however slow the box
     root = ckpt_root(job.run_dir(tmp_path / "a"))
     m = job.cfg().model
     before = {p.name: weights_digest(p, m) for p in root.glob("step-*")}

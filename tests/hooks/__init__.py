@@ -38,6 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tests.hooks")
@@ -45,6 +46,14 @@ log = logging.getLogger("tests.hooks")
 PREFIX = "HOOK_"
 WORKER = "tests.hooks.worker"
 EVAL_WORKER = "tests.hooks.eval_worker"
+
+
+def set_step_delay(delays: Path, model: str, seconds: float) -> None:
+    """`HOOK_STEP_DELAY_DIR`'s pause for `model`, from the ranks' next read on: replaced whole, so a rank reading it
+    mid-write never meets an empty file."""
+    staged = delays / f".{model}"
+    staged.write_text(str(seconds))
+    staged.replace(delays / model)
 
 
 def hook_env() -> dict[str, str]:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tasks.launch import LaunchOptions, get_launcher
+from tests.hooks import set_step_delay
 from tests.launch.conftest import SlurmCluster, tiny_config, write_dataset
 from tests.launch.helpers import launched, source_line, training_processes, wait_for_step
 
@@ -81,11 +82,11 @@ def test_sigkilled_launcher_then_retry_cancels_the_old_job_first_and_resumes(
     out = Path(cfg.train.output_dir)
     delays = tmp_path / "step-delays"
     delays.mkdir()
-    (delays / cfg.name).write_text("0.5")
+    set_step_delay(delays, cfg.name, 0.5)
     env = {**slurm_cluster.env, "HOOK_STEP_DELAY_DIR": str(delays)}
     with launched(cfg, dataset, env, tmp_path / "first.log") as first:
         wait_for_step(out, 4, first)
-        (delays / cfg.name).write_text("600")  # the orphan holds after its next step: it cannot end before the retry
+        set_step_delay(delays, cfg.name, 600)  # the orphan holds after its next step: it cannot end before the retry
         old_job = (out / "slurm-job-id").read_text().strip()
         first.kill()  # SIGKILL: no handler runs, nothing is cancelled
         first.wait()
