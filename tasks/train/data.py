@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -264,6 +264,9 @@ class Sampler:
     dp: int
     seed: int
     replay: tuple[tuple[int, float], ...] = ()
+    # Each source's permutation of the epoch it last drew from, (epoch, permutation): drawn once an epoch, not once
+    # a step (24M windows, a 100B-token split at seq 4096: 1.3 s a call; a chat step calls twice). 8 bytes a window.
+    _drawn: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def global_batch(self) -> int:
@@ -309,11 +312,18 @@ class Sampler:
         length = windows // self.global_batch * self.global_batch
         positions = np.arange(start, stop)
         out = np.empty(len(positions), dtype=np.int64)
-        for epoch in np.unique(positions // length):
-            key = [self.seed, int(epoch)] if source == 0 else [self.seed, source, int(epoch)]
+        for epoch in np.unique(positions // length).tolist():
             here = positions // length == epoch
-            out[here] = np.random.default_rng(key).permutation(windows)[positions[here] % length]
+            out[here] = self._permutation(source, windows, epoch)[positions[here] % length]
         return out + offset
+
+    def _permutation(self, source: int, windows: int, epoch: int) -> np.ndarray:
+        """The source's windows in the order of `epoch`."""
+        held = self._drawn.get(source)
+        if held is None or held[0] != epoch:
+            key = [self.seed, epoch] if source == 0 else [self.seed, source, epoch]
+            held = self._drawn[source] = (epoch, np.random.default_rng(key).permutation(windows))
+        return held[1]
 
     def global_indices(self, step: int) -> np.ndarray:
         before, after = self.drawn(step), self.drawn(step + 1)
