@@ -123,6 +123,9 @@ def rank_environment(args: argparse.Namespace, local_rank: int) -> dict[str, str
 # Device files of an accelerator torch may drive (NVIDIA, AMD ROCm, WSL's GPU): a node with one never forks ranks.
 _ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
 _PR_SET_NAME = 15
+# A forked rank's process name (`ps -o comm`, /proc/PID/comm), its global rank after it: its command line is its
+# spawner's.
+FORKED_RANK_NAME = "rank "
 
 
 class ForkedRank:
@@ -192,8 +195,7 @@ def _fork_rank(target: Sequence[str], env: dict[str, str]) -> ForkedRank:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         die_with_parent()
         os.environ.update(env)
-        # `ps -o comm` and top name the rank (its command line is its spawner's).
-        _prctl(_PR_SET_NAME, f"rank {env['RANK']}".encode(), "PR_SET_NAME")
+        _prctl(_PR_SET_NAME, f"{FORKED_RANK_NAME}{env['RANK']}".encode(), "PR_SET_NAME")
         logging.root.handlers.clear()
         for name in ("stdout", "stderr"):  # unbuffered, as `python -u` starts a rank
             stream = getattr(sys, name)

@@ -134,6 +134,7 @@ class TokenWindows:
         # windows (a 12.8B-token split at seq 4096) held 313 MiB in every rank as Python tuples, 49 MiB as int64.
         index: list[np.ndarray] = []
         members: list[np.ndarray] = []  # chat: each window's documents, one after another
+        done = 0  # chat: members so far, where the next window's start in `members`
         for entry in manifest.split(split):
             path = root / entry.key
             if not path.is_file() or path.stat().st_size != entry.size:
@@ -152,7 +153,6 @@ class TokenWindows:
             if len(self.masks[-1]) != len(tokens) or not len(starts) or starts[0] or starts[-1] >= len(tokens):
                 raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
             self.starts.append(np.append(starts, len(tokens)))
-            done = sum(len(m) for m in members)
             firsts = []
             for docs in pack_windows(np.diff(self.starts[-1]), seq_len + 1):
                 firsts.append(done)

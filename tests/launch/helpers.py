@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from tasks import REPO_ROOT
+from tasks.base.spawn import FORKED_RANK_NAME
 from tasks.config.schema import JobConfig
 
 ROOT = REPO_ROOT
@@ -68,7 +69,7 @@ def is_rank(proc: psutil.Process) -> bool:
     cmdline = set(proc.cmdline())
     if not {"tasks.train.worker", "tests.hooks.worker"} & cmdline:
         return False
-    if proc.name().startswith("rank "):
+    if proc.name().startswith(FORKED_RANK_NAME):
         return True
     return not {"tasks.base.spawn", "tasks.launch.agent"} & cmdline
 

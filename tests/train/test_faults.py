@@ -24,6 +24,7 @@ import yaml
 
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.job_status import STATUS_FILE, read_status
+from tasks.base.spawn import FORKED_RANK_NAME
 from tasks.config.schema import JobConfig
 from tasks.launch import JobSpec, torchrun, train
 from tasks.models.weights import weights_digest
@@ -67,8 +68,8 @@ def _rank_of(pid: int) -> int | None:
         env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    if name.startswith("rank "):
-        return int(name.removeprefix("rank "))
+    if name.startswith(FORKED_RANK_NAME):
+        return int(name.removeprefix(FORKED_RANK_NAME))
     for item in env:
         if item.startswith(b"RANK="):
             return int(item[5:])
