@@ -7,6 +7,7 @@ can recognise a dataset it already holds in milliseconds, without importing pyda
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 FORMAT = "retrainer-dataset/1"
 MANIFEST_KEY = "manifest.json"
@@ -96,3 +97,44 @@ def manifest_hash(raw: bytes) -> str:
 def window_starts(n_tokens: int, seq_len: int) -> range:
     """Where the windows of `seq_len + 1` tokens of one shard of `n_tokens` start (non-overlapping inputs)."""
     return range(0, n_tokens - seq_len, seq_len)
+
+
+def packed_windows_bound(n_tokens: int, documents: int, seq_len: int) -> int:
+    """At most how many windows of `seq_len + 1` tokens one chat shard's `documents` (`n_tokens` in all) pack
+    into (tasks/train/data.py `pack_windows`), known from the manifest before any rank packs them. The packing
+    opens a window only for a document no open window has room for, so any two windows together hold more than
+    one window's tokens: at most 2 x tokens / capacity + 1 windows, and never more than one a document."""
+    return min(documents, 2 * n_tokens // (seq_len + 1) + 1)
+
+
+# What every rank keeps to index a split (tasks/train/data.py `TokenWindows`; a training split also its `Sampler`
+# permutation), int64 throughout: a window's (shard, start), its place in the epoch's permutation and, in a chat
+# split, where its documents end; a chat split's document (conversation) its place among a window's members and
+# its start in the shard.
+INDEX_BYTES_PER_WINDOW, PERMUTATION_BYTES_PER_WINDOW, CHAT_BYTES_PER_WINDOW, CHAT_BYTES_PER_DOCUMENT = 16, 8, 8, 16
+
+
+@dataclass(frozen=True)
+class SplitShape:
+    """The windows of one split of a dataset at a sequence length (a chat split's: `packed_windows_bound`) and,
+    in a chat split, its documents: what a rank's index of it holds (`index_bytes`)."""
+
+    windows: int
+    documents: int = 0
+    packed: bool = False
+
+    def index_bytes(self, *, sampled: bool) -> int:
+        """The bytes a rank holds to index this split; `sampled`: a training split, drawn by the sampler."""
+        per_window = INDEX_BYTES_PER_WINDOW + (PERMUTATION_BYTES_PER_WINDOW if sampled else 0) \
+            + (CHAT_BYTES_PER_WINDOW if self.packed else 0)
+        return self.windows * per_window + self.documents * CHAT_BYTES_PER_DOCUMENT
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What the planner needs of a run's training data, read from its manifests (tasks/data/manifest.py
+    `training_data`): whether its windows are packed conversations (their ids and document masks are activations
+    too) and the bytes every training rank holds to index the train splits of the data and each replay source."""
+
+    packed: bool = False
+    index_bytes: int = 0

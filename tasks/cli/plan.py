@@ -16,6 +16,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from tasks.base.dataset_format import TrainingData
 from tasks.base.errors import ConfigError, InvalidInputError, RetrainerError
 
 if TYPE_CHECKING:
@@ -55,8 +56,7 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.data.manifest import holds_conversations
-    from tasks.data.sources import refuse_cached, suite_sources, training_sources
+    from tasks.data.sources import refuse_cached, suite_sources, training_data, training_sources
     from tasks.data.warm import remote_manifest_hash
 
     cfg = configured(args)
@@ -68,13 +68,12 @@ def _handle(args: argparse.Namespace) -> int:
         except RetrainerError as exc:  # nothing there (yet) to have been cached; the warm says what is wrong
             log.debug("plan: %s not checked against the cache: %s", source.field, exc)
     refuse_cached(cfg, planned)
-    d = cfg.data
-    try:  # planned as the plan stage plans it: a chat dataset's windows are packed conversations
-        packed = holds_conversations(d.source_url, d.manifest, d.storage_options)
+    try:  # planned as the plan stage plans it: packed conversations, and the windows every rank indexes
+        data = training_data(cfg)
     except RetrainerError as exc:
-        log.debug("plan: data.source_url not read (%s); planned as plain text", exc)
-        packed = False
-    return report(args, cfg, packed)
+        log.debug("plan: the training data not read (%s); planned as plain text, its index not counted", exc)
+        data = TrainingData()
+    return report(args, cfg, data)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,9 +97,8 @@ def configured(args: argparse.Namespace) -> JobConfig:
     return cfg.with_overrides(overrides) if overrides else cfg
 
 
-def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> int:
-    """Print the budget (or the ranked layouts); the exit code says whether it fits. `packed`: the training data
-    is a chat dataset."""
+def report(args: argparse.Namespace, cfg: JobConfig, data: TrainingData = TrainingData()) -> int:
+    """Print the budget (or the ranked layouts) of a run on `data`; the exit code says whether it fits."""
     from tasks.plan.budget import plan
     from tasks.plan.render import render, render_search, shortfall
     from tasks.plan.search import search
@@ -109,7 +107,7 @@ def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> in
     serving = serving_estimate(cfg)
     if args.search is not None:
         ranked = search(cfg, args.search, device=args.device, reserve_gib=args.reserve_gib,
-                        attention=args.attention, packed=packed)
+                        attention=args.attention, data=data)
         if args.json:
             print(json.dumps({"gpus": args.search, "plans": [r.to_dict() for r in ranked[: args.top]],
                               "feasible": len(ranked), "serving": serving}, indent=2))
@@ -117,7 +115,7 @@ def report(args: argparse.Namespace, cfg: JobConfig, packed: bool = False) -> in
             print(render_search(ranked[: args.top], args.search, len(ranked)))
         return EXIT_FITS if ranked else EXIT_DOES_NOT_FIT
     result = plan(cfg, world_size=args.gpus, device=args.device, reserve_gib=args.reserve_gib,
-                  attention=args.attention, packed=packed)
+                  attention=args.attention, data=data)
     if args.json:
         print(json.dumps({**result.to_dict(), "serving": serving}, indent=2))
     else:

@@ -26,12 +26,17 @@ from tasks.base.dataset_format import (
     MASK_ROOT,
     MAX_VOCAB,
     SPLITS,
+    STARTS_DTYPE,
     STARTS_ROOT,
     TOKEN_DTYPES,
+    SplitShape,
     dtype_capacity,
     manifest_hash,
+    packed_windows_bound,
+    starts_key,
     token_bytes,
     validate_key,
+    window_starts,
 )
 from tasks.base.errors import InvalidInputError, validation_problems
 from tasks.base.fsutil import put_object
@@ -165,6 +170,20 @@ class Manifest(BaseModel):
         prefix = name.rstrip("/") + "/"
         return sorted((f for f in self.files if f.key.startswith(prefix)), key=lambda f: f.key)
 
+    def split_shape(self, name: str, seq_len: int) -> SplitShape:
+        """The windows (and a chat split's documents) of one split at `seq_len`, from the listed sizes alone."""
+        sizes = {f.key: f.size for f in self.files}
+        width, start_width = token_bytes(self.dtype), int(STARTS_DTYPE[2:])
+        windows = documents = 0
+        for entry in self.split(name):
+            tokens = entry.size // width
+            if self.chat is None:
+                windows += len(window_starts(tokens, seq_len))
+            elif tokens:
+                docs = sizes.get(starts_key(entry.key), 0) // start_width
+                windows, documents = windows + packed_windows_bound(tokens, docs, seq_len), documents + docs
+        return SplitShape(windows, documents, self.chat is not None)
+
 
 def prefix_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     """The fsspec filesystem of a dataset URL and the path under it."""
@@ -199,12 +218,6 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Ma
     except FileNotFoundError:
         raise InvalidInputError(f"{url}: manifest not found") from None
     return Manifest.parse(raw, source=url)
-
-
-def holds_conversations(url: str, manifest_key: str, storage_options: dict[str, Any] | None = None) -> bool:
-    """Whether the dataset at `url` (its manifest `manifest_key`) is a chat dataset: its training windows are
-    packed conversations, whose position ids and document masks the planner counts too."""
-    return read_manifest(f"{url.rstrip('/')}/{manifest_key}", storage_options).chat is not None
 
 
 def build_manifest(

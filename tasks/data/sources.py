@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.base.dataset_format import MANIFEST_KEY
+from tasks.base.dataset_format import MANIFEST_KEY, TrainingData
 from tasks.data.cache import CacheLayout
 from tasks.data.tokens import ShardRules
 from tasks.data.warm_state import complete_record
@@ -50,6 +50,17 @@ def training_sources(cfg: JobConfig) -> list[DataSource]:
     return [DataSource("data.source_url", d.source_url, d.manifest, d.storage_options, own),
             *(DataSource(f"data.replay[{i}].source_url", r.source_url, r.manifest, r.storage_options, ("train",))
               for i, r in enumerate(d.replay))]
+
+
+def training_data(cfg: JobConfig) -> TrainingData:
+    """What the plan needs of the run's training data, from the manifests of the data and each replay source (as
+    they are now): whether the data's windows are packed conversations, and what every training rank holds to
+    index the train split of each."""
+    from tasks.data.manifest import read_manifest  # lazy: pydantic only when a manifest must be parsed
+
+    shapes = [read_manifest(f"{s.source_url.rstrip('/')}/{s.manifest}", s.storage_options)
+              .split_shape("train", cfg.model.seq_len) for s in training_sources(cfg)]
+    return TrainingData(packed=shapes[0].packed, index_bytes=sum(s.index_bytes(sampled=True) for s in shapes))
 
 
 def suite_sources(cfg: JobConfig) -> list[DataSource]:

@@ -10,6 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from tasks.base.dataset_format import TrainingData
 from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
@@ -85,6 +86,7 @@ class Memory:
     zero_step_buffers: int = 0
     checkpoint_snapshot: int = 0
     weights_file_pages: int = 0
+    data_index: int = 0
     process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
     process_phase: str = ""  # what peaks: training, saving, training + snapshot, loading
     host_node_peak: int = 0  # host RSS of the busiest node's ranks together (tasks/plan/host.py)
@@ -293,7 +295,7 @@ def plan(
     comm_warn_share: float = COMM_WARN_SHARE,
     bubble_warn: float = BUBBLE_WARN,
     attention: Literal["sdpa", "materialized"] = "sdpa",
-    packed: bool = False,
+    data: TrainingData = TrainingData(),
 ) -> Plan:
     """Budget one launch of `cfg` and say whether it can work.
 
@@ -301,10 +303,12 @@ def plan(
     device: "cuda"/"gpu" or "cpu": what the ranks compute on (None: `ranks_on_gpu`'s rule).
     reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
-    packed: the training data is a chat dataset (packed conversations: their ids and document masks).
+    data: what the training data is, from its manifests (tasks/data/sources.py `training_data`): packed
+    conversations (their ids and document masks) or plain text, and the bytes every rank indexes it with.
     """
     validate_layout(cfg, world_size)
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
+    packed = data.packed
     precision = resolve_precision(cfg, device)
     b = PRECISION_BYTES[precision]
     counts = get_family(m.family).param_counts(m, p.layout)
@@ -354,7 +358,7 @@ def plan(
         grad_payload, gather_payload, _ = _dp_traffic(n, experts, b, p)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
                    "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
-        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run)
+        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run, data.index_bytes)
         return {
             "stage": st.index,
             "blocks": st.blocks,
@@ -404,6 +408,7 @@ def plan(
         zero_step_buffers=process_stage["process"]["zero_step_buffers"],
         checkpoint_snapshot=process_stage["process"]["checkpoint_snapshot"],
         weights_file_pages=process_stage["process"]["weights_file_pages"],
+        data_index=process_stage["process"]["data_index"],
         process_peak=process_stage["process_total"],
         process_phase=process_stage["process_phase"],
         host_node_peak=host_node,

@@ -23,8 +23,11 @@ tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `re
 - weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
   stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
   load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
-On a GPU the tensors live in device memory: the host holds the runtime and the larger of the snapshot and the
-weights file pages.
+- data index: what the rank keeps to index its training windows (the data's and each replay source's train split:
+  tasks/base/dataset_format.py `SplitShape.index_bytes`), for its whole life: 24 bytes a window of plain text, so
+  ~0.55 GiB a rank at 24M windows (a 100B-token split at seq 4096), where the demo's are a few KiB.
+On a GPU the tensors live in device memory: the host holds the runtime, the data index and the larger of the
+snapshot and the weights file pages.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ RUNTIME_BYTES = 360 * 1024**2
 
 
 def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: int, on_cpu: bool,
-                   loads_weights: bool = False, saves_mid_run: bool = False) -> dict[str, Any]:
+                   loads_weights: bool = False, saves_mid_run: bool = False, index_bytes: int = 0) -> dict[str, Any]:
     """The process terms of one pipeline stage's rank (`stage`: the budget's per-stage tensor terms, with
     `saved_weights`, the weight bytes a save copies), the peak host memory they add up to and the phase that
     peaks (training, saving, training + snapshot, loading); `loads_weights`: the rank reads its starting
     weights from a file at start; `saves_mid_run`: it saves before its last step, so a step trains while the
-    snapshot is written."""
+    snapshot is written; `index_bytes`: the data index it holds throughout."""
     shard = -(-stage["params"] // dp)
     step_buffers = 2 * grad_bytes * shard if zero_stage in (1, 2) else 0
     snapshot = stage["saved_weights"] + stage["optimizer_states"]
@@ -48,7 +51,7 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
     # weights in the training dtype).
     file_pages = stage["weights"] if loads_weights else 0
     terms = {"runtime": RUNTIME_BYTES, "zero_step_buffers": step_buffers, "checkpoint_snapshot": snapshot,
-             "weights_file_pages": file_pages}
+             "weights_file_pages": file_pages, "data_index": index_bytes}
     if not on_cpu:
         phases = {"saving": snapshot, "loading": file_pages}
     else:
@@ -60,4 +63,4 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
         else:  # the save follows the optimizer step, after which DeepSpeed has dropped the gradients (zero_grad)
             phases["saving"] = stage["weights"] + stage["optimizer_states"] + snapshot
     phase = max(phases, key=phases.__getitem__)
-    return {"terms": terms, "peak": RUNTIME_BYTES + phases[phase], "phase": phase}
+    return {"terms": terms, "peak": RUNTIME_BYTES + index_bytes + phases[phase], "phase": phase}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from tasks.base.dataset_format import TrainingData
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.layout import Layout
 from tasks.config.schema import JobConfig
@@ -17,13 +18,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gib: float = 0.0,
-           include_infeasible: bool = False, attention: str = "sdpa", packed: bool = False) -> list[Plan]:
+           include_infeasible: bool = False, attention: str = "sdpa",
+           data: TrainingData = TrainingData()) -> list[Plan]:
     """Every valid layout for `gpus`, keeping the global batch (micro_batch_size x micro_batches x dp).
 
     For each (tp, pp, dp) with tp*pp*dp == gpus, try the micro-batch sizes that
     keep the global batch whole (with the config's ZeRO stage, capped at 1 under
     pipelining). Ranked: fitting plans first, then warnings-free, then the
-    shortest estimated step, then the most memory headroom. `packed`: the training data is a chat dataset.
+    shortest estimated step, then the most memory headroom; `data` as `plan` takes it.
     """
     if gpus <= 0:
         raise InvalidInputError(f"--search GPU count must be positive, got {gpus}")
@@ -44,7 +46,7 @@ def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gib:
             try:
                 candidate = cfg.with_overrides(overrides)
                 result = plan(candidate, world_size=gpus, device=device, reserve_gib=reserve_gib,
-                              attention=attention, packed=packed)  # type: ignore[arg-type]
+                              attention=attention, data=data)  # type: ignore[arg-type]
             except (ConfigError, InvalidInputError) as exc:
                 log.debug("layout %s refused: %s", overrides, exc)
                 continue

@@ -168,9 +168,9 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
         if not force:
             raise InvalidInputError(lost)
         log.warning("plan: %s; starting the new run anyway because force is set", lost)
-    from tasks.data.manifest import holds_conversations
+    from tasks.data.sources import training_data
 
-    result = plan(cfg, packed=holds_conversations(run.data_url, cfg.data.manifest, cfg.data.storage_options))
+    result = plan(cfg, data=training_data(cfg))
     log.info("plan: %s", result.verdict)
     for warning in result.warnings:
         log.warning("plan: %s", warning)
