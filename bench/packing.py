@@ -50,7 +50,8 @@ def conversation_lengths(n: int, median_len: int, seq: int, seed: int = 0) -> np
 
 def packed_efficiency(lengths: np.ndarray, seq: int) -> float:
     """Real tokens / window tokens of the windows `pack_windows` makes of these conversations."""
-    return float(lengths.sum()) / (len(pack_windows(lengths, seq + 1)) * (seq + 1))
+    windows = len(pack_windows(lengths, seq + 1)[1]) - 1
+    return float(lengths.sum()) / (windows * (seq + 1))
 
 
 def in_order_efficiency(lengths: np.ndarray, seq: int) -> float:
@@ -67,7 +68,8 @@ def packed_batch(lengths: np.ndarray, batch: int, seq: int, vocab: int) -> tuple
                                                                                   torch.Tensor, int]:
     """((tokens, position_ids, doc_ids), labels, real tokens) of the first `batch` packed windows: random tokens,
     the second half of each conversation the assistant's."""
-    windows = pack_windows(lengths, seq + 1)[:batch]
+    members, bounds = pack_windows(lengths, seq + 1)
+    windows = [members[a:b] for a, b in itertools.pairwise(bounds[:batch + 1].tolist())]
     gen = torch.Generator().manual_seed(1)
     tokens = torch.zeros(batch, seq + 1, dtype=torch.int64)
     positions, docs = torch.zeros_like(tokens), torch.zeros_like(tokens)

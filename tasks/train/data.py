@@ -66,37 +66,61 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     return path
 
 
-def pack_windows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """The documents (indices into `lengths`, ascending) of each window of at most `capacity` tokens, best-fit
-    decreasing: the longest document first, each into the fullest window it fits, a new window when none has
-    room; windows ordered by their first document. A pure function of the lengths, so every rank and every
-    resume packs the same windows; a document longer than `capacity` (prepare-data cut or dropped those) is
-    refused. About 1.5 us a document (bisect over the distinct free capacities, at most `capacity` of them)."""
+# Documents taken into the packing loop at a time: its Python ints are made a chunk at a time, not for the whole
+# shard at once (100M conversations as Python lists were ~7 GB in every rank, beside the result's).
+_PACK_CHUNK = 1 << 16
+
+
+def pack_windows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """The windows of at most `capacity` tokens that documents of `lengths` pack into, best-fit decreasing: the
+    longest document first, each into the fullest window it fits, a new window when none has room. Returned
+    flat, as int64 arrays: window w holds documents `members[bounds[w]:bounds[w + 1]]` (ascending), the windows
+    ordered by their first document. A pure function of the lengths, so every rank and every resume packs the
+    same windows; a document longer than `capacity` (prepare-data cut or dropped those) is refused. About
+    1.2 us a document (bisect over the distinct free capacities, at most `capacity` of them) and a few int64
+    arrays of the documents' length beside the result while it runs."""
     if len(lengths) and int(lengths.max()) > capacity:
         raise InvalidInputError(f"a document of {int(lengths.max())} tokens does not fit a window of {capacity}")
     free: list[int] = []  # the distinct free capacities of open windows, ascending
     holders: dict[int, list[int]] = {}  # free capacity -> the windows with exactly that much left
-    members: list[list[int]] = []
-    for doc in np.argsort(-lengths, kind="stable").tolist():
-        size = int(lengths[doc])
-        k = bisect_left(free, size)
-        if k == len(free):
-            window, left = len(members), capacity - size
-            members.append([doc])
-        else:
-            have = free[k]
-            stack = holders[have]
-            window, left = stack.pop(), have - size
-            if not stack:
-                del holders[have], free[k]
-            members[window].append(doc)
-        if left:
-            if left in holders:
-                holders[left].append(window)
+    lengths = np.asarray(lengths)
+    index_dtype = np.int32 if len(lengths) < 2**31 else np.int64  # documents and windows: half the bytes
+    window_of = np.empty(len(lengths), index_dtype)  # each document's window, in the order windows opened
+    opened = 0
+    order = np.argsort(-lengths.astype(np.int32), kind="stable").astype(index_dtype)  # lengths <= capacity
+    for at in range(0, len(order), _PACK_CHUNK):
+        docs = order[at:at + _PACK_CHUNK]
+        placed = []
+        for size in lengths[docs].tolist():
+            k = bisect_left(free, size)
+            if k == len(free):
+                window, left = opened, capacity - size
+                opened += 1
             else:
-                holders[left] = [window]
-                insort(free, left)
-    return sorted((sorted(m) for m in members), key=lambda m: m[0])
+                have = free[k]
+                stack = holders[have]
+                window, left = stack.pop(), have - size
+                if not stack:
+                    del holders[have], free[k]
+            placed.append(window)
+            if left:
+                if left in holders:
+                    holders[left].append(window)
+                else:
+                    holders[left] = [window]
+                    insort(free, left)
+        window_of[docs] = placed
+    del order
+    # Renumber the windows by their first (lowest) document; a stable sort keeps each window's documents ascending.
+    first_doc = np.full(opened, len(lengths), index_dtype)
+    np.minimum.at(first_doc, window_of, np.arange(len(lengths), dtype=index_dtype))
+    renumbered = np.empty(opened, index_dtype)
+    renumbered[np.argsort(first_doc, kind="stable")] = np.arange(opened, dtype=index_dtype)
+    np.take(renumbered, window_of, out=window_of)
+    members = np.argsort(window_of, kind="stable")
+    bounds = np.zeros(opened + 1, np.int64)
+    np.cumsum(np.bincount(window_of, minlength=opened), out=bounds[1:])
+    return members, bounds
 
 
 @dataclass(frozen=True)
@@ -153,12 +177,10 @@ class TokenWindows:
             if len(self.masks[-1]) != len(tokens) or not len(starts) or starts[0] or starts[-1] >= len(tokens):
                 raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
             self.starts.append(np.append(starts, len(tokens)))
-            firsts = []
-            for docs in pack_windows(np.diff(self.starts[-1]), seq_len + 1):
-                firsts.append(done)
-                done += len(docs)
-                members.append(np.asarray(docs, dtype=np.int64))
-            index.append(_windows_of(shard, np.asarray(firsts, dtype=np.int64)))
+            packed, bounds = pack_windows(np.diff(self.starts[-1]), seq_len + 1)
+            index.append(_windows_of(shard, done + bounds[:-1]))
+            members.append(packed)
+            done += len(packed)
         self.index = np.concatenate(index) if index else np.zeros((0, 2), np.int64)
         if not len(self.index):
             raise InvalidInputError(f"{root}: no {split}/ windows of {seq_len + 1} tokens in the dataset")

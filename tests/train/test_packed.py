@@ -87,21 +87,38 @@ def test_packed_windows_give_each_conversation_its_own_logits(tmp_path: Path, fa
     assert windows.trained_tokens(range(len(windows))) == int((labels != IGNORE).sum())
 
 
+def _windows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """`pack_windows`'s flat arrays as each window's documents."""
+    members, bounds = pack_windows(lengths, capacity)
+    return [members[a:b].tolist() for a, b in pairwise(bounds.tolist())]
+
+
 def test_windows_pack_whole_documents_best_fit_decreasing() -> None:
     lengths = np.array([3, 2, 4, 1, 4])
     # Longest first (4, 4, 3, 2, 1), each into the fullest window it fits: of 5 tokens [3, 2] [4] [4, 1]; of 9
     # [3, 2] [4, 4, 1] (in order, as before: [3, 2, 4] [1, 4], and a third window at 5 too).
-    assert pack_windows(lengths, 5) == [[0, 1], [2], [3, 4]]
-    assert pack_windows(lengths, 9) == [[0, 1], [2, 3, 4]]
-    assert pack_windows(np.array([4]), 4) == [[0]]  # a document of exactly a window
+    assert _windows(lengths, 5) == [[0, 1], [2], [3, 4]]
+    assert _windows(lengths, 9) == [[0, 1], [2, 3, 4]]
+    assert _windows(np.array([4]), 4) == [[0]]  # a document of exactly a window
     lognormal = np.random.default_rng(0).lognormal(np.log(300), 1.0, 5000).astype(np.int64) + 8
     kept = lognormal[lognormal <= 2049]
-    packed = pack_windows(kept, 2049)
+    packed = _windows(kept, 2049)
     assert sorted(d for w in packed for d in w) == list(range(len(kept)))  # every document, once
     assert all(int(kept[w].sum()) <= 2049 for w in packed)
+    assert [w[0] for w in packed] == sorted(w[0] for w in packed)  # ordered by their first document
     assert kept.sum() / (len(packed) * 2049) > 0.95  # bench/packing.py: the efficiency goal is 0.9
     with pytest.raises(InvalidInputError, match="5 tokens does not fit a window of 4"):
         pack_windows(np.array([2, 5]), 4)
+
+
+def test_packing_in_chunks_packs_as_all_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop takes the documents a chunk at a time (its Python ints), which changes nothing it packs."""
+    from tasks.train import data
+
+    lengths = np.random.default_rng(3).integers(1, 120, 3000)
+    whole = _windows(lengths, 129)
+    monkeypatch.setattr(data, "_PACK_CHUNK", 7)
+    assert _windows(lengths, 129) == whole
 
 
 def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
