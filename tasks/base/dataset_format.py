@@ -131,10 +131,12 @@ class SplitShape:
 
 
 @dataclass(frozen=True)
-class TrainingData:
-    """What the planner needs of a run's training data, read from its manifests (tasks/data/manifest.py
-    `training_data`): whether its windows are packed conversations (their ids and document masks are activations
-    too) and the bytes every training rank holds to index the train splits of the data and each replay source."""
+class PlannedData:
+    """What the planner needs of a run's datasets, read from their manifests (tasks/data/sources.py
+    `planned_data`): whether the training windows are packed conversations (their ids and document masks are
+    activations too), the bytes every training rank holds to index the train splits of the data and each replay
+    source, and those an evaluation rank holds for the largest split a suite reads (one suite at a time)."""
 
     packed: bool = False
-    index_bytes: int = 0
+    train_index_bytes: int = 0
+    eval_index_bytes: int = 0

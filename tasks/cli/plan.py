@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tasks.base.dataset_format import TrainingData
+from tasks.base.dataset_format import PlannedData
 from tasks.base.errors import ConfigError, InvalidInputError, RetrainerError
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from tasks.data.sources import refuse_cached, suite_sources, training_data, training_sources
+    from tasks.data.sources import planned_data, refuse_cached, suite_sources, training_sources
     from tasks.data.warm import remote_manifest_hash
 
     cfg = configured(args)
@@ -69,10 +69,10 @@ def _handle(args: argparse.Namespace) -> int:
             log.debug("plan: %s not checked against the cache: %s", source.field, exc)
     refuse_cached(cfg, planned)
     try:  # planned as the plan stage plans it: packed conversations, and the windows every rank indexes
-        data = training_data(cfg)
+        data = planned_data(cfg)
     except RetrainerError as exc:
         log.debug("plan: the training data not read (%s); planned as plain text, its index not counted", exc)
-        data = TrainingData()
+        data = PlannedData()
     return report(args, cfg, data)
 
 
@@ -97,7 +97,7 @@ def configured(args: argparse.Namespace) -> JobConfig:
     return cfg.with_overrides(overrides) if overrides else cfg
 
 
-def report(args: argparse.Namespace, cfg: JobConfig, data: TrainingData = TrainingData()) -> int:
+def report(args: argparse.Namespace, cfg: JobConfig, data: PlannedData = PlannedData()) -> int:
     """Print the budget (or the ranked layouts) of a run on `data`; the exit code says whether it fits."""
     from tasks.plan.budget import plan
     from tasks.plan.render import render, render_search, shortfall

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.base.dataset_format import MANIFEST_KEY, TrainingData
+from tasks.base.dataset_format import MANIFEST_KEY, PlannedData
 from tasks.data.cache import CacheLayout
 from tasks.data.tokens import ShardRules
 from tasks.data.warm_state import complete_record
@@ -52,15 +52,21 @@ def training_sources(cfg: JobConfig) -> list[DataSource]:
               for i, r in enumerate(d.replay))]
 
 
-def training_data(cfg: JobConfig) -> TrainingData:
-    """What the plan needs of the run's training data, from the manifests of the data and each replay source (as
-    they are now): whether the data's windows are packed conversations, and what every training rank holds to
-    index the train split of each."""
+def planned_data(cfg: JobConfig) -> PlannedData:
+    """What the plan needs of the run's datasets, from their manifests as they are now: whether the data's
+    windows are packed conversations, what every training rank holds to index the train split of the data and of
+    each replay source, and what an evaluation rank holds for the largest split a suite reads."""
     from tasks.data.manifest import read_manifest  # lazy: pydantic only when a manifest must be parsed
 
-    shapes = [read_manifest(f"{s.source_url.rstrip('/')}/{s.manifest}", s.storage_options)
-              .split_shape("train", cfg.model.seq_len) for s in training_sources(cfg)]
-    return TrainingData(packed=shapes[0].packed, index_bytes=sum(s.index_bytes(sampled=True) for s in shapes))
+    seq = cfg.model.seq_len
+    data, *replay = [read_manifest(f"{s.source_url.rstrip('/')}/{s.manifest}", s.storage_options)
+                     for s in training_sources(cfg)]
+    train = [m.split_shape("train", seq) for m in (data, *replay)]
+    suites = [(data if s.source_url is None else read_manifest(f"{s.source_url.rstrip('/')}/{s.manifest}",
+                                                                cfg.data.storage_options)).split_shape(s.split, seq)
+              for s in cfg.evaluate.suites]
+    return PlannedData(packed=train[0].packed, train_index_bytes=sum(s.index_bytes(sampled=True) for s in train),
+                       eval_index_bytes=max((s.index_bytes(sampled=False) for s in suites), default=0))
 
 
 def suite_sources(cfg: JobConfig) -> list[DataSource]:

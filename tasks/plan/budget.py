@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tasks.base.dataset_format import TrainingData
+from tasks.base.dataset_format import PlannedData
 from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
@@ -295,7 +295,7 @@ def plan(
     comm_warn_share: float = COMM_WARN_SHARE,
     bubble_warn: float = BUBBLE_WARN,
     attention: Literal["sdpa", "materialized"] = "sdpa",
-    data: TrainingData = TrainingData(),
+    data: PlannedData = PlannedData(),
 ) -> Plan:
     """Budget one launch of `cfg` and say whether it can work.
 
@@ -303,7 +303,7 @@ def plan(
     device: "cuda"/"gpu" or "cpu": what the ranks compute on (None: `ranks_on_gpu`'s rule).
     reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
-    data: what the training data is, from its manifests (tasks/data/sources.py `training_data`): packed
+    data: what the training data is, from its manifests (tasks/data/sources.py `planned_data`): packed
     conversations (their ids and document masks) or plain text, and the bytes every rank indexes it with.
     """
     validate_layout(cfg, world_size)
@@ -358,7 +358,7 @@ def plan(
         grad_payload, gather_payload, _ = _dp_traffic(n, experts, b, p)
         tensors = {"params": n, "weights": weights, "gradients": grads, "optimizer_states": optim,
                    "activations": act, "comm_buffers": comm, "saved_weights": saved_weights}
-        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run, data.index_bytes)
+        process = process_memory(tensors, zero, b.grad, dp, cpu, loads_weights, saves_mid_run, data.train_index_bytes)
         return {
             "stage": st.index,
             "blocks": st.blocks,
@@ -387,7 +387,7 @@ def plan(
     busiest = max(per_stage, key=lambda s: (s["total"], -s["stage"]))
     process_stage = max(per_stage, key=lambda s: (s["process_total"], -s["stage"]))
     capacity = int((c.gpu_memory_gib - reserve_gib) * GIB)
-    evaluation = evaluation_budget(cfg, capacity, cpu, packed)
+    evaluation = evaluation_budget(cfg, capacity, cpu, packed, data.eval_index_bytes)
     per_node = ranks_per_node(c)[0]
     eval_ranks = min(per_node, evaluation_layout(cfg).parallel.layout.world_size)  # each as the busiest one
     host_node = max(node_peak_bytes(p.layout, per_node, [s["process_total"] for s in per_stage]),

@@ -10,11 +10,12 @@ first).
 Its host RSS (`process_total`, checked by tests/plan/test_process_memory.py against the ranks' `peak_rss_bytes`)
 adds the process's runtime: on CPU runtime + the larger of those tensors and the load (its weights with the
 checkpoint's pages, mapped while it reads them: a bf16 rank read a 45M model's fp32 checkpoint at 423 MiB where
-runtime + tensors said 343), on a GPU runtime + its slice's file pages while it loads. The runtime is an
-evaluation rank's own, below a training rank's (no engine, no optimizer): a 2-rank evaluation of a tiny model
-peaked at 282-287 MiB per rank; the 45M Llama of tests/plan/test_process_memory.py at 393-407 MiB in fp32, where
-runtime + weights + temporaries say 396 (issue 38: the plan without a runtime term was 1.5x below the measured
-peaks). With benchmarks, rank 0 also holds the harness (`HARNESS_RUNTIME_BYTES`).
+runtime + tensors said 343), on a GPU runtime + its slice's file pages while it loads; then, while a suite is
+scored, the index of its split's windows (tasks/base/dataset_format.py `SplitShape.index_bytes`) beside the
+tensors. The runtime is an evaluation rank's own, below a training rank's (no engine, no optimizer): a 2-rank
+evaluation of a tiny model peaked at 282-287 MiB per rank; the 45M Llama of tests/plan/test_process_memory.py at
+393-407 MiB in fp32, where runtime + weights + temporaries say 396 (issue 38: the plan without a runtime term was
+1.5x below the measured peaks). With benchmarks, rank 0 also holds the harness (`HARNESS_RUNTIME_BYTES`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def evaluation_layout(cfg: JobConfig) -> JobConfig:
     return cfg.model_copy(update={"parallel": parallel})
 
 
-def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool, packed: bool = False) -> dict[str, Any]:
+def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool, packed: bool = False,
+                      index_bytes: int = 0) -> dict[str, Any]:
     """Bytes on the busiest evaluation rank and its host RSS, and whether they fit `capacity_bytes` (on CPU the
     host's: the RSS must fit it); an evaluation layout the cluster cannot run is refused naming
-    `evaluate.parallel`."""
+    `evaluate.parallel`; `index_bytes`: the index of the largest split a suite reads, held while it is scored."""
     eval_cfg = evaluation_layout(cfg)
     if cfg.evaluate.parallel is not None:
         try:
@@ -86,7 +88,9 @@ def evaluation_budget(cfg: JobConfig, capacity_bytes: int, on_cpu: bool, packed:
     assert best is not None
     loading = best["weights"] + best["weights_file_pages"]
     runtime = EVAL_RUNTIME_BYTES + (HARNESS_RUNTIME_BYTES if e.benchmarks else 0)
-    process = runtime + (max(best["total"], loading) if on_cpu else best["weights_file_pages"])
-    return {**best, "dtype": e.dtype, "runtime": runtime, "process_total": process,
+    # Loaded first, then scored suite by suite, each split's index held while it is.
+    scoring = best["total"] + index_bytes if on_cpu else index_bytes
+    process = runtime + max(scoring, loading if on_cpu else best["weights_file_pages"])
+    return {**best, "dtype": e.dtype, "runtime": runtime, "data_index": index_bytes, "process_total": process,
             "layout": p.layout.record(), "capacity": capacity_bytes,
             "fits": (process if on_cpu else best["total"]) <= capacity_bytes}

@@ -70,7 +70,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
         lines.append(f"evaluation ranks ({describe_record(el)}, {ev['dtype']}): weights "
                      f"{gib(ev['weights'])} + activations {gib(ev['activations'])} + logits {gib(ev['logits'])} "
                      f"= {gib(ev['total'])} on stage {ev['stage']}; process per rank (host RSS): runtime "
-                     f"{gib(ev['runtime'])}, peak {gib(ev['process_total'])}")
+                     f"{gib(ev['runtime'])}, data index {gib(ev['data_index'])}, peak {gib(ev['process_total'])}")
     if serving:
         lines.append(f"serving ({serving['dtype']}): weights {gib(serving['weights_bytes'])} + KV "
                      f"{serving['kv_cache_bytes_per_token']} B/token x {serving['concurrency']} x "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from tasks.base.dataset_format import TrainingData
+from tasks.base.dataset_format import PlannedData
 from tasks.base.errors import ConfigError, InvalidInputError
 from tasks.base.layout import Layout
 from tasks.config.schema import JobConfig
@@ -19,7 +19,7 @@ def _divisors(n: int) -> list[int]:
 
 def search(cfg: JobConfig, gpus: int, *, device: str | None = None, reserve_gib: float = 0.0,
            include_infeasible: bool = False, attention: str = "sdpa",
-           data: TrainingData = TrainingData()) -> list[Plan]:
+           data: PlannedData = PlannedData()) -> list[Plan]:
     """Every valid layout for `gpus`, keeping the global batch (micro_batch_size x micro_batches x dp).
 
     For each (tp, pp, dp) with tp*pp*dp == gpus, try the micro-batch sizes that

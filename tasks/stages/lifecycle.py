@@ -168,9 +168,9 @@ def stage_plan(cfg: JobConfig, run: RunIdentity, *, force: bool = False) -> Plan
         if not force:
             raise InvalidInputError(lost)
         log.warning("plan: %s; starting the new run anyway because force is set", lost)
-    from tasks.data.sources import training_data
+    from tasks.data.sources import planned_data
 
-    result = plan(cfg, data=training_data(cfg))
+    result = plan(cfg, data=planned_data(cfg))
     log.info("plan: %s", result.verdict)
     for warning in result.warnings:
         log.warning("plan: %s", warning)

@@ -244,7 +244,7 @@ def test_retrainer_plan_plans_a_chat_dataset_as_the_plan_stage_does(tmp_path: Pa
     """`retrainer plan CONFIG` reads data.source_url's manifest: a chat dataset's packed windows add their position
     ids and document masks to the activations, as the run's plan stage counts them, the evaluation ranks' too, and
     every rank's index of its windows to its process memory."""
-    from tasks.base.dataset_format import TrainingData
+    from tasks.base.dataset_format import PlannedData
     from tasks.cli import main as retrainer
     from tasks.data.manifest import read_manifest
     from tasks.models.resolve import load_config
@@ -257,7 +257,7 @@ def test_retrainer_plan_plans_a_chat_dataset_as_the_plan_stage_does(tmp_path: Pa
     doc = json.loads(capsys.readouterr().out)
     job = load_config(config)
     shape = read_manifest(str(tmp_path / "ds")).split_shape("train", job.model.seq_len)
-    data = TrainingData(packed=True, index_bytes=shape.index_bytes(sampled=True))
+    data = PlannedData(packed=True, train_index_bytes=shape.index_bytes(sampled=True))
     packed, plain = plan(job, device="cpu", data=data), plan(job, device="cpu")
     assert doc["memory"]["data_index"] == packed.memory.data_index == shape.index_bytes(sampled=True) > 0
     assert doc["memory"]["activations"] == packed.memory.activations > plain.memory.activations

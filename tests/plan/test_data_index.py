@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.base.dataset_format import SplitShape, TrainingData, packed_windows_bound
+from tasks.base.dataset_format import PlannedData, SplitShape, packed_windows_bound
 from tasks.data.manifest import read_manifest
 from tasks.plan import plan
 from tasks.train.data import Sampler, TokenWindows, pack_windows
@@ -69,10 +69,40 @@ def test_packing_never_opens_more_windows_than_the_bound(seed: int) -> None:
 def test_the_index_is_on_every_rank_for_its_whole_life_gpu_or_cpu() -> None:
     """24M windows (a 100B-token split at seq 4096): 0.54 GiB on every rank, in its host memory on a GPU too."""
     cfg = make_config(parallel={"pp": 2})
-    data = TrainingData(index_bytes=SplitShape(24_000_000).index_bytes(sampled=True))
+    data = PlannedData(train_index_bytes=SplitShape(24_000_000).index_bytes(sampled=True))
     for device in ("cpu", "gpu"):
         without, with_index = plan(cfg, device=device), plan(cfg, device=device, data=data)
         assert with_index.memory.data_index == 576_000_000
         for a, b in zip(without.stages, with_index.stages, strict=True):
             assert b["process_total"] - a["process_total"] == 576_000_000 == b["process"]["data_index"]
         assert with_index.memory.host_node_peak > without.memory.host_node_peak
+
+
+def test_planned_data_reads_the_data_each_replay_source_and_each_suite(tmp_path: Path) -> None:
+    """The training ranks index the train splits of the data and every replay source together; an evaluation
+    rank one suite's split at a time (the largest counted), a suite with its own dataset read from its manifest."""
+    from tasks.config.schema import JobConfig
+    from tasks.data.sources import planned_data
+    from tests.train.conftest import write_dataset
+
+    data = write_dataset(tmp_path / "data", train_shards=2, heldout_tokens=4096)
+    replay = write_dataset(tmp_path / "replay", train_shards=1, seed=4)
+    suite = write_dataset(tmp_path / "suite", train_shards=1, heldout_tokens=16384, seed=5)
+    base = make_config(model={"seq_len": 16, "vocab_size": 256}).model_dump(mode="json")
+    cfg = JobConfig.model_validate({
+        **base,
+        "data": {**base["data"], "source_url": str(data), "replay": [{"source_url": str(replay), "weight": 0.25}]},
+        "evaluate": {**base["evaluate"], "suites": [{"name": "heldout"},
+                                                    {"name": "other", "source_url": str(suite)}]},
+    })
+    planned = planned_data(cfg)
+    train = sum(len(TokenWindows(d, "train", 16, 256)) for d in (data, replay))
+    largest = max(len(TokenWindows(d, "heldout", 16, 256)) for d in (data, suite))
+    assert planned == PlannedData(packed=False, train_index_bytes=24 * train, eval_index_bytes=16 * largest)
+    assert largest == 1023 > len(TokenWindows(data, "heldout", 16, 256))  # the suite's own split, the larger
+
+    result = plan(cfg, device="cpu", data=planned)
+    assert result.evaluation is not None and result.evaluation["data_index"] == 16 * largest
+    alone = plan(cfg, device="cpu").evaluation
+    assert alone is not None and result.evaluation["process_total"] == alone["runtime"] + max(
+        alone["total"] + 16 * largest, alone["weights"] + alone["weights_file_pages"])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.base.dataset_format import TrainingData
+from tasks.base.dataset_format import PlannedData
 from tasks.base.errors import ConfigError
 from tasks.base.layout import Layout
 from tasks.models import get_family
@@ -135,7 +135,7 @@ def test_packed_conversations_add_their_ids_and_document_masks() -> None:
     """A chat dataset's windows: per in-flight micro-batch the int64 position and document ids (2 x 8 x s b),
     per stage the boolean document masks (three of b s^2: two kept, one being built) and the causal s^2."""
     cfg = make_config(model=DEMO, parallel={"pp": 2, "micro_batches": 4}, train={"micro_batch_size": 2})
-    plain, packed = plan(cfg), plan(cfg, data=TrainingData(packed=True))
+    plain, packed = plan(cfg), plan(cfg, data=PlannedData(packed=True))
     s, b = 64, 2
     for stage, in_flight in ((0, 2), (1, 1)):  # 1F1B: min(micro_batches, pp - stage)
         added = packed.stages[stage]["activations"] - plain.stages[stage]["activations"]
