@@ -303,8 +303,9 @@ def plan(
     device: "cuda"/"gpu" or "cpu": what the ranks compute on (None: `ranks_on_gpu`'s rule).
     reserve_gib: memory kept back per GPU (CUDA context, allocator slack).
     attention: "sdpa" (fused kernel, our model) or "materialized" (s x s scores kept for backward).
-    data: what the training data is, from its manifests (tasks/data/sources.py `planned_data`): packed
-    conversations (their ids and document masks) or plain text, and the bytes every rank indexes it with.
+    data: what the run's datasets are, from their manifests (tasks/data/sources.py `planned_data`): packed
+    conversations (their ids and document masks) or plain text, and the bytes a training rank and an
+    evaluation rank index their windows with.
     """
     validate_layout(cfg, world_size)
     m, p, t, c = cfg.model, cfg.parallel, cfg.train, cfg.cluster
