@@ -15,7 +15,7 @@ from tasks.config.schema import JobConfig, ParallelConfig
 from tasks.models import get_family
 from tasks.models.shapes import Stage, pipeline_stages
 from tasks.plan.evaluation import evaluation_budget, evaluation_layout
-from tasks.plan.host import node_peak_bytes
+from tasks.plan.host import node_peak_bytes, this_machine_memory_bytes
 from tasks.plan.layout import ranks_per_node, validate_layout
 from tasks.plan.packing import packing_bytes
 from tasks.plan.process import process_memory
@@ -90,7 +90,8 @@ class Memory:
     process_peak: int = 0  # host RSS at the rank's peak (on CPU: tensors included; on a GPU: runtime + snapshot)
     process_phase: str = ""  # what peaks: training, saving, training + snapshot, loading
     host_node_peak: int = 0  # host RSS of the busiest node's ranks together (tasks/plan/host.py)
-    host_capacity: int | None = None  # cluster.host_memory_gib; None: not checked
+    host_capacity: int | None = None  # cluster.host_memory_gib, else a local run's machine; None: not checked
+    host_capacity_of: str = ""  # where host_capacity comes from
 
 
 @dataclass(frozen=True)
@@ -393,7 +394,12 @@ def plan(
     eval_ranks = min(per_node, evaluation_layout(cfg).parallel.layout.world_size)  # each as the busiest one
     host_node = max(node_peak_bytes(p.layout, per_node, [s["process_total"] for s in per_stage]),
                     eval_ranks * evaluation["process_total"])
-    host_capacity = None if c.host_memory_gib is None else int(c.host_memory_gib * GIB)
+    if c.host_memory_gib is not None:
+        host_capacity, host_capacity_of = int(c.host_memory_gib * GIB), "cluster.host_memory_gib"
+    elif c.launcher == "local":  # the ranks run on this machine
+        host_capacity, host_capacity_of = this_machine_memory_bytes(), "this machine's memory (the local launcher)"
+    else:
+        host_capacity, host_capacity_of = None, ""
     mem = Memory(
         weights=busiest["weights"],
         gradients=busiest["gradients"],
@@ -414,6 +420,7 @@ def plan(
         process_phase=process_stage["process_phase"],
         host_node_peak=host_node,
         host_capacity=host_capacity,
+        host_capacity_of=host_capacity_of,
     )
 
     step = _step(cfg, busiest, b)
@@ -580,5 +587,6 @@ def _assumptions(precision: str, mfu: float, capacity: int, attention: str) -> l
         "gradients, optimizer states and their host snapshot; a run that saves before its last step: the next "
         "step with the snapshot on top) and the load of starting weights; on CPU it must fit the capacity",
         "host memory per node (tasks/plan/host.py): the process peaks of a node's ranks added up (ranks placed "
-        "node-major), or of its evaluation ranks; checked against cluster.host_memory_gib when that is set",
+        "node-major), or of its evaluation ranks; checked against cluster.host_memory_gib when that is set, "
+        "else for the local launcher against this machine's memory",
     ]

@@ -7,11 +7,17 @@ once: Llama 70B on 32 GPUs (tp 8, pp 2, dp 2) holds ~33 GiB per rank, ~266 GiB o
 save. A node with less RAM is OOM-killed at the first save, hours into the run. Ranks are placed node-major
 (global rank = node x ranks per node + local rank: torchrun's order, which every launcher here uses), in the
 layout's rank order; training and evaluation are separate jobs, so a node holds the larger of the two.
+
+The `local` launcher's node is the planning machine itself: without `cluster.host_memory_gib` its capacity is
+this machine's memory (its container's limit, when lower), so a local run that cannot fit is refused before a
+rank starts instead of being OOM-killed at its first save.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from tasks.base.layout import Layout
 
@@ -22,3 +28,20 @@ def node_peak_bytes(layout: Layout, ranks_per_node: int, stage_peaks: Sequence[i
     per_node = min(ranks_per_node, world)
     return max(sum(stage_peaks[layout.coord(rank).pp] for rank in range(first, min(first + per_node, world)))
                for first in range(0, world, per_node))
+
+
+# A container's memory limit: cgroup v2, then v1 (whose "no limit" is a huge number, as v2's is "max").
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def this_machine_memory_bytes() -> int:
+    """The host memory this machine's processes can hold together: its RAM, or its container's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            limit = path.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total

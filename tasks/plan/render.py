@@ -24,8 +24,8 @@ def shortfall(r: Plan) -> str:
     """Why a plan does not fit, in one line (the CLI, the table and the plan task's error say the same)."""
     o = r.overflow or {}
     if o.get("term") == "host_memory":
-        return (f"{gib(o['by_bytes'])} over cluster.host_memory_gib ({gib(o['capacity_bytes'])}) on a node: its "
-                f"ranks' host memory together {gib(o['total_bytes'])}")
+        return (f"{gib(o['by_bytes'])} over {r.memory.host_capacity_of} ({gib(o['capacity_bytes'])}) on a node: "
+                f"its ranks' host memory together {gib(o['total_bytes'])}")
     if not o:
         return "does not fit"
     return f"{gib(o['by_bytes'])} over on stage {o['stage']}; largest term {o['term']} ({gib(o['term_bytes'])})"
@@ -54,7 +54,7 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
                  f"weights file pages {gib(m.weights_file_pages)}, data index {gib(m.data_index)}; "
                  f"peak {gib(m.process_peak)} ({m.process_phase})")
     lines.append(f"host memory per node (its ranks' process peaks together): {gib(m.host_node_peak)}"
-                 + (f" of {gib(m.host_capacity)}" if m.host_capacity is not None
+                 + (f" of {gib(m.host_capacity)} ({m.host_capacity_of})" if m.host_capacity is not None
                     else " (cluster.host_memory_gib unset: not checked)"))
     lines += [
         "per step:",

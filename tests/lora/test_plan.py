@@ -65,7 +65,8 @@ def test_search_finds_smaller_layouts_with_lora() -> None:
     llama8b = {"family": "llama", "vocab_size": 128256, "seq_len": 2048, "n_layers": 32, "d_model": 4096,
                "n_heads": 32, "n_kv_heads": 8, "d_ff": 14336}
     full = make_config(model=llama8b, train={"precision": "bf16", "micro_batch_size": 1,
-                                             "activation_checkpointing": True})
+                                             "activation_checkpointing": True},
+                       cluster={"host_memory_gib": 1024})  # a GPU node's host memory, not this machine's
     lora = full.with_overrides({"train.lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]}})
     assert search(full, 1, device="gpu") == []
     found = search(lora, 1, device="gpu")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -211,7 +213,8 @@ def test_warnings_for_bubble_and_communication() -> None:
 def test_search_ranks_only_feasible_layouts_that_keep_the_global_batch() -> None:
     big = {"vocab_size": 32000, "seq_len": 1024, "n_layers": 16, "d_model": 2048, "n_heads": 16}
     cfg = make_config(model=big, parallel={"dp": 1, "zero_stage": 1, "micro_batches": 8},
-                      train={"precision": "bf16", "micro_batch_size": 1}, cluster={"gpu_memory_gib": 16})
+                      train={"precision": "bf16", "micro_batch_size": 1},
+                      cluster={"gpu_memory_gib": 16, "host_memory_gib": 1024})  # a GPU node's, not this machine's
     assert not plan(cfg).fits
     ranked = search(cfg, 8)
     assert ranked and all(r.fits for r in ranked)
@@ -322,10 +325,13 @@ def test_a_nodes_host_memory_adds_up_the_ranks_placed_on_it() -> None:
 def test_the_plan_holds_a_nodes_ranks_against_its_host_memory() -> None:
     """Every rank of a node snapshots its model states to host memory at a save: the plan adds the node's ranks'
     process peaks (or its evaluation ranks') and refuses a node whose `cluster.host_memory_gib` cannot hold them,
-    naming the field; unset, the figure is printed and nothing is refused."""
+    naming the field; unset, the figure is printed and nothing is refused, but for the local launcher, whose node is
+    this machine: its memory is the capacity, named so."""
+    from tasks.plan.host import this_machine_memory_bytes
     from tasks.plan.render import gib, shortfall
 
-    cfg = make_config(parallel={"tp": 1, "pp": 2, "dp": 2}, cluster={"gpus_per_node": 4})
+    cfg = make_config(parallel={"tp": 1, "pp": 2, "dp": 2},
+                      cluster={"gpus_per_node": 4, "launcher": "ssh", "hosts": ["gpu-a"]})
     free = plan(cfg, device="gpu")
     training = 2 * sum(s["process_total"] for s in free.stages)  # one node: both stages, two DP ranks each
     assert free.memory.host_node_peak == max(training, 4 * free.evaluation["process_total"])
@@ -340,6 +346,31 @@ def test_the_plan_holds_a_nodes_ranks_against_its_host_memory() -> None:
     assert shortfall(tight) == (f"{gib(tight.overflow['by_bytes'])} over cluster.host_memory_gib "
                                 f"({gib(tight.memory.host_capacity)}) on a node: its ranks' host memory together "
                                 f"{gib(free.memory.host_node_peak)}")
+    local = plan(cfg.with_overrides({"cluster.launcher": "local"}), device="gpu")
+    assert local.memory.host_capacity == this_machine_memory_bytes() > 0
+    assert f"of {gib(this_machine_memory_bytes())} (this machine's memory (the local launcher))" in render(local)
+
+
+def test_a_local_run_that_this_machine_cannot_hold_is_refused_naming_its_memory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The local launcher's ranks all run here: a plan whose ranks together need more than this machine's memory
+    (here its container's limit, a cgroup file holding half what they need) is refused before a rank starts, saying
+    so; a container without a limit ("max") leaves the machine's RAM."""
+    from tasks.plan import host
+    from tasks.plan.render import gib, shortfall
+
+    cfg = make_config(parallel={"tp": 1, "pp": 2, "dp": 2})
+    needed = plan(cfg, device="cpu").memory.host_node_peak
+    limit = tmp_path / "memory.max"
+    limit.write_text(f"{needed // 2}\n")
+    monkeypatch.setattr(host, "CGROUP_LIMITS", (tmp_path / "absent", limit))
+    refused = plan(cfg, device="cpu")
+    assert not refused.fits and refused.overflow is not None and refused.overflow["term"] == "host_memory"
+    assert refused.memory.host_capacity == needed // 2
+    assert shortfall(refused).startswith(f"{gib(needed - needed // 2)} over this machine's memory (the local "
+                                         f"launcher) ({gib(needed // 2)}) on a node")
+    limit.write_text("max\n")
+    assert plan(cfg, device="cpu").memory.host_capacity == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def test_the_recompute_hint_is_given_only_where_recomputation_would_make_it_fit() -> None:
