@@ -11,7 +11,7 @@ and real (non-padding) tokens per second, which the padding of the windows lower
 The two sides alternate (bench/fair.py: >= 3 rounds, rotated, medians; a scattered set is taken again).
 
 Efficiency. The share of window tokens that are real when whole conversations are packed best-fit decreasing
-(tasks/train/data.py `pack_windows`, what a chat dataset's windows are; beside it, greedily in order, the packer
+(tasks/data/packing.py `pack_windows`, what a chat dataset's windows are; beside it, greedily in order, the packer
 before), for conversation lengths drawn from a log-normal (median `--median-len` tokens, sigma 1.0: many short
 exchanges, a long tail of long ones), cut at the window as `prepare-data --overlong drop` does. Goal: >= 0.9.
 Counts, and the seconds the packer takes for a million conversations (every rank packs its split at start).
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from tasks.config.model import ModelConfig
+from tasks.data.packing import pack_windows
 from tasks.models import get_family
 from tasks.models.parallel import TPGroup
-from tasks.train.data import pack_windows
 from tasks.train.packing import IGNORE, token_weighted_loss
 
 

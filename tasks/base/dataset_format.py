@@ -101,7 +101,7 @@ def window_starts(n_tokens: int, seq_len: int) -> range:
 
 def packed_windows_bound(n_tokens: int, documents: int, seq_len: int) -> int:
     """At most how many windows of `seq_len + 1` tokens one chat shard's `documents` (`n_tokens` in all) pack
-    into (tasks/train/data.py `pack_windows`), known from the manifest before any rank packs them. The packing
+    into (tasks/data/packing.py `pack_windows`), known from the manifest before any rank packs them. The packing
     opens a window only for a document no open window has room for, so any two windows together hold more than
     one window's tokens: at most 2 x tokens / capacity + 1 windows, and never more than one a document."""
     return min(documents, 2 * n_tokens // (seq_len + 1) + 1)

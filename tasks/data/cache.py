@@ -7,6 +7,7 @@ Layout under a cache root (the dataset directory shape is a contract with train/
     state/<id>.json, <id>.journal    record of verified digests (see state.py)
     state/<id>.used                  mtime = last use (LRU order)
     state/<id>.size                  bytes the dataset takes when complete (counted while it is still arriving)
+    packed/<id>/                     a chat dataset's windows as the node's warm packed them (tasks/data/packing.py)
     locks/<id>.warm.lock             exclusive while a warm writes the dataset
     locks/<id>.use.lock              shared while a dataset is in use (trainer, warm); eviction needs it exclusive
     locks/evict.lock                 exclusive while one warm evicts to fit its dataset
@@ -50,6 +51,9 @@ class CacheLayout:
 
     def dataset_dir(self, dsid: str) -> Path:
         return self.root / "datasets" / dsid
+
+    def packing_dir(self, dsid: str) -> Path:
+        return self.root / "packed" / dsid
 
     def partial_dir(self, dsid: str) -> Path:
         return self.root / "partial" / dsid
@@ -196,6 +200,7 @@ def remove_dataset(layout: CacheLayout, dsid: str) -> None:
     for p in (layout.state_path(dsid), layout.journal_path(dsid), layout.used_stamp(dsid), layout.size_path(dsid)):
         p.unlink(missing_ok=True)
     shutil.rmtree(layout.partial_dir(dsid), ignore_errors=True)
+    shutil.rmtree(layout.packing_dir(dsid), ignore_errors=True)
     shutil.rmtree(trash, ignore_errors=True)
 
 

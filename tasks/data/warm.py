@@ -22,6 +22,7 @@ record when it is cached already (steps 2 and 4).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.base.dataset_format import MANIFEST_KEY, manifest_hash
+from tasks.base.dataset_format import MANIFEST_KEY, manifest_hash, token_bytes
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from tasks.base.object_source import ObjectSource, open_source
@@ -43,6 +44,7 @@ from tasks.data.cache import (
     use_lock,
     warm_lock,
 )
+from tasks.data.packing import write_packing
 from tasks.data.report import Progress, WarmReport, WarmResult
 from tasks.data.sources import DataSource, training_sources
 from tasks.data.tokens import ShardCheck, ShardRules, Tokens
@@ -110,11 +112,13 @@ def warm(
     progress: bool = True,
     part_size: int | None = None,
     rules: ShardRules | None = None,
+    seq_len: int | None = None,
 ) -> WarmResult:
     """Warm the dataset at `source_url` into `<cache_root>/datasets/<manifest_hash[:16]>/`.
 
     `part_size`: objects larger than this are fetched as parallel ranged parts (default 16 MiB).
     `rules`: what the model that will read the dataset needs of it (none: the tokens are only recorded).
+    `seq_len`: the model's; a chat dataset's splits in `rules` are then packed into its windows for the ranks.
     """
     t0 = time.monotonic()
     workers = max_workers or DEFAULT_WORKERS
@@ -152,12 +156,32 @@ def warm(
                     remove_dataset(layout, dsid)  # a refused dataset leaves nothing under a final name
                 raise
 
+    if seq_len is not None:
+        _pack_chat_splits(layout, dsid, result, rules.splits, seq_len)
     report.seconds = time.monotonic() - t0
     result.report = report
     log.info("warm: dataset %s ready at %s: fetched %d files / %.1f MB, skipped %d, verified %d, %.2f s, %.1f MB/s",
              dsid, dataset_dir, report.files_fetched, report.bytes_fetched / 1e6, report.files_skipped,
              report.files_verified, report.seconds, report.mb_per_s)
     return result
+
+
+def _pack_chat_splits(layout: CacheLayout, dsid: str, result: WarmResult, splits: tuple[str, ...],
+                      seq_len: int) -> None:
+    """A chat dataset's splits the run reads, packed into windows of `seq_len + 1` tokens once, here, for every
+    rank of the node to map (tasks/data/packing.py); the dataset held in use meanwhile."""
+    if json.loads(result.manifest_raw).get("chat") is None:  # no pydantic for a plain-text re-warm
+        return
+    manifest = result.manifest
+    width, started, shards = token_bytes(manifest.dtype), time.monotonic(), 0
+    with use_lock(layout, dsid):
+        for split in splits:
+            for entry in manifest.split(split):
+                if entry.size and write_packing(result.dataset_dir, entry.key, entry.size // width, seq_len + 1):
+                    shards += 1
+    if shards:
+        log.info("warm: packed %d chat shard(s) of dataset %s into windows of %d tokens in %.2f s", shards, dsid,
+                 seq_len + 1, time.monotonic() - started)
 
 
 def _already_warm(layout: CacheLayout, dsid: str, raw: bytes, rules: ShardRules, where: str) -> WarmReport | None:
@@ -333,10 +357,10 @@ def warm_sources(sources: list[DataSource], cache_root: str | os.PathLike[str], 
 def warm_for_config(cfg: JobConfig, **kw: Any) -> WarmResult:
     """Warm the dataset a job config names (data.source_url, manifest, cache_dir, budget, storage options)."""
     return warm_sources(training_sources(cfg)[:1], cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
-                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)[0]
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, seq_len=cfg.model.seq_len, **kw)[0]
 
 
 def warm_mixture(cfg: JobConfig, **kw: Any) -> list[WarmResult]:
     """Warm every source a job trains on: data.source_url first, then each `data.replay` source in order."""
     return warm_sources(training_sources(cfg), cfg.data.cache_dir, vocab_size=cfg.model.vocab_size,
-                        disk_budget_bytes=cfg.data.disk_budget_bytes, **kw)
+                        disk_budget_bytes=cfg.data.disk_budget_bytes, seq_len=cfg.model.seq_len, **kw)

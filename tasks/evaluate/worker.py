@@ -104,7 +104,8 @@ class Evaluation:
             for s in self.spec["suites"]:
                 rules = ShardRules(self.job.model.vocab_size, (s["split"],), f"evaluate suite {s['name']}")
                 result = warm(s["source_url"], self.spec["cache_dir"], manifest_key=s["manifest"],
-                              storage_options=self.spec["data_storage_options"], progress=False, rules=rules)
+                              storage_options=self.spec["data_storage_options"], progress=False, rules=rules,
+                              seq_len=self.job.model.seq_len)
                 refuse_unplanned(result.manifest_hash, s["manifest_hash"], s["source_url"],
                                  f"evaluate suite {s['name']}")
                 dirs[s["name"]] = str(result.dataset_dir)

@@ -65,7 +65,8 @@ def node_spec(cfg: Any, run: Any, run_dir: Path) -> dict[str, Any]:
               for source, planned in zip(sources, run.replay, strict=True)]
     return {
         **asdict(primary), "cache_dir": d.cache_dir, "disk_budget_bytes": d.disk_budget_bytes,
-        "vocab_size": cfg.model.vocab_size, "manifest_hash": run.data_manifest_hash, "replay": replay,
+        "vocab_size": cfg.model.vocab_size, "seq_len": cfg.model.seq_len, "manifest_hash": run.data_manifest_hash,
+        "replay": replay,
         "init": asdict(weights_to_load(cfg, run)),
         "weights": asdict(WeightSources.of(cfg)),
         "adapter": {"version": asdict(run.init), "dest": str(start_adapter_dir(run_dir))}
@@ -88,7 +89,8 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     node, started = node_name(), time.monotonic()
     sources = [spec, *spec.get("replay", [])]
     results = warm_sources([DataSource.from_dict(s) for s in sources], spec["cache_dir"],
-                           vocab_size=spec["vocab_size"], disk_budget_bytes=spec["disk_budget_bytes"], progress=False)
+                           vocab_size=spec["vocab_size"], disk_budget_bytes=spec["disk_budget_bytes"],
+                           seq_len=spec["seq_len"], progress=False)
     for source, result in zip(sources, results, strict=True):
         refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))

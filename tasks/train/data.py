@@ -20,15 +20,14 @@ Dataset format (written by `tasks.data.manifest` / `tasks.data.prepare`, copied 
 little-endian tokens of that dtype, read by memmap; the split is the key prefix.
 
 A chat dataset (the manifest's `chat`) has a loss mask and document starts beside each shard: its windows
-are packed from whole conversations of one shard (best-fit decreasing, `pack_windows`: a window's
-conversations need not be neighbours; the rest of `seq_len + 1` tokens is padding), and `get_packed` gives
-what `tasks.train.packing` turns into a packed batch.
+are packed from whole conversations of one shard (best-fit decreasing, tasks/data/packing.py: a window's
+conversations need not be neighbours; the rest of `seq_len + 1` tokens is padding; packed once per node by its
+warm, mapped here), and `get_packed` gives what `tasks.train.packing` turns into a packed batch.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -39,16 +38,15 @@ import torch
 from tasks.base.dataset_format import (
     MANIFEST_KEY,
     MASK_DTYPE,
-    STARTS_DTYPE,
     TOKEN_DTYPES,
     manifest_hash,
     mask_key,
-    starts_key,
     window_starts,
 )
 from tasks.base.errors import InvalidInputError
 from tasks.data.cache import sibling_dataset_dir
 from tasks.data.manifest import read_manifest
+from tasks.data.packing import document_lengths, shard_windows
 
 
 def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:
@@ -64,63 +62,6 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
         raise InvalidInputError(f"replay source {url}: {path} holds manifest {found[:12]}, this run trains on "
                                 f"{expected_hash[:12]}")
     return path
-
-
-# Documents taken into the packing loop at a time: its Python ints are made a chunk at a time, not for the whole
-# shard at once (100M conversations as Python lists were ~7 GB in every rank, beside the result's).
-_PACK_CHUNK = 1 << 16
-
-
-def pack_windows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """The windows of at most `capacity` tokens that documents of `lengths` pack into, best-fit decreasing: the
-    longest document first, each into the fullest window it fits, a new window when none has room. Returned
-    flat, as int64 arrays: window w holds documents `members[bounds[w]:bounds[w + 1]]` (ascending), the windows
-    ordered by their first document. A pure function of the lengths, so every rank and every resume packs the
-    same windows; a document longer than `capacity` (prepare-data cut or dropped those) is refused. About
-    1.2 us a document (bisect over the distinct free capacities, at most `capacity` of them) and a few int64
-    arrays of the documents' length beside the result while it runs."""
-    if len(lengths) and int(lengths.max()) > capacity:
-        raise InvalidInputError(f"a document of {int(lengths.max())} tokens does not fit a window of {capacity}")
-    free: list[int] = []  # the distinct free capacities of open windows, ascending
-    holders: dict[int, list[int]] = {}  # free capacity -> the windows with exactly that much left
-    lengths = np.asarray(lengths)
-    index_dtype = np.int32 if len(lengths) < 2**31 else np.int64  # documents and windows: half the bytes
-    window_of = np.empty(len(lengths), index_dtype)  # each document's window, in the order windows opened
-    opened = 0
-    order = np.argsort(-lengths.astype(np.int32), kind="stable").astype(index_dtype)  # lengths <= capacity
-    for at in range(0, len(order), _PACK_CHUNK):
-        docs = order[at:at + _PACK_CHUNK]
-        placed = []
-        for size in lengths[docs].tolist():
-            k = bisect_left(free, size)
-            if k == len(free):
-                window, left = opened, capacity - size
-                opened += 1
-            else:
-                have = free[k]
-                stack = holders[have]
-                window, left = stack.pop(), have - size
-                if not stack:
-                    del holders[have], free[k]
-            placed.append(window)
-            if left:
-                if left in holders:
-                    holders[left].append(window)
-                else:
-                    holders[left] = [window]
-                    insort(free, left)
-        window_of[docs] = placed
-    del order
-    # Renumber the windows by their first (lowest) document; a stable sort keeps each window's documents ascending.
-    first_doc = np.full(opened, len(lengths), index_dtype)
-    np.minimum.at(first_doc, window_of, np.arange(len(lengths), dtype=index_dtype))
-    renumbered = np.empty(opened, index_dtype)
-    renumbered[np.argsort(first_doc, kind="stable")] = np.arange(opened, dtype=index_dtype)
-    np.take(renumbered, window_of, out=window_of)
-    members = np.argsort(window_of, kind="stable")
-    bounds = np.zeros(opened + 1, np.int64)
-    np.cumsum(np.bincount(window_of, minlength=opened), out=bounds[1:])
-    return members, bounds
 
 
 @dataclass(frozen=True)
@@ -173,11 +114,11 @@ class TokenWindows:
                 index.append(_windows_of(shard, np.arange(at.start, at.stop, at.step, dtype=np.int64)))
                 continue
             self.masks.append(np.memmap(root / mask_key(entry.key), dtype=MASK_DTYPE, mode="r"))
-            starts = np.fromfile(root / starts_key(entry.key), dtype=STARTS_DTYPE).astype(np.int64)
-            if len(self.masks[-1]) != len(tokens) or not len(starts) or starts[0] or starts[-1] >= len(tokens):
-                raise InvalidInputError(f"{path}: its loss mask or document starts do not match its tokens")
-            self.starts.append(np.append(starts, len(tokens)))
-            packed, bounds = pack_windows(np.diff(self.starts[-1]), seq_len + 1)
+            if len(self.masks[-1]) != len(tokens):
+                raise InvalidInputError(f"{path}: its loss mask does not match its tokens")
+            lengths = document_lengths(root, entry.key, len(tokens))
+            self.starts.append(np.concatenate([[0], np.cumsum(lengths)]))
+            packed, bounds = shard_windows(root, entry.key, lengths, seq_len + 1)
             index.append(_windows_of(shard, done + bounds[:-1]))
             members.append(packed)
             done += len(packed)

@@ -10,8 +10,9 @@ import pytest
 
 from tasks.base.dataset_format import PlannedData, SplitShape, packed_windows_bound
 from tasks.data.manifest import read_manifest
+from tasks.data.packing import pack_windows
 from tasks.plan import plan
-from tasks.train.data import Sampler, TokenWindows, pack_windows
+from tasks.train.data import Sampler, TokenWindows
 from tests.plan.conftest import make_config
 
 

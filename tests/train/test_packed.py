@@ -14,10 +14,11 @@ import torch
 
 from tasks.base.errors import InvalidInputError
 from tasks.config.model import ModelConfig
+from tasks.data.packing import pack_windows
 from tasks.data.prepare.core import PrepareOptions, prepare
 from tasks.launch import train
 from tasks.models import get_family
-from tasks.train.data import TokenWindows, pack_windows
+from tasks.train.data import TokenWindows
 from tasks.train.packing import IGNORE, packed_inputs
 from tests.chat import LLAMA3, QWEN, chat_tokenizer, conversations, write_chat_jsonl
 
@@ -113,11 +114,11 @@ def test_windows_pack_whole_documents_best_fit_decreasing() -> None:
 
 def test_packing_in_chunks_packs_as_all_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop takes the documents a chunk at a time (its Python ints), which changes nothing it packs."""
-    from tasks.train import data
+    from tasks.data import packing
 
     lengths = np.random.default_rng(3).integers(1, 120, 3000)
     whole = _windows(lengths, 129)
-    monkeypatch.setattr(data, "_PACK_CHUNK", 7)
+    monkeypatch.setattr(packing, "_PACK_CHUNK", 7)
     assert _windows(lengths, 129) == whole
 
 
@@ -135,6 +136,50 @@ def test_a_warmed_chat_dataset_reads_as_its_source(tmp_path: Path) -> None:
     for a, b in zip(vars(here.get_packed(everything)).values(), vars(there.get_packed(everything)).values(),
                     strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_warm_packs_a_chat_split_once_and_the_ranks_map_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A node's warm packs each chat split the run reads at the model's sequence length into the cache, once; a
+    rank then maps the packing without packing anything, and gets the windows a rank packing for itself gets. A
+    damaged packing is not mapped (the rank packs for itself, saying so); an evicted dataset takes its packing."""
+    from tasks.data import packing
+    from tasks.data.cache import CacheLayout, remove_dataset
+    from tasks.data.tokens import ShardRules
+    from tasks.data.warm import warm
+
+    source = chat_dataset(tmp_path, QWEN, 40, heldout_fraction=0.25)
+    rules = ShardRules(512, ("train", "heldout"), "data")
+    result = warm(str(source), tmp_path / "cache", progress=False, rules=rules, seq_len=SEQ)
+    layout, dsid = CacheLayout(tmp_path / "cache"), result.dataset_dir.name
+    written = sorted(p.relative_to(layout.packing_dir(dsid)).as_posix()
+                     for p in layout.packing_dir(dsid).rglob("*.npy"))
+    assert written == [f"v{packing.PACKING_FORMAT}-window{SEQ + 1}/{split}/shard-00000.bin.{part}.npy"
+                       for split in ("heldout", "train") for part in ("bounds", "members")]
+    stamps = {p: p.stat().st_mtime_ns for p in layout.packing_dir(dsid).rglob("*.npy")}
+    warm(str(source), tmp_path / "cache", progress=False, rules=rules, seq_len=SEQ)  # a re-warm packs nothing
+    assert {p: p.stat().st_mtime_ns for p in layout.packing_dir(dsid).rglob("*.npy")} == stamps
+
+    for split in ("train", "heldout"):
+        here = TokenWindows(source, split, SEQ, 512)  # outside a cache: packed by this rank
+        with monkeypatch.context() as patched:
+            patched.setattr(packing, "pack_windows", lambda *a: pytest.fail("a rank packed a warmed split"))
+            there = TokenWindows(result.dataset_dir, split, SEQ, 512)
+        assert np.array_equal(here.index, there.index) and np.array_equal(here.ends, there.ends)
+        assert np.array_equal(here.members, there.members) and len(here) > 1
+
+    bounds = next(layout.packing_dir(dsid).rglob("train/*.bounds.npy"))
+    np.save(bounds, np.array([0, 1, 2], dtype=np.int64))  # two windows of one document each: not this shard's
+    with caplog.at_level("WARNING", logger="tasks.data.packing"):
+        damaged = TokenWindows(result.dataset_dir, "train", SEQ, 512)
+    assert "the cached packing does not fit the shard: packing it here" in caplog.text
+    assert np.array_equal(damaged.members, TokenWindows(source, "train", SEQ, 512).members)
+    bounds.write_bytes(b"not an array")
+    assert np.array_equal(TokenWindows(result.dataset_dir, "train", SEQ, 512).index, damaged.index)
+    assert "the cached packing is unreadable" in caplog.text
+
+    remove_dataset(layout, dsid)
+    assert not layout.packing_dir(dsid).exists()
 
 
 def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[bool]]]) -> tuple[float, int]:
