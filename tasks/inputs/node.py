@@ -90,7 +90,7 @@ def warm_node(spec: dict[str, Any]) -> dict[str, Any]:
     sources = [spec, *spec.get("replay", [])]
     results = warm_sources([DataSource.from_dict(s) for s in sources], spec["cache_dir"],
                            vocab_size=spec["vocab_size"], disk_budget_bytes=spec["disk_budget_bytes"],
-                           seq_len=spec["seq_len"], progress=False)
+                           seq_len=spec.get("seq_len"), progress=False)  # absent: a spec from before it
     for source, result in zip(sources, results, strict=True):
         refuse_unplanned(result.manifest_hash, source["manifest_hash"], source["source_url"], f"node {node}")
     weights = fetch_weights(StartingWeights(**spec["init"]), WeightSources(**spec["weights"]))

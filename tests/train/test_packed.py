@@ -4,6 +4,7 @@ batch's assistant tokens, conversation by conversation (token-weighted across mi
 
 from __future__ import annotations
 
+import hashlib
 import json
 from itertools import pairwise
 from pathlib import Path
@@ -180,6 +181,32 @@ def test_the_warm_packs_a_chat_split_once_and_the_ranks_map_it(tmp_path: Path, m
 
     remove_dataset(layout, dsid)
     assert not layout.packing_dir(dsid).exists()
+
+
+def test_a_chat_shard_whose_document_starts_go_backwards_is_refused_at_the_warm(tmp_path: Path) -> None:
+    """A producer's starts file that its manifest vouches for but that cannot be this shard's conversations (an
+    offset before the one it follows): the node's warm refuses it naming the shard, before any rank starts and
+    without packing anything."""
+    from tasks.base.dataset_format import STARTS_DTYPE, starts_key
+    from tasks.data.cache import CacheLayout
+    from tasks.data.tokens import ShardRules
+    from tasks.data.warm import warm
+
+    source = chat_dataset(tmp_path, QWEN, 12)
+    path = source / starts_key("train/shard-00000.bin")
+    starts = np.fromfile(path, dtype=STARTS_DTYPE)
+    starts[[1, 2]] = starts[[2, 1]]  # two conversations' offsets swapped: the second ends before it starts
+    path.write_bytes(starts.tobytes())
+    manifest = json.loads((source / "manifest.json").read_text())  # the producer vouches for the new bytes
+    for entry in manifest["files"]:
+        if entry["key"] == starts_key("train/shard-00000.bin"):
+            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInputError, match=r"datasets/[0-9a-f]{16}/train/shard-00000\.bin: its document "
+                                                r"starts do not match its tokens"):
+        warm(str(source), tmp_path / "cache", progress=False, rules=ShardRules(512, ("train",), "data"),
+             seq_len=SEQ)
+    assert not (CacheLayout(tmp_path / "cache").root / "packed").exists()
 
 
 def hf_loss(m: ModelConfig, seed: int, convs: list[tuple[list[int], list[bool]]]) -> tuple[float, int]:
