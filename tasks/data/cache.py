@@ -223,7 +223,7 @@ def make_room(layout: CacheLayout, dsid: str, dataset_bytes: int, budget: int) -
     evicted: list[str] = []
     with _flock(layout.evict_lock_path(), fcntl.LOCK_EX):
         others = {d: max(dir_bytes(layout.dataset_dir(d)) + dir_bytes(layout.partial_dir(d)), layout.reserved(d))
-                  for d in layout.dataset_ids() if d != dsid}
+                  + dir_bytes(layout.packing_dir(d)) for d in layout.dataset_ids() if d != dsid}
         used = sum(others.values())
         in_use: list[str] = []
         for other in sorted(others, key=layout.last_used_ns):

@@ -183,6 +183,28 @@ def test_the_warm_packs_a_chat_split_once_and_the_ranks_map_it(tmp_path: Path, m
     assert not layout.packing_dir(dsid).exists()
 
 
+def test_a_cached_packing_counts_in_the_disk_budget(tmp_path: Path) -> None:
+    """The warm's packing of a chat dataset takes disk beside it: a budget that holds the next dataset beside the
+    first's files but not beside its packing too evicts the first, packing and all."""
+    from tasks.base.fsutil import dir_bytes
+    from tasks.data.cache import CacheLayout
+    from tasks.data.manifest import read_manifest
+    from tasks.data.tokens import ShardRules
+    from tasks.data.warm import warm
+
+    rules = ShardRules(512, ("train",), "data")
+    first = warm(str(chat_dataset(tmp_path / "a", QWEN, 30)), tmp_path / "cache", progress=False, rules=rules,
+                 seq_len=SEQ)
+    layout = CacheLayout(tmp_path / "cache")
+    packing = dir_bytes(layout.packing_dir(first.dataset_dir.name))
+    second = chat_dataset(tmp_path / "b", QWEN, 30, seed=9)
+    held = max(dir_bytes(first.dataset_dir), layout.reserved(first.dataset_dir.name))  # what make_room counts
+    budget = held + read_manifest(str(second)).total_bytes + packing - 1
+    warm(str(second), tmp_path / "cache", progress=False, rules=rules, disk_budget_bytes=budget)
+    assert packing > 0 and not first.dataset_dir.exists()
+    assert not layout.packing_dir(first.dataset_dir.name).exists()
+
+
 def test_a_chat_shard_whose_document_starts_go_backwards_is_refused_at_the_warm(tmp_path: Path) -> None:
     """A producer's starts file that its manifest vouches for but that cannot be this shard's conversations (an
     offset before the one it follows): the node's warm refuses it naming the shard, before any rank starts and
