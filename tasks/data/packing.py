@@ -85,13 +85,13 @@ def pack_windows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.nda
     return members, bounds
 
 
-def document_lengths(dataset_dir: Path, shard_key: str, n_tokens: int) -> np.ndarray:
-    """The token count of each conversation of one chat shard (its document starts, the shard's length last);
-    InvalidInputError when the starts do not fit the shard."""
+def document_bounds(dataset_dir: Path, shard_key: str, n_tokens: int) -> np.ndarray:
+    """Where each conversation of one chat shard starts, the shard's token count last (conversation i is tokens
+    [bounds[i], bounds[i + 1]); `np.diff` gives the lengths); InvalidInputError when the starts do not fit it."""
     starts = np.fromfile(dataset_dir / starts_key(shard_key), dtype=STARTS_DTYPE).astype(np.int64)
     if not len(starts) or starts[0] or starts[-1] >= n_tokens or np.any(np.diff(starts) < 0):
         raise InvalidInputError(f"{dataset_dir / shard_key}: its document starts do not match its tokens")
-    return np.diff(starts, append=n_tokens)
+    return np.append(starts, n_tokens)
 
 
 def _files(dataset_dir: Path, shard_key: str, capacity: int) -> tuple[Path, Path] | None:
@@ -149,7 +149,7 @@ def write_packing(dataset_dir: Path, shard_key: str, n_tokens: int, capacity: in
     files = _files(dataset_dir, shard_key, capacity)
     if files is None:
         return False
-    lengths = document_lengths(dataset_dir, shard_key, n_tokens)
+    lengths = np.diff(document_bounds(dataset_dir, shard_key, n_tokens))
     if cached_packing(dataset_dir, shard_key, lengths, capacity) is not None:
         return False
     files[0].parent.mkdir(parents=True, exist_ok=True)

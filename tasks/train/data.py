@@ -46,7 +46,7 @@ from tasks.base.dataset_format import (
 from tasks.base.errors import InvalidInputError
 from tasks.data.cache import sibling_dataset_dir
 from tasks.data.manifest import read_manifest
-from tasks.data.packing import document_lengths, shard_windows
+from tasks.data.packing import document_bounds, shard_windows
 
 
 def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) -> Path:
@@ -116,9 +116,8 @@ class TokenWindows:
             self.masks.append(np.memmap(root / mask_key(entry.key), dtype=MASK_DTYPE, mode="r"))
             if len(self.masks[-1]) != len(tokens):
                 raise InvalidInputError(f"{path}: its loss mask does not match its tokens")
-            lengths = document_lengths(root, entry.key, len(tokens))
-            self.starts.append(np.concatenate([[0], np.cumsum(lengths)]))
-            packed, bounds = shard_windows(root, entry.key, lengths, seq_len + 1)
+            self.starts.append(document_bounds(root, entry.key, len(tokens)))
+            packed, bounds = shard_windows(root, entry.key, np.diff(self.starts[-1]), seq_len + 1)
             index.append(_windows_of(shard, done + bounds[:-1]))
             members.append(packed)
             done += len(packed)
