@@ -48,6 +48,17 @@ def write_file(path: str, state: Any) -> None:
     torch.save(state, path)
 
 
+def write_files(files: list[tuple[str, Any]]) -> None:
+    """Write a snapshot's files in turn, letting each one's host copy go once it is written: the snapshot shrinks
+    as it is written and is gone before the commit and the mirror's upload (it stayed whole in host memory until
+    the upload ended, minutes at scale). Empties `files`, also when a write fails."""
+    try:
+        while files:
+            write_file(*files.pop(0))
+    finally:
+        files.clear()
+
+
 class SnapshotEngine(TorchCheckpointEngine):
     """DeepSpeed's checkpoint engine that snapshots instead of writing (`take()` hands the files over), and
     maps instead of reading."""

@@ -94,8 +94,7 @@ class Checkpointer:
         """Background thread: write this rank's files, then commit (marker, rename, `latest`) and mirror."""
         error = None
         try:
-            for path, data in files:
-                async_save.write_file(path, data)
+            async_save.write_files(files)
             atomic_write_bytes(ck.rank_file(root / f"tmp-{tag}", self.rank), state)
             if self.base_path is not None and (self.rank == 0 or (self.node_local and self.leader)):
                 atomic_write_json(root / f"tmp-{tag}" / CHECKPOINT_BASE_FILE, {"path": str(self.base_path.resolve())})

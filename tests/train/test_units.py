@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,6 +196,49 @@ def test_snapshot_is_a_host_copy_the_training_step_cannot_change() -> None:
     assert snap["optimizer"]["state"][0]["exp_avg"].tolist() == [0.0, 2.0, 4.0, 6.0]
     assert snap["optimizer"]["param_groups"][0]["lr"] == 0.1
     assert type(snap["shapes"][0]) is torch.Size
+
+
+def test_a_snapshots_files_leave_host_memory_as_they_are_written(tmp_path: Path, monkeypatch) -> None:
+    """The background save holds each file's host copy only until that file is written (not until the commit and
+    the mirror's upload end), and lets all of them go when a write fails."""
+    import gc
+    import weakref
+
+    def snapshot(n: int) -> tuple[list[tuple[str, Any]], list[weakref.ref[torch.Tensor]]]:
+        engine = async_save.SnapshotEngine()
+        for i in range(n):
+            engine.save({"w": torch.full((1024,), float(i))}, str(tmp_path / f"f{i}.pt"))
+        files = engine.take()
+        return files, [weakref.ref(state["w"]) for _, state in files]
+
+    files, alive = snapshot(3)
+    held_at_write: list[list[bool]] = []
+    product_write = async_save.write_file
+
+    def watched_write(path: str, state: Any) -> None:
+        gc.collect()
+        held_at_write.append([ref() is not None for ref in alive])
+        product_write(path, state)
+
+    monkeypatch.setattr(async_save, "write_file", watched_write)
+    async_save.write_files(files)
+    gc.collect()
+    assert held_at_write == [[True, True, True], [False, True, True], [False, False, True]]
+    assert files == [] and not any(ref() is not None for ref in alive)
+    assert [torch.load(tmp_path / f"f{i}.pt")["w"][0].item() for i in range(3)] == [0.0, 1.0, 2.0]
+
+    files, alive = snapshot(3)
+
+    def full_disk(path: str, state: Any) -> None:
+        if path.endswith("f1.pt"):
+            raise OSError(28, "No space left on device")
+        product_write(path, state)
+
+    monkeypatch.setattr(async_save, "write_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        async_save.write_files(files)
+    gc.collect()
+    assert files == [] and not any(ref() is not None for ref in alive)
 
 
 def test_background_save_error_surfaces_on_the_training_thread() -> None:
