@@ -9,7 +9,8 @@ saves) and the summary carries it (`rss_trace`, tasks/train/memory_trace.py). Pr
 recorded step with every rank's RSS / anonymous RSS; per rank the ratio RSS at the end / RSS after the first
 save (goal <= 1.05), the plateau between steps (the highest RSS recorded in the run's second half), and
 `retrainer plan`'s process peak against the rank's high-water mark (`peak_rss_bytes`; on a plateau it is the
-steps' own peak; goal within 15%); the median step time (what the allocator setting costs).
+steps' own peak; goal within 15%); the median step time (what the allocator setting costs) and the seconds rank 0
+waited for a snapshot's write before an optimizer step (telemetry's `snapshot_wait_s`).
 `--glibc-default` runs the ranks without the fix (glibc's dynamic mmap threshold, as before issue 38: the
 bench drops MALLOC_MMAP_THRESHOLD_ from tasks/launch/torchrun.py's RANK_ENV_DEFAULTS in its own process), for
 the before figure.
@@ -74,8 +75,9 @@ def main() -> None:
               f"{torchrun.rank_env().get('MALLOC_MMAP_THRESHOLD_', 'unset (glibc dynamic)')}; load "
               f"{os.getloadavg()[0]:.1f}", flush=True)
         summary = train(cfg, dataset)
-        steps_s = [json.loads(line)["step_s"]
-                   for line in (Path(cfg.train.output_dir) / "telemetry.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (Path(cfg.train.output_dir) / "telemetry.jsonl").read_text().splitlines()]
+        steps_s = [r["step_s"] for r in rows]
+        waits_s = [r.get("snapshot_wait_s", 0.0) for r in rows]
 
     traces: list[list[list[Any]]] = summary["rss_trace"]
     print(f"{'step':>6}  " + "  ".join(f"rank {r} RSS / anon GiB" for r in range(len(traces))))
@@ -93,7 +95,8 @@ def main() -> None:
               f"{_gib(peak)} GiB, planned {_gib(want)} GiB, {predicted.stages[rank]['process_phase']} (plan / peak "
               f"{want / peak:.3f}; goal within 15%; process terms "
               f"{', '.join(f'{k} {_gib(v)}' for k, v in predicted.stages[rank]['process'].items())})", flush=True)
-    print(f"median step {statistics.median(steps_s):.3f}s (min {min(steps_s):.3f}, max {max(steps_s):.3f}); load "
+    print(f"median step {statistics.median(steps_s):.3f}s (min {min(steps_s):.3f}, max {max(steps_s):.3f}); rank 0 "
+          f"waited {sum(waits_s):.2f}s for snapshots to be written (most in a step {max(waits_s):.2f}s); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
 
 

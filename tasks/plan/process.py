@@ -10,16 +10,16 @@ tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `re
   Activations are freed by then, so the training peak holds the larger of the two.
 - checkpoint snapshot: a save copies the weights it keeps (`saved_weights`: all of them, or a LoRA run on
   base weights only its adapters, whose base is those weights) and the optimizer states to host memory and
-  trains on while a thread writes them (tasks/train/async_save.py); until then the rank holds both. Measured between
-  steps, the rank also still holds one gradient-sized block (DeepSpeed frees its gradients after the
-  step, the RSS does not drop by them), so the saving peak counts the gradients too. A run that saves before
-  its last step trains the next step while the snapshot is written: its peak is the step's with the snapshot
-  on top (issue 38, measured with `bench/soak.py --steps 24 --every 1`, a 51M Llama saving at every step: peak
-  RSS 1.42 / 1.40 GiB on its two ranks, planned training + snapshot 1.40 GiB, the step alone 1.02). That is
-  the worst case, a write that outlasts the step: a 300M Llama on CPU (`--size 300m --steps 20 --every 5`, 14 s
-  steps) wrote its 2.4 GB snapshot before the step's own peak and peaked at 5.78 / 5.64 GiB, planned 6.53
-  (the snapshot beside the step's leftovers alone: 5.40). A run whose only save is its last step holds the
-  snapshot beside the step's leftovers only.
+  trains on while a thread writes them (tasks/train/async_save.py); until then the rank holds both. A run that
+  saves before its last step trains the next step while the snapshot is written. On a CPU rank the snapshot
+  shares the host memory with the step's ZeRO buffers, so the rank waits for the write before the step's
+  gradients are reduced (tasks/train/checkpointer.py `wait_for_snapshot`): the snapshot overlaps the next step's
+  forward and backward passes, never its optimizer step, and that phase is planned as the step's weights,
+  gradients, optimizer states and activations with the snapshot on top. Measured (issue 38, `bench/soak.py`):
+  before the wait a write that outlasted the step met the ZeRO buffers (a 51M Llama saving at every step
+  peaked at exactly training + snapshot), and the 300M Llama (14 s steps) peaked at its backward pass with the
+  snapshot held, 1.17x under a plan that counted the worst case. A run whose only save is its last step holds
+  the snapshot beside the step's leftovers only.
 - weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
   stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
   load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
@@ -55,11 +55,10 @@ def process_memory(stage: dict[str, Any], zero_stage: int, grad_bytes: int, dp: 
     if not on_cpu:
         phases = {"saving": snapshot, "loading": file_pages}
     else:
-        training = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"] \
-            + max(stage["activations"], step_buffers)
-        phases = {"training": training, "loading": stage["weights"] + file_pages}
-        if saves_mid_run:
-            phases["training + snapshot"] = training + snapshot
+        held = stage["weights"] + stage["gradients"] + stage["optimizer_states"] + stage["comm_buffers"]
+        phases = {"training": held + max(stage["activations"], step_buffers), "loading": stage["weights"] + file_pages}
+        if saves_mid_run:  # the write ends before the step's buffers are allocated (see the module docstring)
+            phases["training + snapshot"] = held + stage["activations"] + snapshot
         else:  # the save follows the optimizer step, after which DeepSpeed has dropped the gradients (zero_grad)
             phases["saving"] = stage["weights"] + stage["optimizer_states"] + snapshot
     phase = max(phases, key=phases.__getitem__)

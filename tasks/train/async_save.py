@@ -5,7 +5,8 @@ Why: at scale a synchronous save stops every GPU for the whole write (and the mi
 training thread only copies DeepSpeed's state dicts to host memory (a checkpoint engine that keeps what
 DeepSpeed asks it to save) and the RNG states + data position of that moment; one background thread per
 rank writes the files, fsyncs, commits and mirrors. At most one save is in flight: the next save, and the
-end of training, wait for it. Its error is raised on the training thread at the next step or save, so it
+end of training, wait for it (a CPU rank waits for the files' write before a step's optimizer step too:
+tasks/train/checkpointer.py). Its error is raised on the training thread at the next step or save, so it
 is never lost. The ranks' background threads agree over their own gloo group, apart from training's.
 """
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -57,6 +58,9 @@ class Checkpointer:
         self.saver = async_save.BackgroundSaver()
         self.ckpt_group = tdist.new_group(backend="gloo", timeout=timedelta(seconds=self.cfg.cluster.hang_timeout_s))
         self.saves: list[dict[str, Any]] = []  # rank 0: per committed save, its seconds and training's stall
+        self.snapshot_written = threading.Event()  # no snapshot held: the save in flight has written its files
+        self.snapshot_written.set()
+        self.snapshot_wait_s = 0.0  # seconds training waited in `wait_for_snapshot` since `take_snapshot_wait`
 
     def save(self, step: int, losses: list[float]) -> tuple[Path, float]:
         """Snapshot this rank's checkpoint to host memory and hand the write + commit to the background
@@ -78,8 +82,23 @@ class Checkpointer:
         if self.rank == 0:
             log.info("checkpoint %s snapshotted: training blocked %.2fs (%.2fs of it waiting for the previous save)",
                      tag, stall, waited)
+        self.snapshot_written.clear()
         self.saver.submit(lambda: self._write_and_commit(root, tag, step, files, state, started, stall))
         return root / tag, stall
+
+    def wait_for_snapshot(self) -> None:
+        """Block until the save in flight has written its snapshot's files (their host copies gone; its commit
+        and upload go on). A CPU rank calls it before a step's gradients are reduced: ZeRO's step buffers would
+        share the host memory with the snapshot, and `retrainer plan` counts the snapshot beside a forward and
+        backward pass only (tasks/plan/process.py)."""
+        started = time.perf_counter()
+        self.snapshot_written.wait()
+        self.snapshot_wait_s += time.perf_counter() - started
+
+    def take_snapshot_wait(self) -> float:
+        """The seconds `wait_for_snapshot` blocked since the last call (a step's telemetry)."""
+        waited, self.snapshot_wait_s = self.snapshot_wait_s, 0.0
+        return waited
 
     def _agree(self, error: str | None, what: str) -> None:
         """Every rank's background thread learns whether any rank failed `what` (no rank waits forever)."""
@@ -100,6 +119,8 @@ class Checkpointer:
                 atomic_write_json(root / f"tmp-{tag}" / CHECKPOINT_BASE_FILE, {"path": str(self.base_path.resolve())})
         except Exception as exc:  # reported to every rank by _agree, raised on the training thread
             error = f"writing {root / f'tmp-{tag}'}: {type(exc).__name__}: {exc}"
+        finally:  # the snapshot's host copies are gone (write_files empties them, also on failure)
+            self.snapshot_written.set()
         self._agree(error, f"{tag} write")
         final = root / tag
         error = None

@@ -11,18 +11,24 @@ sets only for its own `deepspeed.moe.layer.MoE` modules, and its MoE checkpoint 
 So `ExpertParallelEngine` says it has them (its ZeRO optimizer then takes the experts' param groups), and saves and
 loads as a dense engine does, the pipeline module writing each expert-parallel rank's experts to files of their own
 (`TrainingPipeline`: `layer_LL-model_TT-experts_KK-model_states.pt`; tasks/models/weights.py joins them).
+
+`TrainingEngine` is the pipeline engine every run builds: DeepSpeed's, with one hook at the end of a step's
+backward pass, before the gradients are reduced and the optimizer steps (ZeRO's step buffers are allocated there),
+the one point inside `train_batch` where a CPU rank waits for its checkpoint snapshot to be written
+(tasks/train/worker.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import torch
 from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
 from deepspeed.pipe import PipelineModule
+from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from tasks.base.layout import ORIGIN, Coord
@@ -86,7 +92,34 @@ class TrainingPipeline(PipelineModule):
         return None
 
 
-class ExpertParallelEngine(PipelineEngine):
+class TrainingEngine(PipelineEngine):
+    """DeepSpeed's pipeline engine; `before_gradient_reduce`, when set, runs after a step's last backward pass,
+    before its tied and its data-parallel gradients are reduced (and the optimizer steps): it must return at once
+    when called again in the same step (a schedule reduces tied gradients first, when it does)."""
+
+    before_gradient_reduce: Callable[[], object] | None = None
+
+    def _hook(self) -> None:
+        if self.before_gradient_reduce is not None:
+            self.before_gradient_reduce()
+
+    def _exec_reduce_tied_grads(self) -> None:
+        self._hook()
+        PipelineEngine._exec_reduce_tied_grads(self)
+
+    def _exec_reduce_grads(self) -> None:
+        self._hook()
+        PipelineEngine._exec_reduce_grads(self)
+
+    # DeepSpeed dispatches a schedule's instructions through this class attribute, not by method lookup.
+    _INSTRUCTION_MAP: ClassVar[dict[type, Callable[..., None]]] = {
+        **PipelineEngine._INSTRUCTION_MAP,
+        schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
+        schedule.ReduceGrads: _exec_reduce_grads,
+    }
+
+
+class ExpertParallelEngine(TrainingEngine):
     """A PipelineEngine whose module holds expert-parallel parameters (see the module docstring)."""
 
     def _configure_distributed_model(self, model: torch.nn.Module) -> None:
@@ -112,14 +145,11 @@ class ExpertParallelEngine(PipelineEngine):
 
 @contextlib.contextmanager
 def engine_for(ep: int) -> Iterator[None]:
-    """`deepspeed.initialize` builds an `ExpertParallelEngine` for a pipeline module when ep > 1 (it takes its
-    pipeline engine class from the `deepspeed` namespace at call time)."""
+    """`deepspeed.initialize` builds a `TrainingEngine` for a pipeline module, an `ExpertParallelEngine` when
+    ep > 1 (it takes its pipeline engine class from the `deepspeed` namespace at call time)."""
     import deepspeed
 
-    if ep == 1:
-        yield
-        return
-    deepspeed.PipelineEngine = ExpertParallelEngine  # type: ignore[attr-defined]
+    deepspeed.PipelineEngine = ExpertParallelEngine if ep > 1 else TrainingEngine  # type: ignore[attr-defined]
     try:
         yield
     finally:

@@ -77,7 +77,8 @@ class Telemetry:
 
     def record(self, step: int, loss: float, started: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """`extra`, added to the step's row: a chat run's trained (assistant) tokens and packed efficiency (real
-        tokens / window tokens); a mixture of experts' `expert_load` per MoE layer."""
+        tokens / window tokens); a mixture of experts' `expert_load` per MoE layer; a CPU rank's `snapshot_wait_s`,
+        the part of the step spent waiting for a checkpoint snapshot to be written (tasks/train/checkpointer.py)."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         step_s = time.perf_counter() - started
@@ -130,11 +131,12 @@ class Telemetry:
 
 def step_metrics(row: dict[str, Any], lr: float, grad_norm: float | None, stall_s: float | None) -> dict[str, Any]:
     """One step's numbers as the trackers name them (tasks/train/tracking.py): the telemetry row with the learning
-    rate, the gradient norm and, at a checkpoint, how long the save blocked training (None: not measured)."""
+    rate, the gradient norm and, at a checkpoint, how long the save blocked training (None: not measured); on a CPU
+    rank, how long the step waited for the last save's snapshot to be written."""
     metrics = {"train/loss": row["loss"], "train/lr": lr, "train/grad_norm": grad_norm,
                "train/tokens_per_s": row["tokens_per_s"], "train/mfu": row["mfu"], "train/step_s": row["step_s"],
                "train/comm_s": row["comm_s"], "train/peak_mem_bytes": row["peak_mem_bytes"],
-               "checkpoint/stall_s": stall_s}
+               "checkpoint/stall_s": stall_s, "checkpoint/snapshot_wait_s": row.get("snapshot_wait_s")}
     for layer, load in row.get("expert_load", {}).items():  # 1.0 each: balanced; max >> 1: a collapsing router
         metrics[f"moe/layer_{layer}/max_load"] = load["max"] / load["mean"]
         metrics[f"moe/layer_{layer}/min_load"] = load["min"] / load["mean"]

@@ -215,9 +215,11 @@ class Trainer:
                 config=deepspeed_config(cfg),
             )
         self.checkpoints.attach(self.engine)
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cpu":  # the step's buffers and the snapshot share the host memory
+            self.engine.before_gradient_reduce = self.checkpoints.wait_for_snapshot
         self.memory = MemoryTrace()  # this rank's RSS after each step (after its save): the summary's rss_trace
         ck.seed_rank(cfg.train.seed, self.dp_rank, self.stage)
-        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         if self.rank == 0:
             log.info("engine ready: %d ranks (%s)", self.world, p.layout.describe())
 
@@ -265,7 +267,10 @@ class Trainer:
                 check_finite(loss, "loss", step)
                 norm = self.engine.get_global_grad_norm()
                 check_finite(None if norm is None else float(norm), "grad norm", step)
-                row = telemetry.record(step, loss, t0, {**(packing or {}), **self.expert_loads()})
+                extra = {**(packing or {}), **self.expert_loads()}
+                if self.device.type == "cpu":
+                    extra["snapshot_wait_s"] = self.checkpoints.take_snapshot_wait()
+                row = telemetry.record(step, loss, t0, extra)
                 self.checkpoints.saver.check()
                 losses.append(loss)
                 stall = None

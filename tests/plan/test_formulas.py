@@ -241,19 +241,21 @@ def test_serving_estimate_by_hand() -> None:
 
 
 def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step() -> None:
-    """A run saving before its last step trains on while the snapshot is written: its peak is the step's with the
-    snapshot on top; a run saving only at its end holds the snapshot beside the step's leftovers (issue 38)."""
+    """A run saving before its last step trains on while the snapshot is written: its peak is the step's forward
+    and backward passes with the snapshot on top (a CPU rank waits for the write before the ZeRO step buffers); a
+    run saving only at its end holds the snapshot beside the step's leftovers (issue 38)."""
     m = {"vocab_size": 4096, "seq_len": 16, "n_layers": 4, "d_model": 256, "n_heads": 4, "d_ff": 1024}
     for every, phase in ((5, "training + snapshot"), (10, "saving")):
         r = plan(make_config(model=m, parallel={"pp": 2, "micro_batches": 2},
                              train={"steps": 10, "checkpoint_every": every, "micro_batch_size": 1}), device="cpu")
         for st in r.stages:
             terms = st["process"]
-            training = st["weights"] + st["gradients"] + st["optimizer_states"] + st["comm_buffers"] \
-                + max(st["activations"], terms["zero_step_buffers"])
+            forward_backward = st["weights"] + st["gradients"] + st["optimizer_states"] + st["comm_buffers"] \
+                + st["activations"]
             assert terms["runtime"] == RUNTIME_BYTES and terms["weights_file_pages"] == 0
             assert terms["checkpoint_snapshot"] == st["weights"] + st["optimizer_states"]
-            held = {"training + snapshot": training + terms["checkpoint_snapshot"],
+            assert terms["zero_step_buffers"] < terms["checkpoint_snapshot"]  # the snapshot's phase is the peak
+            held = {"training + snapshot": forward_backward + terms["checkpoint_snapshot"],
                     # after the optimizer step, whose zero_grad has dropped the gradients
                     "saving": st["weights"] + st["optimizer_states"] + terms["checkpoint_snapshot"]}
             assert st["process_phase"] == phase and st["process_total"] == RUNTIME_BYTES + held[phase]

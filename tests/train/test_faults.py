@@ -205,8 +205,9 @@ def test_crash_inside_checkpoint_commit_keeps_previous_latest(straight, hooked, 
 
 def test_sigkill_during_a_slow_background_save_resumes_from_the_previous_checkpoint(straight, hooked,
                                                                                       monkeypatch) -> None:
-    """Saves every 2 steps; the step-4 save writes slowly in the background while training goes on to step 5;
-    a kill then leaves step 2 as `latest`, and the rerun ends bitwise where the unbroken run did."""
+    """Saves every 2 steps; the step-4 save writes slowly in the background while training goes on into step 5,
+    whose optimizer step waits for the write (a CPU rank: its ZeRO step buffers and the snapshot share the host
+    memory); a kill then leaves step 2 as `latest`, and the rerun ends bitwise where the unbroken run did."""
     root, dataset, reference = straight
     cfg = tiny_config(root, {**EXPERIMENT, "train.checkpoint_every": 2}, out="async-killed")
     out = Path(cfg.train.output_dir)
@@ -215,8 +216,11 @@ def test_sigkill_during_a_slow_background_save_resumes_from_the_previous_checkpo
     hooked(HOOK_CKPT_WRITE_DELAY="4:120")
     proc = _start(cfg, dataset)
     try:
-        _wait_for(lambda: _status_step(out) >= 5, proc, "step 5 trained while step 4 is being written")
+        log = out / "torchrun.log"
+        _wait_for(lambda: _status_step(out) >= 4 and log.exists() and "slowly (" in log.read_text(), proc,
+                  "step 4's snapshot being written")
         assert ck.read_latest(ckroot) == "step-000002" and (ckroot / "tmp-step-000004").is_dir()
+        assert _status_step(out) == 4  # step 5 waits for the snapshot before its optimizer step
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         _reap(proc)
@@ -240,6 +244,22 @@ def test_background_save_error_fails_the_run_naming_it(make_config, dataset_dir:
     out = Path(cfg.train.output_dir)
     assert not (out / "summary.json").exists()
     assert ck.read_latest(ck.ckpt_root(out)) == "step-000002"
+
+
+def test_a_cpu_step_waits_for_the_snapshot_before_its_optimizer_step(make_config, dataset_dir: Path,
+                                                                     hooked) -> None:
+    """The step-2 save writes slowly: step 3 trains its forward and backward passes, then waits for the write
+    before its gradients are reduced (the snapshot never meets ZeRO's step buffers in host memory, as the plan
+    counts: tasks/plan/process.py), and says so in its telemetry; the run ends with both checkpoints."""
+    cfg = make_config({"parallel.dp": 2, "train.steps": 4, "train.checkpoint_every": 2})
+    hooked(HOOK_CKPT_WRITE_DELAY="2:1")
+    summary = train(cfg, dataset_dir)
+    out = Path(cfg.train.output_dir)
+    rows = {r["step"]: r for r in map(json.loads, (out / "telemetry.jsonl").read_text().splitlines())}
+    assert rows[3]["snapshot_wait_s"] > 0 and rows[3]["step_s"] >= rows[3]["snapshot_wait_s"]
+    assert rows[3]["snapshot_wait_s"] > 10 * max(rows[1]["snapshot_wait_s"], rows[2]["snapshot_wait_s"])
+    assert [s["tag"] for s in summary["checkpoint_saves"]] == ["step-000002", "step-000004"]
+    assert ck.read_latest(ck.ckpt_root(out)) == "step-000004"
 
 
 def _status_step(out: Path) -> int:
