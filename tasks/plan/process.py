@@ -15,11 +15,12 @@ tests/plan/test_process_memory.py and bench/scale.py. Four terms, printed by `re
   shares the host memory with the step's ZeRO buffers, so the rank waits for the write before the step's
   gradients are reduced (tasks/train/checkpointer.py `wait_for_snapshot`): the snapshot overlaps the next step's
   forward and backward passes, never its optimizer step, and that phase is planned as the step's weights,
-  gradients, optimizer states and activations with the snapshot on top. Measured (issue 38, `bench/soak.py`):
-  before the wait a write that outlasted the step met the ZeRO buffers (a 51M Llama saving at every step
-  peaked at exactly training + snapshot), and the 300M Llama (14 s steps) peaked at its backward pass with the
-  snapshot held, 1.17x under a plan that counted the worst case. A run whose only save is its last step holds
-  the snapshot beside the step's leftovers only.
+  gradients, optimizer states and activations with the snapshot on top. Each file's host copy goes once it is
+  written (tasks/train/async_save.py `write_files`). Measured (issue 38, `bench/soak.py`): the 51M Llama saving
+  at every step peaked at 1.11 / 1.12 GiB, planned 1.23; the 300M (18 s steps, a save every 5) at 5.18 / 5.00
+  GiB, planned 5.90 / 5.78. Without the wait the plan must count the snapshot beside the ZeRO buffers (6.53 GiB
+  on the 300M), which a write reaches only when it outlasts a step's backward pass: 1.28-1.31x the measured
+  peaks. A run whose only save is its last step holds the snapshot beside the step's leftovers only.
 - weights file pages: a rank that starts from weights (a pretrained directory, a LoRA base, a version) reads its
   stage through a memory map, and the pages it read count in its RSS beside the weights they filled until the
   load ends: the peak of a LoRA run on a base (measured 565 MiB where runtime + weights + states said 464).
