@@ -167,6 +167,13 @@ def dataset_in_use(dataset_dir: str | os.PathLike[str]) -> Iterator[Path]:
         yield dataset_dir
 
 
+def cache_of(dataset_dir: str | os.PathLike[str]) -> CacheLayout | None:
+    """The cache that holds `dataset_dir` as one of its datasets; None for a dataset directory outside a cache."""
+    path = Path(dataset_dir)
+    layout = CacheLayout(path.parent.parent)
+    return layout if layout.dataset_dir(path.name) == path else None
+
+
 def sibling_dataset_dir(dataset_dir: str | os.PathLike[str], manifest_hash: str) -> Path:
     """Where the dataset of `manifest_hash` lives in the cache that holds `dataset_dir`: every source of a
     training mixture is warmed into the same cache, on every node, so the ranks find each one from the

@@ -20,7 +20,7 @@ import numpy as np
 
 from tasks.base.dataset_format import STARTS_DTYPE, starts_key
 from tasks.base.errors import InvalidInputError
-from tasks.data.cache import CacheLayout
+from tasks.data.cache import cache_of
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,10 @@ def document_bounds(dataset_dir: Path, shard_key: str, n_tokens: int) -> np.ndar
 
 def _files(dataset_dir: Path, shard_key: str, capacity: int) -> tuple[Path, Path] | None:
     """Where the warm keeps one shard's packing (documents, bounds); None for a dataset outside a cache."""
-    if dataset_dir.parent.name != "datasets":
+    layout = cache_of(dataset_dir)
+    if layout is None:
         return None
-    base = CacheLayout(dataset_dir.parent.parent).packing_dir(dataset_dir.name) \
-        / f"v{PACKING_FORMAT}-window{capacity}" / shard_key
+    base = layout.packing_dir(dataset_dir.name) / f"v{PACKING_FORMAT}-window{capacity}" / shard_key
     return base.with_name(f"{base.name}.members.npy"), base.with_name(f"{base.name}.bounds.npy")
 
 
