@@ -131,9 +131,9 @@ class RequestScorer:
             whole = (context + continuation)[-(self.max_length + 1):]
             rows.append((whole[:-1], whole[1:], len(continuation)))
         out: dict[int, tuple[float, bool]] = {}
-        for batch in self._batches([len(r[0]) for r in rows]):
-            scored = self.model.loglikelihoods(self._right_padded([rows[i][0] for i in batch]),
-                                               self._right_padded([rows[i][1] for i in batch]))
+        batches = ((self._right_padded([rows[i][0] for i in batch]), self._right_padded([rows[i][1] for i in batch]),
+                    batch) for batch in self._batches([len(r[0]) for r in rows]))
+        for batch, scored in self.model.loglikelihood_batches(batches):  # one pipeline over the batches
             if scored is None or not self._keeps:
                 continue
             nll, greedy = scored[0].double().cpu(), scored[1].cpu()

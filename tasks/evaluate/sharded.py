@@ -14,9 +14,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as tdist
@@ -35,6 +36,8 @@ from tasks.models.parallel import vocab_parallel_argmax
 from tasks.models.shapes import EVALUATION_PARTITION, EVALUATION_SENDS_IN_FLIGHT, windows_per_forward
 from tasks.models.weights import load_into, open_weights, round_to
 from tasks.train.rank import deepspeed_prints_to_debug
+
+P = TypeVar("P")  # what a caller passes along with a batch and gets back with its result
 
 
 @contextlib.contextmanager
@@ -97,76 +100,110 @@ class ShardedModel:
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, targets: torch.Tensor, packing: Packing | None = None
               ) -> torch.Tensor | None:
-        """Per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the others); a packed
-        batch's `packing` (positions, documents) is known to every rank of the replica, so only the activations
-        cross the stages, `windows_per_forward` windows at a time. Collective over this DP replica's ranks."""
-        chunks = self._chunks(tokens)
-        scored = [self.token_nll(out, targets[rows].to(self.device))
-                  for rows, out in zip(chunks, self._forwards(tokens, chunks, packing), strict=True)
-                  if out is not None]
-        return torch.cat(scored) if self.last_stage else None
+        """Per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the others): one
+        batch of `score_batches`. Collective over this DP replica's ranks."""
+        [(_, nll)] = self.score_batches([(tokens, targets, packing, None)])  # run to its end: every send completed
+        return nll
 
     @torch.no_grad()
-    def loglikelihoods(self, tokens: torch.Tensor, targets: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-token NLL [B, T] of `targets` after `tokens`, and whether each target is the greedy token there
-        (lm-eval's logprob and is_greedy), on the last stage (None on the others). Collective over this DP
-        replica's ranks."""
-        chunks = self._chunks(tokens)
-        nll, greedy = [], []
-        for rows, out in zip(chunks, self._forwards(tokens, chunks), strict=True):
-            if out is not None:
-                y = targets[rows].to(self.device)
-                nll.append(self.token_nll(out, y))
-                greedy.append(vocab_parallel_argmax(out, self.tp, self.m.vocab_size) == y)
-        return (torch.cat(nll), torch.cat(greedy)) if self.last_stage else None
+    def score_batches(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, Packing | None, P]]
+                      ) -> Iterator[tuple[P, torch.Tensor | None]]:
+        """Each batch's per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the
+        others), with the batch's `payload` (anything the caller needs with its result), in order. A packed
+        batch's `packing` (positions, documents) is known to every rank of the replica, so only the activations
+        cross the stages. All batches go through the stages as one pipeline (`_stream`). Collective over this DP
+        replica's ranks: each of them passes the same batches."""
+        for (targets, payload), outs in self._stream((tokens, packing, (targets, payload))
+                                                     for tokens, targets, packing, payload in batches):
+            yield payload, (torch.cat([self.token_nll(out, targets[rows].to(self.device)) for rows, out in outs])
+                            if self.last_stage else None)
+
+    @torch.no_grad()
+    def loglikelihood_batches(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, P]]
+                              ) -> Iterator[tuple[P, tuple[torch.Tensor, torch.Tensor] | None]]:
+        """Each batch's per-token NLL [B, T] of `targets` after `tokens`, and whether each target is the greedy
+        token there (lm-eval's logprob and is_greedy), on the last stage (None on the others), with the batch's
+        `payload`, in order; one pipeline over all batches. Collective over this DP replica's ranks."""
+        for (targets, payload), outs in self._stream((tokens, None, (targets, payload))
+                                                     for tokens, targets, payload in batches):
+            if not self.last_stage:
+                yield payload, None
+                continue
+            wanted = [(out, targets[rows].to(self.device)) for rows, out in outs]
+            yield payload, (torch.cat([self.token_nll(out, y) for out, y in wanted]),
+                            torch.cat([vocab_parallel_argmax(out, self.tp, self.m.vocab_size) == y
+                                       for out, y in wanted]))
 
     @torch.no_grad()
     def next_tokens(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """The greedy next token [B] after position `last[b]` of each row of `tokens` [B, T] (right-padded), on
         every rank of this DP replica (one generation step; all of them call it with the same tokens)."""
-        chunks = self._chunks(tokens)
-        picked = []
-        for rows, out in zip(chunks, self._forwards(tokens, chunks), strict=True):
-            if out is not None:
-                at = out[torch.arange(out.shape[0], device=out.device), last[rows].to(out.device)]
-                picked.append(vocab_parallel_argmax(at, self.tp, self.m.vocab_size))
+        [(_, outs)] = self._stream([(tokens, None, None)])  # run to its end: every send completed
+        picked = [vocab_parallel_argmax(out[torch.arange(out.shape[0], device=out.device),
+                                            last[rows].to(out.device)], self.tp, self.m.vocab_size)
+                  for rows, out in outs]
         result = torch.cat(picked) if self.last_stage else torch.empty(tokens.shape[0], dtype=torch.long,
                                                                         device=self.device)
         if self.pp > 1:
             tdist.broadcast(result, src=self._peer[self.pp - 1], group=self.grid.groups.get_pipe_parallel_group())
         return result.cpu()
 
+    def _stream(self, batches: Iterable[tuple[torch.Tensor, Packing | None, P]]
+                ) -> Iterator[tuple[P, list[tuple[slice, torch.Tensor]]]]:
+        """Each batch's payload with its last stage's logits, chunk by chunk (`windows_per_forward` rows each, as
+        (rows, logits); [] on the other stages). The batches' chunks go through the stages as one pipeline: a
+        stage starts the next batch while the stages after it finish this one, so the pipeline fills and drains
+        once per call, not once per batch (8 batches of 2 windows on 2 stages took 24 chunk-times, now 17).
+        Batches are taken one chunk ahead of the forward (`_forwards` posts the next chunk's receive first)."""
+        queued: collections.deque[tuple[P, list[slice]]] = collections.deque()
+
+        def chunks() -> Iterator[tuple[torch.Tensor, Packing | None]]:
+            for tokens, packing, payload in batches:
+                rows = self._chunks(tokens)
+                if not rows:
+                    raise ValueError("an evaluation batch without rows")
+                queued.append((payload, rows))
+                for r in rows:
+                    yield tokens[r], None if packing is None else (packing[0][r], packing[1][r])
+
+        outputs = self._forwards(chunks())
+        for first in outputs:
+            payload, rows = queued.popleft()
+            outs = [first, *itertools.islice(outputs, len(rows) - 1)]
+            yield payload, [(r, out) for r, out in zip(rows, outs, strict=True) if out is not None]
+
     def _chunks(self, tokens: torch.Tensor) -> list[slice]:
         """The row slices of `tokens` that go through the stages together (`windows_per_forward` rows each)."""
         step = windows_per_forward(tokens.shape[0], self.pp)
         return [slice(i, i + step) for i in range(0, tokens.shape[0], step)]
 
-    def _forwards(self, tokens: torch.Tensor, chunks: list[slice], packing: Packing | None = None
-                  ) -> Iterator[torch.Tensor | None]:
-        """The last stage's logits of each chunk of `tokens` in turn (None on the other stages, which pass
+    def _forwards(self, chunks: Iterable[tuple[torch.Tensor, Packing | None]]) -> Iterator[torch.Tensor | None]:
+        """The last stage's logits of each chunk (tokens, packing) in turn (None on the other stages, which pass
         activations on). Pipelined: a stage posts the receive of its next chunk before it computes this one and
         leaves up to `EVALUATION_SENDS_IN_FLIGHT` sends in flight, so neighbouring stages compute different chunks
         at once. With a blocking send and receive per chunk a stage could start a chunk only once its neighbour
         had finished the one before, and each waited on the other. Every send has completed when the loop ends."""
-        def receive(rows: slice) -> tuple[torch.Tensor, Any]:
-            shape = (*tokens[rows].shape, self.m.d_model)
-            hidden = torch.empty(shape, device=self.device, dtype=self.dtype)
+        def receive(tokens: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            hidden = torch.empty((*tokens.shape, self.m.d_model), device=self.device, dtype=self.dtype)
             return hidden, tdist.irecv(hidden, src=self._peer[self.stage - 1])
 
+        ahead = iter(chunks)
+        current = next(ahead, None)
         sends: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()  # (work, the tensor it sends)
-        posted = receive(chunks[0]) if self.stage > 0 else None
+        posted = receive(current[0]) if current is not None and self.stage > 0 else None
         try:
-            for n, rows in enumerate(chunks):
+            while current is not None:
+                tokens, packing = current
+                upcoming = next(ahead, None)
                 if posted is None:
-                    hidden = tokens[rows].to(self.device)
+                    hidden = tokens.to(self.device)
                 else:
                     hidden, work = posted
                     work.wait()
-                    posted = receive(chunks[n + 1]) if n + 1 < len(chunks) else None
-                placed = None if packing is None else (packing[0][rows].to(self.device),
-                                                       packing[1][rows].to(self.device))
+                    posted = receive(upcoming[0]) if upcoming is not None else None
+                placed = None if packing is None else (packing[0].to(self.device), packing[1].to(self.device))
                 out = self.module(pack(hidden, placed))
+                current = upcoming
                 if self.last_stage:
                     yield out
                     continue

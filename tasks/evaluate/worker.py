@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from tasks.evaluate.harness import RequestScorer, run_benchmarks
 from tasks.evaluate.sharded import ShardedModel
 from tasks.evaluate.spec import window_order
 from tasks.inputs.weights import WeightSources, fetch_model_files, fetch_weights
+from tasks.models.common.packing import Packing
 from tasks.runs.identity import StartingWeights
 from tasks.train.checkpoint import validate_checkpoint_dir
 from tasks.train.data import TokenWindows
@@ -57,15 +59,25 @@ from tasks.train.rank import (
 log = logging.getLogger("tasks.evaluate.worker")
 
 
-def score_batch(model: ShardedModel, windows: TokenWindows, indices: list[int]) -> torch.Tensor | None:
-    """The NLL of every scored token of one batch on the last stage (None elsewhere); one call per evaluated batch.
-    A chat dataset's windows are packed conversations, scored on the assistant's tokens only (as trained)."""
+def batch_inputs(windows: TokenWindows, indices: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor, Packing | None, torch.Tensor | None]:
+    """One evaluated batch as the model scores it: tokens, targets, packing and which targets count (None: all),
+    read when the pipeline takes the batch (once per evaluated batch). A chat dataset's windows are packed
+    conversations, scored on the assistant's tokens only (as trained)."""
     if not windows.packed:
-        return model.forward_nll(windows.get(indices))
+        batch = windows.get(indices)
+        return batch[:, :-1], batch[:, 1:], None, None
     (tokens, positions, docs), labels = packed_inputs(windows.get_packed(indices))
     scored = labels != IGNORE
-    nll = model.score(tokens, labels.masked_fill(~scored, 0), (positions, docs))
-    return None if nll is None else nll[scored.to(nll.device)]
+    return tokens, labels.masked_fill(~scored, 0), (positions, docs), scored
+
+
+def score_batches(model: ShardedModel, windows: TokenWindows, batches: list[list[int]]
+                  ) -> Iterator[torch.Tensor | None]:
+    """The NLL of every scored token of each batch on the last stage (None elsewhere), the batches through the
+    stages as one pipeline (`ShardedModel.score_batches`)."""
+    for scored, nll in model.score_batches(batch_inputs(windows, indices) for indices in batches):
+        yield nll if nll is None or scored is None else nll[scored.to(nll.device)]
 
 
 class Evaluation:
@@ -189,8 +201,9 @@ class Evaluation:
         windows = TokenWindows(dataset_dir, split, m.seq_len, m.vocab_size)
         order = window_order(len(windows), s["batches"], s["batch_size"])
         sums = torch.zeros(2, dtype=torch.float64)
-        for b in range(model.dp_rank, s["batches"], p.dp):
-            nll = score_batch(model, windows, order[b * s["batch_size"]:(b + 1) * s["batch_size"]])
+        mine = [order[b * s["batch_size"]:(b + 1) * s["batch_size"]].tolist()
+                for b in range(model.dp_rank, s["batches"], p.dp)]
+        for nll in score_batches(model, windows, mine):
             if nll is not None and model.tp.rank == 0:  # one count per replica: TP peers hold the same losses
                 sums += torch.tensor([nll.double().sum().item(), nll.numel()], dtype=torch.float64)
             self.done += 1

@@ -14,33 +14,33 @@ log = logging.getLogger("tests.hooks")
 
 def install() -> None:
     if delay := float(os.environ.get("HOOK_EVAL_DELAY_S") or 0):
-        product_score = worker.score_batch
+        product_inputs = worker.batch_inputs
         batch = {"n": 0}
 
-        def score_batch(model, windows, indices):  # once per evaluated batch
+        def batch_inputs(windows, indices):  # once per evaluated batch
             batch["n"] += 1
             log.info("evaluate: hook: sleeping %.1f s before batch %d", delay, batch["n"])
             time.sleep(delay)
-            return product_score(model, windows, indices)
+            return product_inputs(windows, indices)
 
-        worker.score_batch = score_batch
+        worker.batch_inputs = batch_inputs
 
     if bad_rank := os.environ.get("HOOK_EVAL_BAD_TOKEN_RANK"):  # that rank's embedding raises IndexError
-        unbroken_score = worker.score_batch
+        unbroken_inputs = worker.batch_inputs
 
-        def bad_score_batch(model, windows, indices):
+        def bad_batch_inputs(windows, indices):
             if os.environ.get("RANK") == bad_rank:
                 read = windows.get
 
-                def get(which):  # this batch's first token past the vocabulary
+                def get(which):  # this batch's first token past any vocabulary
                     batch = read(which).clone()
-                    batch[0, 0] = model.m.vocab_size + 44
+                    batch[0, 0] = 2**31 - 1
                     return batch
 
                 windows.get = get
-            return unbroken_score(model, windows, indices)
+            return unbroken_inputs(windows, indices)
 
-        worker.score_batch = bad_score_batch
+        worker.batch_inputs = bad_batch_inputs
 
 
 if __name__ == "__main__":
