@@ -94,7 +94,7 @@ def render_pytorchjob(cfg: JobConfig, k8s: KubernetesConfig, spec: JobSpec, data
     gpus = per_node if k8s.gpus_per_node is None else k8s.gpus_per_node
     wanted = {"nvidia.com/gpu": str(gpus) if gpus else None, "cpu": k8s.cpu, "memory": k8s.memory}
     limits = {name: quantity for name, quantity in wanted.items() if quantity}
-    plain = {**torchrun.RANK_ENV_DEFAULTS, **k8s.env, TAG_VAR: tag}
+    plain = {**torchrun.rank_env_defaults(evaluation), **k8s.env, TAG_VAR: tag}
     env = [k.V1EnvVar(name=n, value=v) for n, v in plain.items()]
     env += [k.V1EnvVar(name=n, value_from=k.V1EnvVarSource(secret_key_ref=k.V1SecretKeySelector(
         name=ref.secret, key=ref.key))) for n, ref in k8s.env_from_secrets.items()]

@@ -73,5 +73,6 @@ class LocalLauncher(Launcher):
               run: RunIdentity, options: LaunchOptions) -> Job:
         cmd = torchrun.node_command(cfg, dataset_dir, config_json, evaluation=options.evaluating)
         log.info("local: launching %d ranks: %s", cfg.parallel.layout.world_size, " ".join(cmd))
-        return LocalJob(cmd, torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag}), tag,
+        return LocalJob(cmd, torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag},
+                                                   evaluation=options.evaluating), tag,
                         spec.output_dir / STATUS_FILE, grace_s=self.grace_s)

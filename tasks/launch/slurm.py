@@ -233,7 +233,7 @@ class SlurmLauncher(Launcher):
         script_text = render_script(cfg, self.section, spec, dataset_dir, config_json, warm=options.node_warm,
                                     evaluation=options.evaluating)
         atomic_write_bytes(script, script_text.encode())
-        env = torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag})
+        env = torchrun.rank_env({**self.env, **options.secret_env, TAG_VAR: tag}, evaluation=options.evaluating)
         if options.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
             shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
             env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run, out))}

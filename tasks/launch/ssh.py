@@ -216,9 +216,11 @@ class SshLauncher(Launcher):
         return f"cd {shlex.quote(self.section.workdir)} && exec " + " ".join(shlex.quote(a) for a in [*agent, "--",
                                                                                                      *cmd])
 
-    def node_env(self, tag: str, node_rank: int, secret_env: Mapping[str, str]) -> dict[str, str]:
-        """What node `node_rank`'s ranks get in their environment (sent on the agent's stdin)."""
-        env = {**torchrun.portable_env(torchrun.rank_env(self.env)), **self.env}
+    def node_env(self, tag: str, node_rank: int, secret_env: Mapping[str, str], *, evaluation: bool = False
+                 ) -> dict[str, str]:
+        """What node `node_rank`'s ranks (with `evaluation`, evaluation ranks) get in their environment (sent on the
+        agent's stdin)."""
+        env = {**torchrun.portable_env(torchrun.rank_env(self.env, evaluation=evaluation)), **self.env}
         return {**env, **secret_env, TAG_VAR: node_tag(tag, node_rank)}
 
     def start(self, cfg: JobConfig, spec: JobSpec, dataset_dir: Path, config_json: Path, tag: str,
@@ -227,7 +229,7 @@ class SshLauncher(Launcher):
         datasets = [Path(self.datasets.get(h, dataset_dir)) for h in hosts]  # each node's own, once warmed there
         remotes = [self.remote_command(cfg, spec, datasets[i], config_json, tag, len(hosts), i,
                                        evaluation=options.evaluating) for i in range(len(hosts))]
-        envs = [self.node_env(tag, i, options.secret_env) for i in range(len(hosts))]
+        envs = [self.node_env(tag, i, options.secret_env, evaluation=options.evaluating) for i in range(len(hosts))]
         log.info("ssh: launching %d node(s) x %d ranks on %s, rendezvous %s:%d (environment sent on stdin: %s)",
                  len(hosts), cfg.parallel.layout.world_size // len(hosts), hosts, cfg.cluster.master_addr,
                  cfg.cluster.master_port, ", ".join(sorted(envs[0])))

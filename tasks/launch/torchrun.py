@@ -49,10 +49,15 @@ RANK_ENV_NAMES = PORTABLE_ENV_NAMES | {
     "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CUDA_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
 }
 RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
-# What every rank gets unless the caller sets it (a pod, which inherits nothing of ours, gets exactly this).
+# What every rank gets unless the caller sets it.
 # THP_MEM_ALLOC_ENABLE: torch's CPU allocator backs tensors of 2 MiB and more with transparent huge pages
 # (madvise), so a rank's first touch of its host buffers (optimizer state, flat partitions, checkpoint snapshots)
 # takes one page fault per 2 MiB instead of per 4 KiB: 2.4 GB first-touched in 0.25-0.5 s instead of 0.9-1.0 s.
+# Progress bars (tqdm's, the datasets library's: the benchmarks' harness draws them) would reach the person as
+# relayed log lines; a rank reports its progress in its status file.
+RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1", "TQDM_DISABLE": "1",
+                     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+# What a training rank gets besides (`rank_env_defaults`).
 # MALLOC_MMAP_THRESHOLD_: every block of 2 MiB and more comes from its own mmap and goes back to the kernel when
 # freed. glibc's default threshold is dynamic (mallopt(3)): 128 KiB at first, raised to the size of each mmapped
 # block freed, up to 32 MiB. A rank frees such blocks after its first step and save (activations, gradients, the
@@ -67,11 +72,17 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
 # limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
 # such block is mapped and first-touched anew (more system time per step: ~1.5% of a 300M step on CPU).
-# Progress bars (tqdm's, the datasets library's: the benchmarks' harness draws them) would reach the person as
-# relayed log lines; a rank reports its progress in its status file.
-RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1",
-                     "MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2), "TQDM_DISABLE": "1",
-                     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+# Not for evaluation ranks: they live one evaluation and allocate the same blocks for every window (activations,
+# logits), which glibc's dynamic threshold serves from the heap again; with the fixed one each came from a fresh
+# mapping, first-touched anew every window: a bf16 stage's forward (10 blocks of bench/scale.py's 302M Llama, one
+# thread) took 0.15 s instead of 0.125, and the whole evaluation 5.7 s instead of 5.2-5.4 (BENCHMARKS.md).
+TRAINING_RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
+
+
+def rank_env_defaults(evaluation: bool = False) -> dict[str, str]:
+    """What every training rank, or with `evaluation` every evaluation rank, gets unless the caller sets it (a pod,
+    which inherits nothing of ours, gets exactly this)."""
+    return dict(RANK_ENV_DEFAULTS) if evaluation else {**RANK_ENV_DEFAULTS, **TRAINING_RANK_ENV}
 
 
 def node_command(
@@ -105,10 +116,11 @@ def node_command(
     ]  # fmt: skip
 
 
-def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The ranks' environment: the allow-listed part of ours, one OpenMP thread per rank, our extras."""
+def rank_env(extra: dict[str, str] | None = None, *, evaluation: bool = False) -> dict[str, str]:
+    """The ranks' environment (training ranks', or with `evaluation` evaluation ranks'): the allow-listed part of
+    ours, one OpenMP thread per rank, our extras."""
     inherited = {k: v for k, v in os.environ.items() if k in RANK_ENV_NAMES or k.startswith(RANK_ENV_PREFIXES)}
-    return {**RANK_ENV_DEFAULTS, EXTENSIONS_VAR: default_extensions_dir(), **inherited, **(extra or {})}
+    return {**rank_env_defaults(evaluation), EXTENSIONS_VAR: default_extensions_dir(), **inherited, **(extra or {})}
 
 
 def portable_env(env: Mapping[str, str]) -> dict[str, str]:

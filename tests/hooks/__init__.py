@@ -67,7 +67,8 @@ def install(patch: Callable[[Any, str, Any], None] = setattr) -> None:
     product_rank_env = torchrun.rank_env
     patch(torchrun, "WORKER_MODULE", WORKER)
     patch(torchrun, "EVAL_WORKER_MODULE", EVAL_WORKER)
-    patch(torchrun, "rank_env", lambda extra=None: product_rank_env({**hook_env(), **(extra or {})}))
+    patch(torchrun, "rank_env", lambda extra=None, *, evaluation=False: product_rank_env(
+        {**hook_env(), **(extra or {})}, evaluation=evaluation))
     patch(torchrun, "PORTABLE_ENV_PREFIXES", (*torchrun.PORTABLE_ENV_PREFIXES, PREFIX))
     if os.environ.get("HOOK_PUBLISH_BLOCK") == "after_version_insert":
         _block_after_version_insert(patch, os.environ.get("HOOK_PUBLISH_RELEASE"))

@@ -53,6 +53,12 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     env = {e["name"]: e["value"] for e in container["env"]}  # plain values only: no secret configured
     assert env["RETRAINER_LAUNCH_ID"] == "ab" * 16 and env["OMP_NUM_THREADS"] == "1"
     assert env["MALLOC_MMAP_THRESHOLD_"] == "2097152"  # the ranks' allocator setting (issue 38) reaches the pods
+    cfg = k8s_config(tmp_path)
+    scoring = get_launcher(cfg).manifest(cfg, JobSpec("0123456789abcdef", Path(cfg.train.output_dir)),
+                                         tmp_path / "cache" / "ds", tmp_path / "job.json", "ab" * 16, evaluation=True)
+    (scorer,) = pod_spec(scoring, "Worker")["containers"]
+    assert {e["name"]: e["value"] for e in scorer["env"]}.keys() >= {"OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE"}
+    assert "MALLOC_MMAP_THRESHOLD_" not in {e["name"] for e in scorer["env"]}  # training ranks' only
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["ssd-cache"] == str(tmp_path / "cache") and "hostPath" in volumes["ssd-cache"]
