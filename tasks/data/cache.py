@@ -174,12 +174,12 @@ def cache_of(dataset_dir: str | os.PathLike[str]) -> CacheLayout | None:
     return layout if layout.dataset_dir(path.name) == path else None
 
 
-def sibling_dataset_dir(dataset_dir: str | os.PathLike[str], manifest_hash: str) -> Path:
+def sibling_dataset_dir(dataset_dir: str | os.PathLike[str], manifest_hash: str) -> Path | None:
     """Where the dataset of `manifest_hash` lives in the cache that holds `dataset_dir`: every source of a
     training mixture is warmed into the same cache, on every node, so the ranks find each one from the
-    primary's directory (whichever node's it is)."""
-    layout = CacheLayout(Path(dataset_dir).parent.parent)
-    return layout.dataset_dir(layout.dataset_id(manifest_hash))
+    primary's directory (whichever node's it is). None where `dataset_dir` is not in a cache."""
+    layout = cache_of(dataset_dir)
+    return None if layout is None else layout.dataset_dir(layout.dataset_id(manifest_hash))
 
 
 def try_evict(layout: CacheLayout, dsid: str) -> bool:

@@ -53,6 +53,9 @@ def replay_dataset_dir(dataset_dir: str | Path, url: str, expected_hash: str) ->
     """The warmed directory of a replay source beside the primary `dataset_dir`, holding exactly the manifest
     the run planned; InvalidInputError names the source's URL otherwise."""
     path = sibling_dataset_dir(dataset_dir, expected_hash)
+    if path is None:
+        raise InvalidInputError(f"replay source {url}: the primary dataset {dataset_dir} is not in a warm cache, "
+                                "where the warm stage puts every source of the mixture")
     try:
         found = manifest_hash((path / MANIFEST_KEY).read_bytes())
     except OSError as exc:

@@ -39,6 +39,8 @@ def test_stage_warm_warms_every_source_and_refuses_a_replay_snapshot_that_change
     assert replay_dataset_dir(primary.dataset_dir, old, replay.manifest_hash) == replay.dataset_dir
     with pytest.raises(InvalidInputError, match=f"replay source {old}: not warmed at"):
         replay_dataset_dir(primary.dataset_dir, old, "f" * 64)
+    with pytest.raises(InvalidInputError, match=f"replay source {old}: the primary dataset .* is not in a warm cache"):
+        replay_dataset_dir(cfg.data.source_url, old, replay.manifest_hash)  # a dataset directory no warm put there
 
     make_data(old, name="tiny-test", seed=3, n_train_shards=1, tokens_per_shard=4096)  # A rewritten after identify
     with pytest.raises(RetrainerError, match=f"{old}: the dataset changed since this run started"):
