@@ -57,7 +57,7 @@ RANK_ENV_PREFIXES = (*PORTABLE_ENV_PREFIXES, "LC_", "NVIDIA_", "SLURM_")
 # relayed log lines; a rank reports its progress in its status file.
 RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_ALLOC_ENABLE": "1", "TQDM_DISABLE": "1",
                      "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-# What a training rank gets besides (`rank_env_defaults`).
+# What a training rank gets besides, and an evaluation rank instead (`rank_env_defaults`).
 # MALLOC_MMAP_THRESHOLD_: every block of 2 MiB and more comes from its own mmap and goes back to the kernel when
 # freed. glibc's default threshold is dynamic (mallopt(3)): 128 KiB at first, raised to the size of each mmapped
 # block freed, up to 32 MiB. A rank frees such blocks after its first step and save (activations, gradients, the
@@ -72,17 +72,23 @@ RANK_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "THP_MEM_A
 # dynamic adjustment off (and keeps the trim threshold at its 128 KiB, so the heap's top is returned; no arena
 # limit was needed for that plateau); 2 MiB: where torch starts aligning blocks for huge pages. The price: each
 # such block is mapped and first-touched anew (more system time per step: ~1.5% of a 300M step on CPU).
-# Not for evaluation ranks: they live one evaluation and allocate the same blocks for every window (activations,
-# logits), which glibc's dynamic threshold serves from the heap again; with the fixed one each came from a fresh
-# mapping, first-touched anew every window: a bf16 stage's forward (10 blocks of bench/scale.py's 302M Llama, one
-# thread) took 0.15 s instead of 0.125, and the whole evaluation 5.7 s instead of 5.2-5.4 (BENCHMARKS.md).
+# Evaluation ranks get glibc's own ceiling instead, fixed from the start: blocks under 32 MiB from the heap and
+# the heap's top returned only past 64 MiB (the dynamic threshold's maximum and its trim threshold). They live
+# one evaluation and allocate the same blocks for every window (activations, logits). With the training setting
+# each block of 2 MiB and more was mapped and first-touched anew every window; with glibc's dynamic default a
+# stage whose freed blocks never raised the threshold (the first stage: it holds no logits) kept the 128 KiB trim
+# threshold, and the heap's top was returned and grown again ~600 times a second: 117,000 page faults a second,
+# 17% of the rank's time in the kernel. A bf16 stage's forward (10 blocks of bench/scale.py's 302M Llama, one
+# thread) took 0.15 s with the training setting against 0.125 s; the whole evaluation 5.7 s with it, 5.2-5.6 with
+# glibc's default, 5.1-5.5 with this (BENCHMARKS.md).
 TRAINING_RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2 * 1024**2)}
+EVALUATION_RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024**2), "MALLOC_TRIM_THRESHOLD_": str(64 * 1024**2)}
 
 
 def rank_env_defaults(evaluation: bool = False) -> dict[str, str]:
     """What every training rank, or with `evaluation` every evaluation rank, gets unless the caller sets it (a pod,
     which inherits nothing of ours, gets exactly this)."""
-    return dict(RANK_ENV_DEFAULTS) if evaluation else {**RANK_ENV_DEFAULTS, **TRAINING_RANK_ENV}
+    return {**RANK_ENV_DEFAULTS, **(EVALUATION_RANK_ENV if evaluation else TRAINING_RANK_ENV)}
 
 
 def node_command(

@@ -57,8 +57,9 @@ def test_manifest_is_a_valid_pytorchjob_with_master_workers_gpus_env_and_volumes
     scoring = get_launcher(cfg).manifest(cfg, JobSpec("0123456789abcdef", Path(cfg.train.output_dir)),
                                          tmp_path / "cache" / "ds", tmp_path / "job.json", "ab" * 16, evaluation=True)
     (scorer,) = pod_spec(scoring, "Worker")["containers"]
-    assert {e["name"]: e["value"] for e in scorer["env"]}.keys() >= {"OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE"}
-    assert "MALLOC_MMAP_THRESHOLD_" not in {e["name"] for e in scorer["env"]}  # training ranks' only
+    scoring_env = {e["name"]: e["value"] for e in scorer["env"]}
+    assert scoring_env["OMP_NUM_THREADS"] == "1" and scoring_env["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert scoring_env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)  # the evaluation ranks' own allocator setting
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["ssd-cache"] == str(tmp_path / "cache") and "hostPath" in volumes["ssd-cache"]

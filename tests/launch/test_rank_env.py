@@ -49,9 +49,10 @@ def test_a_ranks_large_blocks_go_back_to_the_kernel_unless_the_caller_tunes_glib
     env = torchrun.rank_env()
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)
     assert torchrun.portable_env(env)["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)
-    # Evaluation ranks keep glibc's dynamic threshold: the same blocks every window, served from the heap again.
+    # Evaluation ranks: the same blocks every window, served from the heap again, its top kept up to 64 MiB.
     scoring = torchrun.rank_env(evaluation=True)
-    assert "MALLOC_MMAP_THRESHOLD_" not in scoring and scoring["OMP_NUM_THREADS"] == env["OMP_NUM_THREADS"]
+    assert scoring["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and scoring["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
+    assert scoring["OMP_NUM_THREADS"] == env["OMP_NUM_THREADS"] and "MALLOC_TRIM_THRESHOLD_" not in env
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(4 << 20))
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     tuned = torchrun.portable_env(torchrun.rank_env())

@@ -138,8 +138,8 @@ def test_ssh_options_from_the_config_reach_the_ssh_command(tmp_path: Path) -> No
     # The environment travels on the agent's stdin, never on its command line (`ps` would show it).
     assert not any("NCCL_IB_HCA" in w for w in words) and "--env-stdin" in words
     assert launcher.node_env("ab" * 16, 1, {})["NCCL_IB_HCA"] == "mlx5"
-    assert launcher.node_env("ab" * 16, 1, {})["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)  # training ranks' only
-    assert "MALLOC_MMAP_THRESHOLD_" not in launcher.node_env("ab" * 16, 1, {}, evaluation=True)
+    assert launcher.node_env("ab" * 16, 1, {})["MALLOC_MMAP_THRESHOLD_"] == str(2 << 20)  # a training rank's
+    assert launcher.node_env("ab" * 16, 1, {}, evaluation=True)["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
     agent = words.index("tasks.launch.agent")
     assert words[agent - 2 : agent] == ["/opt/py", "-m"] and words[words.index("--grace") + 1] == "4.0"
     assert "--node-rank=1" in words and "--nproc-per-node=1" in words
