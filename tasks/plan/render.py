@@ -50,7 +50,8 @@ def render(r: Plan, serving: dict[str, Any] | None = None) -> str:
     lines.append(f"  (activations without / with recompute: {gib(m.activations_without_recompute)} / "
                  f"{gib(m.activations_with_recompute)})")
     lines.append(f"process per rank (host RSS): runtime {gib(m.process_runtime)}, ZeRO step buffers "
-                 f"{gib(m.zero_step_buffers)}, checkpoint snapshot {gib(m.checkpoint_snapshot)}, "
+                 f"{gib(m.zero_step_buffers)}, checkpoint snapshot {gib(m.checkpoint_snapshot)}, pipe outputs "
+                 f"{gib(m.pipe_outputs)}, "
                  f"weights file pages {gib(m.weights_file_pages)}, data index {gib(m.data_index)}; "
                  f"peak {gib(m.process_peak)} ({m.process_phase})")
     lines.append(f"host memory per node (its ranks' process peaks together): {gib(m.host_node_peak)}"

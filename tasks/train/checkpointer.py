@@ -50,11 +50,15 @@ class Checkpointer:
             self.mirror = Mirror(cfg.train.checkpoint_url, cfg.train.checkpoint_storage_options, run.run_id)
         self.resume_from = self._resume_point()
 
-    def attach(self, engine: Any) -> None:
-        """Take the built engine: its saves go to host memory, a background thread writes and commits them."""
+    def attach(self, engine: Any, on_cpu: bool) -> None:
+        """Take the built engine (a `TrainingEngine`): its saves go to host memory, a background thread writes and
+        commits them. A CPU rank waits for the write before a step's gradients are reduced (`wait_for_snapshot`),
+        so its snapshot may leave the optimizer's tensors where they live (tasks/train/async_save.py)."""
         self.engine = engine
-        self.snapshot = async_save.SnapshotEngine()
+        self.snapshot = async_save.SnapshotEngine(keep_host_tensors=on_cpu)
         self.engine.checkpoint_engine = self.snapshot  # saves snapshot to host memory; a thread writes them
+        if on_cpu:  # the step's buffers and the snapshot share the host memory, and the step changes its tensors
+            self.engine.before_gradient_reduce = self.wait_for_snapshot
         self.saver = async_save.BackgroundSaver()
         self.ckpt_group = tdist.new_group(backend="gloo", timeout=timedelta(seconds=self.cfg.cluster.hang_timeout_s))
         self.saves: list[dict[str, Any]] = []  # rank 0: per committed save, its seconds and training's stall
@@ -89,8 +93,8 @@ class Checkpointer:
     def wait_for_snapshot(self) -> None:
         """Block until the save in flight has written its snapshot's files (their host copies gone; its commit
         and upload go on). A CPU rank calls it before a step's gradients are reduced: ZeRO's step buffers would
-        share the host memory with the snapshot, and `retrainer plan` counts the snapshot beside a forward and
-        backward pass only (tasks/plan/process.py)."""
+        share the host memory with the snapshot, `retrainer plan` counts the snapshot beside a forward and
+        backward pass only (tasks/plan/process.py), and the optimizer step changes tensors the write reads."""
         started = time.perf_counter()
         self.snapshot_written.wait()
         self.snapshot_wait_s += time.perf_counter() - started

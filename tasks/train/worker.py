@@ -214,10 +214,8 @@ class Trainer:
                 lr_scheduler=make_scheduler(cfg),
                 config=deepspeed_config(cfg),
             )
-        self.checkpoints.attach(self.engine)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        if self.device.type == "cpu":  # the step's buffers and the snapshot share the host memory
-            self.engine.before_gradient_reduce = self.checkpoints.wait_for_snapshot
+        self.checkpoints.attach(self.engine, on_cpu=self.device.type == "cpu")
         self.memory = MemoryTrace()  # this rank's RSS after each step (after its save): the summary's rss_trace
         ck.seed_rank(cfg.train.seed, self.dp_rank, self.stage)
         if self.rank == 0:

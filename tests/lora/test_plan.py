@@ -36,17 +36,20 @@ def test_lora_memory_terms_by_hand() -> None:
 
 def test_a_lora_save_on_base_weights_snapshots_only_the_adapters() -> None:
     """exclude_frozen_parameters: a LoRA run on model.pretrained (or model.base) checkpoints the adapters and
-    their optimizer states; on a seeded base, and in a full run, every weight."""
+    their optimizer states; on a seeded base, and in a full run, every weight (a GPU rank's host snapshot)."""
     train = {"precision": "fp32", "lora": LORA}
     seeded = make_config(model=DEMO, parallel={"dp": 2, "zero_stage": 1}, train=train)
     on_base = make_config(model={**DEMO, "pretrained": "/nonexistent/hf"}, parallel={"dp": 2, "zero_stage": 1},
                           train=train)
     base, adapters = 236928, 4 * 8192
     optim = 12 * (adapters // 2)  # ZeRO-1, fp32: master + 2 moments of the adapters' partition
-    assert plan(on_base).memory.checkpoint_snapshot == 4 * adapters + optim
-    assert plan(seeded).memory.checkpoint_snapshot == 4 * (base + adapters) + optim
-    full = plan(on_base.with_overrides({"train.lora": None}))
-    assert full.memory.checkpoint_snapshot == 4 * base + 12 * (base // 2)
+    assert plan(on_base, device="gpu").memory.checkpoint_snapshot == 4 * adapters + optim
+    assert plan(seeded, device="gpu").memory.checkpoint_snapshot == 4 * (base + adapters) + optim
+    full = on_base.with_overrides({"train.lora": None})
+    assert plan(full, device="gpu").memory.checkpoint_snapshot == 4 * base + 12 * (base // 2)
+    # A CPU rank's snapshot copies the weights it keeps; it writes the optimizer states where they live.
+    assert plan(on_base, device="cpu").memory.checkpoint_snapshot == 4 * adapters
+    assert plan(full, device="cpu").memory.checkpoint_snapshot == 4 * base
 
 
 def test_the_counted_adapters_are_the_ones_a_tp_rank_builds() -> None:

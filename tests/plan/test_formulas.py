@@ -241,28 +241,46 @@ def test_serving_estimate_by_hand() -> None:
 
 
 def test_process_peak_by_hand_a_save_before_the_last_step_overlaps_the_next_step() -> None:
-    """A run saving before its last step trains on while the snapshot is written: its peak is the step's forward
-    and backward passes with the snapshot on top (a CPU rank waits for the write before the ZeRO step buffers); a
-    run saving only at its end holds the snapshot beside the step's leftovers (issue 38)."""
+    """A run saving before its last step trains on while the snapshot is written: a CPU rank waits for the write
+    before the ZeRO step buffers, and its snapshot copies only the weights (the optimizer's tensors are written
+    where they live), so its peak is the larger of the optimizer step and the forward and backward passes with
+    the weights' copy on top; a run saving only at its end holds the snapshot beside the step's leftovers. The
+    last stage keeps min(2, micro-batches) logits in DeepSpeed's pipe buffers throughout (issue 38)."""
     m = {"vocab_size": 4096, "seq_len": 16, "n_layers": 4, "d_model": 256, "n_heads": 4, "d_ff": 1024}
-    for every, phase in ((5, "training + snapshot"), (10, "saving")):
+    for every, snapshot_phase in ((5, "training + snapshot"), (10, "saving")):
         r = plan(make_config(model=m, parallel={"pp": 2, "micro_batches": 2},
                              train={"steps": 10, "checkpoint_every": every, "micro_batch_size": 1}), device="cpu")
         for st in r.stages:
             terms = st["process"]
-            forward_backward = st["weights"] + st["gradients"] + st["optimizer_states"] + st["comm_buffers"] \
-                + st["activations"]
             assert terms["runtime"] == RUNTIME_BYTES and terms["weights_file_pages"] == 0
-            assert terms["checkpoint_snapshot"] == st["weights"] + st["optimizer_states"]
-            assert terms["zero_step_buffers"] < terms["checkpoint_snapshot"]  # the snapshot's phase is the peak
-            held = {"training + snapshot": forward_backward + terms["checkpoint_snapshot"],
-                    # after the optimizer step, whose zero_grad has dropped the gradients
-                    "saving": st["weights"] + st["optimizer_states"] + terms["checkpoint_snapshot"]}
-            assert st["process_phase"] == phase and st["process_total"] == RUNTIME_BYTES + held[phase]
+            assert terms["checkpoint_snapshot"] == st["weights"]  # fp32 weights; the optimizer states stay put
+            assert terms["pipe_outputs"] == (2 * 4 * 16 * 4096 if st["has_head"] else 0)  # 2 fp32 logits
+            held = st["weights"] + st["gradients"] + st["optimizer_states"] + terms["pipe_outputs"]
+            passes = st["activations"] + st["comm_buffers"]  # dp = 1: the pipeline's buffers, no reduce bucket
+            phases = {"training": held + max(passes, terms["zero_step_buffers"]),
+                      "loading": st["weights"],
+                      "training + snapshot": held + passes + terms["checkpoint_snapshot"],
+                      # after the optimizer step, whose zero_grad has dropped the gradients
+                      "saving": st["weights"] + st["optimizer_states"] + terms["pipe_outputs"]
+                      + terms["checkpoint_snapshot"]}
+            expected = {name: phases[name] for name in ("training", "loading", snapshot_phase)}
+            phase = max(expected, key=expected.__getitem__)
+            assert st["process_phase"] == phase and st["process_total"] == RUNTIME_BYTES + expected[phase]
         ev = r.evaluation
         assert ev["runtime"] == EVAL_RUNTIME_BYTES and ev["weights_file_pages"] == 2 * ev["weights"]  # fp32 file, bf16
         assert ev["process_total"] == EVAL_RUNTIME_BYTES + max(ev["total"], ev["weights"] + ev["weights_file_pages"])
+    # At dp = 2 the gradients' reduction has a moment of its own: its bucket is gone by the optimizer step.
+    [st] = plan(make_config(model=m, parallel={"dp": 2}, train={"steps": 10, "checkpoint_every": 10}),
+                device="cpu").stages
+    terms, bucket = st["process"], 4 * st["params"]  # all of the gradients: fewer than DeepSpeed's bucket size
+    assert st["comm_buffers"] == bucket and terms["zero_step_buffers"] == 2 * 4 * -(-st["params"] // 2)
+    held = st["weights"] + st["gradients"] + st["optimizer_states"] + terms["pipe_outputs"]
+    assert st["process_phase"] == "training"
+    assert st["process_total"] == RUNTIME_BYTES + held + max(st["activations"], bucket, terms["zero_step_buffers"])
     gpu = plan(make_config(model=m, train={"steps": 10, "checkpoint_every": 5}), device="gpu")
+    [gpu_stage] = gpu.stages  # a GPU rank's snapshot is a host copy of its weights and optimizer states
+    assert gpu.memory.checkpoint_snapshot == gpu_stage["weights"] + gpu_stage["optimizer_states"]
+    assert gpu.memory.pipe_outputs == 0  # in device memory
     assert gpu.memory.process_peak == RUNTIME_BYTES + gpu.memory.checkpoint_snapshot
     assert gpu.evaluation["process_total"] == EVAL_RUNTIME_BYTES + gpu.evaluation["weights_file_pages"]
     # Benchmarks: rank 0 also runs the harness.

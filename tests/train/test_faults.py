@@ -131,12 +131,17 @@ def _assert_same_final_weights(summary: dict, reference: dict) -> None:
 
 
 def test_sigkill_one_rank_then_resume_is_bitwise_exact(straight, hooked, monkeypatch) -> None:
+    """The step-3 checkpoint is written slowly while step 4 trains: a CPU rank's snapshot writes its optimizer
+    states from the live tensors (tasks/train/async_save.py), so step 4's optimizer step must wait for the write,
+    or the checkpoint would hold step 4's states and the resumed run would not end where the unbroken one did."""
     root, dataset, reference = straight
     cfg = tiny_config(root, EXPERIMENT, out="killed")
+    hooked(HOOK_CKPT_WRITE_DELAY="3:1")
     kill_a_rank_after_step_3(cfg, dataset, hooked)
     assert not (Path(cfg.train.output_dir) / "summary.json").exists()
 
     monkeypatch.delenv("HOOK_STEP_DELAY_S")
+    monkeypatch.delenv("HOOK_CKPT_WRITE_DELAY")
     resumed = train(cfg, dataset)
     assert resumed["resumed_from_step"] == 3
     _assert_same_final_weights(resumed, reference)

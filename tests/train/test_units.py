@@ -198,6 +198,33 @@ def test_snapshot_is_a_host_copy_the_training_step_cannot_change() -> None:
     assert type(snap["shapes"][0]) is torch.Size
 
 
+def test_a_cpu_snapshot_writes_the_tensors_that_fill_their_storage_from_where_they_live(tmp_path: Path) -> None:
+    """A CPU rank's snapshot (it waits for the write before its step changes anything) copies only the views into
+    larger buffers (torch.save writes a whole storage: ZeRO's flat weights), and nothing of a tensor that fills its
+    storage or does so but for ZeRO's padding (the fp32 master, Adam's moments); the files hold what they should."""
+    n = 50_000  # 200 KB a tensor: more than the padding slack
+    flat = torch.arange(2 * n, dtype=torch.float32)  # ZeRO's flat weights: each parameter a view
+    master = torch.arange(n, dtype=torch.float32)
+    padded = torch.zeros(n + 4).narrow(0, 0, n)  # a partition without its alignment padding
+    state = {"module": {"a": flat[:n], "b": flat[n:]}, "master": master, "moment": padded}
+    engine = async_save.SnapshotEngine(keep_host_tensors=True)
+    engine.save(state, str(tmp_path / "f.pt"))
+    [(path, snap)] = engine.take()
+    assert snap["master"].data_ptr() == master.data_ptr() and snap["moment"].data_ptr() == padded.data_ptr()
+    for name in ("a", "b"):  # copied out alone
+        view = snap["module"][name]
+        assert view.untyped_storage().nbytes() == n * 4 and torch.equal(view, state["module"][name])
+    async_save.write_files([(path, snap)])
+    loaded = torch.load(path)
+    assert torch.equal(loaded["module"]["b"], flat[n:]) and torch.equal(loaded["master"], master)
+    assert torch.equal(loaded["moment"], padded)
+
+    gpu_rank = async_save.SnapshotEngine()  # a GPU rank never waits: every tensor is copied
+    gpu_rank.save(state, str(tmp_path / "g.pt"))
+    [(_, copied)] = gpu_rank.take()
+    assert copied["master"].data_ptr() != master.data_ptr() and copied["moment"].data_ptr() != padded.data_ptr()
+
+
 def test_a_snapshots_files_leave_host_memory_as_they_are_written(tmp_path: Path, monkeypatch) -> None:
     """The background save holds each file's host copy only until that file is written (not until the commit and
     the mirror's upload end), and lets all of them go when a write fails."""
