@@ -12,7 +12,7 @@ save (goal <= 1.05), the plateau between steps (the highest RSS recorded in the 
 steps' own peak; goal within 15%); the median step time (what the allocator setting costs) and the seconds rank 0
 waited for a snapshot's write before an optimizer step (telemetry's `snapshot_wait_s`).
 `--glibc-default` runs the ranks without the fix (glibc's dynamic mmap threshold, as before issue 38: the
-bench drops MALLOC_MMAP_THRESHOLD_ from tasks/launch/torchrun.py's RANK_ENV_DEFAULTS in its own process), for
+bench drops MALLOC_MMAP_THRESHOLD_ from tasks/launch/torchrun.py's TRAINING_RANK_ENV in its own process), for
 the before figure.
 Sizes: small = the 45M Llama of tests/plan/test_process_memory.py (seq 64, 2 micro-batches of 2); 300m =
 bench/scale.py's Llama (d 1024, 20 layers, vocab 32000, seq 256, 2 micro-batches of 2).
@@ -60,7 +60,7 @@ def main() -> None:
     from tasks.plan import plan
 
     if args.glibc_default:
-        torchrun.RANK_ENV_DEFAULTS.pop("MALLOC_MMAP_THRESHOLD_", None)
+        torchrun.TRAINING_RANK_ENV.pop("MALLOC_MMAP_THRESHOLD_", None)
         os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
     model = SIZES[args.size]
     with tempfile.TemporaryDirectory(prefix="bench-soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
