@@ -104,9 +104,13 @@ def report_failure(output_dir: str | Path, exc: Exception, *, step: int, steps: 
 
 
 def finish() -> int:
-    """The orderly end of a rank that succeeded: wait for every rank, leave the process group."""
+    """The orderly end of a rank that succeeded: wait for every rank, then leave the process group on NCCL (its
+    communicators released in order). A gloo rank leaves its groups to its exit, which follows at once
+    (`exit_without_teardown`) and closes their sockets: destroying them cost an evaluation rank of the 300M
+    benchmark 0.05-0.14 s (measured in the ranks), 1-3% of its evaluation on CPU."""
     tdist.barrier()
-    tdist.destroy_process_group()
+    if tdist.get_backend() != "gloo":
+        tdist.destroy_process_group()
     return 0
 
 
