@@ -93,16 +93,9 @@ class ShardedModel:
 
     @torch.no_grad()
     def forward_nll(self, windows: torch.Tensor) -> torch.Tensor | None:
-        """Per-token NLL [B, seq_len] of [B, seq_len + 1] windows on the last stage (None on the others).
-        Collective over this DP replica's ranks: each of them calls it with the same windows."""
-        return self.score(windows[:, :-1], windows[:, 1:])
-
-    @torch.no_grad()
-    def score(self, tokens: torch.Tensor, targets: torch.Tensor, packing: Packing | None = None
-              ) -> torch.Tensor | None:
-        """Per-token NLL [B, T] of `targets` after `tokens` [B, T] on the last stage (None on the others): one
-        batch of `score_batches`. Collective over this DP replica's ranks."""
-        [(_, nll)] = self.score_batches([(tokens, targets, packing, None)])  # run to its end: every send completed
+        """Per-token NLL [B, seq_len] of [B, seq_len + 1] windows on the last stage (None on the others): one batch
+        of `score_batches`. Collective over this DP replica's ranks: each of them calls it with the same windows."""
+        [(_, nll)] = self.score_batches([(windows[:, :-1], windows[:, 1:], None, None)])  # every send completed
         return nll
 
     @torch.no_grad()
