@@ -15,7 +15,7 @@ loads as a dense engine does, the pipeline module writing each expert-parallel r
 `TrainingEngine` is the pipeline engine every run builds: DeepSpeed's, with one hook at the end of a step's
 backward pass, before the gradients are reduced and the optimizer steps (ZeRO's step buffers are allocated there),
 the one point inside `train_batch` where a CPU rank waits for its checkpoint snapshot to be written
-(tasks/train/worker.py).
+(tasks/train/checkpointer.py `attach`).
 """
 
 from __future__ import annotations
