@@ -53,6 +53,19 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 # CANCELLED job we did not cancel stands for preemption too (an admin's scancel, a preemptor with GraceTime).
 PREEMPTED = {"PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL"}
 _FIELD = re.compile(r"(\w+)=(\S*)")
+# What `scontrol show job` says of a job the controller no longer holds.
+_PURGED = "Invalid job id"
+UNKNOWN = "UNKNOWN"  # the controller did not answer: asked again at the next poll
+# sbatch runs that may fail on the way to the controller (signals, timeouts, a restarting slurmctld), and the
+# pause before the next (times the try's number).
+SUBMIT_TRIES, SUBMIT_BACKOFF_S = 3, 2.0
+_TRANSIENT = ("Socket timed out", "Unable to contact slurm controller", "Connection refused", "Zero Bytes",
+              "Resource temporarily unavailable", "temporarily unable")
+
+
+def _transient(done: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a failed sbatch died on the way (a signal, the controller unreachable or busy), not on the script."""
+    return done.returncode < 0 or any(text in done.stderr for text in _TRANSIENT)
 
 
 def job_name(cfg: JobConfig, spec: JobSpec) -> str:
@@ -174,11 +187,16 @@ class SlurmLauncher(Launcher):
         return done
 
     def state(self, job_id: str) -> tuple[str, int]:
-        """(JobState, exit status) as Slurm reports them; ('GONE', 1) once the record is purged."""
+        """(JobState, exit status) as Slurm reports them; ('GONE', 1) once the record is purged; ('UNKNOWN', 0)
+        while the controller does not answer (busy, restarting): the job is not taken for ended on a timeout."""
         done = self.slurm("scontrol", "show", "job", "-o", job_id, check=False)
         fields = dict(_FIELD.findall(done.stdout))
         if done.returncode != 0 or "JobState" not in fields:
-            return "GONE", 1
+            if _PURGED in done.stderr or done.returncode == 0:
+                return "GONE", 1
+            log.warning("slurm: scontrol show job %s failed (%s): %s", job_id, done.returncode,
+                        done.stderr.strip()[-300:])
+            return UNKNOWN, 0
         code, _, sig = fields.get("ExitCode", "1:0").partition(":")
         rc = int(code) if code.isdigit() else 1
         if sig not in ("", "0") and rc == 0:
@@ -202,10 +220,37 @@ class SlurmLauncher(Launcher):
                                      "scancel; check the nodes")
             time.sleep(0.5)
 
+    def jobs_named(self, name: str) -> list[str]:
+        """The ids of the jobs called `name` that Slurm still lists (pending, running or completing)."""
+        return self.slurm("squeue", "-h", "--name", name, "-o", "%i", check=True).stdout.split()
+
+    def sbatch(self, script: Path, env: dict[str, str], name: str) -> str:
+        """sbatch `script` (its job called `name`): the job id. A submission that failed on the way (sbatch killed
+        by a signal, the controller timing out) is tried again, `SUBMIT_TRIES` in all, unless Slurm lists a new
+        job of that name: sbatch died after the controller queued it, and that job is taken, never a second."""
+        before = set(self.jobs_named(name))
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
+                                  timeout=60)
+            if done.returncode == 0:
+                job_id = done.stdout.strip().split(";")[0]
+                if not job_id.isdigit():
+                    raise RetrainerError(f"sbatch returned no job id: {done.stdout.strip()!r}")
+                return job_id
+            failure = f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+            queued = [job_id for job_id in self.jobs_named(name) if job_id not in before]
+            if queued:
+                log.warning("slurm: %s, but job %s (%s) was queued: following it", failure, queued[-1], name)
+                return queued[-1]
+            if attempt == SUBMIT_TRIES or not _transient(done):
+                raise RetrainerError(failure)
+            log.warning("slurm: %s; submitting again (try %d of %d)", failure, attempt + 1, SUBMIT_TRIES)
+            time.sleep(SUBMIT_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
+
     def cancel_earlier(self, cfg: JobConfig, spec: JobSpec) -> None:
         name = job_name(cfg, spec)
-        listed = self.slurm("squeue", "-h", "--name", name, "-o", "%i", check=True)
-        for job_id in listed.stdout.split():
+        for job_id in self.jobs_named(name):
             log.warning("slurm: job %s (%s) is still alive from an earlier attempt: cancelling it "
                         "before launching", job_id, name)
             self.cancel(job_id)
@@ -237,13 +282,7 @@ class SlurmLauncher(Launcher):
         if options.node_warm:  # in sbatch's environment only (never in the script): it may hold credentials
             shutil.rmtree(out / REPORT_DIR, ignore_errors=True)
             env = {**env, **forwarded_env(), SPEC_VAR: json.dumps(node_spec(cfg, run, out))}
-        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
-                              timeout=60)
-        if done.returncode != 0:
-            raise RetrainerError(f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        job_id = done.stdout.strip().split(";")[0]
-        if not job_id.isdigit():
-            raise RetrainerError(f"sbatch returned no job id: {done.stdout.strip()!r}")
+        job_id = self.sbatch(script, env, job_name(cfg, spec))
         atomic_write_bytes(out / "slurm-job-id", f"{job_id}\n".encode())
         log.info("slurm: submitted job %s (%s); output %s", job_id, script, out / f"slurm-{job_id}.out")
         return SlurmJob(self, job_id, out / f"slurm-{job_id}.out", out / STATUS_FILE)

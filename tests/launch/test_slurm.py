@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -238,3 +240,49 @@ def test_a_ranks_exception_reaches_the_error_a_deferred_task_collects(
     (logged,) = [r.getMessage() for r in caplog.records if r.name == "tasks.launch.base"]
     assert logged.startswith(f"{failed.value}".split(": ", 1)[1]) and "Traceback (most recent call last)" in logged
     assert job_processes(handle["job_id"]) == []
+
+
+def _failing_first(bin_dir: Path, tool: str, script: str) -> None:
+    """`tool` on PATH in `bin_dir`: `script` (bash, `$REAL` the real binary, `$N` this call's number from 0)."""
+    real = shutil.which(tool)
+    assert real is not None, tool
+    bin_dir.mkdir(exist_ok=True)
+    wrapper = bin_dir / tool
+    wrapper.write_text(f'#!/bin/bash\nREAL={real}\nN=$(cat {bin_dir}/{tool}.calls 2>/dev/null || echo 0)\n'
+                       f'echo $((N + 1)) > {bin_dir}/{tool}.calls\n{script}\n')
+    wrapper.chmod(0o755)
+
+
+def test_a_submission_that_dies_on_the_way_is_sent_again_and_one_that_was_queued_is_followed_not_doubled(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """sbatch killed by SIGPIPE before it reached the controller (seen in CI: the Airflow try failed), then
+    killed after the controller queued the job: the launcher submits once more, then follows the queued job
+    instead of a third submission. A controller that times out is asked again, not taken for a job's end."""
+    from tasks.config.cluster import SlurmConfig
+    from tasks.launch.slurm import UNKNOWN, SlurmLauncher
+
+    bin_dir = tmp_path / "bin"
+    _failing_first(bin_dir, "sbatch", 'if [ "$N" = 0 ]; then kill -PIPE $$; fi\n'
+                                      'if [ "$N" = 1 ]; then "$REAL" "$@" > /dev/null; kill -PIPE $$; fi\n'
+                                      'exec "$REAL" "$@"')
+    env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    launcher = SlurmLauncher(SlurmConfig(), env=env)
+    name = f"retrainer-submit-{tmp_path.name}"
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --job-name={name}\n#SBATCH --output={tmp_path}/out-%j\n"
+                      "#SBATCH --time=00:01:00\nsleep 60\n")
+    try:
+        job_id = launcher.sbatch(script, env, name)
+        assert (bin_dir / "sbatch.calls").read_text().strip() == "2"  # never a third submission
+        listed = slurm_cluster.run("squeue", "-h", "--name", name, "-t", "all", "-o", "%i").stdout.split()
+        assert listed == [job_id]
+        assert launcher.state(job_id)[0] in ("PENDING", "RUNNING")
+
+        _failing_first(bin_dir, "scontrol", 'if [ "$N" = 0 ]; then echo "slurm_load_jobs error: Socket timed out '
+                                            'on send/recv operation" >&2; exit 1; fi\nexec "$REAL" "$@"')
+        assert launcher.state(job_id) == (UNKNOWN, 0)
+        assert launcher.state(job_id)[0] in ("PENDING", "RUNNING")
+        assert launcher.state("999999999") == ("GONE", 1)  # a record the controller no longer holds
+    finally:
+        for job_id in slurm_cluster.run("squeue", "-h", "--name", name, "-o", "%i").stdout.split():
+            slurm_cluster.run("scancel", job_id)
