@@ -20,14 +20,12 @@ import math
 import os
 import shutil
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 
-from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError, RetrainerError
 from tasks.base.fsutil import atomic_write_json
 from tasks.base.job_status import Status, log_for_relay, now, write_status
@@ -48,12 +46,11 @@ from tasks.train.memory_trace import peak_rss_bytes
 from tasks.train.mirror import Mirror
 from tasks.train.packing import IGNORE, packed_inputs
 from tasks.train.rank import (
-    deepspeed_prints_to_debug,
     exit_without_teardown,
     finish,
+    join_process_group,
     quiet_start_up,
     report_failure,
-    start_device,
 )
 
 log = logging.getLogger("tasks.evaluate.worker")
@@ -84,12 +81,7 @@ class Evaluation:
     """The ranks' side of one evaluation job: warm, load each model, score each suite, run user metrics."""
 
     def __init__(self, job: TrainingJob, spec: dict[str, Any]) -> None:
-        backend = start_device(job.cluster)
-        import deepspeed
-
-        load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
-        with deepspeed_prints_to_debug():
-            deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=job.cluster.hang_timeout_s))
+        join_process_group(job.cluster)
         self.job, self.spec = job, spec
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         p = job.parallel

@@ -14,15 +14,18 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 
 from tasks.base import rank_failure
+from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError
 from tasks.base.job_status import Status, now, write_status
 from tasks.config.schema import RankCluster
@@ -76,6 +79,44 @@ def quiet_start_up() -> None:
     deepspeed_log.setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found"
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+
+
+# How long a rank other than 0 looks for rank 0's rendezvous store before leaving the wait to torch's own connect.
+RENDEZVOUS_PROBE_S = 30.0
+
+
+def join_process_group(cluster: RankCluster) -> None:
+    """This rank's device started, DeepSpeed's CPU comm op loaded and the job's process group joined (DeepSpeed's
+    comm too), as every rank program starts."""
+    import deepspeed
+
+    backend = start_device(cluster)
+    load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
+    wait_for_rendezvous_store(RENDEZVOUS_PROBE_S)
+    with deepspeed_prints_to_debug():
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cluster.hang_timeout_s))
+
+
+def wait_for_rendezvous_store(timeout_s: float) -> None:
+    """A rank other than 0 waits until rank 0's store listens at MASTER_ADDR:MASTER_PORT, at most `timeout_s`.
+    Why: torch's store client that finds no listener tries again only after a random backoff, 0.4-0.7 s here,
+    and the ranks of a node reach the rendezvous within milliseconds of each other, so about every other launch
+    paid it (an evaluation's process group took 0.42-0.8 s instead of 0.02). The probe's connection closes at
+    once; the store takes it for a client that left. Polls every 5 ms at first, every 100 ms after a second
+    (a pod's master address may not resolve yet: 64 ranks must not flood the cluster's DNS)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return
+    address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")))
+    start = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection(address, timeout=1.0):
+                return
+        except OSError:
+            waited = time.monotonic() - start
+            if waited > timeout_s:
+                return  # torch's own connect waits on and reports what it finds
+            time.sleep(min(0.005 + waited / 10, 0.1))
 
 
 def start_device(cluster: RankCluster) -> str:

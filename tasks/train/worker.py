@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import torch
 import torch.distributed as tdist
 from torch.utils.checkpoint import checkpoint
 
-from tasks.base.comm_ops import load_shm_op
 from tasks.base.errors import InvalidInputError, TrainingFailedError
 from tasks.base.fsutil import atomic_write_json
 from tasks.base.job_status import State, Status, log_for_relay, now, write_status
@@ -52,9 +50,9 @@ from tasks.train.rank import (
     deepspeed_prints_to_debug,
     exit_without_teardown,
     finish,
+    join_process_group,
     quiet_start_up,
     report_failure,
-    start_device,
 )
 from tasks.train.telemetry import Telemetry, comms_config, step_metrics
 from tasks.train.tracking import Tracker
@@ -138,10 +136,7 @@ class Trainer:
 
         self.cfg, self.run_identity, self.export = cfg, run, export
         p, m = cfg.parallel, cfg.model
-        backend = start_device(cfg.cluster)
-        load_shm_op()  # before init_distributed loads it: never waits on a dead loader's lock
-        with deepspeed_prints_to_debug():
-            deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=cfg.cluster.hang_timeout_s))
+        join_process_group(cfg.cluster)
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         if self.world != p.layout.world_size:
             raise InvalidInputError(f"world size {self.world} != parallel tp x pp x dp = {p.layout.world_size}")

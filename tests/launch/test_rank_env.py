@@ -57,3 +57,34 @@ def test_a_ranks_large_blocks_go_back_to_the_kernel_unless_the_caller_tunes_glib
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     tuned = torchrun.portable_env(torchrun.rank_env())
     assert tuned["MALLOC_MMAP_THRESHOLD_"] == str(4 << 20) and tuned["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_a_rank_waits_for_rank_0s_rendezvous_store_then_joins_it_and_never_waits_past_its_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 reaching the rendezvous first waits for rank 0's store to listen (torch's own client would back off
+    for half a second), the probe leaves the store serving the real client; rank 0 never waits, and a store
+    that never comes is left to torch's connect after the bound."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tasks.train.rank import wait_for_rendezvous_store
+    from tests.services import free_port
+
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("RANK", "0")
+    wait_for_rendezvous_store(timeout_s=3600)  # rank 0 hosts the store: returns at once, nothing listens yet
+    monkeypatch.setenv("RANK", "1")
+    wait_for_rendezvous_store(timeout_s=0.05)  # nothing listens: returns after its bound
+
+    waiter = threading.Thread(target=wait_for_rendezvous_store, args=(3600,), daemon=True)
+    waiter.start()
+    master = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False)
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=30))
+    client.set("joined", "rank 1")
+    assert master.get("joined") == b"rank 1"
