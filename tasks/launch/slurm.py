@@ -238,7 +238,10 @@ class SlurmLauncher(Launcher):
                     raise RetrainerError(f"sbatch returned no job id: {done.stdout.strip()!r}")
                 return job_id
             failure = f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()[-500:]}"
-            queued = [job_id for job_id in self.jobs_named(name) if job_id not in before]
+            try:
+                queued = [job_id for job_id in self.jobs_named(name) if job_id not in before]
+            except RetrainerError as exc:  # a later attempt's cancel_earlier finds such a job by its name
+                raise RetrainerError(f"{failure}; whether it queued the job is unknown: {exc}") from None
             if queued:
                 log.warning("slurm: %s, but job %s (%s) was queued: following it", failure, queued[-1], name)
                 return queued[-1]

@@ -1,6 +1,7 @@
-"""What every rank program (training, evaluation) does around its work: a quiet start-up, the failure it
-reports (a known reason in the status file; any failure, expected or not, in the error file `tasks.base.spawn`
-named for it: tasks/base/rank_failure.py), an orderly end, and an exit without interpreter teardown.
+"""What every rank program (training, evaluation) does around its work: a quiet start-up, joining the job's
+process group, the failure it reports (a known reason in the status file; any failure, expected or not, in the
+error file `tasks.base.spawn` named for it: tasks/base/rank_failure.py), an orderly end, and an exit without
+interpreter teardown.
 
 Why one place: tasks/train/worker.py and tasks/evaluate/worker.py are both started by `tasks.base.spawn` under
 the same launchers, which supervise them through the status file; the two must start and end the same way.
