@@ -104,10 +104,12 @@ def wait_for_rendezvous_store(timeout_s: float) -> None:
     and the ranks of a node reach the rendezvous within milliseconds of each other, so about every other launch
     paid it (an evaluation's process group took 0.42-0.8 s instead of 0.02). The probe's connection closes at
     once; the store takes it for a client that left. Polls every 5 ms at first, every 100 ms after a second
-    (a pod's master address may not resolve yet: 64 ranks must not flood the cluster's DNS)."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    (a pod's master address may not resolve yet: 64 ranks must not flood the cluster's DNS). Without the
+    rendezvous in its environment (every launcher sets it) there is nothing to wait for: torch reports it."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if int(os.environ.get("RANK", "0")) == 0 or not addr or not port:
         return
-    address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")))
+    address = (addr, int(port))
     start = time.monotonic()
     while True:
         try:
