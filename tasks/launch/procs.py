@@ -5,6 +5,12 @@ Why a tag and not only a process group: a rank may start processes in a new sess
 is re-parented to init where a tree walk cannot see it.
 Every process a launcher starts carries `RETRAINER_LAUNCH_ID=<id>` in its
 environment, which children inherit; `/proc/<pid>/environ` finds them all.
+
+Why the environments are read by a thread with a bound: reading another process's environment takes that
+process's memory-map lock, which it may hold for as long as a stalled disk or a hung NFS server keeps it in a page
+fault or in reclaim (`ps` hangs on such a process for the same reason). One such process anywhere on the node
+would block every scan, and so every stop, for as long as the stall. A read that has not returned after
+`ENVIRON_READ_TIMEOUT_S` is left to its thread and the process skipped, with a warning, until that read returns.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 
@@ -26,22 +33,93 @@ def new_tag() -> str:
     return uuid.uuid4().hex
 
 
+ENVIRON_READ_TIMEOUT_S = 2.0
+_unanswered: set[int] = set()  # pids whose environment a left-behind reader still waits for
+_lock = threading.Lock()
+
+
+def _environ(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return fh.read().split(b"\0")
+
+
+class _Scan(threading.Thread):
+    """Reads the environments of `pids` in turn, keeping those that hold `needle`. Under `_lock`: `reading`, the
+    index of the pid being read (None between reads), and `reads`, how many reads have returned."""
+
+    def __init__(self, pids: list[int], needle: bytes) -> None:
+        super().__init__(daemon=True, name="environ-scan")  # a reader left waiting never holds up an exit
+        self.pids, self.needle = pids, needle
+        self.reading: int | None = None
+        self.reads, self.left, self.matched, self.done = 0, False, list[int](), threading.Event()
+
+    def run(self) -> None:
+        for index, pid in enumerate(self.pids):
+            with _lock:
+                if pid in _unanswered:
+                    continue
+                self.reading = index
+            try:
+                held = self.needle in _environ(pid)
+            except OSError:
+                held = False
+            with _lock:
+                if self.left:  # the caller went on without this reader: the pid may be read again
+                    _unanswered.discard(pid)
+                    return
+                self.reading, self.reads = None, self.reads + 1
+                if held:
+                    self.matched.append(pid)
+        self.done.set()
+
+    def leave_if_stuck(self, reads_before: int) -> int | None:
+        """If no read returned since `reads_before` and one is under way: go on without this reader (its pid
+        skipped until the read returns) and return that pid's index."""
+        with _lock:
+            if self.reads != reads_before or self.reading is None:
+                return None
+            self.left = True
+            _unanswered.add(self.pids[self.reading])
+            return self.reading
+
+
+def _holding(pids: list[int], needle: bytes) -> list[int]:
+    """The pids whose environment holds `needle`, each read waited for at most ENVIRON_READ_TIMEOUT_S."""
+    matched: list[int] = []
+    while True:
+        scan = _Scan(pids, needle)
+        scan.start()
+        reads = 0
+        while not scan.done.wait(ENVIRON_READ_TIMEOUT_S):
+            if (stuck := scan.leave_if_stuck(reads)) is not None:
+                break
+            reads = scan.reads
+        else:
+            return matched + scan.matched
+        matched += scan.matched  # final: a reader left adds nothing more
+        log.warning("process %d: its environment could not be read in %.0f s (state %s): skipped until it can be",
+                    pids[stuck], ENVIRON_READ_TIMEOUT_S, _state(pids[stuck]))
+        pids = pids[stuck + 1:]
+
+
+def _state(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return "gone"
+
+
 def tagged(tag: str, *, exclude: set[int] | None = None) -> list[psutil.Process]:
-    """Live processes whose environment carries this launch tag (zombies count as gone)."""
-    needle = f"{TAG_VAR}={tag}".encode()
+    """Live processes whose environment carries this launch tag (zombies count as gone); a process whose
+    environment cannot be read in time is skipped (module docstring)."""
     skip = {os.getpid(), *(exclude or set())}
     found = []
-    for pid in psutil.pids():
-        if pid in skip:
-            continue
+    for pid in _holding([pid for pid in psutil.pids() if pid not in skip], f"{TAG_VAR}={tag}".encode()):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if needle not in fh.read().split(b"\0"):
-                    continue
             proc = psutil.Process(pid)
             if proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
-        except (OSError, psutil.Error):
+        except psutil.Error:
             continue
     return found
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -222,3 +224,38 @@ def test_a_tagged_line_reaches_the_pipe_in_one_write_with_its_newline(monkeypatc
     raw.writes.clear()
     print_line('RETRAINER-WARM {"node": "n1"}')
     assert raw.writes == [b'RETRAINER-WARM {"node": "n1"}\n']
+
+
+def test_a_process_whose_environment_cannot_be_read_is_skipped_not_waited_for(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A read of /proc/PID/environ waits on that process's memory-map lock (a process stuck on a hung disk holds it
+    for the stall): the scan goes on without it, warns once, and reads it again once the read returns."""
+    from tasks.launch import procs
+
+    tag = new_tag()
+    env = {**os.environ, TAG_VAR: tag}
+    stuck, healthy = (subprocess.Popen(["sleep", "300"], env=env) for _ in range(2))
+    released, real_read = threading.Event(), procs._environ
+
+    def read(pid: int) -> list[bytes]:
+        if pid == stuck.pid:
+            released.wait(30)  # the kernel's read, blocked until the stall ends
+        return real_read(pid)
+
+    monkeypatch.setattr(procs, "_environ", read)
+    monkeypatch.setattr(procs, "ENVIRON_READ_TIMEOUT_S", 0.2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tasks.launch.procs"):
+            assert [p.pid for p in tagged(tag)] == [healthy.pid]
+            assert [p.pid for p in tagged(tag)] == [healthy.pid]  # skipped while the first read still waits
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and f"process {stuck.pid}: its environment could not be read" in warned[0]
+        released.set()
+        deadline = time.monotonic() + 10
+        while len(tagged(tag)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(p.pid for p in tagged(tag)) == sorted([stuck.pid, healthy.pid])
+    finally:
+        released.set()
+        assert stop_all(tag, grace_s=2) == 2
+        stuck.wait(5), healthy.wait(5)
