@@ -44,14 +44,14 @@ def _environ(pid: int) -> list[bytes]:
 
 
 class _Scan(threading.Thread):
-    """Reads the environments of `pids` in turn, keeping those that hold `needle`. Under `_lock`: `reading`, the
-    index of the pid being read (None between reads), and `reads`, how many reads have returned."""
+    """Reads the environments of `pids` in turn, keeping those that hold `needle`. `reading`: the index of the pid
+    being read, None between reads (under `_lock`, as `left` and `matched`)."""
 
     def __init__(self, pids: list[int], needle: bytes) -> None:
         super().__init__(daemon=True, name="environ-scan")  # a reader left waiting never holds up an exit
         self.pids, self.needle = pids, needle
         self.reading: int | None = None
-        self.reads, self.left, self.matched, self.done = 0, False, list[int](), threading.Event()
+        self.left, self.matched, self.done = False, list[int](), threading.Event()
 
     def run(self) -> None:
         for index, pid in enumerate(self.pids):
@@ -67,20 +67,20 @@ class _Scan(threading.Thread):
                 if self.left:  # the caller went on without this reader: the pid may be read again
                     _unanswered.discard(pid)
                     return
-                self.reading, self.reads = None, self.reads + 1
+                self.reading = None
                 if held:
                     self.matched.append(pid)
         self.done.set()
 
-    def leave_if_stuck(self, reads_before: int) -> int | None:
-        """If no read returned since `reads_before` and one is under way: go on without this reader (its pid
-        skipped until the read returns) and return that pid's index."""
+    def leave_if_still_reading(self, index: int | None) -> bool:
+        """If the read of pid `index`, under way at the last look, still is: go on without this reader (that pid
+        skipped until the read returns)."""
         with _lock:
-            if self.reads != reads_before or self.reading is None:
-                return None
+            if index is None or self.reading != index:
+                return False
             self.left = True
-            _unanswered.add(self.pids[self.reading])
-            return self.reading
+            _unanswered.add(self.pids[index])
+            return True
 
 
 def _holding(pids: list[int], needle: bytes) -> list[int]:
@@ -89,17 +89,17 @@ def _holding(pids: list[int], needle: bytes) -> list[int]:
     while True:
         scan = _Scan(pids, needle)
         scan.start()
-        reads = 0
+        seen: int | None = 0  # indices only grow: the same one at two looks is one read that long
         while not scan.done.wait(ENVIRON_READ_TIMEOUT_S):
-            if (stuck := scan.leave_if_stuck(reads)) is not None:
+            if scan.leave_if_still_reading(seen):
                 break
-            reads = scan.reads
+            seen = scan.reading
         else:
             return matched + scan.matched
         matched += scan.matched  # final: a reader left adds nothing more
         log.warning("process %d: its environment could not be read in %.0f s (state %s): skipped until it can be",
-                    pids[stuck], ENVIRON_READ_TIMEOUT_S, _state(pids[stuck]))
-        pids = pids[stuck + 1:]
+                    pids[seen], ENVIRON_READ_TIMEOUT_S, _state(pids[seen]))
+        pids = pids[seen + 1:]
 
 
 def _state(pid: int) -> str:
